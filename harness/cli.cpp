@@ -1,0 +1,274 @@
+// The stallbench command line. CLI11 is heavy, so it lives in this one
+// translation unit. Exit codes (README "Exit codes"):
+//   0 success; 1 a point failed or a library call failed; 2 bad input;
+//   3 compare: a metric is worse than --tolerance; 4 a hang was caught.
+#include <chrono>    // std::chrono::system_clock
+#include <cstdio>    // std::fputs
+#include <ctime>     // std::gmtime
+#include <iostream>  // std::cout, std::cerr
+
+#include <CLI/CLI.hpp>    // CLI::App
+#include <fmt/format.h>   // fmt::format
+#include <fmt/ranges.h>   // fmt::join
+
+#include "harness/compare.hpp"      // compare_docs
+#include "harness/errors.hpp"       // Error, UsageError
+#include "harness/expected.hpp"     // match_expected
+#include "harness/fingerprint.hpp"  // machine_fingerprint, build_info
+#include "harness/printer.hpp"      // format_result_table
+#include "harness/runner.hpp"       // run_scenario
+#include "harness/watchdog.hpp"     // Watchdog
+#include "kernels/backends.hpp"     // all_backends, open_device
+
+namespace sb {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr int kExitOk = 0, kExitFailure = 1, kExitUsage = 2;
+
+std::string utc_now() {
+  const auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string scenario_names() {
+  std::vector<std::string> v;
+  for (const Scenario* s : all_scenarios()) v.push_back(s->name);
+  return fmt::format("{}", fmt::join(v, ", "));
+}
+
+int cmd_list(bool names_only, bool as_json) {
+  if (names_only) {
+    for (const Scenario* s : all_scenarios()) std::cout << s->name << "\n";
+    return kExitOk;
+  }
+  json out = json::array();
+  for (const Scenario* s : all_scenarios()) {
+    json ps = json::array();
+    for (const auto& p : s->params)
+      ps.push_back(json{{"name", p.name},
+                        {"type", to_string(p.type)},
+                        {"default", p.default_value},
+                        {"gpu_default", p.gpu_default},
+                        {"quick_default", p.quick_default},
+                        {"range", describe_range(p)},
+                        {"unit", p.unit},
+                        {"help", p.help}});
+    out.push_back(json{{"name", s->name}, {"cause", s->cause}, {"summary", s->summary}, {"params", ps}});
+  }
+  if (as_json) {
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  for (const auto& s : out) {
+    std::cout << fmt::format("{:<12} {}\n{:<12} cause: {}\n", s["name"].get<std::string>(),
+                             s["summary"].get<std::string>(), "", s["cause"].get<std::string>());
+    for (const auto& p : s["params"]) {
+      std::string def = p["default"].get<std::string>();
+      if (!p["gpu_default"].get<std::string>().empty()) def += fmt::format(" (gpu: {})", p["gpu_default"].get<std::string>());
+      if (!p["quick_default"].get<std::string>().empty()) def += fmt::format(" (--quick: {})", p["quick_default"].get<std::string>());
+      std::cout << fmt::format("    -p {:<8} {:<6} default {}\n    {:<11} {:<6} range {}{}  {}\n",
+                               p["name"].get<std::string>(), p["type"].get<std::string>(), def, "", "",
+                               p["range"].get<std::string>(),
+                               p["unit"].get<std::string>().empty() ? "" : " " + p["unit"].get<std::string>(),
+                               p["help"].get<std::string>());
+    }
+    std::cout << "\n";
+  }
+  return kExitOk;
+}
+
+int cmd_devices(bool as_json) {
+  const json fp = machine_fingerprint(all_backends());
+  if (as_json) {
+    std::cout << fp.dump(2) << "\n";
+    return kExitOk;
+  }
+  const json& cpu = fp["cpu"];
+  std::cout << fmt::format("cpu      {}\n         {} logical cores; ISA: {}\n", cpu["model"].get<std::string>(),
+                           cpu["logical_cores"].get<int>(),
+                           cpu["isa"].empty() ? std::string("none of interest")
+                                              : fmt::format("{}", fmt::join(cpu["isa"].get<std::vector<std::string>>(), " ")));
+  for (const auto& [backend, v] : fp["versions"].items()) {
+    std::string line;
+    for (const auto& [k, x] : v.items())
+      if (k != "unavailable") line += fmt::format("{}={} ", k, x.is_string() ? x.get<std::string>() : x.dump());
+    std::cout << fmt::format("{:<8} {}\n", backend, line);
+  }
+  for (const auto& g : fp["gpus"]) {
+    std::cout << fmt::format("{:<8} {}\n", g["id"].get<std::string>(), g["name"].get<std::string>());
+    for (const auto& [k, x] : g["props"].items())
+      std::cout << fmt::format("         {}: {}\n", k, x.is_string() ? x.get<std::string>() : x.dump());
+  }
+  for (const auto& [backend, v] : fp["versions"].items())
+    if (v.contains("unavailable")) std::cout << fmt::format("{:<8} {}\n", backend, v["unavailable"].get<std::string>());
+  if (!fp["versions"].contains("cuda")) std::cout << "cuda     not built (configure with -Dcuda=enabled)\n";
+  return kExitOk;
+}
+
+struct RunArgs {
+  std::string scenario;
+  std::vector<std::string> params;
+  std::string device = "auto";
+  std::string json_path;
+  bool quick = false;
+  double timeout_s = 1800;
+  double budget_s = -1;
+  double noise = -1;
+};
+
+int cmd_run(const RunArgs& a, int argc, char** argv) {
+  const Scenario* sc = find_scenario(a.scenario);
+  if (!sc) throw UsageError(fmt::format("unknown scenario '{}'; valid: {}", a.scenario, scenario_names()));
+  // Validate parameters before touching any device.
+  (void)expand_sweep(sc->params, a.params, SweepProfile{a.quick, false});
+  const DeviceSpec spec = parse_device_spec(a.device);
+
+  Watchdog wd{std::chrono::seconds(static_cast<long long>(a.timeout_s))};
+  wd.progress("opening device " + spec.str());
+  auto dev = open_device(spec);
+
+  RunContext ctx{*dev};
+  ctx.quick = a.quick;
+  ctx.measure = a.quick ? quick_measure_config() : MeasureConfig{};
+  if (a.budget_s > 0) ctx.measure.budget_s = a.budget_s;
+  if (a.noise > 0) ctx.measure.max_noise = a.noise;
+  ctx.measure.sync_timeout = std::chrono::milliseconds(static_cast<long long>(std::min(a.timeout_s, 600.0) * 1000));
+  const CpuInfo cpu = read_cpu_info();
+  ctx.expected = match_expected(dev->info(), cpu.isa, cpu.logical_cores);
+  ctx.progress = [&wd](const std::string& where) { wd.progress(where); };
+
+  const BuildInfo b = build_info();
+  json meta;
+  meta["tool"] = "stallbench";
+  meta["version"] = b.version;
+  meta["git_sha"] = b.git_sha;
+  meta["argv"] = std::vector<std::string>(argv, argv + argc);
+  meta["time_utc"] = utc_now();
+  meta["build"] = json{{"compiler", b.compiler}, {"build_type", b.build_type}, {"features", b.features}};
+  const json fingerprint = machine_fingerprint(all_backends());
+  for (const auto& [k, v] : fingerprint.items()) meta[k] = v;
+  const DeviceInfo& di = dev->info();
+  meta["device"] = json{{"id", di.id},
+                        {"kind", di.kind == DeviceKind::cpu ? "cpu" : di.kind == DeviceKind::cuda ? "cuda" : "sim"},
+                        {"name", di.name},
+                        {"simulated", di.simulated},
+                        {"props", di.props}};
+  meta["measure"] = json{{"quick", a.quick},
+                         {"warmup", ctx.measure.warmup},
+                         {"max_noise", ctx.measure.max_noise},
+                         {"budget_s", ctx.measure.budget_s},
+                         {"min_trial_ms", ctx.measure.min_trial_ms},
+                         {"timing", di.kind == DeviceKind::cuda ? "cuda events" : "compute-thread steady_clock"}};
+
+  std::cerr << fmt::format("stallbench: {} on {} ({}){}\n", sc->name, di.id, di.name,
+                           ctx.expected ? " — expected numbers: " + ctx.expected->id() : "");
+  const Result r = run_scenario(*sc, ctx, RunOptions{a.params, a.quick}, meta,
+                                [](const Point& p) { std::cerr << "  " << format_point_line(p) << "\n"; });
+  const std::string table = format_result_table(r);
+  const std::string path = a.json_path.empty() ? fmt::format("stallbench-{}.json", sc->name) : a.json_path;
+  write_file_atomic(path, to_json(r).dump(2) + "\n");
+  if (path == "-") {
+    std::cerr << "\n" << table;
+  } else {
+    std::cout << "\n" << table << fmt::format("\nresult: {}\n", path);
+  }
+  return run_exit_code(r);
+}
+
+int cmd_compare(const std::string& a, const std::string& b, double tolerance, bool gate) {
+  const CompareReport rep = compare_docs(read_json_file(a), read_json_file(b), gate ? tolerance : 0.05);
+  std::cout << format_compare(rep);
+  if (gate && rep.worse > 0) {
+    std::cout << fmt::format("{} metric(s) worse than B by more than {:.1f}% (exit {})\n", rep.worse,
+                             tolerance * 100, kExitRegression);
+    return kExitRegression;
+  }
+  return kExitOk;
+}
+
+int main_impl(int argc, char** argv) {
+  CLI::App app{"stallbench: reproduce, one by one, the causes that make a fine-tuning job slow or stuck,\n"
+               "measure them on this machine, and compare with expected numbers for the hardware."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", fmt::format("stallbench {} ({})", build_info().version, build_info().git_sha));
+  app.footer("exit codes: 0 ok, 1 failure, 2 bad input, 3 compare regression, 4 hang caught");
+
+  auto* list = app.add_subcommand("list", "scenarios, with their parameters");
+  bool names_only = false, list_json = false;
+  list->add_flag("--names", names_only, "only the scenario names, one per line");
+  list->add_flag("--json", list_json, "as JSON");
+
+  auto* devices = app.add_subcommand("devices", "the CPU and CUDA GPUs, with library versions");
+  bool dev_json = false;
+  devices->add_flag("--json", dev_json, "the machine fingerprint as JSON");
+
+  RunArgs ra;
+  auto* run = app.add_subcommand("run", "run one scenario over a sweep of its parameters");
+  run->add_option("scenario", ra.scenario, "scenario name (see `stallbench list`)")->required();
+  run->add_option("-p,--param", ra.params, "key=value[,value...]; a comma list is a sweep axis")
+      ->allow_extra_args(false);
+  run->add_option("--device", ra.device, "auto | cpu | cuda:N (auto: cuda:0 if a GPU answers, else cpu)")
+      ->capture_default_str();
+  run->add_option("--json", ra.json_path, "result JSON path, or - for stdout (default: stallbench-<scenario>.json)");
+  run->add_flag("--quick", ra.quick, "small sizes and a short time budget: a smoke run, not for publishing");
+  run->add_option("--timeout", ra.timeout_s, "seconds without progress before the run is ended as a hang (exit 4)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 86400.0));
+  run->add_option("--budget", ra.budget_s, "seconds of timed trials per point (default 2, --quick 0.2)")
+      ->check(CLI::Range(0.001, 3600.0));
+  run->add_option("--noise", ra.noise, "stop a point's trials once their relative stddev is below this (default 0.02)")
+      ->check(CLI::Range(0.0001, 1.0));
+
+  std::string ca, cb;
+  double tolerance = 0.05;
+  auto* cmp = app.add_subcommand("compare", "compare result A with result B or an expected file");
+  cmp->add_option("A", ca, "a result JSON")->required();
+  cmp->add_option("B", cb, "a result JSON, or results/expected/<hardware>.json")->required();
+  auto* tol_opt = cmp->add_option("--tolerance", tolerance,
+                                  "fraction, e.g. 0.1: exit 3 when a measured metric is worse than B by more")
+                      ->check(CLI::Range(0.0, 10.0));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "stallbench: " << e.what() << "\n";
+    std::cerr << "run 'stallbench --help' (or 'stallbench <command> --help') for usage\n";
+    return kExitUsage;
+  }
+
+  if (*list) return cmd_list(names_only, list_json);
+  if (*devices) return cmd_devices(dev_json);
+  if (*run) return cmd_run(ra, argc, argv);
+  if (*cmp) return cmd_compare(ca, cb, tolerance, tol_opt->count() > 0);
+  return kExitUsage;
+}
+
+}  // namespace
+}  // namespace sb
+
+int main(int argc, char** argv) {
+  try {
+    return sb::main_impl(argc, argv);
+  } catch (const sb::UsageError& e) {
+    std::cerr << "stallbench: " << e.what() << "\n";
+    return 2;
+  } catch (const sb::Error& e) {
+    std::cerr << "stallbench: " << sb::to_string(e.kind()) << " error: " << e.what() << "\n";
+    return e.kind() == sb::ErrorKind::hang ? sb::kExitHang : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "stallbench: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,193 @@
+#include "harness/compare.hpp"
+
+#include <algorithm>  // std::max
+#include <cmath>      // std::isfinite
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/dtype.hpp"     // parse_dtype
+#include "harness/errors.hpp"    // UsageError
+#include "harness/expected.hpp"  // ExpectedFile, is_expected_doc
+#include "harness/printer.hpp"   // format_number
+
+namespace sb {
+
+using json = nlohmann::ordered_json;
+
+std::string_view to_string(Verdict v) {
+  switch (v) {
+    case Verdict::better: return "better";
+    case Verdict::same: return "same";
+    case Verdict::worse: return "WORSE";
+    case Verdict::ceiling: return "of peak";
+    case Verdict::not_comparable: return "-";
+  }
+  return "-";
+}
+
+Verdict judge(double a, double b, Direction d, double tol) {
+  if (d == Direction::none || !(b > 0) || !std::isfinite(a) || !std::isfinite(b)) return Verdict::not_comparable;
+  // gain > 1 means a is better than b whichever way the metric points.
+  const double gain = d == Direction::higher ? a / b : b / std::max(a, 1e-300);
+  if (gain > 1 + tol) return Verdict::better;
+  if (gain < 1 - tol) return Verdict::worse;
+  return Verdict::same;
+}
+
+namespace {
+
+CompareRow make_row(std::string point, const Metric& m, double b) {
+  CompareRow r;
+  r.point = std::move(point);
+  r.metric = m.name;
+  r.unit = m.unit;
+  r.direction = m.direction;
+  r.a = m.value;
+  r.b = b;
+  r.ratio = b != 0 ? m.value / b : 0;
+  return r;
+}
+
+std::string point_label(const json& params) {
+  std::string s;
+  for (const auto& [k, v] : params.items()) {
+    if (!s.empty()) s += ' ';
+    s += fmt::format("{}={}", k, v.is_string() ? v.get<std::string>() : v.dump());
+  }
+  return s;
+}
+
+std::string doc_label(const json& d) {
+  if (is_expected_doc(d)) return fmt::format("expected {}", d.value("/hardware/id"_json_pointer, std::string("?")));
+  const json dev = d.value("/meta/device"_json_pointer, json::object());
+  return fmt::format("{} on {} ({}){}", d.value("scenario", "?"), dev.value("id", "?"), dev.value("name", "?"),
+                     dev.value("simulated", false) ? " [simulated]" : "");
+}
+
+void compare_with_expected(const Result& ra, const ExpectedFile& ef, double tol, CompareReport& rep) {
+  const bool sim = ra.simulated();
+  if (sim) rep.notes.push_back("A is simulated: its figures are shown beside the expected ones but not judged");
+  for (const auto& p : ra.points) {
+    if (p.status != Status::ok) continue;
+    for (const auto& m : p.metrics) {
+      for (const auto& f : ef.figures_for(ra.scenario, m.name, p.params)) {
+        CompareRow row = make_row(point_label(p.params), m, f.value("value", 0.0));
+        row.b_label = fmt::format("{}: {}", f.value("kind", "?"), f.value("source", "?"));
+        if (f.value("unit", m.unit) != m.unit) {
+          rep.notes.push_back(fmt::format("{} {}: units differ ({} vs {}), not compared", row.point, m.name, m.unit,
+                                          f.value("unit", "?")));
+          continue;
+        }
+        if (sim) {
+          row.verdict = Verdict::not_comparable;
+        } else if (f.value("kind", "") == "datasheet") {
+          row.verdict = Verdict::ceiling;
+        } else {
+          row.verdict = judge(row.a, row.b, m.direction, tol);
+          row.gated = row.verdict != Verdict::not_comparable;
+        }
+        rep.rows.push_back(std::move(row));
+      }
+      // Datasheet peak for a GEMM throughput: a ceiling, shown as % of peak.
+      if (m.name == "tflops" && p.params.contains("dtype") && p.params["dtype"].is_string()) {
+        if (const auto dt = parse_dtype(p.params["dtype"].get<std::string>())) {
+          if (const auto peak = ef.peak_tflops(*dt)) {
+            CompareRow row = make_row(point_label(p.params), m, peak->first);
+            row.b_label = "datasheet peak: " + peak->second;
+            row.verdict = sim ? Verdict::not_comparable : Verdict::ceiling;
+            rep.rows.push_back(std::move(row));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Params that only steer measurement (e.g. trials) do not define the
+// workload, so points are matched without them.
+json workload_params(const Result& r, const json& params) {
+  json out = params;
+  for (const auto& k : r.meta.value("measurement_params", json::array()))
+    if (k.is_string()) out.erase(k.get<std::string>());
+  return out;
+}
+
+void compare_with_result(const Result& ra, const Result& rb, double tol, CompareReport& rep) {
+  if (ra.scenario != rb.scenario)
+    rep.notes.push_back(fmt::format("the results are of different scenarios ({} vs {})", ra.scenario, rb.scenario));
+  const bool mixed = ra.simulated() != rb.simulated();
+  if (mixed) rep.notes.push_back("one result is simulated and the other measured: shown, not judged");
+  for (const auto& pa : ra.points) {
+    const Point* pb = nullptr;
+    for (const auto& q : rb.points)
+      if (workload_params(rb, q.params) == workload_params(ra, pa.params)) pb = &q;
+    if (!pb) {
+      rep.notes.push_back(fmt::format("{}: only in A", point_label(pa.params)));
+      continue;
+    }
+    if (pa.status != pb->status) {
+      rep.notes.push_back(fmt::format("{}: status {} in A, {} in B", point_label(pa.params), to_string(pa.status),
+                                      to_string(pb->status)));
+      if (pb->status == Status::ok && pa.status != Status::skipped) ++rep.worse;  // it used to work
+    }
+    for (const auto& m : pa.metrics) {
+      const Metric* mb = pb->metric(m.name);
+      if (!mb) continue;
+      CompareRow row = make_row(point_label(pa.params), m, mb->value);
+      row.b_label = "result";
+      if (m.unit != mb->unit) {
+        rep.notes.push_back(fmt::format("{} {}: units differ ({} vs {})", row.point, m.name, m.unit, mb->unit));
+        continue;
+      }
+      row.verdict = mixed ? Verdict::not_comparable : judge(row.a, row.b, m.direction, tol);
+      row.gated = row.verdict != Verdict::not_comparable;
+      rep.rows.push_back(std::move(row));
+    }
+  }
+  for (const auto& pb : rb.points) {
+    bool found = false;
+    for (const auto& pa : ra.points)
+      found = found || workload_params(ra, pa.params) == workload_params(rb, pb.params);
+    if (!found) rep.notes.push_back(fmt::format("{}: only in B", point_label(pb.params)));
+  }
+}
+
+}  // namespace
+
+CompareReport compare_docs(const json& a, const json& b, double tol) {
+  if (is_expected_doc(a)) throw UsageError("compare: A must be a result; put the expected file second");
+  const Result ra = result_from_json(a);
+  CompareReport rep;
+  rep.a_label = doc_label(a);
+  rep.b_label = doc_label(b);
+  if (is_expected_doc(b)) {
+    compare_with_expected(ra, ExpectedFile{"", b}, tol, rep);
+  } else {
+    compare_with_result(ra, result_from_json(b), tol, rep);
+  }
+  for (const auto& r : rep.rows) rep.worse += r.gated && r.verdict == Verdict::worse;
+  if (rep.rows.empty()) rep.notes.push_back("no metric of A has a counterpart in B");
+  return rep;
+}
+
+std::string format_compare(const CompareReport& rep) {
+  std::string out = fmt::format("A: {}\nB: {}\n", rep.a_label, rep.b_label);
+  std::size_t wp = 5, wm = 6;
+  for (const auto& r : rep.rows) {
+    wp = std::max(wp, r.point.size());
+    wm = std::max(wm, r.metric.size() + r.unit.size() + 3);
+  }
+  out += fmt::format("{:<{}}  {:<{}}  {:>10}  {:>10}  {:>7}  {:<8}  {}\n", "point", wp, "metric", wm, "A", "B", "A/B",
+                     "verdict", "B is");
+  for (const auto& r : rep.rows) {
+    const std::string verdict = r.verdict == Verdict::ceiling ? fmt::format("{:.0f}% pk", r.ratio * 100)
+                                                              : std::string(to_string(r.verdict));
+    out += fmt::format("{:<{}}  {:<{}}  {:>10}  {:>10}  {:>7}  {:<8}  {}\n", r.point, wp,
+                       fmt::format("{} ({})", r.metric, r.unit), wm, format_number(r.a), format_number(r.b),
+                       fmt::format("{:.3f}", r.ratio), verdict, r.b_label);
+  }
+  for (const auto& n : rep.notes) out += "note: " + n + "\n";
+  return out;
+}
+
+}  // namespace sb

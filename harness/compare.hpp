@@ -1,0 +1,51 @@
+// `stallbench compare A B`: A is a result; B is a result or an expected file.
+// Per metric: both values, the ratio, and a verdict read by the metric's
+// direction. Datasheet peaks are ceilings: shown as a fraction of peak,
+// never gated. Simulated figures are never compared as if measured.
+#pragma once
+
+#include <optional>  // std::optional
+#include <string>    // std::string
+#include <vector>    // std::vector
+
+#include <nlohmann/json.hpp>  // nlohmann::ordered_json
+
+#include "harness/result.hpp"  // Direction
+
+namespace sb {
+
+inline constexpr int kExitRegression = 3;
+
+enum class Verdict { better, same, worse, ceiling, not_comparable };
+std::string_view to_string(Verdict);
+
+struct CompareRow {
+  std::string point;   // "size=2048 dtype=bf16"
+  std::string metric;  // "tflops"
+  std::string unit;
+  Direction direction = Direction::none;
+  double a = 0, b = 0;
+  double ratio = 0;        // a / b
+  Verdict verdict = Verdict::same;
+  std::string b_label;     // "result", or the expected figure's kind and source
+  bool gated = false;      // counts towards the exit status
+};
+
+struct CompareReport {
+  std::string a_label, b_label;
+  std::vector<CompareRow> rows;
+  std::vector<std::string> notes;  // unmatched points, status changes, simulation
+  int worse = 0;                   // gated rows whose verdict is worse
+};
+
+// Verdict of a against b for a direction: "better"/"worse" beyond tolerance
+// (a fraction, e.g. 0.05), else "same". Direction none -> not_comparable.
+Verdict judge(double a, double b, Direction d, double tolerance);
+
+// Throws UsageError when a is not a result or b is neither kind.
+CompareReport compare_docs(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b,
+                           double tolerance);
+
+std::string format_compare(const CompareReport& rep);
+
+}  // namespace sb

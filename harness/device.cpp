@@ -1,0 +1,45 @@
+#include "harness/device.hpp"
+
+#include <cstdlib>  // std::strtol
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"  // UsageError
+
+namespace sb {
+
+std::string DeviceSpec::str() const {
+  if (automatic) return "auto";
+  switch (kind) {
+    case DeviceKind::cpu: return "cpu";
+    case DeviceKind::cuda: return fmt::format("cuda:{}", index);
+    case DeviceKind::sim: return "sim";
+  }
+  return "?";
+}
+
+DeviceSpec parse_device_spec(const std::string& text) {
+  DeviceSpec s;
+  if (text == "auto") {
+    s.automatic = true;
+    return s;
+  }
+  if (text == "cpu") return s;
+  if (text == "cuda") {
+    s.kind = DeviceKind::cuda;
+    return s;
+  }
+  if (text.rfind("cuda:", 0) == 0) {
+    const std::string idx = text.substr(5);
+    char* end = nullptr;
+    const long v = std::strtol(idx.c_str(), &end, 10);
+    if (!idx.empty() && *end == '\0' && v >= 0 && v < 1024) {
+      s.kind = DeviceKind::cuda;
+      s.index = int(v);
+      return s;
+    }
+  }
+  throw UsageError(fmt::format("unknown device '{}'; valid: auto, cpu, cuda:N (N = 0, 1, ...)", text));
+}
+
+}  // namespace sb

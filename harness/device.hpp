@@ -1,0 +1,155 @@
+// The Device interface: one view over `cpu` and `cuda:N` (and, later, `sim:<gpu>`).
+// Scenarios talk only to this header; no CUDA or oneDNN header is included here.
+//
+// A device has one in-order stream. Operations are enqueued on it and return at
+// once; record() puts a timing event on the stream; synchronize() waits, with a
+// deadline, for everything enqueued so far. On `cpu` the stream is a dedicated
+// compute thread, so the device's busy time is real time spent computing.
+#pragma once
+
+#include <chrono>       // std::chrono::milliseconds
+#include <cstddef>      // std::size_t
+#include <cstdint>      // std::int64_t, std::uint64_t
+#include <functional>   // std::function
+#include <memory>       // std::unique_ptr, std::shared_ptr
+#include <optional>     // std::optional
+#include <span>         // std::span
+#include <string>       // std::string
+#include <vector>       // std::vector
+
+#include <nlohmann/json.hpp>  // nlohmann::ordered_json: device properties
+
+#include "harness/dtype.hpp"  // DType
+
+namespace sb {
+
+enum class DeviceKind { cpu, cuda, sim };
+
+// What a user names on the command line: "cpu", "cuda:0", "auto".
+struct DeviceSpec {
+  DeviceKind kind = DeviceKind::cpu;
+  int index = 0;
+  bool automatic = false;  // "auto": cuda:0 if a GPU answers, else cpu
+  std::string str() const;
+};
+// Throws UsageError naming the accepted forms.
+DeviceSpec parse_device_spec(const std::string& text);
+
+struct DeviceInfo {
+  std::string id;    // "cpu", "cuda:0"
+  DeviceKind kind = DeviceKind::cpu;
+  std::string name;  // "NVIDIA H200", or the CPU model string
+  bool simulated = false;
+  nlohmann::ordered_json props = nlohmann::ordered_json::object();  // SMs, clocks, memory, ...
+};
+
+enum class MemKind { device, host_pinned, host_pageable };
+
+// Owned memory; released by the device that made it. Move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(void* data, std::size_t bytes, MemKind kind, std::function<void(void*)> release)
+      : data_(data), bytes_(bytes), kind_(kind), release_(std::move(release)) {}
+  Buffer(Buffer&& o) noexcept { swap(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    Buffer tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
+    if (data_ && release_) release_(data_);
+  }
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  MemKind kind() const { return kind_; }
+
+ private:
+  void swap(Buffer& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(kind_, o.kind_);
+    std::swap(release_, o.release_);
+  }
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  MemKind kind_ = MemKind::host_pageable;
+  std::function<void(void*)> release_;
+};
+
+// C[M,N] = A[M,K] * W[N,K]^T, all row-major: the layout of nn.Linear
+// (y = x W^T). In cuBLAS's column-major terms this is the "TN" GEMM that fp8
+// requires. FLOPs = 2*M*N*K (one multiply and one add per term).
+struct GemmShape {
+  std::int64_t m = 0, n = 0, k = 0;
+  double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+};
+
+// A GEMM prepared on a device: operands allocated, filled and (on cpu) the
+// weights reordered once. enqueue() is the only thing a timed region calls.
+class GemmOp {
+ public:
+  virtual ~GemmOp() = default;
+  virtual GemmShape shape() const = 0;
+  virtual DType dtype() const = 0;
+  // The element type of C (e.g. bf16 on cuda, fp32 on cpu for a bf16 GEMM).
+  virtual DType c_dtype() const = 0;
+  // The implementation that actually runs, e.g. "brg:avx512_core_amx_bf16"
+  // (oneDNN) or "cublasLt algo 21 tile 128x256" (cuBLASLt).
+  virtual std::string impl() const = 0;
+  // Enqueue one GEMM on the device stream.
+  virtual void enqueue() = 0;
+  // Replace A (m*k values) and W (n*k values) with host fp32 data, converted
+  // to the op's dtype by the device. Synchronous. For correctness checks.
+  virtual void upload(std::span<const float> a, std::span<const float> w) = 0;
+  // Copy C (m*n values) back as fp32, after synchronize(). For correctness checks.
+  virtual void download_c(std::span<float> c) = 0;
+};
+
+// An opaque timing event on the device stream.
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+using EventPtr = std::shared_ptr<Event>;
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual const DeviceInfo& info() const = 0;
+
+  // Why this device cannot run a GEMM of this dtype, or nullopt if it can.
+  virtual std::optional<std::string> gemm_unsupported(DType) const = 0;
+  // Allocates and fills operands from seed (uniform in [-1, 1]).
+  // Throws OutOfMemory, UnsupportedError.
+  virtual std::unique_ptr<GemmOp> make_gemm(GemmShape, DType, std::uint64_t seed) = 0;
+
+  // Throws OutOfMemory when the allocation fails.
+  virtual Buffer allocate(std::size_t bytes, MemKind kind) = 0;
+  // Enqueue a copy of bytes from a host buffer to a device buffer.
+  virtual void copy_h2d(Buffer& dst, const Buffer& src, std::size_t bytes) = 0;
+
+  virtual EventPtr record() = 0;
+  // Milliseconds between two recorded events; both must have completed.
+  virtual double elapsed_ms(const EventPtr& start, const EventPtr& stop) = 0;
+  // Wait for all enqueued work; throws HangError naming the device and the
+  // timeout when the stream makes no progress in time.
+  virtual void synchronize(std::chrono::milliseconds timeout) = 0;
+};
+
+// A family of devices (cpu, cuda) that the CLI can list and open.
+struct Backend {
+  std::string name;  // "cpu", "cuda"
+  // Devices found; empty with unavailable() set when the backend has none.
+  std::function<std::vector<DeviceInfo>()> list;
+  // Why no device of this backend can be used (e.g. "cudaErrorNoDevice"), or "".
+  std::function<std::string()> unavailable;
+  // Opens device index; throws UsageError for an index that does not exist.
+  std::function<std::unique_ptr<Device>(int index)> open;
+  // Library versions this backend reports (runtime, driver, cuBLAS, oneDNN, ...).
+  std::function<nlohmann::ordered_json()> versions;
+};
+
+}  // namespace sb

@@ -1,0 +1,42 @@
+// Timing of one enqueued operation on a device: warm-up, then trials until the
+// relative noise is under a threshold or the time budget is spent (nvbench's
+// stdrel criterion). Device time comes from the device's events (cuda events
+// on GPU, the compute thread's clock on cpu).
+#pragma once
+
+#include <chrono>      // std::chrono::milliseconds
+#include <functional>  // std::function
+#include <string>      // std::string
+
+#include "harness/device.hpp"  // Device
+#include "harness/stats.hpp"   // Stats
+
+namespace sb {
+
+struct MeasureConfig {
+  int warmup = 2;             // untimed calls before anything is measured
+  int min_trials = 10;        // trials always taken
+  int max_trials = 1000;      // trials never exceeded
+  double max_noise = 0.02;    // stop once stdrel of trial times is below this
+  double budget_s = 2.0;      // stop once this much device time is spent in trials
+  double min_trial_ms = 1.0;  // ops are batched so one trial lasts at least this
+  std::chrono::milliseconds sync_timeout{120000};  // deadline of every wait
+};
+
+// The --quick profile: smoke-test sized, not for publishing.
+MeasureConfig quick_measure_config();
+
+struct Measurement {
+  Stats ms;               // per-op milliseconds over trials
+  int reps_per_trial = 1; // ops enqueued back to back inside one timed trial
+  double spent_s = 0;     // device time spent in timed trials
+  bool converged = false; // noise fell under max_noise
+  std::string stop;       // "noise", "budget" or "max_trials"
+};
+
+// Times enqueue_one (which must only enqueue work on dev's stream).
+// Throws HangError if a wait passes cfg.sync_timeout.
+Measurement measure(Device& dev, const std::function<void()>& enqueue_one,
+                    const MeasureConfig& cfg);
+
+}  // namespace sb

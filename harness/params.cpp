@@ -1,0 +1,195 @@
+#include "harness/params.hpp"
+
+#include <algorithm>  // std::find, std::find_if
+#include <cerrno>     // errno
+#include <cmath>      // std::isfinite
+#include <cstdlib>    // std::strtoll, std::strtod
+#include <stdexcept>  // std::out_of_range
+
+#include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
+
+#include "harness/errors.hpp"  // UsageError
+
+namespace sb {
+
+std::string_view to_string(ParamType t) {
+  switch (t) {
+    case ParamType::integer: return "int";
+    case ParamType::real: return "real";
+    case ParamType::choice: return "choice";
+    case ParamType::boolean: return "bool";
+    case ParamType::text: return "text";
+  }
+  return "?";
+}
+
+std::string format_value(const ParamValue& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
+        else if constexpr (std::is_same_v<T, std::string>) return x;
+        else if constexpr (std::is_same_v<T, double>) return fmt::format("{:g}", x);
+        else return fmt::format("{}", x);
+      },
+      v);
+}
+
+void ParamSet::set(const std::string& name, ParamValue v) {
+  for (auto& [k, old] : values_)
+    if (k == name) {
+      old = std::move(v);
+      return;
+    }
+  values_.emplace_back(name, std::move(v));
+}
+
+bool ParamSet::has(const std::string& name) const {
+  return std::any_of(values_.begin(), values_.end(), [&](const auto& p) { return p.first == name; });
+}
+
+const ParamValue& ParamSet::get(const std::string& name) const {
+  for (const auto& [k, v] : values_)
+    if (k == name) return v;
+  throw std::out_of_range("parameter not in set: " + name);
+}
+
+std::int64_t ParamSet::get_int(const std::string& n) const { return std::get<std::int64_t>(get(n)); }
+double ParamSet::get_real(const std::string& n) const { return std::get<double>(get(n)); }
+bool ParamSet::get_bool(const std::string& n) const { return std::get<bool>(get(n)); }
+const std::string& ParamSet::get_str(const std::string& n) const {
+  return std::get<std::string>(get(n));
+}
+
+nlohmann::ordered_json ParamSet::to_json() const {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : values_) std::visit([&](const auto& x) { j[k] = x; }, v);
+  return j;
+}
+
+std::string describe_range(const ParamSpec& s) {
+  switch (s.type) {
+    case ParamType::choice: return fmt::format("{}", fmt::join(s.choices, "|"));
+    case ParamType::boolean: return "true|false";
+    case ParamType::text: return "text";
+    case ParamType::integer:
+    case ParamType::real: {
+      auto f = [](double x) { return std::isfinite(x) ? fmt::format("{:g}", x) : std::string(x < 0 ? "-inf" : "inf"); };
+      return fmt::format("[{}, {}]", f(s.min), f(s.max));
+    }
+  }
+  return "";
+}
+
+ParamValue parse_value(const ParamSpec& s, const std::string& text) {
+  auto bad = [&](const std::string& what) {
+    return UsageError(fmt::format("parameter {}: '{}' {}; valid: {}{}", s.name, text, what,
+                                  describe_range(s), s.unit.empty() ? "" : " " + s.unit));
+  };
+  if (text.empty()) throw bad("is empty");
+  switch (s.type) {
+    case ParamType::integer: {
+      errno = 0;
+      char* end = nullptr;
+      const long long v = std::strtoll(text.c_str(), &end, 10);
+      if (end == text.c_str() || *end != '\0' || errno == ERANGE) throw bad("is not an integer");
+      if (double(v) < s.min || double(v) > s.max) throw bad("is out of range");
+      return std::int64_t(v);
+    }
+    case ParamType::real: {
+      errno = 0;
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (end == text.c_str() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+        throw bad("is not a number");
+      if (v < s.min || v > s.max) throw bad("is out of range");
+      return v;
+    }
+    case ParamType::boolean:
+      if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
+      if (text == "false" || text == "0" || text == "no" || text == "off") return false;
+      throw bad("is not a boolean");
+    case ParamType::choice:
+      if (std::find(s.choices.begin(), s.choices.end(), text) == s.choices.end())
+        throw bad("is not one of the choices");
+      return text;
+    case ParamType::text: return text;
+  }
+  throw bad("has an unknown type");
+}
+
+namespace {
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (true) {
+    const auto comma = s.find(',', start);
+    out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+}  // namespace
+
+Sweep expand_sweep(const std::vector<ParamSpec>& specs, const std::vector<std::string>& assignments,
+                   const SweepProfile& profile) {
+  std::vector<std::string> given(specs.size());
+  std::vector<bool> seen(specs.size(), false);
+  auto valid_keys = [&] {
+    std::vector<std::string> names;
+    for (const auto& s : specs) names.push_back(s.name);
+    return fmt::format("{}", fmt::join(names, ", "));
+  };
+  for (const auto& a : assignments) {
+    const auto eq = a.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError(fmt::format("-p '{}': expected key=value[,value...]; valid keys: {}", a, valid_keys()));
+    const std::string key = a.substr(0, eq);
+    const auto it = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == key; });
+    if (it == specs.end())
+      throw UsageError(fmt::format("unknown parameter '{}'; valid keys: {}", key, valid_keys()));
+    const auto idx = std::size_t(it - specs.begin());
+    if (seen[idx]) throw UsageError(fmt::format("parameter {} given twice; put all its values in one comma list", key));
+    seen[idx] = true;
+    given[idx] = a.substr(eq + 1);
+  }
+
+  Sweep sweep;
+  std::vector<std::vector<ParamValue>> axes(specs.size());
+  std::size_t total = 1;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const auto& s = specs[i];
+    std::string text = given[i];
+    if (!seen[i]) {
+      text = s.default_value;
+      if (profile.gpu && !s.gpu_default.empty()) text = s.gpu_default;
+      if (profile.quick && !s.quick_default.empty()) text = s.quick_default;
+    }
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const auto& part : split_list(text)) {
+      axes[i].push_back(parse_value(s, part));
+      std::visit([&](const auto& x) { list.push_back(x); }, axes[i].back());
+    }
+    sweep.axes[s.name] = list;
+    total *= axes[i].size();
+    if (total > 10000)
+      throw UsageError(fmt::format("the sweep has more than 10000 points; shorten a list (at {})", s.name));
+  }
+
+  // Cartesian product; the last declared parameter varies fastest.
+  std::vector<std::size_t> idx(specs.size(), 0);
+  for (std::size_t p = 0; p < total; ++p) {
+    ParamSet set;
+    for (std::size_t i = 0; i < specs.size(); ++i) set.set(specs[i].name, axes[i][idx[i]]);
+    sweep.points.push_back(std::move(set));
+    for (std::size_t i = specs.size(); i-- > 0;) {
+      if (++idx[i] < axes[i].size()) break;
+      idx[i] = 0;
+    }
+  }
+  return sweep;
+}
+
+}  // namespace sb

@@ -1,0 +1,82 @@
+// Typed scenario parameters and sweeps. A scenario declares its parameters
+// (type, default, range, unit, help); `-p key=v1,v2` on the command line
+// turns a parameter into a sweep axis, and the sweep is the cartesian product
+// of all axes (like nvbench axes). Axis names become JSON keys unchanged.
+#pragma once
+
+#include <cstdint>  // std::int64_t
+#include <limits>   // std::numeric_limits
+#include <string>   // std::string
+#include <utility>  // std::pair
+#include <variant>  // std::variant
+#include <vector>   // std::vector
+
+#include <nlohmann/json.hpp>  // nlohmann::ordered_json
+
+namespace sb {
+
+enum class ParamType { integer, real, choice, boolean, text };
+
+struct ParamSpec {
+  std::string name;
+  ParamType type = ParamType::integer;
+  std::string default_value;  // one value or a comma list (a default sweep)
+  std::string help;
+  std::string unit;                  // "elements", "ms", "" for none
+  double min = -std::numeric_limits<double>::infinity();  // integer and real only
+  double max = std::numeric_limits<double>::infinity();
+  std::vector<std::string> choices;  // choice only
+  std::string quick_default;         // default under --quick ("" = default_value)
+  std::string gpu_default;           // default on a cuda device ("" = default_value)
+  // false for parameters that steer measurement only (trials): compare
+  // matches points without them.
+  bool workload = true;
+};
+
+using ParamValue = std::variant<std::int64_t, double, bool, std::string>;
+
+std::string format_value(const ParamValue&);
+
+// One point of a sweep: every declared parameter with one value, in
+// declaration order.
+class ParamSet {
+ public:
+  void set(const std::string& name, ParamValue v);
+  bool has(const std::string& name) const;
+  const ParamValue& get(const std::string& name) const;  // throws std::out_of_range
+  std::int64_t get_int(const std::string& name) const;
+  double get_real(const std::string& name) const;
+  bool get_bool(const std::string& name) const;
+  const std::string& get_str(const std::string& name) const;
+  nlohmann::ordered_json to_json() const;
+  const std::vector<std::pair<std::string, ParamValue>>& items() const { return values_; }
+
+ private:
+  std::vector<std::pair<std::string, ParamValue>> values_;
+};
+
+struct Sweep {
+  std::vector<ParamSet> points;
+  nlohmann::ordered_json axes = nlohmann::ordered_json::object();  // name -> [values]
+};
+
+struct SweepProfile {
+  bool quick = false;
+  bool gpu = false;
+};
+
+// Parses one value for spec; throws UsageError naming the parameter, the bad
+// text and what is valid.
+ParamValue parse_value(const ParamSpec& spec, const std::string& text);
+
+// Expands "key=v1,v2" assignments against the specs. Throws UsageError for an
+// unknown key (naming the valid keys), a repeated key, a missing '=', an empty
+// list, a malformed or out-of-range value. Cap: 10000 points.
+Sweep expand_sweep(const std::vector<ParamSpec>& specs, const std::vector<std::string>& assignments,
+                   const SweepProfile& profile);
+
+// "[16, 65536]" or "fp32|bf16" or "true|false": the valid range of a spec.
+std::string describe_range(const ParamSpec& spec);
+std::string_view to_string(ParamType);
+
+}  // namespace sb

@@ -1,0 +1,137 @@
+#include "harness/printer.hpp"
+
+#include <algorithm>  // std::max, std::find
+#include <cmath>      // std::fabs
+#include <vector>     // std::vector
+
+#include <fmt/format.h>  // fmt::format
+
+namespace sb {
+
+using json = nlohmann::ordered_json;
+
+std::string format_number(double v) {
+  const double a = std::fabs(v);
+  if (a == 0) return "0";
+  if (a >= 1000) return fmt::format("{:.0f}", v);
+  if (a >= 100) return fmt::format("{:.1f}", v);
+  if (a >= 10) return fmt::format("{:.2f}", v);
+  return fmt::format("{:.4g}", v);
+}
+
+namespace {
+
+std::string json_scalar(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) return format_number(v.get<double>());
+  return v.dump();
+}
+
+std::string arrow(Direction d) {
+  switch (d) {
+    case Direction::higher: return " ↑";
+    case Direction::lower: return " ↓";
+    case Direction::none: return "";
+  }
+  return "";
+}
+
+// Display width in terminal columns: counts UTF-8 code points, not bytes.
+std::size_t width(const std::string& s) {
+  std::size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+std::string pad(const std::string& s, std::size_t w, bool right) {
+  const std::size_t sw = width(s);
+  if (sw >= w) return s;
+  return right ? std::string(w - sw, ' ') + s : s + std::string(w - sw, ' ');
+}
+
+}  // namespace
+
+std::string format_point_line(const Point& p) {
+  std::string line;
+  for (const auto& [k, v] : p.params.items()) line += fmt::format("{}={} ", k, json_scalar(v));
+  line += fmt::format("[{}]", to_string(p.status));
+  for (const auto& m : p.metrics) line += fmt::format(" {}={} {}", m.name, format_number(m.value), m.unit);
+  if (!p.reason.empty()) line += " — " + p.reason;
+  return line;
+}
+
+std::string format_result_table(const Result& r) {
+  std::string out;
+  const json& dev = r.meta.value("device", json::object());
+  out += fmt::format("scenario: {}   device: {} ({}){}\n", r.scenario, dev.value("id", "?"), dev.value("name", "?"),
+                     dev.value("simulated", false) ? "   SIMULATED figures, not measured" : "");
+  // Axes with one value go in the header; swept axes become columns.
+  std::vector<std::string> swept;
+  std::string fixed;
+  for (const auto& [k, v] : r.params.items()) {
+    if (v.is_array() && v.size() > 1) swept.push_back(k);
+    else fixed += fmt::format(" {}={}", k, json_scalar(v.is_array() && !v.empty() ? v[0] : v));
+  }
+  if (!fixed.empty()) out += "fixed:" + fixed + "\n";
+  if (!r.expected.is_null()) out += fmt::format("expected numbers: {}\n", r.expected.value("id", "?"));
+
+  // Metric columns: union over points, in first-seen order.
+  std::vector<std::string> metric_names;
+  std::vector<std::string> metric_heads;
+  for (const auto& p : r.points)
+    for (const auto& m : p.metrics)
+      if (std::find(metric_names.begin(), metric_names.end(), m.name) == metric_names.end()) {
+        metric_names.push_back(m.name);
+        metric_heads.push_back(fmt::format("{} ({}){}", m.name, m.unit, arrow(m.direction)));
+      }
+
+  std::vector<std::string> head;
+  for (const auto& s : swept) head.push_back(s);
+  head.push_back("status");
+  for (const auto& h : metric_heads) head.push_back(h);
+  head.push_back("noise");
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> reasons;
+  for (const auto& p : r.points) {
+    std::vector<std::string> row;
+    for (const auto& s : swept) row.push_back(p.params.contains(s) ? json_scalar(p.params[s]) : "");
+    row.push_back(std::string(to_string(p.status)));
+    std::string noise;
+    for (const auto& name : metric_names) {
+      const Metric* m = p.metric(name);
+      row.push_back(m ? format_number(m->value) : "-");
+      if (m && m->stats && noise.empty()) noise = fmt::format("{:.1f}%", m->stats->stdrel * 100);
+    }
+    row.push_back(noise.empty() ? "-" : noise);
+    rows.push_back(std::move(row));
+    reasons.push_back(p.reason);
+  }
+  std::vector<std::size_t> w(head.size());
+  for (std::size_t i = 0; i < head.size(); ++i) w[i] = width(head[i]);
+  for (const auto& row : rows)
+    for (std::size_t i = 0; i < row.size(); ++i) w[i] = std::max(w[i], width(row[i]));
+  auto emit = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      const bool numeric = i > swept.size();
+      line += pad(row[i], w[i], numeric) + (i + 1 < row.size() ? "  " : "");
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  };
+  emit(head);
+  std::size_t total = 0;
+  for (auto x : w) total += x + 2;
+  out += std::string(total - 2, '-') + "\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    emit(rows[i]);
+    if (!reasons[i].empty()) out += fmt::format("    {}\n", reasons[i]);
+  }
+  if (!r.findings.empty()) {
+    out += "\nfindings:\n";
+    for (const auto& f : r.findings) out += fmt::format("  - [{}] {}\n", f.cause, f.summary);
+  }
+  return out;
+}
+
+}  // namespace sb

@@ -1,0 +1,22 @@
+// Counter-based values: value(seed, index) needs no state, so a reference can
+// regenerate any element (nccl-tests' idea) and fills parallelise freely.
+#pragma once
+
+#include <cstdint>  // std::uint64_t
+
+namespace sb {
+
+inline std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [-1, 1), 24 bits of resolution.
+inline float uniform_pm1(std::uint64_t seed, std::uint64_t index) {
+  const std::uint64_t h = splitmix64(seed * 0x100000001b3ULL ^ splitmix64(index));
+  return float(double(h >> 40) * (2.0 / 16777216.0) - 1.0);
+}
+
+}  // namespace sb

@@ -1,0 +1,75 @@
+// One JSON document per run (results/schema/result.schema.json). The terminal
+// table (printer.hpp) and compare read this same data.
+#pragma once
+
+#include <optional>  // std::optional
+#include <string>    // std::string
+#include <vector>    // std::vector
+
+#include <nlohmann/json.hpp>  // nlohmann::ordered_json
+
+#include "harness/stats.hpp"  // Stats
+
+namespace sb {
+
+inline constexpr int kResultSchemaVersion = 1;
+
+enum class Direction { higher, lower, none };  // which way is better
+enum class Status { ok, skipped, oom, hang, error };
+
+std::string_view to_string(Direction);
+std::string_view to_string(Status);
+std::optional<Direction> parse_direction(std::string_view);
+std::optional<Status> parse_status(std::string_view);
+
+struct Metric {
+  std::string name;  // JSON key: "tflops", "speedup_vs_fp32"
+  double value = 0;
+  std::string unit;  // "TFLOP/s", "ms", "x", "%"
+  Direction direction = Direction::none;
+  std::optional<Stats> stats;  // present when the value is a summary of trials
+  std::string note;
+};
+
+struct Point {
+  nlohmann::ordered_json params = nlohmann::ordered_json::object();
+  Status status = Status::ok;
+  std::string reason;  // why skipped / oom / hang / error
+  std::vector<Metric> metrics;
+  nlohmann::ordered_json info = nlohmann::ordered_json::object();  // impl, reps, ...
+
+  const Metric* metric(const std::string& name) const;
+  void add(Metric m) { metrics.push_back(std::move(m)); }
+};
+
+struct Finding {
+  std::string cause;    // "fp32 where bf16 would do"
+  std::string summary;  // "fp32 -> bf16: 5.6x on this device"
+  std::optional<double> speedup;  // measured gain of the fix, when there is one
+  nlohmann::ordered_json evidence = nlohmann::ordered_json::object();
+};
+
+struct Result {
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  std::string scenario;
+  nlohmann::ordered_json params = nlohmann::ordered_json::object();  // the sweep's axes
+  std::vector<Point> points;
+  std::vector<Finding> findings;
+  nlohmann::ordered_json expected;  // the expected file used, if any (null otherwise)
+  bool simulated() const;
+};
+
+nlohmann::ordered_json to_json(const Result&);
+// Throws UsageError with a message naming the missing or mistyped field.
+Result result_from_json(const nlohmann::ordered_json&);
+
+// Writes text to path atomically: a temporary file in the same directory,
+// flushed and fsync'd, then renamed over path. "-" writes to stdout.
+// Throws Error(runtime) naming the path and errno text.
+void write_file_atomic(const std::string& path, const std::string& text);
+
+// Reads and parses a JSON file; throws UsageError naming the file and what is
+// wrong (missing, unreadable, parse error with byte offset).
+nlohmann::ordered_json read_json_file(const std::string& path);
+
+}  // namespace sb

@@ -1,0 +1,76 @@
+#include "harness/runner.hpp"
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"  // typed errors
+
+namespace sb {
+
+Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
+                    const nlohmann::ordered_json& meta, const std::function<void(const Point&)>& on_point) {
+  const SweepProfile profile{opts.quick, ctx.device.info().kind == DeviceKind::cuda};
+  const Sweep sweep = expand_sweep(sc.params, opts.assignments, profile);
+
+  Result r;
+  r.meta = meta;
+  r.meta["measurement_params"] = nlohmann::ordered_json::array();
+  for (const auto& s : sc.params)
+    if (!s.workload) r.meta["measurement_params"].push_back(s.name);
+  r.scenario = sc.name;
+  r.params = sweep.axes;
+  if (ctx.expected) r.expected = nlohmann::ordered_json{{"id", ctx.expected->id()}, {"path", ctx.expected->path}};
+
+  auto run = sc.start(ctx);
+  bool hung = false;
+  for (const auto& ps : sweep.points) {
+    Point p;
+    if (hung) {
+      p.params = ps.to_json();
+      p.status = Status::skipped;
+      p.reason = "not run: an earlier point hung";
+    } else {
+      try {
+        p = run->run_point(ps);
+      } catch (const Error& e) {
+        p = Point{};
+        p.reason = e.what();
+        switch (e.kind()) {
+          case ErrorKind::oom: p.status = Status::oom; break;
+          case ErrorKind::unsupported: p.status = Status::skipped; break;
+          case ErrorKind::hang:
+            p.status = Status::hang;
+            hung = true;
+            break;
+          case ErrorKind::usage:  // a combination of valid values the scenario rejects
+          case ErrorKind::mismatch:
+          case ErrorKind::runtime: p.status = Status::error; break;
+        }
+      } catch (const std::bad_alloc&) {
+        p = Point{};
+        p.status = Status::oom;
+        p.reason = "host allocation failed (std::bad_alloc)";
+      } catch (const std::exception& e) {
+        p = Point{};
+        p.status = Status::error;
+        p.reason = e.what();
+      }
+      p.params = ps.to_json();
+    }
+    if (on_point) on_point(p);
+    r.points.push_back(std::move(p));
+  }
+  ctx.progress(fmt::format("{}: analysis", sc.name));
+  run->analyze(r);
+  return r;
+}
+
+int run_exit_code(const Result& r) {
+  int code = 0;
+  for (const auto& p : r.points) {
+    if (p.status == Status::hang) return 4;
+    if (p.status == Status::error) code = 1;
+  }
+  return code;
+}
+
+}  // namespace sb

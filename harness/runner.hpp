@@ -1,0 +1,29 @@
+// Runs one scenario over its sweep on one device and assembles the Result.
+#pragma once
+
+#include <functional>  // std::function
+#include <string>      // std::string
+#include <vector>      // std::vector
+
+#include "harness/scenario.hpp"  // Scenario, RunContext
+
+namespace sb {
+
+struct RunOptions {
+  std::vector<std::string> assignments;  // "-p key=v1,v2" texts
+  bool quick = false;
+};
+
+// Expands the sweep (throws UsageError before any work), runs every point,
+// maps typed errors to point statuses, then lets the scenario analyze.
+// After a hang the remaining points are skipped (the device is not trusted).
+// on_point is called after each point (for live output).
+Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
+                    const nlohmann::ordered_json& meta,
+                    const std::function<void(const Point&)>& on_point = {});
+
+// Exit status of a finished run: 0 when every point is ok, skipped or oom;
+// 4 when a point hung; 1 when a point failed (error).
+int run_exit_code(const Result& r);
+
+}  // namespace sb

@@ -1,0 +1,53 @@
+// What every scenario implements. A scenario owns its workload and its
+// analysis; the harness (runner.hpp) owns the sweep, timing, statuses and
+// output. Scenarios include harness headers only.
+#pragma once
+
+#include <functional>  // std::function
+#include <memory>      // std::unique_ptr
+#include <optional>    // std::optional
+#include <string>      // std::string
+#include <vector>      // std::vector
+
+#include "harness/device.hpp"    // Device
+#include "harness/expected.hpp"  // ExpectedFile
+#include "harness/measure.hpp"   // MeasureConfig
+#include "harness/params.hpp"    // ParamSpec, ParamSet
+#include "harness/result.hpp"    // Point, Result
+
+namespace sb {
+
+struct RunContext {
+  Device& device;
+  MeasureConfig measure;
+  std::optional<ExpectedFile> expected;  // the device's expected numbers, if known
+  bool quick = false;
+  // Reports where the run is ("precision size=2048 dtype=bf16: timing"); the
+  // watchdog names the last one if the run stops making progress.
+  std::function<void(const std::string&)> progress = [](const std::string&) {};
+};
+
+// One run of a scenario over a sweep. run_point may throw the typed errors of
+// errors.hpp: the runner turns OutOfMemory into status "oom", UnsupportedError
+// into "skipped", MismatchError into "error" and HangError into "hang".
+class ScenarioRun {
+ public:
+  virtual ~ScenarioRun() = default;
+  virtual Point run_point(const ParamSet& params) = 0;
+  // After all points: findings (cause, evidence, measured gain of the fix).
+  virtual void analyze(Result& result) = 0;
+};
+
+struct Scenario {
+  std::string name;     // "precision"
+  std::string cause;    // "fp32 where bf16 would do"
+  std::string summary;  // one line for `stallbench list`
+  std::vector<ParamSpec> params;
+  std::function<std::unique_ptr<ScenarioRun>(RunContext&)> start;
+};
+
+// Defined in scenarios/registry.cpp.
+const std::vector<const Scenario*>& all_scenarios();
+const Scenario* find_scenario(const std::string& name);
+
+}  // namespace sb

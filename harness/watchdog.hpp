@@ -1,0 +1,39 @@
+// The last line of defence against a hang: a thread that ends the process
+// with a distinct exit code (4) when the run makes no progress for `limit`,
+// naming the last phase it reported. Waits inside devices have their own,
+// shorter deadlines (HangError); this catches what those cannot (a library
+// call that never returns).
+#pragma once
+
+#include <chrono>              // std::chrono
+#include <condition_variable>  // std::condition_variable
+#include <mutex>               // std::mutex
+#include <string>              // std::string
+#include <thread>              // std::thread
+
+namespace sb {
+
+inline constexpr int kExitHang = 4;
+
+class Watchdog {
+ public:
+  // limit <= 0 disables it.
+  explicit Watchdog(std::chrono::seconds limit);
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  // Record progress: resets the deadline and names where the run is.
+  void progress(const std::string& where);
+
+ private:
+  void loop();
+  std::chrono::seconds limit_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string where_ = "start";
+  std::chrono::steady_clock::time_point last_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace sb

@@ -1,0 +1,234 @@
+// The cpu device. GEMM is oneDNN 2.x matmul: src A [M,K] row-major, weights
+// given as W [N,K] row-major (oneDNN tag `ba` of a [K,N] tensor) and reordered
+// once to the layout the primitive prefers (`any`), dst C [M,N] f32. bf16
+// gives oneDNN bf16 memory descriptors, which is what selects AMX.
+#include "kernels/cpu/cpu_backend.hpp"
+
+#include <cstdlib>  // std::aligned_alloc, std::free
+#include <cstring>  // std::memcpy
+#include <mutex>    // std::once_flag
+
+#include <oneapi/dnnl/dnnl.hpp>  // dnnl::matmul, dnnl::reorder, dnnl::memory
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"                      // OutOfMemory, UnsupportedError, UsageError
+#include "harness/fingerprint.hpp"                 // read_cpu_info
+#include "harness/random.hpp"                      // uniform_pm1
+#include "kernels/cpu/detail/compute_stream.hpp"   // ComputeStream
+#include "kernels/cpu/detail/dnnl_check.hpp"       // SB_DNNL_CHECK
+
+namespace sb {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return fmt::format("{}.{}.{}", v->major, v->minor, v->patch);
+}
+
+std::string isa_name(dnnl::cpu_isa isa) {
+  switch (isa) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: return fmt::format("isa {:#x}", static_cast<unsigned>(isa));
+  }
+}
+
+std::optional<dt> dnnl_type(DType t) {
+  switch (t) {
+    case DType::fp32: return dt::f32;
+    case DType::bf16: return dt::bf16;
+    case DType::fp16: return dt::f16;
+    default: return std::nullopt;
+  }
+}
+
+struct CpuEvent : Event {
+  std::chrono::steady_clock::time_point t{};
+};
+
+class CpuGemm : public GemmOp {
+ public:
+  CpuGemm(dnnl::engine& eng, cpu::ComputeStream& cs, GemmShape s, DType t, std::uint64_t seed)
+      : eng_(eng), cs_(cs), strm_(SB_DNNL_CHECK(dnnl::stream(eng))), shape_(s), dtype_(t) {
+    const dt in = *dnnl_type(t);
+    const dnnl::memory::dims a_dims{s.m, s.k}, w_dims{s.k, s.n}, c_dims{s.m, s.n};
+    const dnnl::memory::desc a_md(a_dims, in, tag::ab);
+    const dnnl::memory::desc w_any(w_dims, in, tag::any);
+    const dnnl::memory::desc c_md(c_dims, dt::f32, tag::ab);
+    const dnnl::matmul::desc desc(a_md, w_any, c_md);
+    pd_ = SB_DNNL_CHECK(dnnl::matmul::primitive_desc(desc, eng_));
+    prim_ = SB_DNNL_CHECK(dnnl::matmul(pd_));
+    a_ = SB_DNNL_CHECK(dnnl::memory(a_md, eng_));
+    w_ = SB_DNNL_CHECK(dnnl::memory(pd_.weights_desc(), eng_));
+    c_ = SB_DNNL_CHECK(dnnl::memory(c_md, eng_));
+    label_ = fmt::format("gemm {} {}x{}x{}", to_string(t), s.m, s.n, s.k);
+    std::vector<float> a(std::size_t(s.m * s.k)), w(std::size_t(s.n * s.k));
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = uniform_pm1(seed, i);
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = uniform_pm1(seed + 1, i);
+    upload(a, w);
+  }
+
+  GemmShape shape() const override { return shape_; }
+  DType dtype() const override { return dtype_; }
+  DType c_dtype() const override { return DType::fp32; }
+  std::string impl() const override { return pd_.impl_info_str(); }
+
+  void enqueue() override {
+    cs_.enqueue(label_, [this] {
+      SB_DNNL_CHECK(prim_.execute(strm_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, c_}}));
+      SB_DNNL_CHECK(strm_.wait());
+    });
+  }
+
+  void upload(std::span<const float> a, std::span<const float> w) override {
+    if (a.size() != std::size_t(shape_.m * shape_.k) || w.size() != std::size_t(shape_.n * shape_.k))
+      throw Error(ErrorKind::runtime, "cpu gemm upload: operand sizes do not match the shape");
+    // User layouts: A is [M,K] `ab`; W is [N,K] row-major, i.e. a [K,N] tensor in `ba`.
+    const dnnl::memory::desc a_user({shape_.m, shape_.k}, dt::f32, tag::ab);
+    const dnnl::memory::desc w_user({shape_.k, shape_.n}, dt::f32, tag::ba);
+    cs_.enqueue("upload operands", [&, this] {
+      dnnl::memory am(a_user, eng_, const_cast<float*>(a.data()));
+      dnnl::memory wm(w_user, eng_, const_cast<float*>(w.data()));
+      SB_DNNL_CHECK(dnnl::reorder(am, a_).execute(strm_, am, a_));
+      SB_DNNL_CHECK(dnnl::reorder(wm, w_).execute(strm_, wm, w_));
+      SB_DNNL_CHECK(strm_.wait());
+    });
+    cs_.synchronize(std::chrono::minutes(5));
+  }
+
+  void download_c(std::span<float> c) override {
+    if (c.size() != std::size_t(shape_.m * shape_.n))
+      throw Error(ErrorKind::runtime, "cpu gemm download: size does not match the shape");
+    std::memcpy(c.data(), c_.get_data_handle(), c.size() * sizeof(float));
+  }
+
+ private:
+  dnnl::engine& eng_;
+  cpu::ComputeStream& cs_;
+  dnnl::stream strm_;
+  GemmShape shape_;
+  DType dtype_;
+  dnnl::matmul::primitive_desc pd_;
+  dnnl::matmul prim_;
+  dnnl::memory a_, w_, c_;
+  std::string label_;
+};
+
+class CpuDevice : public Device {
+ public:
+  CpuDevice() : eng_(dnnl::engine::kind::cpu, 0) {
+    const CpuInfo cpu = read_cpu_info();
+    info_.id = "cpu";
+    info_.kind = DeviceKind::cpu;
+    info_.name = cpu.model;
+    info_.props = nlohmann::ordered_json{{"logical_cores", cpu.logical_cores},
+                                         {"isa", cpu.isa},
+                                         {"onednn", onednn_version()},
+                                         {"onednn_isa", isa_name(dnnl::get_effective_cpu_isa())},
+                                         {"stream", "dedicated compute thread"}};
+  }
+
+  const DeviceInfo& info() const override { return info_; }
+
+  std::optional<std::string> gemm_unsupported(DType t) const override {
+    switch (t) {
+      case DType::tf32: return "oneDNN 2.6 has no tf32 matmul mode (fp32 with reduced-precision inputs)";
+      case DType::fp8_e4m3: return "oneDNN 2.6 has no fp8 matmul";
+      default: break;
+    }
+    // Ask oneDNN whether it has an implementation for this type on this CPU.
+    try {
+      const dt in = *dnnl_type(t);
+      const dnnl::matmul::desc d({{64, 64}, in, tag::ab}, {{64, 64}, in, tag::any}, {{64, 64}, dt::f32, tag::ab});
+      dnnl::matmul::primitive_desc pd(d, eng_);
+    } catch (const dnnl::error& e) {
+      return fmt::format("oneDNN {} has no {} matmul on this CPU ({}; isa {})", onednn_version(), to_string(t),
+                         cpu::dnnl_status_name(e.status), isa_name(dnnl::get_effective_cpu_isa()));
+    }
+    return std::nullopt;
+  }
+
+  std::unique_ptr<GemmOp> make_gemm(GemmShape s, DType t, std::uint64_t seed) override {
+    if (auto why = gemm_unsupported(t)) throw UnsupportedError(*why);
+    try {
+      return std::make_unique<CpuGemm>(eng_, cs_, s, t, seed);
+    } catch (const std::bad_alloc&) {
+      throw OutOfMemory(fmt::format("cpu: cannot allocate the operands of a {}x{}x{} {} GEMM", s.m, s.n, s.k,
+                                    to_string(t)));
+    }
+  }
+
+  Buffer allocate(std::size_t bytes, MemKind kind) override {
+    // Host memory stands for device memory here; "pinned" has no meaning on
+    // the cpu device and is plain memory too.
+    const std::size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+    if (!p && rounded) throw OutOfMemory(fmt::format("cpu: cannot allocate {} bytes", bytes));
+    return Buffer(p, bytes, kind, [](void* q) { std::free(q); });
+  }
+
+  void copy_h2d(Buffer& dst, const Buffer& src, std::size_t bytes) override {
+    if (bytes > dst.bytes() || bytes > src.bytes())
+      throw Error(ErrorKind::runtime, "cpu: copy_h2d larger than a buffer");
+    void* d = dst.data();
+    const void* s = src.data();
+    cs_.enqueue("h2d copy", [d, s, bytes] { std::memcpy(d, s, bytes); });
+  }
+
+  EventPtr record() override {
+    auto e = std::make_shared<CpuEvent>();
+    cs_.enqueue("event", [e] { e->t = std::chrono::steady_clock::now(); });
+    return e;
+  }
+
+  double elapsed_ms(const EventPtr& a, const EventPtr& b) override {
+    const auto* x = dynamic_cast<const CpuEvent*>(a.get());
+    const auto* y = dynamic_cast<const CpuEvent*>(b.get());
+    if (!x || !y) throw Error(ErrorKind::runtime, "cpu: elapsed_ms on events of another device");
+    return std::chrono::duration<double, std::milli>(y->t - x->t).count();
+  }
+
+  void synchronize(std::chrono::milliseconds timeout) override { cs_.synchronize(timeout); }
+
+ private:
+  DeviceInfo info_;
+  mutable dnnl::engine eng_;
+  cpu::ComputeStream cs_;  // last: its thread stops before the engine goes
+};
+
+}  // namespace
+
+Backend make_cpu_backend() {
+  Backend b;
+  b.name = "cpu";
+  b.list = [] {
+    CpuDevice d;
+    return std::vector<DeviceInfo>{d.info()};
+  };
+  b.unavailable = [] { return std::string(); };
+  b.open = [](int index) -> std::unique_ptr<Device> {
+    if (index != 0) throw UsageError(fmt::format("no device cpu:{}; the cpu backend has one device, cpu", index));
+    return std::make_unique<CpuDevice>();
+  };
+  b.versions = [] {
+    return nlohmann::ordered_json{{"onednn", onednn_version()},
+                                  {"onednn_git", dnnl_version()->hash},
+                                  {"onednn_runtime", dnnl_version()->cpu_runtime == DNNL_RUNTIME_OMP   ? "OpenMP"
+                                                     : dnnl_version()->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB"
+                                                     : dnnl_version()->cpu_runtime == DNNL_RUNTIME_SEQ ? "sequential"
+                                                                                                       : "other"},
+                                  {"onednn_isa", isa_name(dnnl::get_effective_cpu_isa())}};
+  };
+  return b;
+}
+
+}  // namespace sb

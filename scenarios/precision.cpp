@@ -1,0 +1,199 @@
+// precision: training in fp32 where bf16 would do.
+//
+// Workload: one GEMM C[M,N] = A[M,K] W[N,K]^T (an nn.Linear forward) per dtype
+// and size. GEMM FLOPs = 2*M*N*K; TFLOP/s = FLOPs / median seconds per GEMM / 1e12.
+// Each dtype is checked against a double-precision reference before it is timed;
+// a mismatch is an error, not a figure.
+#include <algorithm>  // std::max
+#include <map>        // std::map
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"      // MismatchError, UnsupportedError
+#include "harness/gemm_check.hpp"  // check_gemm
+#include "harness/printer.hpp"     // format_number
+#include "harness/scenario.hpp"    // Scenario, ScenarioRun
+
+namespace sb {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+class PrecisionRun : public ScenarioRun {
+ public:
+  explicit PrecisionRun(RunContext& ctx) : ctx_(ctx) {}
+
+  Point run_point(const ParamSet& ps) override {
+    const std::int64_t size = ps.get_int("size");
+    GemmShape s{ps.get_int("m"), ps.get_int("n"), ps.get_int("k")};
+    if (s.m == 0) s.m = size;
+    if (s.n == 0) s.n = size;
+    if (s.k == 0) s.k = size;
+    const DType t = *parse_dtype(ps.get_str("dtype"));
+    const std::string where = fmt::format("precision {}x{}x{} {}", s.m, s.n, s.k, to_string(t));
+    Device& dev = ctx_.device;
+    if (auto why = dev.gemm_unsupported(t)) throw UnsupportedError(*why);
+
+    ctx_.progress(where + ": correctness check");
+    const GemmCheck& chk = checked(t);
+    if (!chk.ok)
+      throw MismatchError(fmt::format("{} GEMM is wrong on {}: {} of {} elements outside tolerance ({}x{}x{}); {}",
+                                      to_string(t), dev.info().id, chk.wrong, chk.shape.m * chk.shape.n, chk.shape.m,
+                                      chk.shape.n, chk.shape.k, chk.first_mismatches));
+
+    ctx_.progress(where + ": allocate");
+    auto op = dev.make_gemm(s, t, 42);  // nothing is allocated inside the timed region
+    MeasureConfig cfg = ctx_.measure;
+    cfg.min_trials = int(ps.get_int("trials"));
+    cfg.max_trials = std::max(cfg.max_trials, cfg.min_trials);
+    ctx_.progress(where + ": timing");
+    const Measurement m = measure(dev, [&] { op->enqueue(); }, cfg);
+
+    Point p;
+    const double flops = s.flops();
+    auto tflops_of = [&](double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
+    Stats tf;  // throughput summary: the fastest trial gives the highest figure
+    tf.n = m.ms.n;
+    tf.median = tflops_of(m.ms.median);
+    tf.p10 = tflops_of(m.ms.p90);
+    tf.p90 = tflops_of(m.ms.p10);
+    tf.min = tflops_of(m.ms.max);
+    tf.max = tflops_of(m.ms.min);
+    tf.mean = tflops_of(m.ms.mean);
+    tf.stdrel = m.ms.stdrel;
+    p.add({"tflops", tf.median, "TFLOP/s", Direction::higher, tf, "2*M*N*K / median time"});
+    p.add({"ms", m.ms.median, "ms", Direction::lower, m.ms, "median time of one GEMM"});
+    if (ctx_.expected) {
+      if (auto peak = ctx_.expected->peak_tflops(t)) {
+        p.add({"pct_of_peak", 100.0 * tf.median / peak->first, "%", Direction::higher, std::nullopt,
+               fmt::format("of {} {} TFLOP/s, {}", ctx_.expected->id(), format_number(peak->first), peak->second)});
+      }
+    }
+    p.info = json{{"m", s.m},
+                  {"n", s.n},
+                  {"k", s.k},
+                  {"flops", flops},
+                  {"impl", op->impl()},
+                  {"c_dtype", to_string(op->c_dtype())},
+                  {"reps_per_trial", m.reps_per_trial},
+                  {"trials", m.ms.n},
+                  {"stop", m.stop},
+                  {"check", json{{"shape", fmt::format("{}x{}x{}", chk.shape.m, chk.shape.n, chk.shape.k)},
+                                 {"worst_error_over_tolerance", chk.worst_ratio},
+                                 {"impl", chk.impl}}}};
+    return p;
+  }
+
+  void analyze(Result& r) override {
+    // speedup_vs_fp32: measured in this run, at the same shape.
+    auto key = [](const Point& p) { return fmt::format("{}x{}x{}", p.info.value("m", 0), p.info.value("n", 0), p.info.value("k", 0)); };
+    std::map<std::string, double> fp32;
+    for (const auto& p : r.points)
+      if (p.status == Status::ok && p.params.value("dtype", "") == "fp32") fp32[key(p)] = p.metric("tflops")->value;
+    struct Best {
+      double speedup = 0;
+      std::string shape;
+      double fp32 = 0, other = 0;
+    };
+    std::map<std::string, Best> best;  // per dtype: at the largest shape that has both
+    for (auto& p : r.points) {
+      if (p.status != Status::ok) continue;
+      const std::string dt = p.params.value("dtype", "");
+      auto it = fp32.find(key(p));
+      if (dt == "fp32" || it == fp32.end() || it->second <= 0) continue;
+      const double tf = p.metric("tflops")->value;
+      const double sp = tf / it->second;
+      p.add({"speedup_vs_fp32", sp, "x", Direction::higher, std::nullopt, "TFLOP/s over fp32 at the same shape"});
+      Best& b = best[dt];
+      const double flops = p.info.value("flops", 0.0);
+      if (b.shape.empty() || flops >= best_flops_[dt]) {
+        best_flops_[dt] = flops;
+        b = Best{sp, key(p), it->second, tf};
+      }
+    }
+    if (fp32.empty()) {
+      r.findings.push_back({"fp32 where bf16 would do", "no fp32 point ran, so no gain over fp32 can be measured",
+                            std::nullopt, json::object()});
+      return;
+    }
+    const std::string dev = r.meta.value("/device/id"_json_pointer, std::string("this device"));
+    for (const char* dt : {"bf16", "fp16", "tf32", "fp8_e4m3"}) {
+      auto it = best.find(dt);
+      if (it == best.end()) continue;
+      const Best& b = it->second;
+      std::string extra;
+      if (std::string(dt) == "tf32") extra = " (PyTorch: torch.backends.cuda.matmul.allow_tf32 = True; off by default since 1.12)";
+      if (std::string(dt) == "fp8_e4m3") extra = " (needs scaling recipes, e.g. Transformer Engine)";
+      r.findings.push_back({"fp32 where bf16 would do",
+                            fmt::format("fp32 -> {}: {:.1f}x on {} at {} ({} -> {} TFLOP/s){}", dt, b.speedup, dev,
+                                        b.shape, format_number(b.fp32), format_number(b.other), extra),
+                            b.speedup,
+                            json{{"shape", b.shape},
+                                 {"fp32_tflops", b.fp32},
+                                 {std::string(dt) + "_tflops", b.other},
+                                 {"dtype", dt}}});
+    }
+  }
+
+ private:
+  const GemmCheck& checked(DType t) {
+    auto it = checks_.find(t);
+    if (it == checks_.end())
+      it = checks_.emplace(t, check_gemm(ctx_.device, t, GemmShape{61, 47, 256}, 2024, ctx_.measure.sync_timeout)).first;
+    return it->second;
+  }
+
+  RunContext& ctx_;
+  std::map<DType, GemmCheck> checks_;
+  std::map<std::string, double> best_flops_;
+};
+
+std::vector<std::string> dtype_choices() {
+  std::vector<std::string> v;
+  for (DType t : all_dtypes()) v.emplace_back(to_string(t));
+  return v;
+}
+
+}  // namespace
+
+extern const Scenario precision_scenario;
+const Scenario precision_scenario{
+    "precision",
+    "fp32 where bf16 would do",
+    "GEMM TFLOP/s per dtype (fp32, tf32, bf16, fp16, fp8), % of peak and speedup over fp32",
+    {
+        ParamSpec{.name = "size",
+                  .type = ParamType::integer,
+                  .default_value = "1024,2048",
+                  .help = "square GEMM size: M = N = K unless m, n or k is given",
+                  .unit = "elements",
+                  .min = 16,
+                  .max = 65536,
+                  .quick_default = "256,512",
+                  .gpu_default = "1024,2048,4096,8192"},
+        ParamSpec{.name = "m", .type = ParamType::integer, .default_value = "0",
+                  .help = "rows of A and C (tokens); 0 = size", .unit = "elements", .min = 0, .max = 65536},
+        ParamSpec{.name = "n", .type = ParamType::integer, .default_value = "0",
+                  .help = "rows of W, columns of C (output features); 0 = size", .unit = "elements", .min = 0,
+                  .max = 65536},
+        ParamSpec{.name = "k", .type = ParamType::integer, .default_value = "0",
+                  .help = "reduction length (input features); 0 = size", .unit = "elements", .min = 0, .max = 65536},
+        ParamSpec{.name = "dtype",
+                  .type = ParamType::choice,
+                  .default_value = "fp32,tf32,bf16,fp16,fp8_e4m3",
+                  .help = "element type; a device without one records the point as skipped",
+                  .choices = dtype_choices()},
+        ParamSpec{.name = "trials",
+                  .type = ParamType::integer,
+                  .default_value = "10",
+                  .help = "minimum timed trials; more run until noise < 2% or the time budget is spent",
+                  .unit = "trials",
+                  .min = 1,
+                  .max = 100000,
+                  .quick_default = "3",
+                  .workload = false},
+    },
+    [](RunContext& ctx) -> std::unique_ptr<ScenarioRun> { return std::make_unique<PrecisionRun>(ctx); },
+};
+
+}  // namespace sb

@@ -1,0 +1,285 @@
+// Tests of the cuda backend on a real GPU. With no usable GPU the binary
+// prints why and exits 77, which Meson reports as SKIP (a gtest binary whose
+// tests all GTEST_SKIP would exit 0 and show as OK, hiding the missing device).
+#include <algorithm>  // std::min
+#include <chrono>     // std::chrono_literals
+#include <cmath>      // std::fabs, std::isfinite
+#include <cstdint>    // std::int64_t, std::uint64_t
+#include <cstdio>     // std::printf
+#include <cstring>    // std::memset
+#include <exception>  // std::exception
+#include <memory>     // std::unique_ptr
+#include <random>     // std::mt19937_64, std::uniform_real_distribution
+#include <string>     // std::string, std::stod
+#include <utility>    // std::pair
+#include <vector>     // std::vector
+
+#include <fmt/format.h>   // fmt::format
+#include <gtest/gtest.h>  // TEST, TEST_P, GTEST_SKIP
+
+#include "harness/device.hpp"             // Device, GemmOp, MemKind
+#include "harness/dtype.hpp"              // DType, round_to, unit_roundoff
+#include "harness/errors.hpp"             // OutOfMemory, UsageError
+#include "harness/gemm_check.hpp"         // check_gemm: the pre-timing check the CLI runs
+#include "kernels/cuda/cuda_backend.hpp"  // make_cuda_backend
+#include "kernels/cuda/fill.cuh"          // cuda_kernels::uniform_value
+
+namespace sb {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr auto kTimeout = 30s;  // generous: every op here takes milliseconds
+
+std::unique_ptr<Device> open_gpu() { return make_cuda_backend().open(0); }
+
+// Bound on the accumulation error, as a fraction of sum_k |a_k||w_k|. fp32
+// accumulates in fp32 (K*2^-24 is ~6e-6 for K=96, worst case); tf32 inputs
+// here are already tf32-exact, but the tensor-core path may round partial sums
+// more coarsely; bf16/fp16 accumulate in fp32; Hopper's fp8 tensor cores keep
+// fewer accumulator bits than fp32 (about 14), hence the loosest bound.
+double accumulation_bound(DType d) {
+  switch (d) {
+    case DType::fp32: return 1e-5;
+    case DType::tf32: return 2e-3;
+    case DType::bf16: return 1e-4;
+    case DType::fp16: return 1e-4;
+    case DType::fp8_e4m3: return 2e-3;
+  }
+  return 1e-5;
+}
+
+struct GemmCase {
+  DType dtype;
+  GemmShape shape;
+};
+
+std::string case_name(const testing::TestParamInfo<GemmCase>& info) {
+  const GemmShape& s = info.param.shape;
+  return fmt::format("{}_{}x{}x{}", to_string(info.param.dtype), s.m, s.n, s.k);
+}
+
+std::vector<GemmCase> gemm_cases() {
+  std::vector<GemmCase> out;
+  for (DType d : all_dtypes()) {
+    out.push_back({d, {64, 48, 80}});
+    // Odd M (and odd N where allowed) exercises the edge tiles. fp8 in
+    // cuBLASLt needs N and K to be multiples of 16 (16-byte aligned leading
+    // dimensions), so its odd case keeps N = 144.
+    out.push_back({d, {257, d == DType::fp8_e4m3 ? 144 : 129, 96}});
+  }
+  return out;
+}
+
+// Compares C (row-major M x N) with a double-precision reference built from
+// the same (already rounded) operands:
+//   |c - ref| <= rel * |ref| + acc * sum_k |a_ik| |w_jk|,
+// where rel = 2 * unit roundoff of C's type covers the final rounding of C and
+// acc bounds the accumulation. Returns "" or a report of the first mismatches.
+std::string check_gemm(const GemmOp& op, const std::vector<float>& a, const std::vector<float>& w,
+                       const std::vector<float>& c) {
+  const GemmShape s = op.shape();
+  const double rel = 2.0 * unit_roundoff(op.c_dtype());
+  const double acc = accumulation_bound(op.dtype());
+  std::int64_t bad = 0;
+  std::string report;
+  for (std::int64_t i = 0; i < s.m; ++i) {
+    for (std::int64_t j = 0; j < s.n; ++j) {
+      double ref = 0, mag = 0;
+      for (std::int64_t k = 0; k < s.k; ++k) {
+        const double p = double(a[i * s.k + k]) * double(w[j * s.k + k]);
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const std::int64_t idx = i * s.n + j;
+      const double got = c[idx];
+      const double tol = rel * std::fabs(ref) + acc * mag;
+      if (!std::isfinite(got) || std::fabs(got - ref) > tol) {
+        if (bad < 5)
+          report += fmt::format(
+              "  C[{},{}] (index {}): got {:.8g}, want {:.8g}, |diff| {:.3g} > tol {:.3g}\n", i,
+              j, idx, got, ref, std::fabs(got - ref), tol);
+        ++bad;
+      }
+    }
+  }
+  if (bad == 0) return "";
+  return fmt::format("{} of {} values of a {} {}x{}x{} GEMM mismatch (impl {}):\n{}", bad,
+                     s.m * s.n, to_string(op.dtype()), s.m, s.n, s.k, op.impl(), report);
+}
+
+class GemmTest : public testing::TestWithParam<GemmCase> {};
+
+// Host operands, uploaded: checks the GEMM layout, types and conversions.
+TEST_P(GemmTest, UploadedOperandsMatchHostReference) {
+  const auto [dtype, shape] = GetParam();
+  auto dev = open_gpu();
+  if (auto why = dev->gemm_unsupported(dtype)) GTEST_SKIP() << *why;
+  auto op = dev->make_gemm(shape, dtype, 7);
+  EXPECT_EQ(op->dtype(), dtype);
+  EXPECT_EQ(op->impl().rfind("cublasLt algo ", 0), 0u) << op->impl();
+
+  // Values in [-1, 1] rounded to the dtype, so the device stores exactly these.
+  std::mt19937_64 rng(42);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> a(std::size_t(shape.m * shape.k)), w(std::size_t(shape.n * shape.k));
+  for (float& x : a) x = round_to(dtype, u(rng));
+  for (float& x : w) x = round_to(dtype, u(rng));
+  op->upload(a, w);
+  op->enqueue();
+  dev->synchronize(kTimeout);
+  std::vector<float> c(std::size_t(shape.m * shape.n));
+  op->download_c(c);
+  const std::string report = check_gemm(*op, a, w, c);
+  EXPECT_TRUE(report.empty()) << report;
+}
+
+// Operands filled on the device from the seed: checks the fill kernels against
+// their host twin (A from seed stream 2*seed, W from 2*seed+1).
+TEST_P(GemmTest, SeededOperandsMatchHostRebuild) {
+  const auto [dtype, shape] = GetParam();
+  auto dev = open_gpu();
+  if (auto why = dev->gemm_unsupported(dtype)) GTEST_SKIP() << *why;
+  const std::uint64_t seed = 1234;
+  auto op = dev->make_gemm(shape, dtype, seed);
+  op->enqueue();
+  dev->synchronize(kTimeout);
+  std::vector<float> c(std::size_t(shape.m * shape.n));
+  op->download_c(c);
+
+  std::vector<float> a(std::size_t(shape.m * shape.k)), w(std::size_t(shape.n * shape.k));
+  for (std::size_t i = 0; i < a.size(); ++i)
+    a[i] = round_to(dtype, cuda_kernels::uniform_value(2 * seed, std::int64_t(i)));
+  for (std::size_t i = 0; i < w.size(); ++i)
+    w[i] = round_to(dtype, cuda_kernels::uniform_value(2 * seed + 1, std::int64_t(i)));
+  const std::string report = check_gemm(*op, a, w, c);
+  EXPECT_TRUE(report.empty()) << report;
+}
+
+// The check the CLI runs before timing (harness/gemm_check): unrounded fp32
+// inputs, rounded by the device's conversion kernels.
+TEST_P(GemmTest, HarnessCheckPasses) {
+  const auto [dtype, shape] = GetParam();
+  auto dev = open_gpu();
+  if (auto why = dev->gemm_unsupported(dtype)) GTEST_SKIP() << *why;
+  const GemmCheck r = check_gemm(*dev, dtype, shape, 99, kTimeout);
+  EXPECT_TRUE(r.ok) << r.wrong << " wrong, worst |err|/tol " << r.worst_ratio << " (" << r.impl
+                    << "): " << r.first_mismatches;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypes, GemmTest, testing::ValuesIn(gemm_cases()), case_name);
+
+TEST(CudaGemm, CDtypeFollowsInputDtype) {
+  auto dev = open_gpu();
+  const std::vector<std::pair<DType, DType>> expect = {{DType::fp32, DType::fp32},
+                                                       {DType::tf32, DType::fp32},
+                                                       {DType::bf16, DType::bf16},
+                                                       {DType::fp16, DType::fp16},
+                                                       {DType::fp8_e4m3, DType::bf16}};
+  for (auto [in, out] : expect) {
+    if (dev->gemm_unsupported(in)) continue;
+    EXPECT_EQ(dev->make_gemm({64, 64, 64}, in, 1)->c_dtype(), out) << to_string(in);
+  }
+}
+
+TEST(CudaGemm, Fp8BelowHopperIsUnsupportedWithReason) {
+  auto dev = open_gpu();
+  const std::string cc = dev->info().props.at("compute_capability").get<std::string>();
+  const bool hopper_or_newer = std::stod(cc) >= 9.0;
+  const auto why = dev->gemm_unsupported(DType::fp8_e4m3);
+  EXPECT_EQ(why.has_value(), !hopper_or_newer) << "compute capability " << cc;
+  if (why) {
+    EXPECT_NE(why->find("9.0"), std::string::npos) << *why;
+    EXPECT_THROW(dev->make_gemm({64, 64, 64}, DType::fp8_e4m3, 1), UnsupportedError);
+  }
+}
+
+TEST(CudaDevice, HugeAllocationThrowsOutOfMemory) {
+  auto dev = open_gpu();
+  try {
+    (void)dev->allocate(1ull << 50, MemKind::device);  // 1 PiB
+    FAIL() << "allocating 1 PiB succeeded";
+  } catch (const OutOfMemory& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("1125899906842624"), std::string::npos) << what;
+    EXPECT_NE(what.find("free of"), std::string::npos) << what;
+  }
+  // The failed cudaMalloc must not leak into the next kernel launch check.
+  EXPECT_NO_THROW({
+    auto op = dev->make_gemm({64, 64, 64}, DType::fp32, 3);
+    op->enqueue();
+    dev->synchronize(kTimeout);
+  });
+}
+
+TEST(CudaDevice, EventsTimeAGemm) {
+  auto dev = open_gpu();
+  const DType dtype = dev->gemm_unsupported(DType::bf16) ? DType::fp32 : DType::bf16;
+  const GemmShape shape{1024, 1024, 1024};
+  auto op = dev->make_gemm(shape, dtype, 5);
+  op->enqueue();  // warm-up: first launch loads the kernel
+  const int reps = 3;
+  auto start = dev->record();
+  for (int i = 0; i < reps; ++i) op->enqueue();
+  auto stop = dev->record();
+  dev->synchronize(kTimeout);
+  const double ms = dev->elapsed_ms(start, stop);
+  EXPECT_GT(ms, 0.0);
+  // FLOPs = 2*M*N*K per GEMM; TFLOPS = reps * FLOPs / (ms * 1e-3) / 1e12.
+  std::printf("  %s %lldx%lldx%lld: %.3f ms for %d GEMMs, %.1f TFLOPS (%s)\n",
+              std::string(to_string(dtype)).c_str(), (long long)shape.m, (long long)shape.n,
+              (long long)shape.k, ms, reps, reps * shape.flops() / (ms * 1e-3) / 1e12,
+              op->impl().c_str());
+}
+
+TEST(CudaDevice, SynchronizeAfterSmallCopyReturns) {
+  auto dev = open_gpu();
+  const std::size_t bytes = 1 << 20;
+  for (MemKind host : {MemKind::host_pinned, MemKind::host_pageable}) {
+    Buffer src = dev->allocate(bytes, host);
+    std::memset(src.data(), 1, bytes);
+    Buffer dst = dev->allocate(bytes, MemKind::device);
+    dev->copy_h2d(dst, src, bytes);
+    EXPECT_NO_THROW(dev->synchronize(kTimeout));
+  }
+}
+
+TEST(CudaBackend, ReportsDevicesAndVersions) {
+  const Backend cuda = make_cuda_backend();
+  EXPECT_EQ(cuda.unavailable(), "");
+  const auto devices = cuda.list();
+  ASSERT_FALSE(devices.empty());
+  EXPECT_EQ(devices[0].id, "cuda:0");
+  EXPECT_EQ(devices[0].kind, DeviceKind::cuda);
+  EXPECT_FALSE(devices[0].name.empty());
+  for (const char* key : {"compute_capability", "sm_count", "memory_bytes",
+                          "memory_bus_width_bits", "l2_bytes", "sm_clock_khz",
+                          "memory_clock_khz", "pci_bus_id"})
+    EXPECT_TRUE(devices[0].props.contains(key)) << key;
+  EXPECT_GT(devices[0].props.at("sm_count").get<int>(), 0);
+
+  const auto v = cuda.versions();
+  for (const char* key : {"cuda_runtime", "cuda_driver", "cublasLt"})
+    EXPECT_TRUE(v.contains(key)) << key << " in " << v.dump();
+
+  EXPECT_THROW(cuda.open(int(devices.size())), UsageError);
+  EXPECT_THROW(cuda.open(-1), UsageError);
+}
+
+}  // namespace
+}  // namespace sb
+
+int main(int argc, char** argv) {
+  testing::InitGoogleTest(&argc, argv);
+  const sb::Backend cuda = sb::make_cuda_backend();
+  try {
+    if (cuda.list().empty()) {
+      std::printf("SKIP: %s\n", cuda.unavailable().c_str());
+      return 77;
+    }
+  } catch (const std::exception& e) {  // a GPU answers but cannot be queried: a failure
+    std::printf("FAIL: listing CUDA devices: %s\n", e.what());
+    return 1;
+  }
+  return RUN_ALL_TESTS();
+}
