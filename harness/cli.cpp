@@ -182,7 +182,9 @@ int cmd_run(const RunArgs& a, int argc, char** argv) {
 }
 
 int cmd_compare(const std::string& a, const std::string& b, double tolerance, bool gate) {
-  const CompareReport rep = compare_docs(read_json_file(a), read_json_file(b), gate ? tolerance : 0.05);
+  const json doc_a = read_json_file(a);  // A first, so its errors are reported first
+  const json doc_b = read_json_file(b);
+  const CompareReport rep = compare_docs(doc_a, doc_b, gate ? tolerance : 0.05);
   std::cout << format_compare(rep);
   if (gate && rep.worse > 0) {
     std::cout << fmt::format("{} metric(s) worse than B by more than {:.1f}% (exit {})\n", rep.worse,

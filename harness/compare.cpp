@@ -129,7 +129,9 @@ void compare_with_result(const Result& ra, const Result& rb, double tol, Compare
       rep.notes.push_back(fmt::format("{}: status {} in A, {} in B", point_label(pa.params), to_string(pa.status),
                                       to_string(pb->status)));
       if (pb->status == Status::ok && pa.status != Status::skipped) ++rep.worse;  // it used to work
+      continue;  // figures of a point that did not run are not figures
     }
+    if (pa.status != Status::ok) continue;
     for (const auto& m : pa.metrics) {
       const Metric* mb = pb->metric(m.name);
       if (!mb) continue;

@@ -42,11 +42,20 @@ bool where_matches(const json& where, const json& params) {
 
 std::vector<json> ExpectedFile::figures_for(const std::string& scenario, const std::string& metric,
                                             const json& params) const {
+  // Only the most specific matches count: a figure for {dtype, size} says
+  // more about a size-8192 point than a figure for {dtype} over all shapes.
   std::vector<json> out;
-  for (const auto& f : doc.value("figures", json::array()))
-    if (f.value("scenario", "") == scenario && f.value("metric", "") == metric &&
-        where_matches(f.value("where", json::object()), params))
-      out.push_back(f);
+  std::size_t best = 0;
+  for (const auto& f : doc.value("figures", json::array())) {
+    const json where = f.value("where", json::object());
+    if (f.value("scenario", "") != scenario || f.value("metric", "") != metric || !where_matches(where, params))
+      continue;
+    if (where.size() > best) {
+      out.clear();
+      best = where.size();
+    }
+    if (where.size() == best) out.push_back(f);
+  }
   return out;
 }
 

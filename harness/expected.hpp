@@ -20,7 +20,7 @@ struct ExpectedFile {
   // Datasheet peak TFLOP/s for a dtype, with its source; nullopt if absent.
   std::optional<std::pair<double, std::string>> peak_tflops(DType) const;
   // The file's figures for a scenario and metric whose `where` is a subset
-  // of params.
+  // of params; of those, only the ones with the most `where` keys.
   std::vector<nlohmann::ordered_json> figures_for(const std::string& scenario, const std::string& metric,
                                                    const nlohmann::ordered_json& params) const;
 };

@@ -38,7 +38,7 @@ Measurement measure(Device& dev, const std::function<void()>& enqueue_one,
   // event resolution and launch gaps stay small next to the trial.
   const double one = time_batch(dev, enqueue_one, 1, cfg);
   if (one > 0 && one < cfg.min_trial_ms)
-    m.reps_per_trial = std::clamp(int(std::ceil(cfg.min_trial_ms / one)), 1, 1 << 16);
+    m.reps_per_trial = std::clamp(int(std::ceil(cfg.min_trial_ms / one - 1e-9)), 1, 1 << 16);
 
   std::vector<double> per_op;
   per_op.reserve(64);

@@ -71,7 +71,9 @@ json stats_json(const Stats& s) {
 const json& need(const json& j, const char* key, json::value_t type, const std::string& where) {
   if (!j.is_object() || !j.contains(key)) bad(where, fmt::format("has no '{}'", key));
   const json& v = j.at(key);
-  const bool ok = type == json::value_t::number_float ? v.is_number() : v.type() == type;
+  const bool ok = type == json::value_t::number_float      ? v.is_number()
+                  : type == json::value_t::number_unsigned ? v.is_number_integer()
+                                                           : v.type() == type;
   if (!ok) bad(where + "." + key, fmt::format("has type {}", v.type_name()));
   return v;
 }

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Every bad input gets one clear message and exit 2; nothing crashes or hangs.
+Also --help, --version, list, devices and compare's exit codes.
+
+usage: test_cli.py STALLBENCH
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+EXE = sys.argv[1]
+failures = []
+
+
+def run(*args, timeout=120):
+    return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def expect(args, code, must_say=(), stream="stderr"):
+    p = run(*args)
+    text = getattr(p, stream)
+    bad = []
+    if p.returncode != code:
+        bad.append(f"exit {p.returncode}, want {code}")
+    for s in must_say:
+        if s not in text:
+            bad.append(f"missing {s!r}")
+    if "Traceback" in p.stderr or "terminate called" in p.stderr or "Segmentation" in p.stderr:
+        bad.append("crashed")
+    if stream == "stderr" and code == 2 and len(text.strip().splitlines()) > 3:
+        bad.append("more than a short message")
+    if bad:
+        failures.append(f"{' '.join(args)}: {'; '.join(bad)}\n  stdout: {p.stdout[-500:]}\n  stderr: {p.stderr[-500:]}")
+    return p
+
+
+expect(["--help"], 0, ["list", "devices", "run", "compare", "exit codes"], "stdout")
+expect(["--version"], 0, ["stallbench 0.1.0"], "stdout")
+expect([], 2, ["A subcommand is required"])
+expect(["frobnicate"], 2)
+expect(["run"], 2, ["scenario is required"])
+expect(["run", "nosuch"], 2, ["unknown scenario 'nosuch'", "valid: precision"])
+expect(["run", "precision", "-p", "sise=64"], 2, ["unknown parameter 'sise'", "valid keys: size, m, n, k, dtype, trials"])
+expect(["run", "precision", "-p", "size=abc"], 2, ["'abc' is not an integer", "[16, 65536] elements"])
+expect(["run", "precision", "-p", "size=8"], 2, ["out of range", "[16, 65536]"])
+expect(["run", "precision", "-p", "dtype=fp64"], 2, ["fp32|tf32|bf16|fp16|fp8_e4m3"])
+expect(["run", "precision", "-p", "size"], 2, ["expected key=value"])
+expect(["run", "precision", "-p", "size=64", "-p", "size=128"], 2, ["given twice"])
+expect(["run", "precision", "--device", "gpu7"], 2, ["unknown device 'gpu7'", "valid: auto, cpu, cuda:N"])
+expect(["run", "precision", "--device", "cpu:1"], 2, ["unknown device"])
+expect(["run", "precision", "--bogus"], 2, ["--bogus"])
+expect(["run", "precision", "--timeout", "0"], 2)
+expect(["compare", "/nonexistent/a.json", "/nonexistent/b.json"], 2, ["cannot read /nonexistent/a.json"])
+
+list_out = expect(["list"], 0, ["precision", "-p size", "default 1024,2048", "range [16, 65536] elements"], "stdout")
+expect(["list", "--names"], 0, ["precision"], "stdout")
+dev = expect(["devices"], 0, ["cpu", "logical cores"], "stdout")
+fp = json.loads(run("devices", "--json").stdout)
+if not fp["cpu"]["model"] or "cpu" not in fp["versions"]:
+    failures.append("devices --json lacks cpu model or versions")
+
+with tempfile.TemporaryDirectory() as tmp:
+    bad = os.path.join(tmp, "bad.json")
+    with open(bad, "w") as f:
+        f.write("{not json")
+    expect(["compare", bad, bad], 2, ["is not valid JSON"])
+    notres = os.path.join(tmp, "notres.json")
+    with open(notres, "w") as f:
+        json.dump({"hello": 1}, f)
+    expect(["compare", notres, notres], 2, ["not a stallbench result"])
+
+    # A real small run, then compare it with itself and with a worse copy.
+    a = os.path.join(tmp, "a.json")
+    p = run("run", "precision", "--device", "cpu", "--quick", "-p", "size=64", "-p", "dtype=fp32,bf16",
+            "--json", a, timeout=300)
+    if p.returncode != 0:
+        failures.append(f"small run failed: {p.returncode} {p.stderr[-800:]}")
+    else:
+        expect(["compare", a, a, "--tolerance", "0.05"], 0, ["same"], "stdout")
+        doc = json.load(open(a))
+        for pt in doc["points"]:
+            if pt["status"] == "ok":
+                pt["metrics"]["tflops"]["value"] *= 2  # B claims twice the throughput
+                pt["metrics"]["ms"]["value"] /= 2
+        b = os.path.join(tmp, "b.json")
+        json.dump(doc, open(b, "w"))
+        expect(["compare", a, b, "--tolerance", "0.1"], 3, ["WORSE", "worse than B"], "stdout")
+        expect(["compare", a, b], 0, ["WORSE"], "stdout")  # no --tolerance: report only
+        expect(["compare", a, b, "--tolerance", "abc"], 2)
+        # --json - writes the document to stdout and the table to stderr.
+        p = run("run", "precision", "--device", "cpu", "--quick", "-p", "size=32", "-p", "dtype=fp32", "--json", "-")
+        try:
+            if json.loads(p.stdout)["kind"] != "result":
+                failures.append("--json - did not write a result to stdout")
+        except json.JSONDecodeError as e:
+            failures.append(f"--json - stdout is not JSON: {e}")
+
+if failures:
+    print("\n".join(failures))
+    sys.exit(1)
+print("ok")

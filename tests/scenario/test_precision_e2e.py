@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""End-to-end: `stallbench run precision --quick` on a device, then check the
+result JSON against the schema and against what the run must contain.
+
+usage: test_precision_e2e.py STALLBENCH SCHEMA --device cpu|cuda:0
+Exit 77 (meson SKIP) when the device does not exist here.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def main():
+    exe, schema_path = sys.argv[1], sys.argv[2]
+    device = sys.argv[sys.argv.index("--device") + 1]
+    if device.startswith("cuda"):
+        fp = json.loads(subprocess.run([exe, "devices", "--json"], capture_output=True, text=True,
+                                       timeout=120, check=True).stdout)
+        if not fp["gpus"]:
+            why = fp["versions"].get("cuda", {}).get("unavailable", "built without CUDA")
+            print(f"SKIP: no CUDA device ({why})")
+            sys.exit(77)
+    try:
+        import jsonschema
+    except ImportError:
+        fail("python3 jsonschema is missing: scripts/setup installs it")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r.json")
+        p = subprocess.run([exe, "run", "precision", "--device", device, "--quick", "--json", out],
+                           capture_output=True, text=True, timeout=500)
+        print(p.stdout)
+        print(p.stderr, file=sys.stderr)
+        if p.returncode != 0:
+            fail(f"exit {p.returncode}")
+        if "findings:" not in p.stdout or "tflops (TFLOP/s) ↑" not in p.stdout:
+            fail("the table lacks its metric header or findings")
+        leftovers = [f for f in os.listdir(tmp) if f != "r.json"]
+        if leftovers:
+            fail(f"temporary files left beside the result: {leftovers}")
+        with open(out) as f:
+            doc = json.load(f)
+
+    with open(schema_path) as f:
+        schema = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=str)
+    if errors:
+        fail("schema: " + "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5]))
+
+    meta = doc["meta"]
+    if meta["device"]["id"] != device:
+        fail(f"meta.device.id is {meta['device']['id']}")
+    if meta["device"]["simulated"]:
+        fail("a real device is labelled simulated")
+    if not meta["git_sha"] or "--quick" not in meta["argv"]:
+        fail("meta lacks git sha or argv")
+    pts = {(p["params"]["size"], p["params"]["dtype"]): p for p in doc["points"]}
+    if set(doc["params"]["size"]) != {256, 512}:
+        fail(f"--quick sizes are {doc['params']['size']}")
+    for size in (256, 512):
+        for dt in ("fp32", "bf16"):
+            p = pts[(size, dt)]
+            if p["status"] != "ok":
+                fail(f"{size} {dt}: {p['status']} {p.get('reason')}")
+            m = p["metrics"]
+            if not (m["tflops"]["value"] > 0 and m["tflops"]["unit"] == "TFLOP/s"
+                    and m["tflops"]["direction"] == "higher"):
+                fail(f"{size} {dt}: bad tflops {m['tflops']}")
+            if m["ms"]["direction"] != "lower" or m["ms"]["stats"]["n"] < 3:
+                fail(f"{size} {dt}: ms metric lacks stats")
+            flops = 2.0 * size ** 3
+            if abs(flops / (m["ms"]["value"] * 1e-3) / 1e12 - m["tflops"]["value"]) > 1e-6 * m["tflops"]["value"]:
+                fail(f"{size} {dt}: tflops does not equal 2*M*N*K / median time")
+            if not p["info"]["impl"]:
+                fail(f"{size} {dt}: no implementation recorded")
+            if p["info"]["check"]["worst_error_over_tolerance"] >= 1:
+                fail(f"{size} {dt}: passed with error over tolerance")
+        bf = pts[(size, "bf16")]["metrics"]
+        ratio = pts[(size, "bf16")]["metrics"]["tflops"]["value"] / pts[(size, "fp32")]["metrics"]["tflops"]["value"]
+        if abs(bf["speedup_vs_fp32"]["value"] - ratio) > 1e-9 * ratio:
+            fail("speedup_vs_fp32 is not the same-run ratio")
+    if device == "cpu":
+        isa = meta["cpu"]["isa"]
+        impl = pts[(512, "bf16")]["info"]["impl"]
+        if "amx_bf16" in isa and "amx" not in impl:
+            fail(f"CPU has AMX but bf16 ran as {impl}")
+        for dt in ("tf32", "fp8_e4m3"):
+            p = pts[(256, dt)]
+            if p["status"] != "skipped" or not p.get("reason"):
+                fail(f"{dt} on cpu should be skipped with a reason")
+    if not any(f["summary"].startswith("fp32 -> bf16:") for f in doc["findings"]):
+        fail("no fp32 -> bf16 finding")
+    print("ok:", len(doc["points"]), "points,", len(doc["findings"]), "findings")
+
+
+if __name__ == "__main__":
+    main()

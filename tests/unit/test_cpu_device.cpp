@@ -1,0 +1,108 @@
+// The cpu device (oneDNN) and the correctness check every GEMM passes before
+// it is timed. No timing assertions: this machine is noisy.
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "fake_device.hpp"
+#include "harness/errors.hpp"
+#include "harness/gemm_check.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/detail/compute_stream.hpp"
+
+namespace sb {
+namespace {
+
+std::unique_ptr<Device> cpu() { return make_cpu_backend().open(0); }
+
+TEST(CpuGemm, Fp32MatchesDoubleReference) {
+  auto dev = cpu();
+  const GemmCheck c = check_gemm(*dev, DType::fp32, {61, 47, 256}, 1, std::chrono::seconds(60));
+  EXPECT_TRUE(c.ok) << c.first_mismatches;
+  EXPECT_LT(c.worst_ratio, 1.0);
+  EXPECT_FALSE(c.impl.empty());
+}
+
+TEST(CpuGemm, Bf16MatchesReferenceAndRecordsItsImplementation) {
+  auto dev = cpu();
+  ASSERT_FALSE(dev->gemm_unsupported(DType::bf16).has_value());
+  const GemmCheck c = check_gemm(*dev, DType::bf16, {33, 65, 128}, 2, std::chrono::seconds(60));
+  EXPECT_TRUE(c.ok) << c.first_mismatches;
+  // oneDNN names what ran, e.g. brg:avx512_core_amx_bf16 or brg:avx512_core_bf16.
+  EXPECT_NE(c.impl.find(":"), std::string::npos) << c.impl;
+  const auto& isa = dev->info().props["isa"];
+  const bool amx = std::find(isa.begin(), isa.end(), "amx_bf16") != isa.end();
+  if (amx) {
+    EXPECT_NE(c.impl.find("amx"), std::string::npos) << c.impl;
+  }
+}
+
+TEST(CpuGemm, NonSquareShapesAreLaidOutAsLinear) {
+  // C[M,N] = A[M,K] W[N,K]^T with M != N != K catches any transposition.
+  auto dev = cpu();
+  EXPECT_TRUE(check_gemm(*dev, DType::fp32, {7, 130, 19}, 3, std::chrono::seconds(60)).ok);
+}
+
+TEST(CpuGemm, UnsupportedDtypesSayWhy) {
+  auto dev = cpu();
+  const auto why = dev->gemm_unsupported(DType::fp8_e4m3);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("fp8"), std::string::npos);
+  EXPECT_THROW(dev->make_gemm({16, 16, 16}, DType::tf32, 1), UnsupportedError);
+}
+
+TEST(GemmCheck, CatchesALayoutBug) {
+  test::FakeDevice good, bad;
+  bad.broken_gemm = true;
+  EXPECT_TRUE(check_gemm(good, DType::bf16, {9, 13, 32}, 4, std::chrono::seconds(5)).ok);
+  const GemmCheck c = check_gemm(bad, DType::bf16, {9, 13, 32}, 4, std::chrono::seconds(5));
+  EXPECT_FALSE(c.ok);
+  EXPECT_GT(c.wrong, 0);
+  EXPECT_NE(c.first_mismatches.find("C[0,"), std::string::npos) << c.first_mismatches;
+}
+
+TEST(CpuDevice, AllocationFailureIsTypedOutOfMemory) {
+  auto dev = cpu();
+  EXPECT_THROW(dev->allocate(std::size_t(1) << 60, MemKind::device), OutOfMemory);
+  Buffer b = dev->allocate(4096, MemKind::host_pinned);
+  EXPECT_NE(b.data(), nullptr);
+}
+
+TEST(CpuDevice, EventsAndCopiesRunInStreamOrder) {
+  auto dev = cpu();
+  Buffer src = dev->allocate(1 << 20, MemKind::host_pageable);
+  Buffer dst = dev->allocate(1 << 20, MemKind::device);
+  std::memset(src.data(), 0x5a, 1 << 20);
+  auto e0 = dev->record();
+  dev->copy_h2d(dst, src, 1 << 20);
+  auto e1 = dev->record();
+  dev->synchronize(std::chrono::seconds(10));
+  EXPECT_GE(dev->elapsed_ms(e0, e1), 0.0);
+  EXPECT_EQ(static_cast<unsigned char*>(dst.data())[12345], 0x5a);
+  EXPECT_THROW(dev->copy_h2d(dst, src, 2 << 20), Error);
+}
+
+TEST(ComputeStream, SynchronizeHasADeadlineAndNamesTheStuckItem) {
+  cpu::ComputeStream cs;
+  cs.enqueue("slow item", [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); });
+  try {
+    cs.synchronize(std::chrono::milliseconds(20));
+    FAIL() << "expected a HangError";
+  } catch (const HangError& e) {
+    EXPECT_NE(std::string(e.what()).find("slow item"), std::string::npos) << e.what();
+  }
+  cs.synchronize(std::chrono::seconds(10));  // it does finish
+}
+
+TEST(ComputeStream, WorkErrorsSurfaceAtSynchronize) {
+  cpu::ComputeStream cs;
+  cs.enqueue("throws", [] { throw OutOfMemory("inside the stream"); });
+  EXPECT_THROW(cs.synchronize(std::chrono::seconds(10)), OutOfMemory);
+  cs.enqueue("fine", [] {});
+  EXPECT_NO_THROW(cs.synchronize(std::chrono::seconds(10)));
+}
+
+TEST(CpuBackend, BadIndexIsAUsageError) { EXPECT_THROW(make_cpu_backend().open(1), UsageError); }
+
+}  // namespace
+}  // namespace sb

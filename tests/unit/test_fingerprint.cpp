@@ -1,0 +1,72 @@
+#include <gtest/gtest.h>
+
+#include "harness/device.hpp"
+#include "harness/errors.hpp"
+#include "harness/expected.hpp"
+#include "harness/fingerprint.hpp"
+
+namespace sb {
+namespace {
+
+TEST(Fingerprint, ParsesModelAndIsaOfInterest) {
+  const std::string text =
+      "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+      "flags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_bf16 amx_tile avx512_fp16\n"
+      "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n";
+  const CpuInfo c = parse_cpuinfo(text, 2);
+  EXPECT_EQ(c.model, "Intel(R) Xeon(R) Platinum 8480+");
+  EXPECT_EQ(c.logical_cores, 2);
+  EXPECT_EQ(c.isa, (std::vector<std::string>{"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"}));
+  EXPECT_EQ(parse_cpuinfo("", 1).model, "unknown CPU");
+}
+
+TEST(Fingerprint, ThisMachineHasAModelAndCores) {
+  const CpuInfo c = read_cpu_info();
+  EXPECT_FALSE(c.model.empty());
+  EXPECT_GE(c.logical_cores, 1);
+}
+
+TEST(DeviceSpec, ParsesAndRejects) {
+  EXPECT_TRUE(parse_device_spec("auto").automatic);
+  EXPECT_EQ(parse_device_spec("cpu").kind, DeviceKind::cpu);
+  const DeviceSpec d = parse_device_spec("cuda:3");
+  EXPECT_EQ(d.kind, DeviceKind::cuda);
+  EXPECT_EQ(d.index, 3);
+  EXPECT_EQ(d.str(), "cuda:3");
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", ""}) {
+    try {
+      parse_device_spec(bad);
+      ADD_FAILURE() << bad;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("valid: auto, cpu, cuda:N"), std::string::npos);
+    }
+  }
+}
+
+TEST(Expected, FilesInTheSourceTreeLoadAndMatch) {
+  const auto files = load_expected_files();
+  ASSERT_GE(files.size(), 3u) << "results/expected not found; searched the data dirs";
+  DeviceInfo h200;
+  h200.kind = DeviceKind::cuda;
+  h200.name = "NVIDIA H200";
+  const auto m = match_expected(h200, {}, 16);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->id(), "h200-sxm");
+  const auto peak = m->peak_tflops(DType::bf16);
+  ASSERT_TRUE(peak.has_value());
+  EXPECT_DOUBLE_EQ(peak->first, 989.4);
+  DeviceInfo other;
+  other.kind = DeviceKind::cuda;
+  other.name = "NVIDIA GeForce GTX 1080";
+  EXPECT_FALSE(match_expected(other, {}, 16).has_value());
+  // Every figure of every file names its source and kind.
+  for (const auto& f : files)
+    for (const auto& fig : f.doc.value("figures", nlohmann::ordered_json::array())) {
+      EXPECT_FALSE(fig.value("source", "").empty()) << f.path;
+      const std::string kind = fig.value("kind", "");
+      EXPECT_TRUE(kind == "datasheet" || kind == "published" || kind == "measured") << f.path << " " << kind;
+    }
+}
+
+}  // namespace
+}  // namespace sb

@@ -1,0 +1,97 @@
+#include <gtest/gtest.h>
+
+#include "harness/errors.hpp"
+#include "harness/params.hpp"
+
+namespace sb {
+namespace {
+
+std::vector<ParamSpec> specs() {
+  return {
+      ParamSpec{.name = "size", .type = ParamType::integer, .default_value = "64,128", .unit = "elements",
+                .min = 16, .max = 4096, .quick_default = "16", .gpu_default = "1024"},
+      ParamSpec{.name = "dtype", .type = ParamType::choice, .default_value = "fp32",
+                .choices = {"fp32", "bf16"}},
+      ParamSpec{.name = "ratio", .type = ParamType::real, .default_value = "0.5", .min = 0, .max = 1},
+      ParamSpec{.name = "pin", .type = ParamType::boolean, .default_value = "true"},
+  };
+}
+
+std::string usage_message(const std::vector<std::string>& args) {
+  try {
+    expand_sweep(specs(), args, {});
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Params, DefaultsMakeTheDefaultSweep) {
+  const Sweep s = expand_sweep(specs(), {}, {});
+  ASSERT_EQ(s.points.size(), 2u);
+  EXPECT_EQ(s.points[0].get_int("size"), 64);
+  EXPECT_EQ(s.points[1].get_int("size"), 128);
+  EXPECT_EQ(s.points[0].get_str("dtype"), "fp32");
+  EXPECT_DOUBLE_EQ(s.points[0].get_real("ratio"), 0.5);
+  EXPECT_TRUE(s.points[0].get_bool("pin"));
+  EXPECT_EQ(s.axes["size"], nlohmann::ordered_json::array({64, 128}));
+}
+
+TEST(Params, ProfilesPickQuickAndGpuDefaults) {
+  EXPECT_EQ(expand_sweep(specs(), {}, {.quick = true}).points[0].get_int("size"), 16);
+  EXPECT_EQ(expand_sweep(specs(), {}, {.gpu = true}).points[0].get_int("size"), 1024);
+  // A value the user gives wins over every default.
+  EXPECT_EQ(expand_sweep(specs(), {"size=32"}, {.quick = true, .gpu = true}).points[0].get_int("size"), 32);
+}
+
+TEST(Params, CartesianProductLastAxisFastest) {
+  const Sweep s = expand_sweep(specs(), {"size=16,32,64", "dtype=fp32,bf16"}, {});
+  ASSERT_EQ(s.points.size(), 6u);
+  EXPECT_EQ(s.points[0].get_int("size"), 16);
+  EXPECT_EQ(s.points[0].get_str("dtype"), "fp32");
+  EXPECT_EQ(s.points[1].get_str("dtype"), "bf16");
+  EXPECT_EQ(s.points[2].get_int("size"), 32);
+  EXPECT_EQ(s.points[5].get_int("size"), 64);
+  EXPECT_EQ(s.points[5].to_json().dump(), R"({"size":64,"dtype":"bf16","ratio":0.5,"pin":true})");
+}
+
+TEST(Params, UnknownKeyNamesTheValidKeys) {
+  const std::string m = usage_message({"sise=64"});
+  EXPECT_NE(m.find("unknown parameter 'sise'"), std::string::npos) << m;
+  EXPECT_NE(m.find("size, dtype, ratio, pin"), std::string::npos) << m;
+}
+
+TEST(Params, OutOfRangeNamesTheRangeAndUnit) {
+  const std::string m = usage_message({"size=8"});
+  EXPECT_NE(m.find("out of range"), std::string::npos) << m;
+  EXPECT_NE(m.find("[16, 4096] elements"), std::string::npos) << m;
+}
+
+TEST(Params, MalformedValuesAreRejected) {
+  for (const std::string bad : {"size=abc", "size=12x", "size=", "size=64,,128", "ratio=nan", "ratio=1.5",
+                                "pin=maybe", "dtype=fp64", "size", "=3", "size=99999999999999999999"}) {
+    EXPECT_FALSE(usage_message({bad}).empty()) << bad;
+  }
+  EXPECT_NE(usage_message({"dtype=fp64"}).find("fp32|bf16"), std::string::npos);
+}
+
+TEST(Params, RepeatedKeyIsAnError) {
+  EXPECT_NE(usage_message({"size=16", "size=32"}).find("given twice"), std::string::npos);
+}
+
+TEST(Params, HugeSweepIsRefused) {
+  std::string many = "size=16";
+  for (int i = 17; i < 16 + 200; ++i) many += "," + std::to_string(i);
+  std::string ratios = "ratio=0";
+  for (int i = 1; i < 100; ++i) ratios += ",0." + std::to_string(i);
+  EXPECT_NE(usage_message({many, ratios}).find("more than 10000 points"), std::string::npos);
+}
+
+TEST(Params, DescribeRange) {
+  EXPECT_EQ(describe_range(specs()[0]), "[16, 4096]");
+  EXPECT_EQ(describe_range(specs()[1]), "fp32|bf16");
+  EXPECT_EQ(describe_range(specs()[3]), "true|false");
+}
+
+}  // namespace
+}  // namespace sb

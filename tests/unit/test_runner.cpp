@@ -1,0 +1,67 @@
+// The runner's mapping of typed errors to point statuses, and exit codes.
+#include <gtest/gtest.h>
+
+#include "fake_device.hpp"
+#include "harness/errors.hpp"
+#include "harness/runner.hpp"
+
+namespace sb {
+namespace {
+
+class ScriptedRun : public ScenarioRun {
+ public:
+  Point run_point(const ParamSet& ps) override {
+    const std::string what = ps.get_str("what");
+    if (what == "oom") throw OutOfMemory("cudaMalloc of 80 GB failed");
+    if (what == "skip") throw UnsupportedError("no fp8 here");
+    if (what == "wrong") throw MismatchError("C[0,0]=1 want 2");
+    if (what == "hang") throw HangError("no progress in 1 s");
+    Point p;
+    p.add({"x", 1.0, "ms", Direction::lower, std::nullopt, ""});
+    return p;
+  }
+  void analyze(Result& r) override { r.findings.push_back({"test", "analyzed", std::nullopt, {}}); }
+};
+
+Scenario scripted() {
+  return Scenario{"scripted", "test", "test",
+                  {ParamSpec{.name = "what", .type = ParamType::choice, .default_value = "ok",
+                             .choices = {"ok", "oom", "skip", "wrong", "hang"}}},
+                  [](RunContext&) -> std::unique_ptr<ScenarioRun> { return std::make_unique<ScriptedRun>(); }};
+}
+
+Result run(const std::string& sweep) {
+  test::FakeDevice dev;
+  RunContext ctx{dev};
+  const Scenario sc = scripted();
+  return run_scenario(sc, ctx, RunOptions{{"what=" + sweep}, false}, nlohmann::ordered_json::object());
+}
+
+TEST(Runner, ErrorsBecomeStatusesWithReasons) {
+  const Result r = run("ok,oom,skip,wrong");
+  ASSERT_EQ(r.points.size(), 4u);
+  EXPECT_EQ(r.points[0].status, Status::ok);
+  EXPECT_EQ(r.points[1].status, Status::oom);
+  EXPECT_EQ(r.points[1].reason, "cudaMalloc of 80 GB failed");
+  EXPECT_EQ(r.points[2].status, Status::skipped);
+  EXPECT_EQ(r.points[3].status, Status::error);
+  for (const auto& p : r.points) EXPECT_EQ(p.params["what"].is_string(), true);
+  EXPECT_EQ(r.findings.at(0).summary, "analyzed");
+  EXPECT_EQ(run_exit_code(r), 1);
+  EXPECT_EQ(run_exit_code(run("ok,oom,skip")), 0);  // oom and skipped are results, not failures
+}
+
+TEST(Runner, AfterAHangTheRestIsSkippedAndTheExitCodeSaysHang) {
+  const Result r = run("ok,hang,ok");
+  EXPECT_EQ(r.points[1].status, Status::hang);
+  EXPECT_EQ(r.points[2].status, Status::skipped);
+  EXPECT_NE(r.points[2].reason.find("earlier point hung"), std::string::npos);
+  EXPECT_EQ(run_exit_code(r), 4);
+}
+
+TEST(Runner, BadParamsFailBeforeAnyWork) {
+  EXPECT_THROW(run("fine"), UsageError);
+}
+
+}  // namespace
+}  // namespace sb

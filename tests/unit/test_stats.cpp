@@ -1,0 +1,93 @@
+#include <gtest/gtest.h>
+
+#include "fake_device.hpp"
+#include "harness/measure.hpp"
+#include "harness/stats.hpp"
+
+namespace sb {
+namespace {
+
+TEST(Stats, PercentilesInterpolateLikeNumpy) {
+  const std::vector<double> v{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  const Stats s = summarize(v);
+  EXPECT_EQ(s.n, 10);
+  EXPECT_DOUBLE_EQ(s.median, 5.5);
+  EXPECT_DOUBLE_EQ(s.p10, 1.9);
+  EXPECT_DOUBLE_EQ(s.p90, 9.1);
+  EXPECT_DOUBLE_EQ(s.min, 1);
+  EXPECT_DOUBLE_EQ(s.max, 10);
+  EXPECT_DOUBLE_EQ(s.mean, 5.5);
+  EXPECT_NEAR(s.stdrel, 3.0276503540974917 / 5.5, 1e-12);
+}
+
+TEST(Stats, UnsortedInputAndSingleSample) {
+  const std::vector<double> v{3, 1, 2};
+  EXPECT_DOUBLE_EQ(summarize(v).median, 2);
+  const std::vector<double> one{4};
+  const Stats s = summarize(one);
+  EXPECT_DOUBLE_EQ(s.median, 4);
+  EXPECT_DOUBLE_EQ(s.stdrel, 0);
+  EXPECT_EQ(summarize(std::vector<double>{}).n, 0);
+}
+
+// measure() on a virtual clock: each op advances it by op_ms (+ jitter).
+TEST(Measure, QuietDeviceStopsOnNoiseAfterMinTrials) {
+  test::FakeDevice dev;
+  dev.op_ms = 2.0;
+  MeasureConfig cfg;
+  cfg.warmup = 1;
+  cfg.min_trials = 5;
+  cfg.min_trial_ms = 1.0;
+  const Measurement m = measure(dev, [&] { dev.tick(); }, cfg);
+  EXPECT_EQ(m.ms.n, 5);
+  EXPECT_TRUE(m.converged);
+  EXPECT_EQ(m.stop, "noise");
+  EXPECT_DOUBLE_EQ(m.ms.median, 2.0);
+  EXPECT_EQ(m.reps_per_trial, 1);
+}
+
+TEST(Measure, ShortOpsAreBatchedIntoLongerTrials) {
+  test::FakeDevice dev;
+  dev.op_ms = 0.01;
+  MeasureConfig cfg;
+  cfg.min_trial_ms = 1.0;
+  const Measurement m = measure(dev, [&] { dev.tick(); }, cfg);
+  EXPECT_EQ(m.reps_per_trial, 100);
+  EXPECT_NEAR(m.ms.median, 0.01, 1e-12);
+}
+
+TEST(Measure, NoisyDeviceRunsUntilBudget) {
+  test::FakeDevice dev;
+  dev.op_ms = 1.0;
+  dev.jitter = {0.0, 0.9, 0.1, 0.5};  // ~35% noise: never converges
+  MeasureConfig cfg;
+  cfg.min_trials = 3;
+  cfg.budget_s = 0.05;  // 50 ms of virtual device time
+  cfg.min_trial_ms = 0.5;
+  const Measurement m = measure(dev, [&] { dev.tick(); }, cfg);
+  EXPECT_FALSE(m.converged);
+  EXPECT_EQ(m.stop, "budget");
+  EXPECT_GE(m.spent_s, 0.05);
+  EXPECT_LT(m.spent_s, 0.05 + 0.002);
+}
+
+TEST(Measure, MaxTrialsCaps) {
+  test::FakeDevice dev;
+  dev.jitter = {0.0, 1.0};
+  MeasureConfig cfg;
+  cfg.min_trials = 2;
+  cfg.max_trials = 7;
+  cfg.budget_s = 1e9;
+  const Measurement m = measure(dev, [&] { dev.tick(); }, cfg);
+  EXPECT_EQ(m.ms.n, 7);
+  EXPECT_EQ(m.stop, "max_trials");
+}
+
+TEST(Measure, HangPropagates) {
+  test::FakeDevice dev;
+  dev.hang_on_sync = true;
+  EXPECT_THROW(measure(dev, [&] { dev.tick(); }, MeasureConfig{}), HangError);
+}
+
+}  // namespace
+}  // namespace sb
