@@ -40,6 +40,11 @@ def main():
                 out[f"{name}_include"] = inc
             if f"{name}_lib" not in out and os.path.isdir(lib):
                 out[f"{name}_lib"] = lib
+                # Wheels ship only versioned names (libcudnn.so.9), which
+                # find_library does not see: hand meson the file itself.
+                sos = sorted(f for f in os.listdir(lib) if f.startswith(f"lib{name}.so"))
+                if sos:
+                    out[f"{name}_so"] = os.path.join(lib, sos[0])
         fe = os.path.join(d, "include")
         if "cudnn_frontend_include" not in out and os.path.isfile(os.path.join(fe, "cudnn_frontend.h")):
             out["cudnn_frontend_include"] = fe
