@@ -72,7 +72,9 @@ void compare_with_expected(const Result& ra, const ExpectedFile& ef, double tol,
     for (const auto& m : p.metrics) {
       for (const auto& f : ef.figures_for(ra.scenario, m.name, p.params)) {
         CompareRow row = make_row(point_label(p.params), m, f.value("value", 0.0));
-        row.b_label = fmt::format("{}: {}", f.value("kind", "?"), f.value("source", "?"));
+        std::string source = f.value("source", "?");
+        if (source.size() > 72) source = source.substr(0, 70) + "...";  // the whole source is in the file
+        row.b_label = fmt::format("{}: {}", f.value("kind", "?"), source);
         if (f.value("unit", m.unit) != m.unit) {
           rep.notes.push_back(fmt::format("{} {}: units differ ({} vs {}), not compared", row.point, m.name, m.unit,
                                           f.value("unit", "?")));

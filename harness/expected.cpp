@@ -109,6 +109,8 @@ std::optional<ExpectedFile> match_expected(const DeviceInfo& dev, const std::vec
       bool ok = true;
       for (const auto& isa : match.value("isa", json::array()))
         ok = ok && std::find(cpu_isa.begin(), cpu_isa.end(), isa.get<std::string>()) != cpu_isa.end();
+      for (const auto& isa : match.value("isa_absent", json::array()))
+        ok = ok && std::find(cpu_isa.begin(), cpu_isa.end(), isa.get<std::string>()) == cpu_isa.end();
       if (match.contains("logical_cores")) ok = ok && match["logical_cores"].get<int>() == logical_cores;
       if (ok) return f;
     } else {
