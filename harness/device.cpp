@@ -13,7 +13,7 @@ std::string DeviceSpec::str() const {
   switch (kind) {
     case DeviceKind::cpu: return "cpu";
     case DeviceKind::cuda: return fmt::format("cuda:{}", index);
-    case DeviceKind::sim: return "sim";
+    case DeviceKind::sim: return "sim:" + sim;
   }
   return "?";
 }
@@ -39,7 +39,17 @@ DeviceSpec parse_device_spec(const std::string& text) {
       return s;
     }
   }
-  throw UsageError(fmt::format("unknown device '{}'; valid: auto, cpu, cuda:N (N = 0, 1, ...)", text));
+  if (text.rfind("sim:", 0) == 0 && text.size() > 4) {
+    const std::string name = text.substr(4);
+    const bool ok = name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") == std::string::npos;
+    if (ok) {
+      s.kind = DeviceKind::sim;
+      s.sim = name;
+      return s;
+    }
+  }
+  throw UsageError(fmt::format(
+      "unknown device '{}'; valid: auto, cpu, cuda:N (N = 0, 1, ...), sim:<gpu> (e.g. sim:h100)", text));
 }
 
 }  // namespace sb

@@ -25,10 +25,11 @@ namespace sb {
 
 enum class DeviceKind { cpu, cuda, sim };
 
-// What a user names on the command line: "cpu", "cuda:0", "auto".
+// What a user names on the command line: "cpu", "cuda:0", "sim:h100", "auto".
 struct DeviceSpec {
   DeviceKind kind = DeviceKind::cpu;
   int index = 0;
+  std::string sim;         // sim:<gpu>: an expected-file id or its unique prefix ("h100")
   bool automatic = false;  // "auto": cuda:0 if a GPU answers, else cpu
   std::string str() const;
 };
@@ -106,6 +107,28 @@ class GemmOp {
   virtual void upload(std::span<const float> a, std::span<const float> w) = 0;
   // Copy C (m*n values) back as fp32, after synchronize(). For correctness checks.
   virtual void download_c(std::span<float> c) = 0;
+  // False on a simulated device, which spends the GEMM's time but computes
+  // nothing: there is no result to check.
+  virtual bool computes() const { return true; }
+};
+
+// What a utilization probe reads: the device as a user sees it in nvidia-smi.
+struct UtilSample {
+  double util = 0;  // fraction of the last period the device was busy, 0..1
+  std::optional<double> sm_clock_mhz;
+  std::optional<double> power_w;
+  std::optional<std::uint64_t> clock_event_reasons;  // NVML clock-event (throttle) bitmask
+};
+
+class UtilProbe {
+ public:
+  virtual ~UtilProbe() = default;
+  // Busy fraction since the previous call (NVML: its own sample window).
+  virtual UtilSample sample() = 0;
+  // "nvml" or "compute-thread busy time": where the numbers come from.
+  virtual std::string source() const = 0;
+  // How often sampling is meaningful (NVML updates slower than 10 ms).
+  virtual std::chrono::milliseconds period() const = 0;
 };
 
 // An opaque timing event on the device stream.
@@ -137,6 +160,17 @@ class Device {
   // Wait for all enqueued work; throws HangError naming the device and the
   // timeout when the stream makes no progress in time.
   virtual void synchronize(std::chrono::milliseconds timeout) = 0;
+  // Wait until one recorded event has completed (work before it is done);
+  // throws HangError on timeout. Lets a host reuse a staging buffer.
+  virtual void wait_event(const EventPtr& e, std::chrono::milliseconds timeout) = 0;
+
+  // The utilization a user would see; nullptr when the device has no probe.
+  virtual std::unique_ptr<UtilProbe> utilization_probe() = 0;
+
+  // Name a host phase for profilers (NVTX ranges on cuda, so Nsight Systems
+  // shows it); a no-op where no profiler listens.
+  virtual void range_push(const char* /*name*/) {}
+  virtual void range_pop() {}
 };
 
 // A family of devices (cpu, cuda) that the CLI can list and open.

@@ -6,7 +6,14 @@
 
 namespace sb::cpu {
 
-ComputeStream::ComputeStream() : thread_([this] { loop(); }) {}
+namespace {
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+ComputeStream::ComputeStream(std::string device_name) : name_(std::move(device_name)), thread_([this] { loop(); }) {}
 
 ComputeStream::~ComputeStream() {
   {
@@ -17,27 +24,44 @@ ComputeStream::~ComputeStream() {
   thread_.join();
 }
 
-void ComputeStream::enqueue(std::string label, std::function<void()> work) {
+std::uint64_t ComputeStream::enqueue(std::string label, std::function<void()> work) {
+  std::uint64_t seq;
   {
     std::lock_guard lk(mu_);
     queue_.push_back(Item{std::move(label), std::move(work)});
-    ++submitted_;
+    seq = ++submitted_;
   }
   cv_work_.notify_one();
+  return seq;
+}
+
+void ComputeStream::wait_for(std::uint64_t target, std::chrono::milliseconds timeout,
+                             std::unique_lock<std::mutex>& lk) {
+  if (!cv_done_.wait_for(lk, timeout, [&] { return completed_ >= target; }))
+    throw HangError(fmt::format("{}: stream made no progress within {:.1f} s; running: {} ({} items queued)", name_,
+                                double(timeout.count()) / 1e3, running_.empty() ? "nothing" : running_,
+                                queue_.size()));
 }
 
 void ComputeStream::synchronize(std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
-  const std::uint64_t target = submitted_;
-  if (!cv_done_.wait_for(lk, timeout, [&] { return completed_ >= target; }))
-    throw HangError(fmt::format("cpu: compute stream made no progress within {:.1f} s; running: {} ({} items queued)",
-                                double(timeout.count()) / 1e3, running_.empty() ? "nothing" : running_,
-                                queue_.size()));
+  wait_for(submitted_, timeout, lk);
   if (error_) {
     auto e = error_;
     error_ = nullptr;
     std::rethrow_exception(e);
   }
+}
+
+void ComputeStream::wait_done(std::uint64_t seq, std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  wait_for(seq, timeout, lk);
+}
+
+std::chrono::nanoseconds ComputeStream::busy_time() const {
+  const std::int64_t since = busy_since_ns_.load(std::memory_order_acquire);
+  const std::int64_t done = busy_done_ns_.load(std::memory_order_acquire);
+  return std::chrono::nanoseconds(done + (since ? now_ns() - since : 0));
 }
 
 void ComputeStream::loop() {
@@ -49,14 +73,18 @@ void ComputeStream::loop() {
     queue_.pop_front();
     running_ = item.label;
     lk.unlock();
-    busy_.store(true, std::memory_order_relaxed);
+    const std::int64_t start = now_ns();
+    busy_since_ns_.store(start, std::memory_order_release);
     std::exception_ptr err;
     try {
       item.work();
     } catch (...) {
       err = std::current_exception();
     }
-    busy_.store(false, std::memory_order_relaxed);
+    // Publish the finished interval before clearing "running", so a reader
+    // never sees the interval counted twice or not at all for long.
+    busy_done_ns_.fetch_add(now_ns() - start, std::memory_order_acq_rel);
+    busy_since_ns_.store(0, std::memory_order_release);
     lk.lock();
     if (err && !error_) error_ = err;
     running_.clear();

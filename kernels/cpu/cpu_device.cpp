@@ -17,6 +17,7 @@
 #include "harness/random.hpp"                      // uniform_pm1
 #include "kernels/cpu/detail/compute_stream.hpp"   // ComputeStream
 #include "kernels/cpu/detail/dnnl_check.hpp"       // SB_DNNL_CHECK
+#include "kernels/cpu/detail/stream_device.hpp"    // record_event, StreamBusyProbe
 
 namespace sb {
 namespace {
@@ -50,10 +51,6 @@ std::optional<dt> dnnl_type(DType t) {
     default: return std::nullopt;
   }
 }
-
-struct CpuEvent : Event {
-  std::chrono::steady_clock::time_point t{};
-};
 
 class CpuGemm : public GemmOp {
  public:
@@ -184,20 +181,13 @@ class CpuDevice : public Device {
     cs_.enqueue("h2d copy", [d, s, bytes] { std::memcpy(d, s, bytes); });
   }
 
-  EventPtr record() override {
-    auto e = std::make_shared<CpuEvent>();
-    cs_.enqueue("event", [e] { e->t = std::chrono::steady_clock::now(); });
-    return e;
-  }
-
-  double elapsed_ms(const EventPtr& a, const EventPtr& b) override {
-    const auto* x = dynamic_cast<const CpuEvent*>(a.get());
-    const auto* y = dynamic_cast<const CpuEvent*>(b.get());
-    if (!x || !y) throw Error(ErrorKind::runtime, "cpu: elapsed_ms on events of another device");
-    return std::chrono::duration<double, std::milli>(y->t - x->t).count();
-  }
-
+  EventPtr record() override { return cpu::record_event(cs_); }
+  double elapsed_ms(const EventPtr& a, const EventPtr& b) override { return cpu::stream_elapsed_ms(a, b); }
   void synchronize(std::chrono::milliseconds timeout) override { cs_.synchronize(timeout); }
+  void wait_event(const EventPtr& e, std::chrono::milliseconds timeout) override {
+    cs_.wait_done(cpu::as_stream_event(e).seq, timeout);
+  }
+  std::unique_ptr<UtilProbe> utilization_probe() override { return std::make_unique<cpu::StreamBusyProbe>(cs_); }
 
  private:
   DeviceInfo info_;

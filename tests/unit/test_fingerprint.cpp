@@ -33,12 +33,12 @@ TEST(DeviceSpec, ParsesAndRejects) {
   EXPECT_EQ(d.kind, DeviceKind::cuda);
   EXPECT_EQ(d.index, 3);
   EXPECT_EQ(d.str(), "cuda:3");
-  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", ""}) {
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", "", "sim:", "sim:H 100"}) {
     try {
       parse_device_spec(bad);
       ADD_FAILURE() << bad;
     } catch (const UsageError& e) {
-      EXPECT_NE(std::string(e.what()).find("valid: auto, cpu, cuda:N"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("valid: auto, cpu, cuda:N"), std::string::npos) << e.what();
     }
   }
 }

@@ -1,11 +1,12 @@
-// The cpu device's "stream": one dedicated compute thread running enqueued
-// work in order. Device busy time is time this thread spends in work items.
+// A "stream" made of one dedicated thread running enqueued work in order: the
+// cpu device's stream (real compute) and the sim device's (timed waits).
+// Device busy time is time this thread spends inside work items.
 #pragma once
 
 #include <atomic>              // std::atomic
 #include <chrono>              // std::chrono
 #include <condition_variable>  // std::condition_variable
-#include <cstdint>             // std::uint64_t
+#include <cstdint>             // std::uint64_t, std::int64_t
 #include <deque>               // std::deque
 #include <exception>           // std::exception_ptr
 #include <functional>          // std::function
@@ -17,25 +18,32 @@ namespace sb::cpu {
 
 class ComputeStream {
  public:
-  ComputeStream();
+  explicit ComputeStream(std::string device_name = "cpu");
   ~ComputeStream();
   ComputeStream(const ComputeStream&) = delete;
   ComputeStream& operator=(const ComputeStream&) = delete;
 
-  void enqueue(std::string label, std::function<void()> work);
+  // Returns the item's sequence number (1, 2, ...).
+  std::uint64_t enqueue(std::string label, std::function<void()> work);
   // Waits until everything enqueued so far has run. Throws HangError (naming
   // the item running) when timeout passes first; rethrows the first
   // exception a work item threw since the last synchronize.
   void synchronize(std::chrono::milliseconds timeout);
-  // True while a work item runs: what the utilization sampler reads.
-  bool busy() const { return busy_.load(std::memory_order_relaxed); }
+  // Waits until item `seq` has run; HangError on timeout.
+  void wait_done(std::uint64_t seq, std::chrono::milliseconds timeout);
+  // True while a work item runs.
+  bool busy() const { return busy_since_ns_.load(std::memory_order_acquire) != 0; }
+  // Total time spent inside work items, including the one running now.
+  std::chrono::nanoseconds busy_time() const;
 
  private:
   void loop();
+  void wait_for(std::uint64_t target, std::chrono::milliseconds timeout, std::unique_lock<std::mutex>& lk);
   struct Item {
     std::string label;
     std::function<void()> work;
   };
+  std::string name_;
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
   std::deque<Item> queue_;
@@ -43,7 +51,8 @@ class ComputeStream {
   std::string running_;
   std::exception_ptr error_;
   bool stop_ = false;
-  std::atomic<bool> busy_{false};
+  std::atomic<std::int64_t> busy_since_ns_{0};  // steady_clock ns when the running item began; 0 = idle
+  std::atomic<std::int64_t> busy_done_ns_{0};   // busy time of finished items
   std::thread thread_;
 };
 
