@@ -89,6 +89,8 @@ class FakeDevice : public Device {
   void synchronize(std::chrono::milliseconds timeout) override {
     if (hang_on_sync) throw HangError("fake: no progress within " + std::to_string(timeout.count()) + " ms");
   }
+  void wait_event(const EventPtr&, std::chrono::milliseconds timeout) override { synchronize(timeout); }
+  std::unique_ptr<UtilProbe> utilization_probe() override { return nullptr; }
   // A timed op that advances the virtual clock by op_ms plus jitter.
   void tick() {
     clock_ += op_ms + (jitter.empty() ? 0.0 : jitter[ops % jitter.size()]);

@@ -1,0 +1,94 @@
+#include "harness/sampler.hpp"
+
+#include <algorithm>  // std::clamp
+
+namespace sb {
+
+Sampler::Sampler(std::unique_ptr<UtilProbe> probe, std::chrono::milliseconds period)
+    : probe_(std::move(probe)),
+      source_(probe_ ? probe_->source() : "none"),
+      period_(period.count() > 0 ? period : probe_ ? probe_->period() : std::chrono::milliseconds(10)) {}
+
+Sampler::~Sampler() { stop(); }
+
+void Sampler::start() {
+  if (!probe_ || thread_.joinable()) return;
+  probe_->sample();  // start the probe's window now
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Sampler::stop() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<TimedSample> Sampler::series() const {
+  std::lock_guard lk(mu_);
+  return series_;
+}
+
+void Sampler::loop() {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto next = t0 + period_;
+  std::unique_lock lk(mu_);
+  while (!cv_.wait_until(lk, next, [&] { return stop_; })) {
+    lk.unlock();
+    const UtilSample s = probe_->sample();
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    lk.lock();
+    series_.push_back(TimedSample{t, s});
+    next += period_;
+    const auto now = std::chrono::steady_clock::now();
+    if (next < now) next = now + period_;  // fell behind: do not burst
+  }
+}
+
+std::string_view to_string(Pattern p) {
+  switch (p) {
+    case Pattern::healthy: return "healthy";
+    case Pattern::spiky: return "spiky";
+    case Pattern::steady_low: return "steady-low";
+    case Pattern::idle: return "idle";
+    case Pattern::stuck: return "stuck";
+  }
+  return "?";
+}
+
+Pattern classify(std::span<const double> u, bool progressed) {
+  if (!progressed) return Pattern::stuck;
+  if (u.empty()) return Pattern::idle;
+  double sum = 0;
+  std::size_t low = 0, high = 0;
+  for (double x : u) {
+    sum += x;
+    low += x <= 0.2;
+    high += x >= 0.8;
+  }
+  const double n = double(u.size());
+  const double mean = sum / n;
+  if (mean < 0.05) return Pattern::idle;
+  if (mean >= 0.90) return Pattern::healthy;
+  if (double(low) / n >= 0.15 && double(high) / n >= 0.15) return Pattern::spiky;
+  return Pattern::steady_low;
+}
+
+std::string sparkline(std::span<const double> u, std::size_t width) {
+  static const char* blocks[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
+  std::string out;
+  if (u.empty() || width == 0) return out;
+  const std::size_t buckets = std::min(width, u.size());
+  for (std::size_t b = 0; b < buckets; ++b) {
+    const std::size_t lo = b * u.size() / buckets, hi = std::max(lo + 1, (b + 1) * u.size() / buckets);
+    double s = 0;
+    for (std::size_t i = lo; i < hi; ++i) s += u[i];
+    const double v = std::clamp(s / double(hi - lo), 0.0, 1.0);
+    out += blocks[std::min<std::size_t>(7, std::size_t(v * 8))];
+  }
+  return out;
+}
+
+}  // namespace sb

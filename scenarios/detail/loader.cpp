@@ -1,0 +1,504 @@
+#include "scenarios/detail/loader.hpp"
+
+#include <algorithm>   // std::min, std::max
+#include <bit>         // std::endian
+#include <cerrno>      // errno
+#include <charconv>    // std::from_chars
+#include <cstring>     // std::memcpy, std::strerror
+#include <filesystem>  // std::filesystem: dataset file
+#include <fstream>     // std::ofstream
+#include <limits>      // std::numeric_limits
+#include <stdexcept>   // std::runtime_error: a failed sample inside a worker
+
+#include <fcntl.h>     // open
+#include <sys/mman.h>  // mmap, munmap
+#include <sys/stat.h>  // fstat
+#include <unistd.h>    // pread, close, getpid
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/random.hpp"  // splitmix64, uniform_pm1
+
+namespace sb::loader {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void store_le64(std::byte* out, std::uint64_t v, std::size_t n) {
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(out, &v, n);
+  } else {
+    for (std::size_t k = 0; k < n; ++k) out[k] = std::byte(v >> (8 * k));
+  }
+}
+
+std::uint64_t load64(const std::byte* p) {
+  std::uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+// The decode work: a serial multiply-xor chain over the sample's words. Each
+// step depends on the previous one, so it cannot be vectorised away and its
+// cost per iteration is stable; that is what decode_iters_per_us measures.
+std::uint64_t decode_mix(const std::byte* p, std::size_t words, std::int64_t iters,
+                         std::uint64_t h, std::size_t& j) {
+  for (std::int64_t i = 0; i < iters; ++i) {
+    h = (h ^ load64(p + 8 * j)) * 0x100000001b3ULL;
+    h ^= h >> 29;
+    if (++j == words) j = 0;
+  }
+  return h;
+}
+
+std::atomic<std::uint64_t> g_sink{0};  // keeps the calibration loop's result alive
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  return ms.count() % 100 == 0 ? fmt::format("{:.1f} s", double(ms.count()) / 1000.0)
+                               : fmt::format("{:.3f} s", double(ms.count()) / 1000.0);
+}
+
+Config validated(Config c) {
+  auto bad = [](const std::string& m) { throw UsageError("loader: " + m); };
+  if (c.workers < 0 || c.workers > 1024) bad(fmt::format("workers must be 0..1024, got {}", c.workers));
+  if (c.prefetch < 1) bad(fmt::format("prefetch must be >= 1, got {}", c.prefetch));
+  if (c.batch < 1) bad(fmt::format("batch must be >= 1, got {}", c.batch));
+  // Bytes 0..7 carry the index and 8..15 the decode result.
+  if (c.sample_bytes < 16) bad(fmt::format("sample_bytes must be >= 16, got {}", c.sample_bytes));
+  if (c.sample_bytes > std::numeric_limits<std::size_t>::max() / std::size_t(c.batch))
+    bad("batch * sample_bytes overflows");
+  if (!(c.decode_us >= 0)) bad(fmt::format("decode_us must be >= 0, got {}", c.decode_us));
+  if (!(c.decode_spread >= 0 && c.decode_spread <= 1))
+    bad(fmt::format("decode_spread must be in 0..1, got {}", c.decode_spread));
+  if (c.num_batches < 0 || c.num_batches > std::numeric_limits<std::int64_t>::max() / c.batch)
+    bad(fmt::format("num_batches must be >= 0 and num_batches * batch fit in int64, got {}",
+                    c.num_batches));
+  if (c.timeout.count() <= 0) bad(fmt::format("timeout must be > 0 ms, got {}", c.timeout.count()));
+  if (c.source == Source::file && c.file_path.empty())
+    bad("source=file needs file_path (a dataset file made by write_dataset_file)");
+  if (c.fault.kind != Fault::Kind::none && c.fault.sample < 0)
+    bad(fmt::format("fault sample must be >= 0, got {}", c.fault.sample));
+  return c;
+}
+
+}  // namespace
+
+// ---- free functions -------------------------------------------------------
+
+Fault parse_fault(const std::string& text) {
+  if (text == "none") return {};
+  const auto fail = [&] {
+    return UsageError(fmt::format("bad fault '{}': expected none, hang@N or throw@N "
+                                  "(N = global sample index >= 0)", text));
+  };
+  const auto at = text.find('@');
+  if (at == std::string::npos) throw fail();
+  const std::string kind = text.substr(0, at);
+  Fault f;
+  if (kind == "hang") f.kind = Fault::Kind::hang;
+  else if (kind == "throw") f.kind = Fault::Kind::fail;
+  else throw fail();
+  const char* b = text.data() + at + 1;
+  const char* e = text.data() + text.size();
+  // from_chars accepts no sign or space, so "hang@-1" and "hang@ 3" fail here.
+  const auto [ptr, ec] = std::from_chars(b, e, f.sample);
+  if (b == e || ec != std::errc() || ptr != e || *b == '-') throw fail();
+  return f;
+}
+
+std::string to_string(const Fault& f) {
+  switch (f.kind) {
+    case Fault::Kind::none: return "none";
+    case Fault::Kind::hang: return fmt::format("hang@{}", f.sample);
+    case Fault::Kind::fail: return fmt::format("throw@{}", f.sample);
+  }
+  return "?";
+}
+
+void fill_sample(std::uint64_t seed, std::int64_t index, std::byte* out, std::size_t bytes) {
+  const std::uint64_t base = splitmix64(seed ^ splitmix64(std::uint64_t(index)));
+  for (std::size_t off = 0, j = 0; off < bytes; off += 8, ++j) {
+    const std::uint64_t w = j == 0 ? std::uint64_t(index) : splitmix64(base + j);
+    store_le64(out + off, w, std::min<std::size_t>(8, bytes - off));
+  }
+}
+
+double decode_iters_per_us() {
+  // A function-local static: initialised once, thread-safely; later callers
+  // block until the first has measured. ~20 ms over a 4 KiB sample (in L1).
+  static const double v = [] {
+    std::vector<std::byte> buf(4096);
+    fill_sample(1, 0, buf.data(), buf.size());
+    constexpr std::int64_t chunk = 1 << 14;
+    std::size_t j = 0;
+    std::uint64_t h = decode_mix(buf.data(), buf.size() / 8, chunk, 0, j);  // warm-up
+    std::int64_t iters = 0;
+    const auto t0 = Clock::now();
+    Clock::time_point t1;
+    do {
+      h = decode_mix(buf.data(), buf.size() / 8, chunk, h, j);
+      iters += chunk;
+      t1 = Clock::now();
+    } while (t1 - t0 < std::chrono::milliseconds(20));
+    g_sink.store(h, std::memory_order_relaxed);
+    const double us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+    return double(iters) / us;
+  }();
+  return v;
+}
+
+double sample_decode_us(double decode_us, double spread, std::uint64_t seed, std::int64_t sample) {
+  if (spread == 0) return decode_us;
+  // A fixed salt keeps the cost independent of the sample's content stream.
+  const double u = uniform_pm1(seed ^ 0x6465636f6465ULL, std::uint64_t(sample));
+  return std::max(0.0, decode_us * (1.0 + spread * u));
+}
+
+std::string write_dataset_file(const std::string& path, std::int64_t n_samples,
+                               std::size_t sample_bytes, std::uint64_t seed) {
+  namespace fs = std::filesystem;
+  if (n_samples < 0 || sample_bytes < 16)
+    throw UsageError(fmt::format("write_dataset_file: n_samples must be >= 0 and sample_bytes >= 16, "
+                                 "got {} and {}", n_samples, sample_bytes));
+  const std::uintmax_t need = std::uintmax_t(n_samples) * sample_bytes;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec) && fs::file_size(path, ec) == need && !ec) return path;
+
+  // A unique temp name per writer, so concurrent writers never share one;
+  // the rename makes the complete file appear at once.
+  static std::atomic<int> counter{0};
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter.fetch_add(1));
+  const auto fail = [&](const std::string& why) {
+    fs::remove(tmp, ec);
+    return Error(ErrorKind::runtime, fmt::format("cannot write dataset file {}: {}", path, why));
+  };
+  if (const fs::path parent = fs::path(path).parent_path(); !parent.empty())
+    fs::create_directories(parent, ec);
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw fail(std::strerror(errno));
+    // About 1 MiB per write.
+    const std::int64_t per_chunk = std::max<std::int64_t>(1, std::int64_t((1 << 20) / sample_bytes));
+    std::vector<std::byte> chunk(std::size_t(per_chunk) * sample_bytes);
+    for (std::int64_t s = 0; s < n_samples; s += per_chunk) {
+      const std::int64_t n = std::min(per_chunk, n_samples - s);
+      for (std::int64_t k = 0; k < n; ++k)
+        fill_sample(seed, s + k, chunk.data() + std::size_t(k) * sample_bytes, sample_bytes);
+      out.write(reinterpret_cast<const char*>(chunk.data()), std::streamsize(std::size_t(n) * sample_bytes));
+      if (!out) throw fail(std::strerror(errno));
+    }
+    out.close();
+    if (!out) throw fail(std::strerror(errno));
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) throw fail(ec.message());
+  return path;
+}
+
+// ---- Loader ---------------------------------------------------------------
+
+Loader::Loader(Config cfg) : cfg_(validated(std::move(cfg))) {
+  try {
+    per_worker_ = cfg_.workers > 0 ? cfg_.prefetch : 1;
+    const int n_slots = cfg_.workers > 0 ? cfg_.workers * cfg_.prefetch : 1;
+    slot_bytes_ = std::size_t(cfg_.batch) * cfg_.sample_bytes;
+
+    if (cfg_.source == Source::file) {
+      fd_ = ::open(cfg_.file_path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd_ < 0)
+        throw UsageError(fmt::format("loader: cannot open dataset file {}: {}", cfg_.file_path,
+                                     std::strerror(errno)));
+      struct stat st {};
+      if (::fstat(fd_, &st) != 0)
+        throw Error(ErrorKind::runtime, fmt::format("loader: fstat {}: {}", cfg_.file_path, std::strerror(errno)));
+      const std::uintmax_t need = std::uintmax_t(cfg_.num_batches) * slot_bytes_;
+      if (std::uintmax_t(st.st_size) < need)
+        throw UsageError(fmt::format(
+            "loader: dataset file {} holds {} bytes; {} batches of {} samples of {} bytes need {} "
+            "(make it with write_dataset_file)", cfg_.file_path, st.st_size, cfg_.num_batches,
+            cfg_.batch, cfg_.sample_bytes, need));
+      if (cfg_.read == ReadMode::mmap && need > 0) {
+        void* m = ::mmap(nullptr, need, PROT_READ, MAP_PRIVATE, fd_, 0);
+        if (m == MAP_FAILED)
+          throw Error(ErrorKind::runtime, fmt::format("loader: mmap {}: {}", cfg_.file_path, std::strerror(errno)));
+        map_ = static_cast<const std::byte*>(m);
+        map_bytes_ = need;
+      }
+    }
+    // Calibrate before any worker runs, so the measurement has the CPU to itself.
+    if (cfg_.decode_us > 0) iters_per_us_ = decode_iters_per_us();
+
+    for (int i = 0; i < n_slots; ++i) {
+      if (cfg_.alloc) {
+        slots_.push_back(cfg_.alloc(slot_bytes_));
+      } else {
+        slots_.emplace_back(new std::byte[slot_bytes_], slot_bytes_, MemKind::host_pageable,
+                            [](void* p) { delete[] static_cast<std::byte*>(p); });
+      }
+      if (!slots_.back().data() || slots_.back().bytes() < slot_bytes_)
+        throw Error(ErrorKind::runtime, fmt::format("loader: alloc returned {} bytes for a {}-byte slot",
+                                                    slots_.back().bytes(), slot_bytes_));
+    }
+    free_.resize(std::size_t(std::max(1, cfg_.workers)));
+    for (int i = n_slots - 1; i >= 0; --i) free_[std::size_t(i / per_worker_)].push_back(i);
+    held_.assign(std::size_t(n_slots), 0);
+    delivered_.assign(std::size_t(cfg_.num_batches), 0);
+    current_ = std::make_unique<std::atomic<std::int64_t>[]>(std::size_t(cfg_.workers) + 1);
+    for (int i = 0; i <= cfg_.workers; ++i) current_[std::size_t(i)].store(-1);
+
+    for (int w = 0; w < cfg_.workers; ++w) threads_.emplace_back([this, w] { worker_loop(w); });
+  } catch (...) {
+    shutdown();  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+Loader::~Loader() { shutdown(); }
+
+void Loader::shutdown() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  stopping_.store(true);
+  slot_cv_.notify_all();
+  ready_cv_.notify_all();
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
+  if (map_) ::munmap(const_cast<std::byte*>(map_), map_bytes_);
+  map_ = nullptr;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+std::string Loader::who(int worker) const {
+  return worker < 0 ? std::string("the main thread (workers=0)") : fmt::format("worker {}", worker);
+}
+
+double Loader::since_origin(Clock::time_point t) const {
+  return std::chrono::duration<double>(t - cfg_.origin).count();
+}
+
+void Loader::read_sample(std::int64_t s, std::byte* dst) const {
+  const std::size_t n = cfg_.sample_bytes;
+  if (cfg_.source == Source::memory) {
+    fill_sample(cfg_.seed, s, dst, n);
+  } else if (map_) {
+    std::memcpy(dst, map_ + std::size_t(s) * n, n);
+  } else {
+    const off_t base = off_t(std::size_t(s) * n);
+    for (std::size_t got = 0; got < n;) {
+      const ssize_t r = ::pread(fd_, dst + got, n - got, base + off_t(got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0)
+        throw std::runtime_error(fmt::format("pread {} at offset {}: {}", cfg_.file_path, base + off_t(got),
+                                             r == 0 ? "unexpected end of file" : std::strerror(errno)));
+      got += std::size_t(r);
+    }
+  }
+}
+
+bool Loader::decode_sample(std::int64_t s, std::byte* p) const {
+  const double us = sample_decode_us(cfg_.decode_us, cfg_.decode_spread, cfg_.seed, s);
+  std::int64_t left = std::llround(us * iters_per_us_);
+  std::uint64_t h = splitmix64(cfg_.seed ^ std::uint64_t(s));
+  std::size_t j = 0;
+  // In chunks, so a shutdown does not wait for a long decode to finish.
+  constexpr std::int64_t chunk = 1 << 15;
+  while (left > 0) {
+    if (stopping_.load(std::memory_order_relaxed)) return false;
+    const std::int64_t n = std::min(left, chunk);
+    h = decode_mix(p, cfg_.sample_bytes / 8, n, h, j);
+    left -= n;
+  }
+  store_le64(p + 8, h, 8);  // the result lands in the batch, so the work is observable
+  return true;
+}
+
+Loader::Outcome Loader::load_batch(std::int64_t b, int worker, std::byte* dst, Done& out,
+                                   std::optional<Clock::time_point> hang_deadline) {
+  auto& cur = current_[std::size_t(worker < 0 ? cfg_.workers : worker)];
+  const std::int64_t first = b * cfg_.batch;
+  std::size_t off = 0;
+  for (std::int64_t s = first; s < first + cfg_.batch; ++s) {
+    if (stopping_.load(std::memory_order_relaxed)) return Outcome::stopped;
+    cur.store(s);
+    try {
+      if (cfg_.fault.kind == Fault::Kind::hang && s == cfg_.fault.sample) {
+        // "Forever" is a wait only shutdown ends, so the destructor can join
+        // this thread; inline, the caller's timeout bounds it instead.
+        std::unique_lock lk(mu_);
+        if (hang_deadline) {
+          return slot_cv_.wait_until(lk, *hang_deadline, [&] { return stop_; }) ? Outcome::stopped
+                                                                                : Outcome::timed_out;
+        }
+        slot_cv_.wait(lk, [&] { return stop_; });
+        return Outcome::stopped;
+      }
+      if (cfg_.fault.kind == Fault::Kind::fail && s == cfg_.fault.sample)
+        throw std::runtime_error(fmt::format("injected corrupt sample (fault={})", to_string(cfg_.fault)));
+      read_sample(s, dst + off);
+      if (cfg_.decode_us > 0 && !decode_sample(s, dst + off)) return Outcome::stopped;
+    } catch (const std::exception& e) {
+      if (cfg_.on_error == OnError::skip) {
+        skipped_.fetch_add(1);
+        continue;  // left out; later samples pack down into its place
+      }
+      // PyTorch fails the whole batch; the consumer sees it when it is due.
+      out.error = fmt::format("sample {} on {} failed: {}", s, who(worker), e.what());
+      break;
+    }
+    out.samples.push_back(s);
+    off += cfg_.sample_bytes;
+  }
+  cur.store(-1);
+  return Outcome::done;
+}
+
+void Loader::worker_loop(int w) {
+  for (std::int64_t b = w; b < cfg_.num_batches; b += cfg_.workers) {
+    int slot = -1;
+    {
+      std::unique_lock lk(mu_);
+      slot_cv_.wait(lk, [&] { return stop_ || !free_[std::size_t(w)].empty(); });
+      if (stop_) return;
+      slot = free_[std::size_t(w)].back();
+      free_[std::size_t(w)].pop_back();
+    }
+    Done d;
+    d.slot = slot;
+    d.worker = w;
+    const auto t0 = Clock::now();
+    if (load_batch(b, w, static_cast<std::byte*>(slots_[std::size_t(slot)].data()), d, std::nullopt) !=
+        Outcome::done)
+      return;  // shutdown
+    const auto t1 = Clock::now();
+    d.load_s = std::chrono::duration<double>(t1 - t0).count();
+    {
+      std::lock_guard lk(mu_);
+      records_.push_back({w, b, since_origin(t0), since_origin(t1)});
+      ready_.emplace(b, std::move(d));
+      if (!cfg_.in_order) finish_order_.push_back(b);
+    }
+    ready_cv_.notify_all();
+  }
+}
+
+Batch Loader::take(std::int64_t index, Done&& d) {
+  delivered_[std::size_t(index)] = 1;
+  ++n_delivered_;
+  if (!d.error.empty()) {
+    // The failed batch is consumed: its slot goes back and the next call
+    // moves on to the following batch.
+    if (cfg_.workers > 0) {
+      free_[std::size_t(d.worker)].push_back(d.slot);
+      slot_cv_.notify_all();
+    }
+    throw SampleError(d.error);
+  }
+  held_[std::size_t(d.slot)] = 1;
+  Batch out;
+  out.index = index;
+  out.data = static_cast<const std::byte*>(slots_[std::size_t(d.slot)].data());
+  out.bytes = d.samples.size() * cfg_.sample_bytes;
+  out.samples = std::move(d.samples);
+  out.worker = d.worker;
+  out.load_s = d.load_s;
+  out.slot = d.slot;
+  return out;
+}
+
+std::string Loader::timeout_message(std::int64_t b) {
+  const int w = int(b % cfg_.workers);
+  const std::int64_t first = b * cfg_.batch;
+  std::string state;
+  if (const std::int64_t s = current_[std::size_t(w)].load(); s >= 0) {
+    state = fmt::format("worker {} is stuck on sample {}", w, s);
+  } else if (free_[std::size_t(w)].empty()) {
+    state = fmt::format("worker {} is waiting for a free slot: all its {} batches were delivered "
+                        "and not release()d", w, per_worker_);
+  } else {
+    state = fmt::format("worker {} has not started it", w);
+  }
+  return fmt::format("loader timeout: batch {} (samples {}..{}) did not arrive within {}; {}", b, first,
+                     first + cfg_.batch - 1, seconds_text(cfg_.timeout), state);
+}
+
+std::optional<Batch> Loader::next() {
+  if (cfg_.workers == 0) return next_inline();
+  std::unique_lock lk(mu_);
+  if (n_delivered_ >= cfg_.num_batches) return std::nullopt;
+  const auto deadline = Clock::now() + cfg_.timeout;
+  if (cfg_.in_order) {
+    const std::int64_t b = next_index_;
+    if (!ready_cv_.wait_until(lk, deadline, [&] { return ready_.count(b) > 0; }))
+      throw LoaderTimeout(timeout_message(b));
+    auto node = ready_.extract(b);
+    ++next_index_;
+    return take(b, std::move(node.mapped()));
+  }
+  if (!ready_cv_.wait_until(lk, deadline, [&] { return !finish_order_.empty(); })) {
+    // Nothing finished: name the oldest batch still missing.
+    std::int64_t b = 0;
+    while (delivered_[std::size_t(b)]) ++b;
+    throw LoaderTimeout(timeout_message(b));
+  }
+  const std::int64_t b = finish_order_.front();
+  finish_order_.pop_front();
+  auto node = ready_.extract(b);
+  return take(b, std::move(node.mapped()));
+}
+
+std::optional<Batch> Loader::next_inline() {
+  const std::int64_t b = next_index_;  // only the consumer's thread touches it inline
+  {
+    std::lock_guard lk(mu_);
+    if (b >= cfg_.num_batches) return std::nullopt;
+    if (held_[0])
+      throw UsageError("loader: with workers=0 there is one staging slot; release() the previous "
+                       "batch before calling next()");
+  }
+  Done d;
+  d.slot = 0;
+  d.worker = -1;
+  const auto t0 = Clock::now();
+  const Outcome o = load_batch(b, -1, static_cast<std::byte*>(slots_[0].data()), d, t0 + cfg_.timeout);
+  const auto t1 = Clock::now();
+  auto& cur = current_[std::size_t(cfg_.workers)];
+  if (o == Outcome::timed_out) {
+    const std::int64_t first = b * cfg_.batch;
+    const std::string msg = fmt::format(
+        "loader timeout: batch {} (samples {}..{}) did not arrive within {}; {} is stuck on sample {}", b,
+        first, first + cfg_.batch - 1, seconds_text(cfg_.timeout), who(-1), cur.load());
+    cur.store(-1);
+    throw LoaderTimeout(msg);  // not consumed: calling again retries it
+  }
+  if (o == Outcome::stopped) return std::nullopt;  // only during shutdown
+  d.load_s = std::chrono::duration<double>(t1 - t0).count();
+  std::lock_guard lk(mu_);
+  records_.push_back({-1, b, since_origin(t0), since_origin(t1)});
+  ++next_index_;
+  return take(b, std::move(d));
+}
+
+void Loader::release(const Batch& b) {
+  {
+    std::lock_guard lk(mu_);
+    if (b.slot < 0 || std::size_t(b.slot) >= held_.size() || !held_[std::size_t(b.slot)])
+      throw UsageError(fmt::format("loader: release of batch {} (slot {}) that is not held: released twice "
+                                   "or not from this loader", b.index, b.slot));
+    held_[std::size_t(b.slot)] = 0;
+    if (cfg_.workers > 0) free_[std::size_t(b.slot / per_worker_)].push_back(b.slot);
+  }
+  slot_cv_.notify_all();
+}
+
+std::vector<LoadRecord> Loader::records() const {
+  std::lock_guard lk(mu_);
+  return records_;
+}
+
+int Loader::skipped() const { return skipped_.load(); }
+
+}  // namespace sb::loader

@@ -1,0 +1,188 @@
+// The host data loader of the `dataloader` scenario: PyTorch DataLoader
+// semantics (num_workers, prefetch_factor, in_order, timeout) in C++, so the
+// scenario can reproduce "the loader cannot feed the device" and a loader
+// that hangs or meets a corrupt sample.
+//
+// Batch b holds samples b*batch .. b*batch+batch-1. With workers > 0, worker
+// b % workers produces it (PyTorch's round-robin assignment) into one of its
+// own `prefetch` staging slots, so a worker never has more than `prefetch`
+// batches produced but not yet released. The consumer calls next(), copies
+// the batch to the device, and release()s it once that copy has completed.
+//
+// Every wait in here has a deadline or ends at shutdown: the destructor
+// always returns, even with a worker stuck in an injected hang.
+#pragma once
+
+#include <atomic>              // std::atomic
+#include <chrono>              // std::chrono
+#include <condition_variable>  // std::condition_variable
+#include <cstddef>             // std::byte, std::size_t
+#include <cstdint>             // std::int64_t, std::uint64_t
+#include <deque>               // std::deque
+#include <functional>          // std::function
+#include <map>                 // std::map
+#include <memory>              // std::unique_ptr
+#include <mutex>               // std::mutex
+#include <optional>            // std::optional
+#include <string>              // std::string
+#include <thread>              // std::thread
+#include <vector>              // std::vector
+
+#include "harness/device.hpp"  // sb::Buffer: staging slots
+#include "harness/errors.hpp"  // sb::Error, HangError, UsageError
+
+namespace sb::loader {
+
+// An injected fault, keyed by global sample index.
+struct Fault {
+  enum class Kind { none, hang, fail } kind = Kind::none;
+  std::int64_t sample = -1;
+};
+// "none", "hang@N", "throw@N" (N = global sample index >= 0).
+// Throws sb::UsageError naming the valid forms.
+Fault parse_fault(const std::string& text);
+std::string to_string(const Fault& f);  // inverse of parse_fault
+
+enum class OnError { stop, skip };
+enum class Source { memory, file };
+enum class ReadMode { pread, mmap };
+
+struct Config {
+  int workers = 0;              // 0: load inline in the caller's thread (DataLoader num_workers=0)
+  int prefetch = 2;             // batches in flight per worker (prefetch_factor); >= 1
+  int batch = 32;               // samples per batch
+  std::size_t sample_bytes = 4096;
+  double decode_us = 0;         // real CPU work per sample, not sleep
+  double decode_spread = 0;     // per-sample cost uniform in +-spread*decode_us, from (seed, sample); 0..1
+  Source source = Source::memory;
+  ReadMode read = ReadMode::pread;
+  std::string file_path;        // for Source::file: a dataset file made by write_dataset_file
+  bool in_order = true;         // deliver batches in index order (DataLoader's default); false: as they finish
+  std::chrono::milliseconds timeout{10000};  // DataLoader's `timeout`: the longest next() waits for a batch
+  Fault fault;
+  OnError on_error = OnError::stop;
+  std::uint64_t seed = 1;
+  std::int64_t num_batches = 0; // batches in the epoch
+  std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();  // zero of record times
+  // Allocates one host staging slot of `bytes` (the scenario passes the device's pinned or pageable allocation).
+  std::function<sb::Buffer(std::size_t bytes)> alloc;  // if empty, plain new[]-backed Buffers
+};
+
+struct LoadRecord {
+  int worker;            // -1: inline (workers = 0)
+  std::int64_t batch;
+  double t0_s, t1_s;     // seconds from Config::origin
+};
+
+struct Batch {
+  std::int64_t index = -1;
+  const std::byte* data = nullptr;    // samples.size() * sample_bytes bytes, valid until release()
+  std::size_t bytes = 0;
+  std::vector<std::int64_t> samples;  // global sample indices, in order, skipped ones removed
+  int worker = -1;
+  double load_s = 0;                  // time the worker spent producing it (slot wait excluded)
+  int slot = -1;                      // internal
+};
+
+// Names the batch, the worker and the sample it is stuck on.
+struct LoaderTimeout : sb::HangError {
+  using HangError::HangError;
+};
+// Names the sample and the worker.
+struct SampleError : sb::Error {
+  explicit SampleError(const std::string& w) : Error(ErrorKind::runtime, w) {}
+};
+
+class Loader {
+ public:
+  // Validates cfg (UsageError), allocates workers*prefetch (or 1 when inline)
+  // slots, opens the file source, then starts the workers.
+  explicit Loader(Config cfg);
+  // Stops and joins every worker, including one stuck in a hang fault.
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // The next batch, or nullopt at epoch end. Throws LoaderTimeout when no
+  // batch arrives within cfg.timeout (calling again waits again), and
+  // SampleError (on_error=stop) when the due batch failed; that batch is then
+  // consumed and the next call goes on with the following one, as PyTorch's
+  // iterator does. Inline (workers=0), the previous batch must have been
+  // released first: there is one slot (UsageError otherwise).
+  std::optional<Batch> next();
+  // The consumer is done with b's memory (its H2D copy completed); the slot is reused.
+  void release(const Batch& b);
+  std::vector<LoadRecord> records() const;  // one per produced batch
+  int skipped() const;                      // samples dropped under on_error=skip
+  const Config& config() const { return cfg_; }
+
+ private:
+  // A batch a worker finished (or failed) and the consumer has not taken yet.
+  struct Done {
+    int slot = -1;
+    int worker = -1;
+    std::vector<std::int64_t> samples;
+    double load_s = 0;
+    std::string error;  // non-empty: SampleError text
+  };
+  enum class Outcome { done, stopped, timed_out };
+
+  void shutdown();  // idempotent: stop, join, unmap, close
+  void worker_loop(int w);
+  // Loads batch b into dst, sample by sample. hang_deadline bounds an
+  // injected hang (inline); workers pass nullopt and wait for shutdown.
+  Outcome load_batch(std::int64_t b, int worker, std::byte* dst, Done& out,
+                     std::optional<std::chrono::steady_clock::time_point> hang_deadline);
+  void read_sample(std::int64_t s, std::byte* dst) const;
+  bool decode_sample(std::int64_t s, std::byte* p) const;  // false: shutdown interrupted it
+  std::optional<Batch> next_inline();
+  Batch take(std::int64_t index, Done&& d);  // under mu_
+  std::string timeout_message(std::int64_t b);  // under mu_
+  std::string who(int worker) const;
+  double since_origin(std::chrono::steady_clock::time_point t) const;
+
+  const Config cfg_;
+  int per_worker_ = 1;  // slots per worker (prefetch, or 1 inline)
+  std::size_t slot_bytes_ = 0;
+  double iters_per_us_ = 0;
+  std::vector<sb::Buffer> slots_;
+  int fd_ = -1;
+  const std::byte* map_ = nullptr;
+  std::size_t map_bytes_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable ready_cv_;  // consumer: a batch finished
+  std::condition_variable slot_cv_;   // workers: a slot freed, or shutdown
+  bool stop_ = false;                 // under mu_
+  std::atomic<bool> stopping_{false}; // the same, read lock-free between samples
+  std::vector<std::vector<int>> free_;  // per worker: free slot ids
+  std::vector<char> held_;            // per slot: delivered and not yet released
+  std::map<std::int64_t, Done> ready_;  // finished, by batch index
+  std::deque<std::int64_t> finish_order_;  // in_order=false: delivery order
+  std::vector<char> delivered_;       // per batch: returned or thrown by next()
+  std::int64_t next_index_ = 0;       // in_order: the batch due
+  std::int64_t n_delivered_ = 0;
+  std::vector<LoadRecord> records_;
+  // Per worker (index workers = inline): the sample being loaded, -1 between
+  // batches. Read by timeout messages without stopping the worker.
+  std::unique_ptr<std::atomic<std::int64_t>[]> current_;
+  std::atomic<int> skipped_{0};
+  std::vector<std::thread> threads_;
+};
+
+// Calibrated once per process: iterations of the decode loop per microsecond on this CPU.
+double decode_iters_per_us();
+// The decode cost of one sample in microseconds: decode_us * (1 + spread*u),
+// u uniform in [-1, 1) from (seed, sample). The queueing model uses its mean.
+double sample_decode_us(double decode_us, double spread, std::uint64_t seed, std::int64_t sample);
+// The stored content of a sample (before decode): bytes 0..7 = index
+// (little-endian int64), the rest from splitmix64 of (seed, index). Checks
+// regenerate expected bytes from it.
+void fill_sample(std::uint64_t seed, std::int64_t index, std::byte* out, std::size_t bytes);
+// Writes n_samples * sample_bytes of fill_sample content to path (temp file +
+// rename), unless a file of exactly that size already exists. Returns the path.
+// Throws sb::Error (runtime) when the file cannot be written.
+std::string write_dataset_file(const std::string& path, std::int64_t n_samples,
+                               std::size_t sample_bytes, std::uint64_t seed);
+
+}  // namespace sb::loader

@@ -1,0 +1,75 @@
+#include <gtest/gtest.h>
+
+#include "harness/sampler.hpp"
+#include "harness/timeline.hpp"
+
+namespace sb {
+namespace {
+
+TEST(Timeline, UnionCountsOverlapsOnce) {
+  EXPECT_DOUBLE_EQ(union_length({{0, 1}, {0.5, 2}, {3, 4}, {3.5, 3.6}}), 3.0);
+  EXPECT_DOUBLE_EQ(union_length({}), 0.0);
+  EXPECT_DOUBLE_EQ(union_length({{2, 1}}), 0.0);  // empty intervals count nothing
+}
+
+TEST(Timeline, BusyFractionAndIdleBreakdown) {
+  Timeline t;
+  // Device busy 0-1 (h2d 0-0.2, compute 0.2-1), idle 1-3, busy 3-4.
+  t.add({"device", Phase::h2d, 0.0, 0.2, 0});
+  t.add({"device", Phase::compute, 0.2, 1.0, 0});
+  t.add({"device", Phase::compute, 3.0, 4.0, 1});
+  // The train loop waited for batch 1 from 1.5 to 3.0.
+  t.add({"train loop", Phase::wait, 1.5, 3.0, 1});
+  t.add({"worker 0", Phase::load, 0.0, 3.0, 1});  // host lanes never count as device busy
+  const TimelineSummary s = t.summarize(4.0);
+  EXPECT_DOUBLE_EQ(s.busy_s, 2.0);
+  EXPECT_DOUBLE_EQ(s.busy_fraction, 0.5);
+  EXPECT_DOUBLE_EQ(s.idle_host_wait_s, 1.5);
+  EXPECT_DOUBLE_EQ(s.idle_other_s, 0.5);
+}
+
+TEST(Timeline, ChromeTraceHasLanesAndIdleSlices) {
+  TraceProcess p{"workers=1", {}, 2.0};
+  p.timeline.add({"device", Phase::compute, 0.5, 1.0, 0});
+  p.timeline.add({"worker 0", Phase::load, 0.0, 0.5, 0});
+  const auto j = chrome_trace({p});
+  int idle = 0, compute = 0, names = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") ++names;
+    if (e["ph"] == "X" && e["name"] == "idle") ++idle;
+    if (e["ph"] == "X" && e["name"] == "compute") {
+      ++compute;
+      EXPECT_DOUBLE_EQ(e["ts"].get<double>(), 0.5e6);
+      EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 0.5e6);
+    }
+  }
+  EXPECT_EQ(names, 3);    // device, train loop, worker 0
+  EXPECT_EQ(idle, 2);     // 0-0.5 and 1.0-2.0
+  EXPECT_EQ(compute, 1);
+}
+
+TEST(Pattern, ClassifiesSyntheticSeries) {
+  const std::vector<double> healthy(50, 0.97);
+  EXPECT_EQ(classify(healthy), Pattern::healthy);
+  std::vector<double> spiky;
+  for (int i = 0; i < 50; ++i) spiky.push_back(i % 3 == 0 ? 1.0 : 0.02);  // bursts, then starvation
+  EXPECT_EQ(classify(spiky), Pattern::spiky);
+  const std::vector<double> low(50, 0.4);
+  EXPECT_EQ(classify(low), Pattern::steady_low);
+  std::vector<double> wobble;
+  for (int i = 0; i < 50; ++i) wobble.push_back(i % 2 ? 0.5 : 0.35);
+  EXPECT_EQ(classify(wobble), Pattern::steady_low);
+  const std::vector<double> idle(50, 0.01);
+  EXPECT_EQ(classify(idle), Pattern::idle);
+  EXPECT_EQ(classify(healthy, /*progressed=*/false), Pattern::stuck);
+  EXPECT_EQ(to_string(Pattern::steady_low), "steady-low");
+}
+
+TEST(Pattern, Sparkline) {
+  EXPECT_EQ(sparkline(std::vector<double>{0.0, 0.5, 1.0}), "▁▅█");
+  EXPECT_EQ(sparkline(std::vector<double>(200, 1.0), 10), "██████████");
+  EXPECT_EQ(sparkline(std::vector<double>{}), "");
+}
+
+}  // namespace
+}  // namespace sb
