@@ -17,6 +17,7 @@
 #include "harness/fingerprint.hpp"  // machine_fingerprint, build_info
 #include "harness/printer.hpp"      // format_result_table
 #include "harness/runner.hpp"       // run_scenario
+#include "harness/timeline.hpp"     // chrome_trace
 #include "harness/watchdog.hpp"     // Watchdog
 #include "kernels/backends.hpp"     // all_backends, open_device
 
@@ -116,6 +117,7 @@ struct RunArgs {
   std::vector<std::string> params;
   std::string device = "auto";
   std::string json_path;
+  std::string trace_path;
   bool quick = false;
   double timeout_s = 1800;
   double budget_s = -1;
@@ -142,6 +144,8 @@ int cmd_run(const RunArgs& a, int argc, char** argv) {
   const CpuInfo cpu = read_cpu_info();
   ctx.expected = match_expected(dev->info(), cpu.isa, cpu.logical_cores);
   ctx.progress = [&wd](const std::string& where) { wd.progress(where); };
+  std::vector<TraceProcess> trace;
+  if (!a.trace_path.empty()) ctx.trace = &trace;
 
   const BuildInfo b = build_info();
   json meta;
@@ -169,10 +173,18 @@ int cmd_run(const RunArgs& a, int argc, char** argv) {
   std::cerr << fmt::format("stallbench: {} on {} ({}){}\n", sc->name, di.id, di.name,
                            ctx.expected ? " — expected numbers: " + ctx.expected->id() : "");
   const Result r = run_scenario(*sc, ctx, RunOptions{a.params, a.quick}, meta,
-                                [](const Point& p) { std::cerr << "  " << format_point_line(p) << "\n"; });
+                                [](const Point& p, const Result& so_far) {
+                                  std::cerr << "  " << format_point_line(p, so_far.params) << "\n";
+                                });
   const std::string table = format_result_table(r);
   const std::string path = a.json_path.empty() ? fmt::format("stallbench-{}.json", sc->name) : a.json_path;
   write_file_atomic(path, to_json(r).dump(2) + "\n");
+  if (!a.trace_path.empty()) {
+    if (trace.empty())
+      std::cerr << fmt::format("stallbench: {} records no step timeline; no trace written\n", sc->name);
+    else
+      write_file_atomic(a.trace_path, chrome_trace(trace).dump() + "\n");
+  }
   if (path == "-") {
     std::cerr << "\n" << table;
   } else {
@@ -218,6 +230,8 @@ int main_impl(int argc, char** argv) {
   run->add_option("--device", ra.device, "auto | cpu | cuda:N (auto: cuda:0 if a GPU answers, else cpu)")
       ->capture_default_str();
   run->add_option("--json", ra.json_path, "result JSON path, or - for stdout (default: stallbench-<scenario>.json)");
+  run->add_option("--trace", ra.trace_path,
+                  "write the step timeline as Chrome trace-event JSON (open in Perfetto or chrome://tracing)");
   run->add_flag("--quick", ra.quick, "small sizes and a short time budget: a smoke run, not for publishing");
   run->add_option("--timeout", ra.timeout_s, "seconds without progress before the run is ended as a hang (exit 4)")
       ->capture_default_str()

@@ -153,6 +153,13 @@ class Device {
   virtual Buffer allocate(std::size_t bytes, MemKind kind) = 0;
   // Enqueue a copy of bytes from a host buffer to a device buffer.
   virtual void copy_h2d(Buffer& dst, const Buffer& src, std::size_t bytes) = 0;
+  // The same from host memory the caller owns (a loader's staging slot);
+  // src_kind says whether it is pinned. It must stay valid until the copy
+  // has completed (wait_event on an event recorded after it).
+  void copy_h2d_from(Buffer& dst, const void* src, std::size_t bytes, MemKind src_kind) {
+    const Buffer view(const_cast<void*>(src), bytes, src_kind, nullptr);  // not owned: never freed
+    copy_h2d(dst, view, bytes);
+  }
 
   virtual EventPtr record() = 0;
   // Milliseconds between two recorded events; both must have completed.

@@ -51,9 +51,10 @@ std::string pad(const std::string& s, std::size_t w, bool right) {
 
 }  // namespace
 
-std::string format_point_line(const Point& p) {
+std::string format_point_line(const Point& p, const json& axes) {
   std::string line;
-  for (const auto& [k, v] : p.params.items()) line += fmt::format("{}={} ", k, json_scalar(v));
+  for (const auto& [k, v] : p.params.items())
+    if (!axes.contains(k) || (axes[k].is_array() && axes[k].size() > 1)) line += fmt::format("{}={} ", k, json_scalar(v));
   line += fmt::format("[{}]", to_string(p.status));
   for (const auto& m : p.metrics) line += fmt::format(" {}={} {}", m.name, format_number(m.value), m.unit);
   if (!p.reason.empty()) line += " — " + p.reason;

@@ -11,8 +11,9 @@ namespace sb {
 // point, then findings.
 std::string format_result_table(const Result& r);
 
-// One line per point, for live progress while a sweep runs.
-std::string format_point_line(const Point& p);
+// One line per point, for live progress while a sweep runs: the swept axes
+// (those of `axes` with more than one value), the status and the metrics.
+std::string format_point_line(const Point& p, const nlohmann::ordered_json& axes);
 
 // A number with about four significant digits and no exponent for the
 // magnitudes results use ("1681", "297.4", "0.2974").

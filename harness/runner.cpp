@@ -7,7 +7,8 @@
 namespace sb {
 
 Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
-                    const nlohmann::ordered_json& meta, const std::function<void(const Point&)>& on_point) {
+                    const nlohmann::ordered_json& meta,
+                    const std::function<void(const Point&, const Result&)>& on_point) {
   const SweepProfile profile{opts.quick, ctx.device.info().kind == DeviceKind::cuda};
   const Sweep sweep = expand_sweep(sc.params, opts.assignments, profile);
 
@@ -56,7 +57,7 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
       }
       p.params = ps.to_json();
     }
-    if (on_point) on_point(p);
+    if (on_point) on_point(p, r);
     r.points.push_back(std::move(p));
   }
   ctx.progress(fmt::format("{}: analysis", sc.name));

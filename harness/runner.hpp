@@ -20,7 +20,7 @@ struct RunOptions {
 // on_point is called after each point (for live output).
 Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
                     const nlohmann::ordered_json& meta,
-                    const std::function<void(const Point&)>& on_point = {});
+                    const std::function<void(const Point&, const Result&)>& on_point = {});
 
 // Exit status of a finished run: 0 when every point is ok, skipped or oom;
 // 4 when a point hung; 1 when a point failed (error).

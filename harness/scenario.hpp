@@ -14,6 +14,7 @@
 #include "harness/measure.hpp"   // MeasureConfig
 #include "harness/params.hpp"    // ParamSpec, ParamSet
 #include "harness/result.hpp"    // Point, Result
+#include "harness/timeline.hpp"  // TraceProcess
 
 namespace sb {
 
@@ -22,6 +23,9 @@ struct RunContext {
   MeasureConfig measure;
   std::optional<ExpectedFile> expected;  // the device's expected numbers, if known
   bool quick = false;
+  // Where a scenario with a step timeline appends one process per point
+  // (--trace FILE); null when no trace was asked for.
+  std::vector<TraceProcess>* trace = nullptr;
   // Reports where the run is ("precision size=2048 dtype=bf16: timing"); the
   // watchdog names the last one if the run stops making progress.
   std::function<void(const std::string&)> progress = [](const std::string&) {};

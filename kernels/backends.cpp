@@ -1,9 +1,11 @@
 #include "kernels/backends.hpp"
 
 #include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"           // UsageError
 #include "kernels/cpu/cpu_backend.hpp"  // make_cpu_backend
+#include "kernels/sim/sim_backend.hpp"  // make_sim_backend
 #ifdef STALLBENCH_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"  // make_cuda_backend
 #endif
@@ -16,6 +18,7 @@ const std::vector<Backend>& all_backends() {
 #ifdef STALLBENCH_HAVE_CUDA
     b.push_back(make_cuda_backend());
 #endif
+    b.push_back(make_sim_backend());
     return b;
   }();
   return v;
@@ -26,6 +29,30 @@ const Backend* find_backend(const std::string& name) {
   for (const auto& b : all_backends())
     if (b.name == name) return &b;
   return nullptr;
+}
+
+// sim:<name>: the gpu expected file whose hardware.id is name, or else the
+// only one that name is a prefix of ("h100" -> "h100-sxm").
+std::unique_ptr<Device> open_sim(const Backend& sim, const DeviceSpec& spec) {
+  std::vector<std::string> ids;
+  for (const auto& d : sim.list()) ids.push_back(d.id.substr(d.id.find(':') + 1));
+  if (ids.empty()) throw UsageError(fmt::format("device {}: {}", spec.str(), sim.unavailable()));
+  std::vector<std::string> valid;
+  for (const auto& id : ids) valid.push_back("sim:" + id);
+  std::vector<int> prefixed;
+  for (int i = 0; i < int(ids.size()); ++i) {
+    if (ids[std::size_t(i)] == spec.sim) return sim.open(i);
+    if (ids[std::size_t(i)].rfind(spec.sim, 0) == 0) prefixed.push_back(i);
+  }
+  if (prefixed.size() == 1) return sim.open(prefixed[0]);
+  if (prefixed.empty())
+    throw UsageError(fmt::format("device {}: no expected file with that hardware id; valid: {} (or a unique prefix, "
+                                 "e.g. sim:h100)",
+                                 spec.str(), fmt::join(valid, ", ")));
+  std::vector<std::string> matches;
+  for (int i : prefixed) matches.push_back(valid[std::size_t(i)]);
+  throw UsageError(fmt::format("device {} is ambiguous: it is a prefix of {}; valid: {}", spec.str(),
+                               fmt::join(matches, ", "), fmt::join(valid, ", ")));
 }
 }  // namespace
 
@@ -42,7 +69,8 @@ std::unique_ptr<Device> open_device(const DeviceSpec& spec) {
       throw UsageError(fmt::format("device {}: {}; valid here: cpu, auto", spec.str(), cuda->unavailable()));
     return cuda->open(spec.index);
   }
-  throw UsageError(fmt::format("device {} is not available in this build; valid: auto, cpu, cuda:N", spec.str()));
+  if (spec.kind == DeviceKind::sim) return open_sim(*find_backend("sim"), spec);
+  throw UsageError(fmt::format("device {} is not available in this build; valid: auto, cpu, cuda:N, sim:<gpu>", spec.str()));
 }
 
 }  // namespace sb

@@ -5,9 +5,10 @@
 namespace sb {
 
 extern const Scenario precision_scenario;
+extern const Scenario dataloader_scenario;
 
 const std::vector<const Scenario*>& all_scenarios() {
-  static const std::vector<const Scenario*> v{&precision_scenario};
+  static const std::vector<const Scenario*> v{&precision_scenario, &dataloader_scenario};
   return v;
 }
 

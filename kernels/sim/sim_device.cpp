@@ -1,0 +1,311 @@
+// The `sim:<gpu>` device: a simulated accelerator. Each operation's time comes
+// from the roofline model of an expected file (kernels/sim/sim_model.hpp) and
+// is spent as a timed wait on a ComputeStream thread, so it costs no CPU and
+// the stream's busy time is the modelled device time. Nothing is computed and
+// no byte is copied; host and device memory are real host memory all the same,
+// so callers can write to it, and device memory is capped at the modelled
+// GPU's capacity.
+#include "kernels/sim/sim_backend.hpp"
+
+#include <sys/prctl.h>  // prctl(PR_SET_TIMERSLACK): precise timed waits on the stream thread
+
+#include <algorithm>           // std::max, std::fill
+#include <atomic>              // std::atomic
+#include <chrono>              // std::chrono
+#include <condition_variable>  // std::condition_variable
+#include <cstdint>             // std::uint64_t
+#include <cstdlib>             // std::aligned_alloc, std::free
+#include <memory>              // std::make_shared, std::shared_ptr
+#include <mutex>               // std::mutex
+#include <string>              // std::string
+#include <thread>              // std::this_thread::sleep_until
+#include <vector>              // std::vector
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"                     // OutOfMemory, UnsupportedError, UsageError
+#include "harness/expected.hpp"                   // load_expected_files
+#include "kernels/cpu/detail/compute_stream.hpp"  // ComputeStream
+#include "kernels/cpu/detail/stream_device.hpp"   // StreamEvent, stream_elapsed_ms, StreamBusyProbe
+#include "kernels/sim/sim_model.hpp"              // SimModel, sim_gemm_time, sim_h2d_seconds
+
+namespace sb {
+namespace {
+
+using std::chrono::steady_clock;
+
+// A pageable copy returns to the host only once the stream has run it (as a
+// CUDA pageable cudaMemcpyAsync does once staged); bound that wait, since the
+// interface gives copy_h2d no timeout.
+constexpr std::chrono::minutes kHostBlockTimeout{5};
+
+// A timed wait on a VM wakes some 40-90 us late, so a stream that waited out
+// every 5 us launch would run ~10x slower than the model. The stream thread
+// therefore waits only once it is more than this far ahead of the modelled
+// clock; host-side waits (synchronize, wait_event, a pageable copy) still
+// end no earlier than the modelled time, since they wait out the rest.
+constexpr std::chrono::microseconds kMinStreamWait{100};
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 6) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  return fmt::format("{:.1f} {}", bytes, units[u]);
+}
+
+std::vector<ExpectedFile> gpu_files() {
+  std::vector<ExpectedFile> out;
+  for (auto& f : load_expected_files())
+    if (f.doc.value("/hardware/class"_json_pointer, std::string("gpu")) == "gpu") out.push_back(std::move(f));
+  return out;
+}
+
+DeviceInfo sim_info(const SimModel& m) {
+  DeviceInfo info;
+  info.id = "sim:" + m.id;
+  info.kind = DeviceKind::sim;
+  info.name = "simulated " + m.name;
+  info.simulated = true;
+  info.props = sim_props(m);
+  return info;
+}
+
+// Device memory in use, shared with the buffers and ops that hold some, so a
+// release after the device is gone is still safe.
+struct MemoryLedger {
+  std::atomic<std::uint64_t> used{0};
+  std::uint64_t capacity = 0;  // bytes; 0 = no limit
+};
+
+// Holds `bytes` of the ledger until destroyed.
+class Reservation {
+ public:
+  Reservation() = default;
+  Reservation(std::shared_ptr<MemoryLedger> l, std::uint64_t bytes) : ledger_(std::move(l)), bytes_(bytes) {}
+  Reservation(Reservation&& o) noexcept : ledger_(std::move(o.ledger_)), bytes_(o.bytes_) { o.bytes_ = 0; }
+  Reservation& operator=(Reservation&&) = delete;
+  ~Reservation() {
+    if (ledger_ && bytes_) ledger_->used.fetch_sub(bytes_);
+  }
+
+ private:
+  std::shared_ptr<MemoryLedger> ledger_;
+  std::uint64_t bytes_ = 0;
+};
+
+class SimDevice;
+
+class SimGemm final : public GemmOp {
+ public:
+  SimGemm(SimDevice& dev, GemmShape s, DType t, SimGemmTime time, Reservation r)
+      : dev_(dev), shape_(s), dtype_(t), time_(time), reservation_(std::move(r)) {
+    label_ = fmt::format("simulated gemm {} {}x{}x{}", to_string(t), s.m, s.n, s.k);
+  }
+  GemmShape shape() const override { return shape_; }
+  DType dtype() const override { return dtype_; }
+  DType c_dtype() const override { return sim_c_dtype(dtype_); }
+  std::string impl() const override {
+    return fmt::format("simulated roofline: {}-bound, {:.1f} us", time_.compute_bound() ? "compute" : "memory",
+                       time_.seconds() * 1e6);
+  }
+  void enqueue() override;
+  void upload(std::span<const float> a, std::span<const float> w) override {
+    check_size("upload: a", a.size(), shape_.m * shape_.k);
+    check_size("upload: w", w.size(), shape_.n * shape_.k);
+  }
+  void download_c(std::span<float> c) override {
+    check_size("download_c", c.size(), shape_.m * shape_.n);
+    std::fill(c.begin(), c.end(), 0.0f);  // nothing was computed
+  }
+  bool computes() const override { return false; }
+
+ private:
+  void check_size(const char* what, std::size_t got, std::int64_t want) const {
+    if (std::int64_t(got) != want)
+      throw Error(ErrorKind::runtime, fmt::format("{}: {} has {} values, the {}x{}x{} GEMM needs {}", label_, what,
+                                                  got, shape_.m, shape_.n, shape_.k, want));
+  }
+  SimDevice& dev_;  // outlives the op
+  GemmShape shape_;
+  DType dtype_;
+  SimGemmTime time_;
+  Reservation reservation_;
+  std::string label_;
+};
+
+class SimDevice final : public Device {
+ public:
+  explicit SimDevice(const ExpectedFile& file)
+      : model_(make_sim_model(file)), info_(sim_info(model_)), ledger_(std::make_shared<MemoryLedger>()),
+        cs_("sim:" + model_.id) {
+    // Datasheet GB are 1e9 bytes.
+    if (model_.memory_capacity_gb) ledger_->capacity = std::uint64_t(model_.memory_capacity_gb->value * 1e9);
+    // Linux lets a timed wait end up to 50 us late by default (timer slack);
+    // 1 ns keeps a modelled 5 us launch near 5 us. Per thread, so set it on
+    // the stream thread.
+    cs_.enqueue("sim: set timer slack", [] { (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL); });
+  }
+
+  ~SimDevice() override {
+    // Waits still queued are cut short: the stream drains at once.
+    {
+      std::lock_guard lk(mu_);
+      closing_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  const DeviceInfo& info() const override { return info_; }
+
+  std::optional<std::string> gemm_unsupported(DType t) const override { return sim_gemm_unsupported(model_, t); }
+
+  std::unique_ptr<GemmOp> make_gemm(GemmShape s, DType t, std::uint64_t /*seed: nothing is filled*/) override {
+    if (s.m <= 0 || s.n <= 0 || s.k <= 0)
+      throw Error(ErrorKind::runtime,
+                  fmt::format("{}: GEMM shape M={} N={} K={} is not positive", info_.id, s.m, s.n, s.k));
+    const SimGemmTime time = sim_gemm_time(model_, s, t);  // UnsupportedError with the reason
+    // The operands a GPU of this size would hold (A, W, C); none is allocated here.
+    Reservation r = reserve(std::uint64_t(time.bytes),
+                            fmt::format("the operands of a {}x{}x{} {} GEMM", s.m, s.n, s.k, to_string(t)));
+    return std::make_unique<SimGemm>(*this, s, t, time, std::move(r));
+  }
+
+  Buffer allocate(std::size_t bytes, MemKind kind) override {
+    auto r = kind == MemKind::device ? std::make_shared<Reservation>(reserve(bytes, "cudaMalloc"))
+                                     : std::shared_ptr<Reservation>();
+    const std::size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+    if (!p && rounded)
+      throw OutOfMemory(fmt::format("{}: out of host memory: {} bytes ({}) for a simulated {} buffer", info_.id,
+                                    bytes, human_bytes(double(bytes)),
+                                    kind == MemKind::device ? "device" : "host"));
+    return Buffer(p, bytes, kind, [r](void* q) { std::free(q); });  // r released with the buffer
+  }
+
+  void copy_h2d(Buffer& dst, const Buffer& src, std::size_t bytes) override {
+    if (dst.kind() != MemKind::device || src.kind() == MemKind::device)
+      throw Error(ErrorKind::runtime,
+                  fmt::format("{}: copy_h2d needs a host source and a device destination", info_.id));
+    if (bytes > dst.bytes() || bytes > src.bytes())
+      throw Error(ErrorKind::runtime, fmt::format("{}: copy_h2d of {} bytes exceeds a buffer (src {}, dst {})",
+                                                  info_.id, bytes, src.bytes(), dst.bytes()));
+    const bool pinned = src.kind() == MemKind::host_pinned;
+    spend(fmt::format("simulated h2d copy ({}, {} bytes)", pinned ? "pinned" : "pageable",
+                                                bytes),
+                                   sim_h2d_seconds(model_, bytes, src.kind()));
+    // From pageable memory CUDA stages through a pinned bounce buffer and the
+    // call returns only once staged: the host-blocking copy that pinned
+    // memory avoids. The model blocks the caller until the copy has run.
+    if (!pinned) {
+      const EventPtr staged = record();
+      wait_event(staged, kHostBlockTimeout);
+    }
+  }
+
+  EventPtr record() override {
+    // Stamped with the modelled clock, not the thread's wake-up time, so
+    // elapsed_ms is the modelled time and host scheduling noise stays out.
+    auto e = std::make_shared<cpu::StreamEvent>();
+    const auto submitted = steady_clock::now();
+    e->seq = cs_.enqueue("event", [this, e, submitted] {
+      advance(submitted, steady_clock::duration::zero());
+      e->t = clock_;
+    });
+    return e;
+  }
+  double elapsed_ms(const EventPtr& a, const EventPtr& b) override { return cpu::stream_elapsed_ms(a, b); }
+  void synchronize(std::chrono::milliseconds timeout) override {
+    cs_.synchronize(timeout);
+    std::this_thread::sleep_until(steady_clock::time_point(steady_clock::duration(modelled_end_.load())));
+  }
+  void wait_event(const EventPtr& e, std::chrono::milliseconds timeout) override {
+    const cpu::StreamEvent& se = cpu::as_stream_event(e);
+    cs_.wait_done(se.seq, timeout);
+    std::this_thread::sleep_until(se.t);
+  }
+  // The stream thread's busy fraction: time inside modelled operations.
+  std::unique_ptr<UtilProbe> utilization_probe() override { return std::make_unique<cpu::StreamBusyProbe>(cs_); }
+
+  // Enqueues `seconds` of modelled device time. An operation starts when it
+  // was submitted or when the one before it ended in the model, whichever is
+  // later (a GPU stream's semantics), and the thread waits until its modelled
+  // end. Late wake-ups do not accumulate: the next operation's end is computed
+  // from the modelled clock, not from when the thread woke.
+  void spend(std::string label, double seconds) {
+    const auto submitted = steady_clock::now();
+    const auto dur = std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(seconds));
+    cs_.enqueue(std::move(label), [this, submitted, dur] {
+      advance(submitted, dur);
+      if (clock_ - steady_clock::now() < kMinStreamWait) return;
+      std::unique_lock lk(mu_);
+      cv_.wait_until(lk, clock_, [this] { return closing_; });  // a timed wait: no CPU
+    });
+  }
+
+ private:
+  // Stream thread only: the modelled clock moves to the end of an operation
+  // submitted at `submitted` that lasts `dur`; published for host waits.
+  void advance(steady_clock::time_point submitted, steady_clock::duration dur) {
+    clock_ = std::max(clock_, submitted) + dur;
+    modelled_end_.store(clock_.time_since_epoch().count());
+  }
+
+  Reservation reserve(std::uint64_t bytes, const std::string& what) {
+    const std::uint64_t cap = ledger_->capacity;
+    std::uint64_t used = ledger_->used.load();
+    do {
+      if (cap && (bytes > cap || used > cap - bytes))
+        throw OutOfMemory(fmt::format(
+            "{}: out of memory: {} of {} bytes ({}) with {} in use of the simulated {} ({} GB, peaks.memory_capacity "
+            "in {})",
+            info_.id, what, bytes, human_bytes(double(bytes)), human_bytes(double(used)), model_.name,
+            model_.memory_capacity_gb->value, model_.path));
+    } while (!ledger_->used.compare_exchange_weak(used, used + bytes));
+    return Reservation(ledger_, bytes);
+  }
+
+  SimModel model_;
+  DeviceInfo info_;
+  std::shared_ptr<MemoryLedger> ledger_;
+  steady_clock::time_point clock_{};  // modelled end of the last operation; stream thread only
+  std::atomic<steady_clock::rep> modelled_end_{0};  // clock_, for host threads
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool closing_ = false;
+  cpu::ComputeStream cs_;  // last: its thread stops before the members it uses go
+};
+
+void SimGemm::enqueue() { dev_.spend(label_, time_.seconds()); }
+
+}  // namespace
+
+Backend make_sim_backend() {
+  Backend b;
+  b.name = "sim";
+  b.list = [] {
+    std::vector<DeviceInfo> out;
+    for (const auto& f : gpu_files()) out.push_back(sim_info(make_sim_model(f)));
+    return out;
+  };
+  b.unavailable = []() -> std::string {
+    if (!gpu_files().empty()) return "";
+    std::string dirs;
+    for (const auto& d : expected_dirs()) dirs += (dirs.empty() ? "" : ", ") + d;
+    return fmt::format("no gpu expected files found (searched {}; set STALLBENCH_DATA_DIR)", dirs);
+  };
+  b.open = [](int index) -> std::unique_ptr<Device> {
+    const auto files = gpu_files();
+    if (index < 0 || index >= int(files.size()))
+      throw UsageError(fmt::format("no simulated device #{}: {} gpu expected files found", index, files.size()));
+    return std::make_unique<SimDevice>(files[std::size_t(index)]);
+  };
+  b.versions = [] {
+    return nlohmann::ordered_json{{"model", "roofline over results/expected (simulated, never measured)"}};
+  };
+  return b;
+}
+
+}  // namespace sb

@@ -1,0 +1,395 @@
+// The dataloader scenario's host loader: exactly-once, in-order delivery for
+// every worker/prefetch shape, file sources, deterministic decode cost, and
+// injected faults caught (hang -> LoaderTimeout, corrupt -> SampleError or
+// skipped) without the loader itself ever hanging. No timing assertions other
+// than "a fault is detected within timeout + a generous margin".
+#include <gtest/gtest.h>
+
+#include <algorithm>   // std::count
+#include <chrono>      // std::chrono
+#include <cstring>     // std::memcmp, std::memcpy
+#include <filesystem>  // temp dataset files
+#include <set>         // std::set
+#include <vector>      // std::vector
+
+#include <unistd.h>    // getpid
+
+#include <fmt/format.h>  // fmt::format
+
+#include "scenarios/detail/loader.hpp"
+
+namespace sb::loader {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Detection bound for faults: the configured timeout plus this margin.
+constexpr milliseconds kMargin{2000};
+
+std::int64_t embedded_index(const std::byte* p) {
+  std::int64_t v;
+  std::memcpy(&v, p, 8);  // the test hosts are little-endian, as the format is
+  return v;
+}
+
+Config small(int workers, int prefetch) {
+  Config c;
+  c.workers = workers;
+  c.prefetch = prefetch;
+  c.batch = 4;
+  c.sample_bytes = 64;
+  c.num_batches = 13;  // not a multiple of any worker count: uneven last rounds
+  c.timeout = milliseconds(20000);
+  c.seed = 7;
+  return c;
+}
+
+// Checks each sample of b against the generator (content_seed); bytes 8..15
+// hold the decode result when decode ran, so they are compared only without.
+void check_contents(const Batch& b, const Config& c, std::uint64_t content_seed) {
+  ASSERT_EQ(b.bytes, b.samples.size() * c.sample_bytes);
+  std::vector<std::byte> want(c.sample_bytes);
+  for (std::size_t k = 0; k < b.samples.size(); ++k) {
+    const std::byte* got = b.data + k * c.sample_bytes;
+    ASSERT_EQ(embedded_index(got), b.samples[k]) << "batch " << b.index << " position " << k;
+    fill_sample(content_seed, b.samples[k], want.data(), want.size());
+    const std::size_t from = c.decode_us > 0 ? 16 : 8;
+    ASSERT_EQ(std::memcmp(got + from, want.data() + from, c.sample_bytes - from), 0)
+        << "sample " << b.samples[k];
+  }
+}
+
+// Drains an epoch; returns delivered batch indices in delivery order.
+std::vector<std::int64_t> drain(Loader& l, std::uint64_t content_seed, std::vector<std::int64_t>* samples = nullptr) {
+  std::vector<std::int64_t> order;
+  while (auto b = l.next()) {
+    check_contents(*b, l.config(), content_seed);
+    order.push_back(b->index);
+    if (samples) samples->insert(samples->end(), b->samples.begin(), b->samples.end());
+    l.release(*b);
+  }
+  return order;
+}
+
+std::filesystem::path temp_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / fmt::format("stallbench_loader_{}_{}", ::getpid(), name);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+TEST(Loader, EverySampleOnceInOrderForAllShapes) {
+  for (int workers : {0, 1, 2, 4, 8}) {
+    for (int prefetch : {1, 2, 4}) {
+      SCOPED_TRACE(fmt::format("workers={} prefetch={}", workers, prefetch));
+      Config c = small(workers, prefetch);
+      Loader l(c);
+      std::vector<std::int64_t> samples;
+      const auto order = drain(l, c.seed, &samples);
+      ASSERT_EQ(order.size(), 13u);
+      for (std::int64_t i = 0; i < 13; ++i) EXPECT_EQ(order[std::size_t(i)], i);
+      ASSERT_EQ(samples.size(), 52u);
+      for (std::int64_t i = 0; i < 52; ++i) EXPECT_EQ(samples[std::size_t(i)], i);
+      EXPECT_FALSE(l.next().has_value());  // stays at epoch end
+      const auto rec = l.records();
+      ASSERT_EQ(rec.size(), 13u);
+      for (const auto& r : rec) {
+        EXPECT_EQ(r.worker, workers == 0 ? -1 : int(r.batch % workers));  // PyTorch's assignment
+        EXPECT_LE(r.t0_s, r.t1_s);
+      }
+      EXPECT_EQ(l.skipped(), 0);
+    }
+  }
+}
+
+TEST(Loader, OutOfOrderDeliversEveryBatchOnce) {
+  Config c = small(4, 2);
+  c.in_order = false;
+  c.num_batches = 40;
+  c.decode_us = 20;
+  c.decode_spread = 1.0;  // uneven costs, so batches finish out of order
+  Loader l(c);
+  const auto order = drain(l, c.seed);
+  ASSERT_EQ(order.size(), 40u);
+  const std::set<std::int64_t> seen(order.begin(), order.end());
+  EXPECT_EQ(seen.size(), 40u);
+  EXPECT_EQ(*seen.begin(), 0);
+  EXPECT_EQ(*seen.rbegin(), 39);
+}
+
+TEST(Loader, FileSourceWithPreadAndMmap) {
+  const auto dir = temp_dir("file");
+  const std::uint64_t file_seed = 99;  // differs from the loader's seed: content comes from the file
+  for (ReadMode mode : {ReadMode::pread, ReadMode::mmap}) {
+    for (int workers : {0, 3}) {
+      SCOPED_TRACE(fmt::format("mmap={} workers={}", mode == ReadMode::mmap, workers));
+      Config c = small(workers, 2);
+      c.sample_bytes = 100;  // not a multiple of 8: a partial last word
+      c.source = Source::file;
+      c.read = mode;
+      c.file_path = write_dataset_file((dir / "data.bin").string(), 13 * 4, c.sample_bytes, file_seed);
+      EXPECT_EQ(std::filesystem::file_size(c.file_path), 13u * 4 * 100);
+      Loader l(c);
+      EXPECT_EQ(drain(l, file_seed).size(), 13u);
+    }
+  }
+  // A file of the right size is kept, not rewritten.
+  const auto p = dir / "data.bin";
+  const auto t = std::filesystem::last_write_time(p);
+  write_dataset_file(p.string(), 13 * 4, 100, file_seed);
+  EXPECT_EQ(std::filesystem::last_write_time(p), t);
+  // Too small for the epoch: a usage error that names the size needed.
+  Config c = small(2, 2);
+  c.source = Source::file;
+  c.file_path = write_dataset_file((dir / "short.bin").string(), 3, c.sample_bytes, file_seed);
+  try {
+    Loader l(c);
+    FAIL() << "short file accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("need 3328"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Loader, DecodeSpreadIsDeterministic) {
+  std::set<double> costs;
+  for (std::int64_t s = 0; s < 200; ++s) {
+    const double us = sample_decode_us(100, 0.5, 3, s);
+    EXPECT_GE(us, 50);
+    EXPECT_LE(us, 150);
+    EXPECT_EQ(us, sample_decode_us(100, 0.5, 3, s));
+    costs.insert(us);
+  }
+  EXPECT_GT(costs.size(), 150u);  // it really varies per sample
+  EXPECT_EQ(sample_decode_us(100, 0, 3, 5), 100);
+  EXPECT_GT(decode_iters_per_us(), 0);
+
+  // The decode result lands in bytes 8..15 and is the same from run to run.
+  auto decoded = [](std::uint64_t seed) {
+    Config c = small(2, 2);
+    c.decode_us = 5;
+    c.decode_spread = 0.8;
+    c.seed = seed;
+    Loader l(c);
+    std::vector<std::uint64_t> out;
+    while (auto b = l.next()) {
+      check_contents(*b, c, seed);
+      for (std::size_t k = 0; k < b->samples.size(); ++k) {
+        std::uint64_t v;
+        std::memcpy(&v, b->data + k * c.sample_bytes + 8, 8);
+        out.push_back(v);
+      }
+      l.release(*b);
+    }
+    return out;
+  };
+  const auto a = decoded(11), b = decoded(11), other = decoded(12);
+  ASSERT_EQ(a.size(), 52u);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, other);
+  std::vector<std::byte> raw(64);
+  fill_sample(11, 0, raw.data(), raw.size());
+  std::uint64_t raw8;
+  std::memcpy(&raw8, raw.data() + 8, 8);
+  EXPECT_NE(a[0], raw8);  // decode actually wrote something
+}
+
+// Batch 3 (samples 12..15) hangs on sample 13; with 2 workers it is worker 1's.
+TEST(Loader, HangIsCaughtByTimeoutAndShutdownJoins) {
+  for (int workers : {0, 2}) {
+    SCOPED_TRACE(fmt::format("workers={}", workers));
+    Config c = small(workers, 2);
+    c.timeout = milliseconds(300);
+    c.fault = parse_fault("hang@13");
+    const auto t_start = Clock::now();
+    {
+      Loader l(c);
+      for (int i = 0; i < 3; ++i) {
+        auto b = l.next();
+        ASSERT_TRUE(b.has_value());
+        l.release(*b);
+      }
+      const auto t0 = Clock::now();
+      try {
+        l.next();
+        FAIL() << "no timeout";
+      } catch (const LoaderTimeout& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("batch 3 (samples 12..15)"), std::string::npos) << m;
+        EXPECT_NE(m.find("stuck on sample 13"), std::string::npos) << m;
+        EXPECT_NE(m.find(workers == 0 ? "main thread" : "worker 1"), std::string::npos) << m;
+        EXPECT_EQ(e.kind(), ErrorKind::hang);
+      }
+      EXPECT_LT(Clock::now() - t0, c.timeout + kMargin);
+    }  // the destructor must release the stuck worker and return
+    EXPECT_LT(Clock::now() - t_start, 2 * c.timeout + 2 * kMargin);
+  }
+}
+
+TEST(Loader, CorruptSampleStopsWithSampleError) {
+  for (int workers : {0, 2}) {
+    SCOPED_TRACE(fmt::format("workers={}", workers));
+    Config c = small(workers, 2);
+    c.fault = parse_fault("throw@13");
+    Loader l(c);
+    for (int i = 0; i < 3; ++i) {
+      auto b = l.next();
+      ASSERT_TRUE(b.has_value());
+      l.release(*b);
+    }
+    try {
+      l.next();
+      FAIL() << "no SampleError";
+    } catch (const SampleError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("sample 13 on "), std::string::npos) << m;
+      EXPECT_NE(m.find(workers == 0 ? "main thread" : "worker 1"), std::string::npos) << m;
+      EXPECT_NE(m.find("fault=throw@13"), std::string::npos) << m;
+    }
+    // The failed batch is consumed; the epoch goes on after it.
+    auto b = l.next();
+    ASSERT_TRUE(b.has_value());
+    EXPECT_EQ(b->index, 4);
+    l.release(*b);
+  }
+}
+
+TEST(Loader, CorruptSampleSkippedUnderSkip) {
+  for (int workers : {0, 3}) {
+    SCOPED_TRACE(fmt::format("workers={}", workers));
+    Config c = small(workers, 2);
+    c.fault = parse_fault("throw@13");
+    c.on_error = OnError::skip;
+    Loader l(c);
+    std::vector<std::int64_t> samples;
+    std::size_t short_batches = 0;
+    while (auto b = l.next()) {
+      check_contents(*b, c, c.seed);  // packed: the samples after 13 moved down
+      if (b->samples.size() != 4u) {
+        ++short_batches;
+        EXPECT_EQ(b->index, 3);
+        EXPECT_EQ(b->samples, (std::vector<std::int64_t>{12, 14, 15}));
+      }
+      samples.insert(samples.end(), b->samples.begin(), b->samples.end());
+      l.release(*b);
+    }
+    EXPECT_EQ(short_batches, 1u);
+    EXPECT_EQ(samples.size(), 51u);
+    EXPECT_EQ(std::count(samples.begin(), samples.end(), 13), 0);
+    EXPECT_EQ(l.skipped(), 1);
+  }
+}
+
+TEST(Loader, DestroyMidEpochIsPrompt) {
+  Config c = small(4, 2);
+  c.num_batches = 100000;
+  c.decode_us = 200;
+  c.timeout = milliseconds(20000);
+  const auto t0 = Clock::now();
+  {
+    Loader l(c);
+    auto held = l.next();  // kept, not released: destruction must not wait for it
+    ASSERT_TRUE(held.has_value());
+    auto b = l.next();
+    ASSERT_TRUE(b.has_value());
+    l.release(*b);
+  }
+  EXPECT_LT(Clock::now() - t0, kMargin);
+}
+
+TEST(Loader, HeldSlotsAreNamedInTheTimeout) {
+  Config c = small(1, 1);
+  c.timeout = milliseconds(200);
+  Loader l(c);
+  auto held = l.next();
+  ASSERT_TRUE(held.has_value());
+  try {
+    l.next();  // the only slot is still held
+    FAIL() << "no timeout";
+  } catch (const LoaderTimeout& e) {
+    EXPECT_NE(std::string(e.what()).find("waiting for a free slot"), std::string::npos) << e.what();
+  }
+  l.release(*held);
+  EXPECT_TRUE(l.next().has_value());
+}
+
+TEST(Loader, ReleaseMisuseIsAUsageError) {
+  Config c = small(0, 1);
+  Loader l(c);
+  auto b = l.next();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_THROW(l.next(), UsageError);  // inline: one slot, not yet released
+  l.release(*b);
+  EXPECT_THROW(l.release(*b), UsageError);  // twice
+  EXPECT_THROW(l.release(Batch{}), UsageError);
+}
+
+TEST(Loader, AllocCallbackProvidesTheSlots) {
+  int calls = 0;
+  Config c = small(3, 2);
+  c.alloc = [&](std::size_t bytes) {
+    ++calls;
+    EXPECT_EQ(bytes, 4u * 64);
+    return Buffer(new std::byte[bytes], bytes, MemKind::host_pinned,
+                  [](void* p) { delete[] static_cast<std::byte*>(p); });
+  };
+  Loader l(c);
+  EXPECT_EQ(calls, 6);
+  EXPECT_EQ(drain(l, c.seed).size(), 13u);
+}
+
+TEST(Loader, EmptyEpoch) {
+  for (int workers : {0, 2}) {
+    Config c = small(workers, 2);
+    c.num_batches = 0;
+    Loader l(c);
+    EXPECT_FALSE(l.next().has_value());
+  }
+}
+
+TEST(Loader, ParseFault) {
+  EXPECT_EQ(parse_fault("none").kind, Fault::Kind::none);
+  const Fault h = parse_fault("hang@0");
+  EXPECT_EQ(h.kind, Fault::Kind::hang);
+  EXPECT_EQ(h.sample, 0);
+  const Fault t = parse_fault("throw@123");
+  EXPECT_EQ(t.kind, Fault::Kind::fail);
+  EXPECT_EQ(t.sample, 123);
+  EXPECT_EQ(to_string(t), "throw@123");
+  for (const char* bad : {"", "hang", "hang@", "hang@-1", "hang@+1", "hang@ 3", "throw@x", "throw@3x",
+                          "boom@3", "HANG@3", "None", "hang@99999999999999999999"}) {
+    try {
+      parse_fault(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const UsageError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("hang@N"), std::string::npos) << m;
+      EXPECT_NE(m.find("throw@N"), std::string::npos) << m;
+    }
+  }
+}
+
+TEST(Loader, BadConfigIsAUsageError) {
+  auto rejects = [](auto edit) {
+    Config c = small(2, 2);
+    edit(c);
+    EXPECT_THROW(Loader{c}, UsageError);
+  };
+  rejects([](Config& c) { c.workers = -1; });
+  rejects([](Config& c) { c.batch = 0; });
+  rejects([](Config& c) { c.prefetch = 0; });
+  rejects([](Config& c) { c.sample_bytes = 15; });
+  rejects([](Config& c) { c.source = Source::file; });  // no path
+  rejects([](Config& c) { c.decode_us = -1; });
+  rejects([](Config& c) { c.decode_spread = 1.5; });
+  rejects([](Config& c) { c.num_batches = -1; });
+  rejects([](Config& c) { c.timeout = milliseconds(0); });
+  rejects([](Config& c) { c.fault = {Fault::Kind::hang, -1}; });
+  rejects([](Config& c) {
+    c.source = Source::file;
+    c.file_path = "/nonexistent/stallbench/data.bin";
+  });
+}
+
+}  // namespace
+}  // namespace sb::loader
