@@ -114,7 +114,15 @@ ParamValue parse_value(const ParamSpec& s, const std::string& text) {
       if (std::find(s.choices.begin(), s.choices.end(), text) == s.choices.end())
         throw bad("is not one of the choices");
       return text;
-    case ParamType::text: return text;
+    case ParamType::text:
+      if (s.check) {
+        try {
+          s.check(text);
+        } catch (const UsageError& e) {
+          throw UsageError(fmt::format("parameter {}: {}", s.name, e.what()));
+        }
+      }
+      return text;
   }
   throw bad("has an unknown type");
 }

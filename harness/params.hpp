@@ -4,7 +4,8 @@
 // of all axes (like nvbench axes). Axis names become JSON keys unchanged.
 #pragma once
 
-#include <cstdint>  // std::int64_t
+#include <cstdint>     // std::int64_t
+#include <functional>  // std::function
 #include <limits>   // std::numeric_limits
 #include <string>   // std::string
 #include <utility>  // std::pair
@@ -31,6 +32,9 @@ struct ParamSpec {
   // false for parameters that steer measurement only (trials): compare
   // matches points without them.
   bool workload = true;
+  // For text parameters with a grammar (fault=hang@N): throws UsageError on
+  // a bad value, so it is rejected with exit 2 before anything runs.
+  std::function<void(const std::string&)> check;
 };
 
 using ParamValue = std::variant<std::int64_t, double, bool, std::string>;

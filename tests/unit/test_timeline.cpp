@@ -3,6 +3,8 @@
 #include "harness/sampler.hpp"
 #include "harness/timeline.hpp"
 
+#include <thread>
+
 namespace sb {
 namespace {
 
@@ -69,6 +71,48 @@ TEST(Pattern, Sparkline) {
   EXPECT_EQ(sparkline(std::vector<double>{0.0, 0.5, 1.0}), "▁▅█");
   EXPECT_EQ(sparkline(std::vector<double>(200, 1.0), 10), "██████████");
   EXPECT_EQ(sparkline(std::vector<double>{}), "");
+}
+
+}  // namespace
+}  // namespace sb
+
+namespace sb {
+namespace {
+
+class ConstantProbe : public UtilProbe {
+ public:
+  UtilSample sample() override {
+    ++calls;
+    return UtilSample{0.5, 1980.0, 700.0, 0};
+  }
+  std::string source() const override { return "constant"; }
+  std::chrono::milliseconds period() const override { return std::chrono::milliseconds(2); }
+  int calls = 0;
+};
+
+TEST(Sampler, SamplesUntilStoppedAndStopsTwice) {
+  Sampler s(std::make_unique<ConstantProbe>());
+  EXPECT_EQ(s.source(), "constant");
+  EXPECT_EQ(s.period().count(), 2);
+  s.start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  s.stop();
+  const auto series = s.series();
+  ASSERT_FALSE(series.empty());
+  for (std::size_t i = 0; i < series.size(); ++i) {
+    EXPECT_DOUBLE_EQ(series[i].s.util, 0.5);
+    if (i) EXPECT_GE(series[i].t_s, series[i - 1].t_s);
+  }
+  s.stop();  // idempotent
+  EXPECT_EQ(s.series().size(), series.size());
+}
+
+TEST(Sampler, NoProbeMeansNoSeries) {
+  Sampler s(nullptr);
+  s.start();
+  s.stop();
+  EXPECT_TRUE(s.series().empty());
+  EXPECT_EQ(s.source(), "none");
 }
 
 }  // namespace
