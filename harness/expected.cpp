@@ -113,6 +113,9 @@ std::optional<ExpectedFile> match_expected(const DeviceInfo& dev, const std::vec
         ok = ok && std::find(cpu_isa.begin(), cpu_isa.end(), isa.get<std::string>()) == cpu_isa.end();
       if (match.contains("logical_cores")) ok = ok && match["logical_cores"].get<int>() == logical_cores;
       if (ok) return f;
+    } else if (dev.kind == DeviceKind::sim) {
+      // A simulated device is made from one expected file: that one.
+      if (dev.props.value("hardware_id", "") == hw.value("id", "")) return f;
     } else {
       if (cls != "gpu") continue;
       for (const auto& s : match.value("name_contains", json::array()))

@@ -107,7 +107,7 @@ json machine_fingerprint(std::span<const Backend> backends) {
   json versions = json::object();
   for (const auto& b : backends) {
     if (b.versions) versions[b.name] = b.versions();
-    if (b.name == "cpu") continue;
+    if (b.name == "cpu" || b.name == "sim") continue;  // only real GPUs are GPUs
     for (const auto& d : b.list()) gpus.push_back(json{{"id", d.id}, {"name", d.name}, {"props", d.props}});
     if (const std::string why = b.unavailable(); !why.empty()) versions[b.name]["unavailable"] = why;
   }

@@ -30,6 +30,11 @@ GemmCheck check_gemm(Device& dev, DType t, GemmShape s, std::uint64_t seed, std:
 
   auto op = dev.make_gemm(s, t, seed);
   r.impl = op->impl();
+  if (!op->computes()) {  // a simulated device spends time and computes nothing
+    r.ok = true;
+    r.checked = false;
+    return r;
+  }
   op->upload(a, w);
   op->enqueue();
   dev.synchronize(timeout);

@@ -37,7 +37,14 @@ void Sampler::loop() {
   std::unique_lock lk(mu_);
   while (!cv_.wait_until(lk, next, [&] { return stop_; })) {
     lk.unlock();
-    const UtilSample s = probe_->sample();
+    UtilSample s;
+    try {
+      s = probe_->sample();
+    } catch (const std::exception& e) {  // e.g. NVML lost the device: keep what we have
+      lk.lock();
+      error_ = e.what();
+      return;
+    }
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lk.lock();
     series_.push_back(TimedSample{t, s});

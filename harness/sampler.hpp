@@ -32,6 +32,11 @@ class Sampler {
   void stop();  // idempotent; joins the thread
   std::vector<TimedSample> series() const;
   std::string source() const { return source_; }
+  // Why sampling stopped before stop() (a probe error), or "".
+  std::string error() const {
+    std::lock_guard lk(mu_);
+    return error_;
+  }
   std::chrono::milliseconds period() const { return period_; }
 
  private:
@@ -43,6 +48,7 @@ class Sampler {
   std::condition_variable cv_;
   bool stop_ = false;
   std::vector<TimedSample> series_;
+  std::string error_;  // why sampling stopped early, if it did
   std::thread thread_;
 };
 

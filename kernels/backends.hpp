@@ -1,4 +1,4 @@
-// The device backends this build has: cpu always, cuda when configured.
+// The device backends this build has: cpu and sim always, cuda when configured.
 #pragma once
 
 #include <memory>  // std::unique_ptr

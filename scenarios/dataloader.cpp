@@ -213,10 +213,12 @@ class DataloaderRun : public ScenarioRun {
   void analyze(Result& r) override {
     // The smallest worker count that keeps the device >= 90% busy.
     const Point* worst = nullptr;
+    const Point* best = nullptr;
     const Point* first_ok = nullptr;
     for (const auto& p : r.points) {
       if (p.status != Status::ok || !p.metric("busy_pct")) continue;
       if (!worst || p.metric("busy_pct")->value < worst->metric("busy_pct")->value) worst = &p;
+      if (!best || p.metric("busy_pct")->value > best->metric("busy_pct")->value) best = &p;
       if (p.metric("busy_pct")->value >= 90 &&
           (!first_ok || p.params["workers"].get<int>() < first_ok->params["workers"].get<int>()))
         first_ok = &p;
@@ -241,9 +243,10 @@ class DataloaderRun : public ScenarioRun {
            gain, ev});
     } else if (!first_ok) {
       r.findings.push_back({"slow host dataloader",
-                            fmt::format("no worker count tried keeps {} >= 90% busy (best {:.0f}%); add workers, "
-                                        "cut decode cost, or pin memory",
-                                        dev, busy(worst)),
+                            fmt::format("no worker count tried keeps {} >= 90% busy (best {:.0f}% at workers={}, "
+                                        "{}); add workers (up to the free cores), cut decode cost, or pin memory",
+                                        dev, busy(best), best->params["workers"].get<int>(),
+                                        best->info["pattern"].get<std::string>()),
                             std::nullopt, ev});
     } else {
       r.findings.push_back({"slow host dataloader",

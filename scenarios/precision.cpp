@@ -19,6 +19,13 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
+json check_info(const GemmCheck& c) {
+  if (!c.checked) return json{{"skipped", "simulated device: nothing is computed"}};
+  return json{{"shape", fmt::format("{}x{}x{}", c.shape.m, c.shape.n, c.shape.k)},
+              {"worst_error_over_tolerance", c.worst_ratio},
+              {"impl", c.impl}};
+}
+
 class PrecisionRun : public ScenarioRun {
  public:
   explicit PrecisionRun(RunContext& ctx) : ctx_(ctx) {}
@@ -78,9 +85,7 @@ class PrecisionRun : public ScenarioRun {
                   {"reps_per_trial", m.reps_per_trial},
                   {"trials", m.ms.n},
                   {"stop", m.stop},
-                  {"check", json{{"shape", fmt::format("{}x{}x{}", chk.shape.m, chk.shape.n, chk.shape.k)},
-                                 {"worst_error_over_tolerance", chk.worst_ratio},
-                                 {"impl", chk.impl}}}};
+                  {"check", check_info(chk)}};
     return p;
   }
 

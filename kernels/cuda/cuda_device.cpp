@@ -30,7 +30,7 @@
 #include <nccl.h>  // ncclGetVersion
 #endif
 
-#include "harness/errors.hpp"             // OutOfMemory, HangError, UsageError, ...
+#include "harness/errors.hpp"                 // OutOfMemory, HangError, UsageError, ...
 #include "kernels/cuda/detail/check.hpp"      // SB_CUDA_CHECK, SB_CUBLAS_CHECK
 #include "kernels/cuda/detail/cuda_gemm.hpp"  // make_cublaslt_gemm, Owned handles, kSetupTimeout
 #include "kernels/cuda/nvml_probe.hpp"        // NvmlGpu
@@ -132,6 +132,11 @@ class CudaDevice final : public Device {
     cublasLtHandle_t h = nullptr;
     SB_CUBLAS_CHECK(cublasLtCreate(&h));
     lt_.reset(h);
+    // NVML is optional: without it (no driver library, a container without
+    // NVML, a MIG instance) the device works and has no utilization probe.
+    std::string why;
+    nvml_ = NvmlGpu::open(info_.props["pci_bus_id"].get<std::string>(), why);
+    info_.props["nvml"] = nvml_ ? nvml_->describe() : nlohmann::ordered_json{{"status", "unavailable"}, {"reason", why}};
   }
 
   const DeviceInfo& info() const override { return info_; }
@@ -230,33 +235,59 @@ class CudaDevice final : public Device {
   // kernel or collective that never finishes; stallbench must always return.
   void synchronize(milliseconds timeout) override {
     bind();
+    poll_until_done([this] { return cudaStreamQuery(stream()); }, "cudaStreamQuery(stream)", timeout,
+                    "stream made no progress", "work enqueued on the device stream has not completed");
+  }
+
+  // Polls cudaEventQuery for the same reason (cudaEventSynchronize cannot time out).
+  void wait_event(const EventPtr& e, milliseconds timeout) override {
+    const auto* ce = dynamic_cast<const CudaEvent*>(e.get());
+    if (ce == nullptr)
+      throw Error(ErrorKind::runtime,
+                  fmt::format("{}: wait_event: the event was not recorded by a cuda device", info_.id));
+    bind();
+    const cudaEvent_t ev = ce->event;
+    poll_until_done([ev] { return cudaEventQuery(ev); }, "cudaEventQuery(event)", timeout,
+                    "event not reached", "work enqueued before the event has not completed");
+  }
+
+  // NVML's view, as nvidia-smi shows it; nullptr when NVML is unavailable
+  // (props["nvml"] says why).
+  std::unique_ptr<UtilProbe> utilization_probe() override { return NvmlGpu::probe(nvml_); }
+
+  // NVTX ranges nest per thread; Nsight Systems shows them on the host
+  // timeline. With no tool attached each call returns at once.
+  void range_push(const char* name) override { nvtxRangePushA(name); }
+  void range_pop() override { nvtxRangePop(); }
+
+  void bind() const { SB_CUDA_CHECK(cudaSetDevice(index_)); }
+  cudaStream_t stream() const { return stream_.get(); }
+  cublasLtHandle_t lt() const { return lt_.get(); }
+
+ private:
+  // Polls query() until it returns cudaSuccess; cudaErrorNotReady means not
+  // yet, anything else is a failure. Starts with short naps so a quick op
+  // returns within microseconds, and backs off to 1 ms so a long wait costs
+  // no CPU worth measuring.
+  template <class Query>
+  void poll_until_done(Query query, const char* call, milliseconds timeout, const char* what,
+                       const char* detail) const {
     const auto deadline = steady_clock::now() + timeout;
-    // Start with short naps so a quick op returns within microseconds, and
-    // back off to 1 ms so a long wait costs no CPU worth measuring.
     auto nap = std::chrono::microseconds(20);
     for (;;) {
-      const cudaError_t s = cudaStreamQuery(stream());
+      const cudaError_t s = query();
       if (s == cudaSuccess) return;
       if (s != cudaErrorNotReady)
-        throw_call_failure(cuda_detail::cuda_kind(s), "CUDA", "cudaStreamQuery(stream)",
-                           cuda_detail::cuda_name(s), __FILE__, __LINE__);
+        throw_call_failure(cuda_detail::cuda_kind(s), "CUDA", call, cuda_detail::cuda_name(s), __FILE__,
+                           __LINE__);
       if (steady_clock::now() >= deadline)
-        throw HangError(fmt::format(
-            "{}: stream made no progress within {:g} s (work enqueued on the device stream "
-            "has not completed; a kernel or collective may be stuck)",
-            info_.id, double(timeout.count()) / 1000.0));
+        throw HangError(fmt::format("{}: {} within {:g} s ({}; a kernel or collective may be stuck)", info_.id,
+                                    what, double(timeout.count()) / 1000.0, detail));
       std::this_thread::sleep_for(nap);
       nap = std::min<std::chrono::microseconds>(nap * 2, 1ms);
     }
   }
 
-  // For the ops this device makes.
-  void bind() const { SB_CUDA_CHECK(cudaSetDevice(index_)); }
-  cudaStream_t stream() const { return stream_.get(); }
-  cublasLtHandle_t lt() const { return lt_.get(); }
-  const std::string& id() const { return info_.id; }
-
- private:
   [[noreturn]] void fail_alloc(cudaError_t s, const char* call, std::size_t bytes,
                                MemKind kind) const {
     (void)cudaGetLastError();  // handled here: keep it out of later launch checks
@@ -283,6 +314,7 @@ class CudaDevice final : public Device {
   int cc_major_ = 0, cc_minor_ = 0;
   Stream stream_;
   LtHandle lt_;
+  std::shared_ptr<NvmlGpu> nvml_;  // nullptr when NVML is unavailable
 };
 
 std::unique_ptr<GemmOp> CudaDevice::make_gemm(GemmShape shape, DType dtype, std::uint64_t seed) {

@@ -174,7 +174,7 @@ class SimDevice final : public Device {
   }
 
   Buffer allocate(std::size_t bytes, MemKind kind) override {
-    auto r = kind == MemKind::device ? std::make_shared<Reservation>(reserve(bytes, "cudaMalloc"))
+    auto r = kind == MemKind::device ? std::make_shared<Reservation>(reserve(bytes, "a device allocation"))
                                      : std::shared_ptr<Reservation>();
     const std::size_t rounded = (bytes + 63) / 64 * 64;
     void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
@@ -193,9 +193,8 @@ class SimDevice final : public Device {
       throw Error(ErrorKind::runtime, fmt::format("{}: copy_h2d of {} bytes exceeds a buffer (src {}, dst {})",
                                                   info_.id, bytes, src.bytes(), dst.bytes()));
     const bool pinned = src.kind() == MemKind::host_pinned;
-    spend(fmt::format("simulated h2d copy ({}, {} bytes)", pinned ? "pinned" : "pageable",
-                                                bytes),
-                                   sim_h2d_seconds(model_, bytes, src.kind()));
+    spend(fmt::format("simulated h2d copy ({}, {} bytes)", pinned ? "pinned" : "pageable", bytes),
+          sim_h2d_seconds(model_, bytes, src.kind()));
     // From pageable memory CUDA stages through a pinned bounce buffer and the
     // call returns only once staged: the host-blocking copy that pinned
     // memory avoids. The model blocks the caller until the copy has run.

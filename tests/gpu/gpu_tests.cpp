@@ -1,6 +1,8 @@
 // Tests of the cuda backend on a real GPU. With no usable GPU the binary
 // prints why and exits 77, which Meson reports as SKIP (a gtest binary whose
 // tests all GTEST_SKIP would exit 0 and show as OK, hiding the missing device).
+#include <dlfcn.h>  // dlopen: whether this machine has NVML at all
+
 #include <algorithm>  // std::min
 #include <chrono>     // std::chrono_literals
 #include <cmath>      // std::fabs, std::isfinite
@@ -19,7 +21,7 @@
 
 #include "harness/device.hpp"             // Device, GemmOp, MemKind
 #include "harness/dtype.hpp"              // DType, round_to, unit_roundoff
-#include "harness/errors.hpp"             // OutOfMemory, UsageError
+#include "harness/errors.hpp"             // Error, OutOfMemory, UsageError
 #include "harness/gemm_check.hpp"         // check_gemm: the pre-timing check the CLI runs
 #include "kernels/cuda/cuda_backend.hpp"  // make_cuda_backend
 #include "kernels/cuda/fill.cuh"          // cuda_kernels::uniform_value
@@ -242,6 +244,62 @@ TEST(CudaDevice, SynchronizeAfterSmallCopyReturns) {
     dev->copy_h2d(dst, src, bytes);
     EXPECT_NO_THROW(dev->synchronize(kTimeout));
   }
+}
+
+TEST(CudaDevice, WaitEventAfterGemmReturns) {
+  auto dev = open_gpu();
+  auto op = dev->make_gemm({512, 512, 512}, DType::fp32, 11);
+  op->enqueue();
+  auto done = dev->record();
+  op->enqueue();  // work after the event does not hold the wait up
+  EXPECT_NO_THROW(dev->wait_event(done, kTimeout));
+  dev->synchronize(kTimeout);
+  // An event of another device is an error, not a crash.
+  struct Foreign : Event {};
+  EXPECT_THROW(dev->wait_event(std::make_shared<Foreign>(), kTimeout), Error);
+}
+
+TEST(CudaDevice, NvmlProbeReportsUtilizationInRange) {
+  auto dev = open_gpu();
+  const auto& nvml = dev->info().props.at("nvml");
+  // NVML ships with the driver; where the library is missing the probe is
+  // legitimately absent, and props say why.
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) GTEST_SKIP() << "no libnvidia-ml.so.1 on this machine: " << nvml.dump();
+  dlclose(lib);
+  auto probe = dev->utilization_probe();
+  ASSERT_NE(probe, nullptr) << nvml.dump();
+  EXPECT_EQ(nvml.at("status"), "ok") << nvml.dump();
+  EXPECT_EQ(probe->source(), "nvml");
+  EXPECT_EQ(probe->period(), std::chrono::milliseconds(50));
+
+  auto op = dev->make_gemm({2048, 2048, 2048}, DType::fp32, 13);
+  dev->range_push("gpu_tests: busy loop");  // NVTX: a no-op with no profiler attached
+  for (int i = 0; i < 20; ++i) op->enqueue();
+  const UtilSample busy = probe->sample();
+  dev->synchronize(kTimeout);
+  dev->range_pop();
+  for (const UtilSample& s : {busy, probe->sample()}) {
+    EXPECT_GE(s.util, 0.0);
+    EXPECT_LE(s.util, 1.0);
+    if (s.sm_clock_mhz) {
+      EXPECT_GT(*s.sm_clock_mhz, 0.0);
+    }
+    if (s.power_w) {
+      EXPECT_GT(*s.power_w, 0.0);
+    }
+  }
+  std::printf("  nvml: util %.2f, sm clock %s MHz, power %s W, clock-event reasons %s\n", busy.util,
+              busy.sm_clock_mhz ? fmt::format("{:.0f}", *busy.sm_clock_mhz).c_str() : "-",
+              busy.power_w ? fmt::format("{:.1f}", *busy.power_w).c_str() : "-",
+              busy.clock_event_reasons ? fmt::format("{:#x}", *busy.clock_event_reasons).c_str() : "-");
+  // nvmlInit/nvmlShutdown are reference-counted: a second device closing
+  // must not shut NVML down under this probe, and a probe outlives its device.
+  { auto other = open_gpu(); }
+  EXPECT_NO_THROW((void)probe->sample());
+  op.reset();
+  dev.reset();
+  EXPECT_NO_THROW((void)probe->sample());
 }
 
 TEST(CudaBackend, ReportsDevicesAndVersions) {
