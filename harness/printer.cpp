@@ -81,7 +81,7 @@ std::string format_result_table(const Result& r) {
   std::vector<std::string> metric_heads;
   for (const auto& p : r.points)
     for (const auto& m : p.metrics)
-      if (std::find(metric_names.begin(), metric_names.end(), m.name) == metric_names.end()) {
+      if (m.in_table && std::find(metric_names.begin(), metric_names.end(), m.name) == metric_names.end()) {
         metric_names.push_back(m.name);
         metric_heads.push_back(fmt::format("{} ({}){}", m.name, m.unit, arrow(m.direction)));
       }
@@ -90,7 +90,10 @@ std::string format_result_table(const Result& r) {
   for (const auto& s : swept) head.push_back(s);
   head.push_back("status");
   for (const auto& h : metric_heads) head.push_back(h);
-  head.push_back("noise");
+  bool any_stats = false;
+  for (const auto& p : r.points)
+    for (const auto& m : p.metrics) any_stats = any_stats || (m.in_table && m.stats);
+  if (any_stats) head.push_back("noise");
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> reasons;
   for (const auto& p : r.points) {
@@ -103,7 +106,7 @@ std::string format_result_table(const Result& r) {
       row.push_back(m ? format_number(m->value) : "-");
       if (m && m->stats && noise.empty()) noise = fmt::format("{:.1f}%", m->stats->stdrel * 100);
     }
-    row.push_back(noise.empty() ? "-" : noise);
+    if (any_stats) row.push_back(noise.empty() ? "-" : noise);
     rows.push_back(std::move(row));
     reasons.push_back(p.reason);
   }
@@ -127,6 +130,9 @@ std::string format_result_table(const Result& r) {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     emit(rows[i]);
     if (!reasons[i].empty()) out += fmt::format("    {}\n", reasons[i]);
+    const json& info = r.points[i].info;
+    if (info.contains("sparkline") && info["sparkline"].is_string() && !info["sparkline"].get<std::string>().empty())
+      out += fmt::format("    util {} {}\n", info["sparkline"].get<std::string>(), info.value("pattern", ""));
   }
   if (!r.findings.empty()) {
     out += "\nfindings:\n";

@@ -29,6 +29,7 @@ struct Metric {
   Direction direction = Direction::none;
   std::optional<Stats> stats;  // present when the value is a summary of trials
   std::string note;
+  bool in_table = true;  // false: JSON only, to keep the terminal table narrow
 };
 
 struct Point {

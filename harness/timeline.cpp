@@ -41,14 +41,16 @@ double union_length(std::vector<std::pair<double, double>> v) {
 namespace {
 bool device_busy(Phase p) { return p == Phase::h2d || p == Phase::compute || p == Phase::collective; }
 
-// Gaps of the device's busy intervals inside [0, wall].
-std::vector<std::pair<double, double>> device_gaps(const std::vector<Span>& spans, double wall) {
+// Gaps of the device's busy intervals inside [begin, end].
+std::vector<std::pair<double, double>> device_gaps(const std::vector<Span>& spans, double begin, double end) {
   std::vector<std::pair<double, double>> busy;
   for (const auto& s : spans)
-    if (s.lane == "device" && device_busy(s.phase)) busy.emplace_back(std::max(0.0, s.t0), std::min(wall, s.t1));
+    if (s.lane == "device" && device_busy(s.phase) && s.t1 > begin && s.t0 < end)
+      busy.emplace_back(std::max(begin, s.t0), std::min(end, s.t1));
   std::sort(busy.begin(), busy.end());
   std::vector<std::pair<double, double>> gaps;
-  double at = 0;
+  double at = begin;
+  const double wall = end;
   for (const auto& [a, b] : busy) {
     if (a > at) gaps.emplace_back(at, a);
     at = std::max(at, b);
@@ -58,12 +60,13 @@ std::vector<std::pair<double, double>> device_gaps(const std::vector<Span>& span
 }
 }  // namespace
 
-TimelineSummary Timeline::summarize(double wall) const {
+TimelineSummary Timeline::summarize(double begin, double end) const {
   TimelineSummary s;
+  const double wall = end - begin;
   s.wall_s = wall;
   std::vector<std::pair<double, double>> busy, waits;
   for (const auto& sp : spans_) {
-    const double a = std::max(0.0, sp.t0), b = std::min(wall, sp.t1);
+    const double a = std::max(begin, sp.t0), b = std::min(end, sp.t1);
     if (b <= a) continue;
     if (sp.lane == "device" && device_busy(sp.phase)) busy.emplace_back(a, b);
     if (sp.phase == Phase::wait) waits.emplace_back(a, b);
@@ -71,7 +74,7 @@ TimelineSummary Timeline::summarize(double wall) const {
   s.busy_s = union_length(busy);
   s.busy_fraction = wall > 0 ? s.busy_s / wall : 0;
   // Idle time that overlaps a host wait-for-batch is the loader's fault.
-  for (const auto& [g0, g1] : device_gaps(spans_, wall)) {
+  for (const auto& [g0, g1] : device_gaps(spans_, begin, end)) {
     std::vector<std::pair<double, double>> overlap;
     for (const auto& [w0, w1] : waits) {
       const double a = std::max(g0, w0), b = std::min(g1, w1);
@@ -113,7 +116,7 @@ json chrome_trace(const std::vector<TraceProcess>& processes) {
     std::vector<Span> sorted = p.timeline.spans();
     std::sort(sorted.begin(), sorted.end(), [](const Span& a, const Span& b) { return a.lane < b.lane; });
     for (const auto& s : sorted) slice(s.lane, s.phase, s.t0, s.t1, s.step);
-    for (const auto& [g0, g1] : device_gaps(p.timeline.spans(), p.wall_s)) slice("device", Phase::idle, g0, g1, -1);
+    for (const auto& [g0, g1] : device_gaps(p.timeline.spans(), 0, p.wall_s)) slice("device", Phase::idle, g0, g1, -1);
   }
   return json{{"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }

@@ -35,8 +35,10 @@ class Timeline {
  public:
   void add(Span s) { spans_.push_back(std::move(s)); }
   const std::vector<Span>& spans() const { return spans_; }
-  // Over [0, wall_s]: spans are clipped to the window.
-  TimelineSummary summarize(double wall_s) const;
+  // Over [begin, end]: spans are clipped to the window (a scenario may start
+  // it after a warm-up, e.g. once the first batch has arrived).
+  TimelineSummary summarize(double begin, double end) const;
+  TimelineSummary summarize(double wall_s) const { return summarize(0, wall_s); }
 
  private:
   std::vector<Span> spans_;

@@ -102,6 +102,7 @@ class DataloaderRun : public ScenarioRun {
     loader::Loader L(cfg);
     auto since = [&](clock_type::time_point t) { return duration<double>(t - t0).count(); };
     sampler.start();
+    const double sampler_t0 = since(clock_type::now());
     EventPtr base = dev.record();
     const double base_host = since(clock_type::now());
     struct StepEvents {
@@ -112,6 +113,7 @@ class DataloaderRun : public ScenarioRun {
     Timeline tl;
     Point p;
     int steps_done = 0;
+    double first_batch_s = 0;
     try {
       for (long s = 0;; ++s) {
         const auto w0 = clock_type::now();
@@ -121,6 +123,7 @@ class DataloaderRun : public ScenarioRun {
         const auto w1 = clock_type::now();
         if (!b) break;
         tl.add({"train loop", Phase::wait, since(w0), since(w1), s});
+        if (s == 0) first_batch_s = since(w1);
         dev.range_push("step");
         StepEvents e{s, dev.record(), nullptr, nullptr};
         dev.copy_h2d_from(dev_batch, b->data, b->bytes, pinned ? MemKind::host_pinned : MemKind::host_pageable);
@@ -162,10 +165,14 @@ class DataloaderRun : public ScenarioRun {
     }
     const auto n = double(std::max(1, steps_done));
     const double T = train_s / n, Lb = load_s / double(std::max<std::size_t>(1, L.records().size()));
-    const TimelineSummary sum = tl.summarize(wall);
+    // The measured window opens when the first batch arrives: the loader's
+    // start-up (first_batch_ms) is reported on its own, not mixed into the
+    // steady state a user sees in nvidia-smi.
+    const TimelineSummary sum = tl.summarize(first_batch_s, wall);
     const double predicted = std::min(1.0, double(std::max(1, cfg.workers)) * T / std::max(Lb, 1e-12));
     std::vector<double> util;
-    for (const auto& x : sampler.series()) util.push_back(x.s.util);
+    for (const auto& x : sampler.series())
+      if (x.t_s + sampler_t0 >= first_batch_s) util.push_back(x.s.util);
     const double util_mean = util.empty() ? 0 : std::accumulate(util.begin(), util.end(), 0.0) / double(util.size());
     const Pattern pattern = classify(util, steps_done > 0);
 
@@ -175,16 +182,19 @@ class DataloaderRun : public ScenarioRun {
     p.add({"predicted_pct", 100 * predicted, "%", Direction::none, std::nullopt,
            "queueing model min(1, max(1,workers) * train / load)"});
     p.add({"model_error_pts", 100 * (sum.busy_fraction - predicted), "pts", Direction::none, std::nullopt,
-           "measured busy minus predicted"});
+           "measured busy minus predicted", false});
     if (!util.empty())
       p.add({"sampled_util_pct", 100 * util_mean, "%", Direction::higher, std::nullopt,
              fmt::format("mean of {} samples every {} ms ({})", util.size(), sampler.period().count(),
                          sampler.source())});
     p.add({"load_ms", Lb * 1e3, "ms", Direction::lower, std::nullopt, "load time per batch (one worker)"});
     p.add({"train_ms", T * 1e3, "ms", Direction::lower, std::nullopt, "device time per step: H2D + compute"});
-    p.add({"wait_ms", wall > 0 ? 1e3 * (sum.idle_host_wait_s) / n : 0, "ms", Direction::lower, std::nullopt,
-           "device idle per step while the loop waited for a batch"});
-    p.add({"samples_per_s", double(steps_done) * cfg.batch / wall, "samples/s", Direction::higher, std::nullopt, ""});
+    p.add({"wait_ms", 1e3 * sum.idle_host_wait_s / n, "ms", Direction::lower, std::nullopt,
+           "device idle per step while the loop waited for a batch", false});
+    p.add({"samples_per_s", double(std::max(0, steps_done - 1)) * cfg.batch / std::max(sum.wall_s, 1e-9),
+           "samples/s", Direction::higher, std::nullopt, "after the first batch"});
+    p.add({"first_batch_ms", first_batch_s * 1e3, "ms", Direction::lower, std::nullopt,
+           "loader start-up: time until the first batch arrived", false});
     if (h2d_s > 0)
       p.add({"h2d_gbs", double(batch_bytes) * n / h2d_s / 1e9, "GB/s", Direction::higher, std::nullopt,
              fmt::format("{} host memory, {} per copy", pinned ? "pinned" : "pageable", batch_bytes)});

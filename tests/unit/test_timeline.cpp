@@ -28,6 +28,12 @@ TEST(Timeline, BusyFractionAndIdleBreakdown) {
   EXPECT_DOUBLE_EQ(s.busy_fraction, 0.5);
   EXPECT_DOUBLE_EQ(s.idle_host_wait_s, 1.5);
   EXPECT_DOUBLE_EQ(s.idle_other_s, 0.5);
+  // A window that starts after a warm-up: [1, 4] holds 1 s busy of 3.
+  const TimelineSummary w = t.summarize(1.0, 4.0);
+  EXPECT_DOUBLE_EQ(w.wall_s, 3.0);
+  EXPECT_DOUBLE_EQ(w.busy_s, 1.0);
+  EXPECT_DOUBLE_EQ(w.idle_host_wait_s, 1.5);
+  EXPECT_DOUBLE_EQ(w.idle_other_s, 0.5);
 }
 
 TEST(Timeline, ChromeTraceHasLanesAndIdleSlices) {
