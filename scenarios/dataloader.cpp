@@ -72,6 +72,7 @@ class DataloaderRun : public ScenarioRun {
     cfg.fault = loader::parse_fault(ps.get_str("fault"));
     cfg.on_error = ps.get_str("on_error") == "skip" ? loader::OnError::skip : loader::OnError::stop;
     cfg.num_batches = ps.get_int("steps");
+    cfg.on_load = [&dev](bool begin) { begin ? dev.range_push("load") : dev.range_pop(); };
     const bool pinned = ps.get_str("pin") == "pinned";
     cfg.alloc = [&dev, pinned](std::size_t bytes) {
       return dev.allocate(bytes, pinned ? MemKind::host_pinned : MemKind::host_pageable);

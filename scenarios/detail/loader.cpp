@@ -319,6 +319,15 @@ bool Loader::decode_sample(std::int64_t s, std::byte* p) const {
 Loader::Outcome Loader::load_batch(std::int64_t b, int worker, std::byte* dst, Done& out,
                                    std::optional<Clock::time_point> hang_deadline) {
   auto& cur = current_[std::size_t(worker < 0 ? cfg_.workers : worker)];
+  struct Phase {  // on_load(true) now, on_load(false) on every way out
+    const std::function<void(bool)>& f;
+    explicit Phase(const std::function<void(bool)>& fn) : f(fn) {
+      if (f) f(true);
+    }
+    ~Phase() {
+      if (f) f(false);
+    }
+  } phase(cfg_.on_load);
   const std::int64_t first = b * cfg_.batch;
   std::size_t off = 0;
   for (std::int64_t s = first; s < first + cfg_.batch; ++s) {

@@ -66,6 +66,9 @@ struct Config {
   std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();  // zero of record times
   // Allocates one host staging slot of `bytes` (the scenario passes the device's pinned or pageable allocation).
   std::function<sb::Buffer(std::size_t bytes)> alloc;  // if empty, plain new[]-backed Buffers
+  // Called on the loading thread as a batch load begins (true) and ends
+  // (false): the scenario names it for profilers (NVTX "load" ranges).
+  std::function<void(bool begin)> on_load;
 };
 
 struct LoadRecord {

@@ -393,3 +393,35 @@ TEST(Loader, BadConfigIsAUsageError) {
 
 }  // namespace
 }  // namespace sb::loader
+
+namespace sb::loader {
+namespace {
+
+TEST(Loader, OnLoadHookBracketsEveryBatchLoad) {
+  for (int workers : {0, 3}) {
+    Config c = small(workers, 2);
+    std::atomic<int> begins{0}, ends{0}, open{0}, max_open{0};
+    c.on_load = [&](bool begin) {
+      if (begin) {
+        ++begins;
+        const int now = ++open;
+        int m = max_open.load();
+        while (now > m && !max_open.compare_exchange_weak(m, now)) {
+        }
+      } else {
+        ++ends;
+        --open;
+      }
+    };
+    {
+      Loader l(c);
+      drain(l, c.seed);
+    }
+    EXPECT_EQ(begins.load(), c.num_batches) << workers;
+    EXPECT_EQ(ends.load(), c.num_batches) << workers;
+    EXPECT_LE(max_open.load(), std::max(1, workers)) << "one open range per loading thread";
+  }
+}
+
+}  // namespace
+}  // namespace sb::loader
