@@ -18,6 +18,32 @@ std::string DeviceSpec::str() const {
   return "?";
 }
 
+std::string_view to_string(AttnImpl i) {
+  switch (i) {
+    case AttnImpl::naive: return "naive";
+    case AttnImpl::flash: return "flash";
+    case AttnImpl::cudnn: return "cudnn";
+  }
+  return "?";
+}
+
+std::optional<AttnImpl> parse_attn_impl(std::string_view s) {
+  for (auto i : {AttnImpl::naive, AttnImpl::flash, AttnImpl::cudnn})
+    if (s == to_string(i)) return i;
+  return std::nullopt;
+}
+
+// 4*S^2*D per head and sequence: QK^T and PV, 2*S*S*D each. Causal computes
+// half the score matrix (the convention of DESIGN.md, as FlashAttention's
+// benchmarks count it).
+double AttnShape::fwd_flops() const {
+  auto one = [&](double s) { return 4.0 * s * s * double(head_dim) * double(heads) * (causal ? 0.5 : 1.0); };
+  if (!varlen()) return double(batch) * one(double(seq));
+  double total = 0;
+  for (std::size_t i = 1; i < cu_seqlens.size(); ++i) total += one(double(cu_seqlens[i] - cu_seqlens[i - 1]));
+  return total;
+}
+
 DeviceSpec parse_device_spec(const std::string& text) {
   DeviceSpec s;
   if (text == "auto") {

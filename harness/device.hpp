@@ -19,7 +19,8 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json: device properties
 
-#include "harness/dtype.hpp"  // DType
+#include "harness/dtype.hpp"   // DType
+#include "harness/errors.hpp"  // UnsupportedError
 
 namespace sb {
 
@@ -131,6 +132,45 @@ class UtilProbe {
   virtual std::chrono::milliseconds period() const = 0;
 };
 
+// Attention. Q, K, V, O are [B, H, S, D] row-major (the layout of
+// torch's scaled_dot_product_attention); varlen packs sequences of different
+// lengths back to back: [1, H, total, D] with cu_seqlens = {0, s0, s0+s1, ...}
+// (FlashAttention's convention), and no token attends across a boundary.
+// FLOPs, the convention of DESIGN.md: forward 4*B*H*S^2*D (QK^T and PV, 2 each),
+// halved for causal; forward+backward 3.5x forward (flash recomputes S).
+enum class AttnImpl { naive, flash, cudnn };
+std::string_view to_string(AttnImpl);
+std::optional<AttnImpl> parse_attn_impl(std::string_view);
+
+struct AttnShape {
+  std::int64_t batch = 1, heads = 1, seq = 128, head_dim = 64;
+  bool causal = false;
+  std::vector<std::int32_t> cu_seqlens;  // varlen when non-empty: batch must be 1, seq = cu_seqlens.back()
+  double scale = 0;                      // softmax scale; 0 = 1/sqrt(head_dim)
+  bool varlen() const { return !cu_seqlens.empty(); }
+  double fwd_flops() const;  // summed per sequence for varlen
+};
+
+class AttentionOp {
+ public:
+  virtual ~AttentionOp() = default;
+  virtual AttnShape shape() const = 0;
+  virtual AttnImpl impl() const = 0;
+  virtual DType dtype() const = 0;
+  virtual std::string impl_detail() const = 0;  // e.g. "oneDNN matmul + softmax", "cuDNN SDPA 9.x"
+  // Bytes this implementation allocates beyond Q, K, V, O, dO, dQ, dK, dV
+  // (naive: S and P; flash: the log-sum-exp and tiles).
+  virtual std::size_t workspace_bytes() const = 0;
+  virtual void forward() = 0;   // enqueue O = softmax(scale * Q K^T [+ mask]) V
+  virtual void backward() = 0;  // enqueue dQ, dK, dV from dO (after a forward)
+  // Host fp32 data in the layouts above, converted to the dtype. Synchronous.
+  virtual void upload(std::span<const float> q, std::span<const float> k, std::span<const float> v,
+                      std::span<const float> d_o) = 0;
+  // After synchronize(): O, and dQ, dK, dV (empty spans skip a tensor).
+  virtual void download(std::span<float> o, std::span<float> dq, std::span<float> dk, std::span<float> dv) = 0;
+  virtual bool computes() const { return true; }
+};
+
 // An opaque timing event on the device stream.
 class Event {
  public:
@@ -148,6 +188,26 @@ class Device {
   // Allocates and fills operands from seed (uniform in [-1, 1]).
   // Throws OutOfMemory, UnsupportedError.
   virtual std::unique_ptr<GemmOp> make_gemm(GemmShape, DType, std::uint64_t seed) = 0;
+
+  // Why this device has no such attention, or nullopt if it has.
+  virtual std::optional<std::string> attention_unsupported(AttnImpl, DType) const {
+    return std::string("this device has no attention operations");
+  }
+  // Allocates Q, K, V, O, dO, dQ, dK, dV and the workspace, filled from seed.
+  // Throws OutOfMemory naming the bytes needed, UnsupportedError.
+  virtual std::unique_ptr<AttentionOp> make_attention(const AttnShape&, AttnImpl, DType, std::uint64_t /*seed*/) {
+    throw UnsupportedError("this device has no attention operations");
+  }
+
+  // Device memory in use and its high-water mark, and an optional cap that
+  // makes larger allocations fail with OutOfMemory (a smaller device).
+  struct MemoryStats {
+    std::size_t in_use = 0, peak = 0, limit = 0;  // limit 0 = none
+    std::string source;                            // "allocator" or "cudaMemGetInfo"
+  };
+  virtual MemoryStats memory_stats() const { return {}; }
+  virtual void reset_peak_memory() {}
+  virtual void set_memory_limit(std::size_t /*bytes, 0 = none*/) {}
 
   // Throws OutOfMemory when the allocation fails.
   virtual Buffer allocate(std::size_t bytes, MemKind kind) = 0;
