@@ -1,0 +1,225 @@
+// attention: quadratic attention without a fused kernel.
+//
+// Workload: scaled dot-product attention over Q, K, V [B, H, S, D], forward or
+// forward+backward, by two implementations: `naive` materialises the S x S
+// score matrix (PyTorch's math path), the fused one does not (`flash`: tiled
+// online softmax on cpu; `cudnn`: cuDNN SDPA on cuda).
+// FLOPs (DESIGN.md): forward 4*B*H*S^2*D, halved for causal; forward+backward
+// = 3.5 x forward (the backward recomputes S, as flash does).
+// TFLOP/s = FLOPs / median time / 1e12. Every implementation's output and
+// gradients are checked against a double reference on a small shape first.
+#include <algorithm>  // std::max
+#include <map>        // std::map
+#include <tuple>      // std::tuple
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/attention_check.hpp"  // check_attention
+#include "harness/errors.hpp"           // MismatchError, UnsupportedError, OutOfMemory
+#include "harness/printer.hpp"          // format_number
+#include "harness/scenario.hpp"         // Scenario, ScenarioRun
+
+namespace sb {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+double mib(std::size_t b) { return double(b) / double(1 << 20); }
+
+class AttentionRun : public ScenarioRun {
+ public:
+  explicit AttentionRun(RunContext& ctx) : ctx_(ctx) {}
+
+  Point run_point(const ParamSet& ps) override {
+    Device& dev = ctx_.device;
+    const AttnImpl impl = *parse_attn_impl(ps.get_str("impl"));
+    const DType dt = *parse_dtype(ps.get_str("dtype"));
+    const bool bwd = ps.get_str("pass") == "fwd+bwd";
+    AttnShape s;
+    s.batch = ps.get_int("batch");
+    s.heads = ps.get_int("heads");
+    s.head_dim = ps.get_int("head_dim");
+    s.seq = ps.get_int("seq_len");
+    s.causal = ps.get_bool("causal");
+    const std::string where = fmt::format("attention {} {} S={} {}", to_string(impl), to_string(dt), s.seq,
+                                          ps.get_str("pass"));
+    if (auto why = dev.attention_unsupported(impl, dt)) throw UnsupportedError(*why);
+
+    ctx_.progress(where + ": correctness check");
+    const AttnCheck& chk = checked(impl, dt, s.causal, bwd);
+    if (!chk.ok)
+      throw MismatchError(fmt::format("{} {} attention is wrong on {}: {} elements outside tolerance; worst {}[{}] "
+                                      "error {:.3g} (tol {:.3g}); {}",
+                                      to_string(impl), to_string(dt), dev.info().id, chk.wrong, chk.worst_tensor,
+                                      chk.worst_index, chk.worst_err, chk.worst_tol, chk.first_mismatches));
+
+    // The memory cap makes a smaller device: naive's S x S buffers run out first.
+    const double limit_gb = ps.get_real("mem_limit_gb");
+    dev.set_memory_limit(std::size_t(limit_gb * 1e9));
+    dev.reset_peak_memory();
+    const std::size_t before = dev.memory_stats().in_use;
+    ctx_.progress(where + ": allocate");
+    std::unique_ptr<AttentionOp> op;
+    try {
+      op = dev.make_attention(s, impl, dt, 11);
+    } catch (...) {
+      dev.set_memory_limit(0);
+      throw;  // OutOfMemory becomes status oom, with the bytes it needed in the reason
+    }
+    dev.set_memory_limit(0);
+    const Device::MemoryStats mem = dev.memory_stats();
+
+    ctx_.progress(where + ": timing");
+    MeasureConfig cfg = ctx_.measure;
+    cfg.min_trials = int(ps.get_int("trials"));
+    cfg.max_trials = std::max(cfg.max_trials, cfg.min_trials);
+    const Measurement m = measure(
+        dev,
+        [&] {
+          op->forward();
+          if (bwd) op->backward();
+        },
+        cfg);
+
+    const double flops = s.fwd_flops() * (bwd ? 3.5 : 1.0);
+    auto tflops_of = [&](double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
+    Stats tf;
+    tf.n = m.ms.n;
+    tf.median = tflops_of(m.ms.median);
+    tf.p10 = tflops_of(m.ms.p90);
+    tf.p90 = tflops_of(m.ms.p10);
+    tf.min = tflops_of(m.ms.max);
+    tf.max = tflops_of(m.ms.min);
+    tf.mean = tflops_of(m.ms.mean);
+    tf.stdrel = m.ms.stdrel;
+    Point p;
+    p.add({"ms", m.ms.median, "ms", Direction::lower, m.ms, "median time of one pass"});
+    p.add({"tflops", tf.median, "TFLOP/s", Direction::higher, tf,
+           bwd ? "3.5 x 4*B*H*S^2*D (x0.5 causal) / median time" : "4*B*H*S^2*D (x0.5 causal) / median time"});
+    p.add({"workspace_mib", mib(op->workspace_bytes()), "MiB", Direction::lower, std::nullopt,
+           "what the implementation allocates beyond Q, K, V, O and gradients"});
+    p.add({"peak_mib", mib(mem.peak - std::min(mem.peak, before)), "MiB", Direction::lower, std::nullopt,
+           fmt::format("device memory high-water mark of this point ({})", mem.source)});
+    p.info = json{{"impl_detail", op->impl_detail()},
+                  {"flops", flops},
+                  {"reps_per_trial", m.reps_per_trial},
+                  {"trials", m.ms.n},
+                  {"stop", m.stop},
+                  {"check", chk.checked ? json{{"worst_tensor", chk.worst_tensor},
+                                               {"worst_error", chk.worst_err},
+                                               {"tolerance_at_worst", chk.worst_tol}}
+                                        : json{{"skipped", "simulated device: nothing is computed"}}}};
+    return p;
+  }
+
+  void analyze(Result& r) override {
+    // Fused over naive at the same (seq_len, dtype, causal, pass): speedup and memory ratio.
+    auto key = [](const Point& p) {
+      return fmt::format("{}|{}|{}|{}|{}|{}|{}", p.params.value("seq_len", 0), p.params.value("dtype", ""),
+                         p.params.value("causal", false), p.params.value("pass", ""), p.params.value("batch", 0),
+                         p.params.value("heads", 0), p.params.value("head_dim", 0));
+    };
+    std::map<std::string, const Point*> naive;
+    std::map<std::string, const Point*> naive_oom;
+    for (const auto& p : r.points) {
+      if (p.params.value("impl", "") != "naive") continue;
+      if (p.status == Status::ok) naive[key(p)] = &p;
+      if (p.status == Status::oom) naive_oom[key(p)] = &p;
+    }
+    struct Best {
+      std::int64_t seq = 0;
+      double speedup = 0, mem_ratio = 0;
+      std::string impl;
+    };
+    Best best;
+    std::int64_t first_oom = 0;
+    for (auto& p : r.points) {
+      const std::string impl = p.params.value("impl", "");
+      if (impl == "naive" || p.status != Status::ok) continue;
+      auto it = naive.find(key(p));
+      const std::int64_t seq = p.params.value("seq_len", std::int64_t(0));
+      if (it != naive.end()) {
+        const double sp = it->second->metric("ms")->value / p.metric("ms")->value;
+        const double mr = it->second->metric("peak_mib")->value / std::max(1e-9, p.metric("peak_mib")->value);
+        p.add({"speedup_vs_naive", sp, "x", Direction::higher, std::nullopt, "naive time / this time, same shape"});
+        p.add({"memory_ratio_vs_naive", mr, "x", Direction::higher, std::nullopt,
+               "naive peak memory / this peak memory, same shape"});
+        if (seq >= best.seq) best = Best{seq, sp, mr, impl};
+      }
+      if (naive_oom.count(key(p)) && (first_oom == 0 || seq < first_oom)) first_oom = seq;
+    }
+    std::string summary;
+    if (best.seq > 0)
+      summary = fmt::format("at S={} {} is {:.1f}x faster and uses {:.0f}x less memory than naive", best.seq,
+                            best.impl, best.speedup, best.mem_ratio);
+    if (first_oom > 0)
+      summary += fmt::format("{}naive runs out of memory at S={}, where the fused kernel still runs",
+                             summary.empty() ? "" : "; ", first_oom);
+    if (summary.empty()) return;
+    r.findings.push_back({"attention without a fused kernel", summary,
+                          best.seq > 0 ? std::optional<double>(best.speedup) : std::nullopt,
+                          json{{"seq_len", best.seq},
+                               {"impl", best.impl},
+                               {"speedup", best.speedup},
+                               {"memory_ratio", best.mem_ratio},
+                               {"naive_oom_at", first_oom}}});
+  }
+
+ private:
+  const AttnCheck& checked(AttnImpl impl, DType dt, bool causal, bool bwd) {
+    const auto k = std::make_tuple(impl, dt, causal, bwd);
+    auto it = checks_.find(k);
+    if (it == checks_.end()) {
+      AttnShape small;
+      small.batch = 2;
+      small.heads = 3;
+      small.seq = 37;  // not a multiple of any tile size
+      small.head_dim = 32;
+      small.causal = causal;
+      it = checks_.emplace(k, check_attention(ctx_.device, small, impl, dt, bwd, 2025, ctx_.measure.sync_timeout))
+               .first;
+    }
+    return it->second;
+  }
+
+  RunContext& ctx_;
+  std::map<std::tuple<AttnImpl, DType, bool, bool>, AttnCheck> checks_;
+};
+
+}  // namespace
+
+extern const Scenario attention_scenario;
+const Scenario attention_scenario{
+    "attention",
+    "attention without a fused kernel",
+    "time, TFLOP/s and working memory of naive vs fused (flash, cuDNN) attention across sequence lengths",
+    {
+        ParamSpec{.name = "seq_len", .type = ParamType::integer, .default_value = "512,1024,2048,4096",
+                  .help = "sequence length S", .unit = "tokens", .min = 16, .max = 1 << 20,
+                  .quick_default = "128,256", .gpu_default = "2048,4096,8192,16384"},
+        ParamSpec{.name = "impl", .type = ParamType::choice, .default_value = "naive,flash",
+                  .help = "naive (materialises S x S), flash (tiled, cpu), cudnn (cuDNN SDPA, cuda)",
+                  .choices = {"naive", "flash", "cudnn"}, .gpu_default = "naive,cudnn"},
+        ParamSpec{.name = "dtype", .type = ParamType::choice, .default_value = "fp32",
+                  .help = "element type of Q, K, V", .choices = {"fp32", "bf16", "fp16"}, .gpu_default = "bf16"},
+        ParamSpec{.name = "pass", .type = ParamType::choice, .default_value = "fwd,fwd+bwd",
+                  .help = "forward only, or forward and backward", .choices = {"fwd", "fwd+bwd"}},
+        ParamSpec{.name = "causal", .type = ParamType::boolean, .default_value = "false",
+                  .help = "causal mask (decoder self-attention); FLOPs halve"},
+        ParamSpec{.name = "batch", .type = ParamType::integer, .default_value = "1", .help = "batch size",
+                  .unit = "sequences", .min = 1, .max = 4096},
+        ParamSpec{.name = "heads", .type = ParamType::integer, .default_value = "8", .help = "attention heads",
+                  .unit = "heads", .min = 1, .max = 1024, .gpu_default = "16"},
+        ParamSpec{.name = "head_dim", .type = ParamType::integer, .default_value = "64", .help = "head dimension D",
+                  .unit = "elements", .min = 8, .max = 512, .gpu_default = "128"},
+        ParamSpec{.name = "mem_limit_gb", .type = ParamType::real, .default_value = "0",
+                  .help = "device memory cap for this point's allocations (0 = none): a smaller device", .unit = "GB",
+                  .min = 0, .max = 1e6},
+        ParamSpec{.name = "trials", .type = ParamType::integer, .default_value = "5",
+                  .help = "minimum timed trials", .unit = "trials", .min = 1, .max = 100000, .quick_default = "3",
+                  .workload = false},
+    },
+    [](RunContext& ctx) -> std::unique_ptr<ScenarioRun> { return std::make_unique<AttentionRun>(ctx); },
+};
+
+}  // namespace sb
