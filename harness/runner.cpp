@@ -62,6 +62,9 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
   }
   ctx.progress(fmt::format("{}: analysis", sc.name));
   run->analyze(r);
+  // A simulated figure is never shown as measured, findings included.
+  if (ctx.device.info().simulated)
+    for (auto& f : r.findings) f.summary += " [simulated, not measured]";
   return r;
 }
 
