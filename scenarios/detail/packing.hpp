@@ -1,0 +1,146 @@
+// Batching and packing planners of the `packing` scenario: how many tokens a
+// device computes to train on a given set of sequence lengths, for
+// pad-to-max, pad-to-longest, length bucketing, first/best-fit-decreasing
+// packing (per-sequence, varlen attention) and plain concatenation.
+//
+// A plan is pure host arithmetic; the scenario then runs its rows on a device
+// to turn the computed-token counts into tokens/s. Definitions (DESIGN.md):
+//   padding fraction   = 1 - real tokens / computed tokens
+//   packing efficiency = real tokens / (rows x max_len)
+//
+// Sequences longer than max_len follow one rule for every strategy, so real
+// tokens match across strategies: Overflow::split cuts them into max_len
+// pieces (continuing at an offset), Overflow::drop leaves them out.
+#pragma once
+
+#include <cstdint>      // std::int32_t, std::int64_t, std::uint64_t
+#include <optional>     // std::optional
+#include <string>       // std::string
+#include <string_view>  // std::string_view
+#include <vector>       // std::vector
+
+namespace sb::packing {
+
+// One row of a CSV histogram: `count` sequences of `length` tokens.
+struct LengthCount {
+  std::int32_t length = 0;
+  std::int64_t count = 0;
+};
+
+// A parsed length spec. Grammar:
+//   fixed:N                every sequence N tokens (N >= 1)
+//   uniform:LO,HI          integers uniform in [LO, HI], 1 <= LO <= HI
+//   lognormal:MEAN,SIGMA   MEAN = mean length in tokens (> 0), SIGMA = sigma of
+//                          the underlying normal (>= 0): mu = ln(MEAN) - SIGMA^2/2
+//   @FILE                  one length per line, or a CSV histogram "length,count"
+//                          with an optional header line; blank lines and '#'
+//                          comments allowed. The file is read by parse_lengths.
+struct LengthSpec {
+  enum class Kind { fixed, uniform, lognormal, file_lengths, file_histogram };
+  Kind kind = Kind::fixed;
+  std::string text;                    // the spec as given
+  std::int64_t lo = 0, hi = 0;         // fixed: lo == hi == N; uniform: [lo, hi]
+  double mean = 0, sigma = 0;          // lognormal
+  std::vector<std::int32_t> lengths;   // file_lengths, in file order
+  std::vector<LengthCount> histogram;  // file_histogram, in file order
+};
+
+// Throws sb::UsageError naming the valid forms; for files, the path and the
+// 1-based line number of the bad line (or that the file cannot be read).
+LengthSpec parse_lengths(const std::string& spec);
+
+// n lengths from the spec, a pure function of (spec, n, seed): runs repeat.
+// Values are clipped to [1, cap] (cap <= 0: no upper clip). The scenario
+// passes cap = 4 * max_len so that long sequences reach the planner and its
+// Overflow rule decides, without a heavy tail dominating the run.
+//   file_lengths:   the file's lengths, cycled/truncated to n (all when n == 0)
+//   file_histogram: n draws weighted by count; n == 0 expands the counts
+//                   exactly, then shuffles with the seed (a dataset is
+//                   consumed in random order, and pad-longest would look
+//                   unrealistically good on length-sorted input)
+//   fixed/uniform/lognormal: n == 0 gives an empty vector.
+std::vector<std::int32_t> generate_lengths(const LengthSpec& spec, std::int64_t n,
+                                           std::uint64_t seed, std::int32_t cap = 0);
+
+enum class Strategy { pad_max, pad_longest, bucket, pack_ffd, pack_bfd, concat };
+enum class Overflow { split, drop };
+
+std::string_view to_string(Strategy);  // "pad-max", "pad-longest", "bucket", "pack-ffd", "pack-bfd", "concat"
+std::optional<Strategy> parse_strategy(std::string_view);
+std::string_view to_string(Overflow);  // "split", "drop"
+std::optional<Overflow> parse_overflow(std::string_view);
+
+// A piece of sequence `seq` (index into the planner's input), tokens
+// [offset, offset + length) of it, placed in a row.
+struct Segment {
+  std::int64_t seq = 0;
+  std::int32_t offset = 0, length = 0;
+};
+
+// One row of device work. `used` = sum of segment lengths <= max_len.
+struct Row {
+  std::vector<Segment> segments;
+  std::int32_t used = 0;
+};
+
+struct Plan {
+  Strategy strategy = Strategy::pad_max;
+  std::int32_t max_len = 0;
+  // Tokens computed per row when every row computes the same (pad-max,
+  // packing, concat: max_len); 0 for pad-longest and bucket, whose rows
+  // compute their batch's longest: see row_computed.
+  std::int32_t row_len = 0;
+  std::vector<Row> rows;
+  std::vector<std::int32_t> row_computed;  // computed tokens per row, for every strategy
+  std::int64_t real_tokens = 0;            // tokens placed in rows
+  std::int64_t computed_tokens = 0;        // sum of row_computed
+  std::int64_t dropped_tokens = 0;         // Overflow::drop: tokens of sequences left out
+  // Sequences placed in more than one segment: those longer than max_len
+  // under split and, for concat, also those cut at a row boundary.
+  std::int64_t split_sequences = 0;
+  double seconds = 0;                      // planner wall time (steady_clock)
+  bool cross_contamination = false;        // concat only: examples share rows with no boundary
+
+  double padding_fraction() const;  // 1 - real / computed (0 for an empty plan)
+  double efficiency() const;        // real / (rows * max_len) (0 for an empty plan)
+};
+
+// Plans `lengths` (each >= 0; 0-length sequences place nothing) for a strategy:
+//   pad-max      one piece per row, every row computes max_len.           O(n)
+//   pad-longest  rows_per_batch pieces per batch in input order; each row
+//                computes the longest of its batch.                      O(n)
+//   bucket       within windows of bucket_window * rows_per_batch pieces,
+//                sort by length, then pad to the longest of each batch.  O(n log w)
+//   pack-ffd     first-fit decreasing into max_len rows.                 O(n log rows)
+//   pack-bfd     best-fit decreasing into max_len rows.                  O(n log64 max_len)
+//   concat       all tokens back to back in input order, cut every
+//                max_len; the last row is padded.                        O(n)
+// Throws sb::UsageError when max_len, rows_per_batch or bucket_window < 1, or
+// a length is negative.
+Plan plan(const std::vector<std::int32_t>& lengths, Strategy strategy, std::int32_t max_len,
+          std::int32_t rows_per_batch, std::int32_t bucket_window, Overflow overflow);
+
+// cu_seqlens of one packed row: 0, l0, l0+l1, ..., used (FlashAttention's
+// varlen layout, one entry per segment boundary).
+std::vector<std::int32_t> cu_seqlens(const Row& row);
+
+// Histogram fast path (Graphcore's SPFHP idea): best-fit decreasing over
+// (length, count) pairs, moving whole groups of identical bins at once, so
+// 16M sequences cost about as much as their distinct lengths. Gives exactly
+// the row count that plan(..., pack_bfd, ...) gives on the expanded lengths.
+struct PackGroup {
+  std::int64_t rows = 0;               // identical rows of this pattern
+  std::vector<LengthCount> pattern;    // what one row holds, longest first
+  std::int32_t used = 0;               // tokens per row
+};
+struct CountPlan {
+  std::int32_t max_len = 0;
+  std::vector<PackGroup> groups;
+  std::int64_t rows = 0, sequences = 0, real_tokens = 0, dropped_tokens = 0, split_sequences = 0;
+  double seconds = 0;
+  double efficiency() const;  // real / (rows * max_len)
+};
+CountPlan pack_counts(const std::vector<LengthCount>& histogram, std::int32_t max_len,
+                      Overflow overflow);
+
+}  // namespace sb::packing
