@@ -150,8 +150,10 @@ class AttentionRun : public ScenarioRun {
     }
     std::string summary;
     if (best.seq > 0)
-      summary = fmt::format("at S={} {} is {:.1f}x faster and uses {:.0f}x less memory than naive", best.seq,
-                            best.impl, best.speedup, best.mem_ratio);
+      summary = fmt::format("at S={} {} is {} and uses {:.0f}x less memory than naive", best.seq, best.impl,
+                            best.speedup >= 1 ? fmt::format("{:.1f}x faster", best.speedup)
+                                              : fmt::format("slower ({:.2f}x naive's speed)", best.speedup),
+                            best.mem_ratio);
     if (first_oom > 0)
       summary += fmt::format("{}naive runs out of memory at S={}, where the fused kernel still runs",
                              summary.empty() ? "" : "; ", first_oom);

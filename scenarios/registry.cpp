@@ -6,9 +6,12 @@ namespace sb {
 
 extern const Scenario precision_scenario;
 extern const Scenario dataloader_scenario;
+extern const Scenario attention_scenario;
+extern const Scenario packing_scenario;
 
 const std::vector<const Scenario*>& all_scenarios() {
-  static const std::vector<const Scenario*> v{&precision_scenario, &dataloader_scenario};
+  static const std::vector<const Scenario*> v{&precision_scenario, &dataloader_scenario, &attention_scenario,
+                                                &packing_scenario};
   return v;
 }
 

@@ -48,6 +48,13 @@ def main():
         fe = os.path.join(d, "include")
         if "cudnn_frontend_include" not in out and os.path.isfile(os.path.join(fe, "cudnn_frontend.h")):
             out["cudnn_frontend_include"] = fe
+    # A machine with no registry gets the frontend's headers in a carried
+    # bundle (scripts/bundle-deps): $STALLBENCH_DEPS_PREFIX or <repo>/.deps.
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for prefix in (os.environ.get("STALLBENCH_DEPS_PREFIX", ""), os.path.join(repo, ".deps")):
+        inc = os.path.join(prefix, "include") if prefix else ""
+        if "cudnn_frontend_include" not in out and inc and os.path.isfile(os.path.join(inc, "cudnn_frontend.h")):
+            out["cudnn_frontend_include"] = inc
     spec = importlib.util.find_spec("cudnn")
     if "cudnn_frontend_include" not in out and spec and spec.submodule_search_locations:
         for loc in spec.submodule_search_locations:

@@ -2,9 +2,13 @@
 // given as W [N,K] row-major (oneDNN tag `ba` of a [K,N] tensor) and reordered
 // once to the layout the primitive prefers (`any`), dst C [M,N] f32. bf16
 // gives oneDNN bf16 memory descriptors, which is what selects AMX.
+//
+// Memory: every operand, workspace and oneDNN scratchpad the device makes
+// (and allocate()) comes from one MemLedger, so memory_stats() is exact and
+// set_memory_limit() turns the host into a smaller device that answers
+// OutOfMemory instead of being killed.
 #include "kernels/cpu/cpu_backend.hpp"
 
-#include <cstdlib>  // std::aligned_alloc, std::free
 #include <cstring>  // std::memcpy
 #include <mutex>    // std::once_flag
 
@@ -15,8 +19,10 @@
 #include "harness/errors.hpp"                      // OutOfMemory, UnsupportedError, UsageError
 #include "harness/fingerprint.hpp"                 // read_cpu_info
 #include "harness/random.hpp"                      // uniform_pm1
+#include "kernels/cpu/detail/attention.hpp"        // make_attention, attention_unsupported
 #include "kernels/cpu/detail/compute_stream.hpp"   // ComputeStream
 #include "kernels/cpu/detail/dnnl_check.hpp"       // SB_DNNL_CHECK
+#include "kernels/cpu/detail/mem_ledger.hpp"       // MemLedger, LedgerBlock
 #include "kernels/cpu/detail/stream_device.hpp"    // record_event, StreamBusyProbe
 
 namespace sb {
@@ -54,7 +60,8 @@ std::optional<dt> dnnl_type(DType t) {
 
 class CpuGemm : public GemmOp {
  public:
-  CpuGemm(dnnl::engine& eng, cpu::ComputeStream& cs, GemmShape s, DType t, std::uint64_t seed)
+  CpuGemm(dnnl::engine& eng, cpu::ComputeStream& cs, cpu::MemLedger& ledger, GemmShape s, DType t,
+          std::uint64_t seed)
       : eng_(eng), cs_(cs), strm_(SB_DNNL_CHECK(dnnl::stream(eng))), shape_(s), dtype_(t) {
     const dt in = *dnnl_type(t);
     const dnnl::memory::dims a_dims{s.m, s.k}, w_dims{s.k, s.n}, c_dims{s.m, s.n};
@@ -62,12 +69,26 @@ class CpuGemm : public GemmOp {
     const dnnl::memory::desc w_any(w_dims, in, tag::any);
     const dnnl::memory::desc c_md(c_dims, dt::f32, tag::ab);
     const dnnl::matmul::desc desc(a_md, w_any, c_md);
-    pd_ = SB_DNNL_CHECK(dnnl::matmul::primitive_desc(desc, eng_));
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // its scratchpad is ledger memory too
+    pd_ = SB_DNNL_CHECK(dnnl::matmul::primitive_desc(desc, attr, eng_));
     prim_ = SB_DNNL_CHECK(dnnl::matmul(pd_));
-    a_ = SB_DNNL_CHECK(dnnl::memory(a_md, eng_));
-    w_ = SB_DNNL_CHECK(dnnl::memory(pd_.weights_desc(), eng_));
-    c_ = SB_DNNL_CHECK(dnnl::memory(c_md, eng_));
     label_ = fmt::format("gemm {} {}x{}x{}", to_string(t), s.m, s.n, s.k);
+    // A [M,K] and W [N,K] in the dtype (W in oneDNN's blocked layout, maybe
+    // padded), C [M,N] fp32: the sizes come from the descriptors.
+    const std::size_t a_b = a_md.get_size(), w_b = pd_.weights_desc().get_size(), c_b = c_md.get_size(),
+                      sp_b = pd_.scratchpad_desc().get_size();
+    ledger.require(a_b + w_b + c_b + sp_b,
+                   fmt::format("{} (A {}, W {}, C {}, scratchpad {})", label_, cpu::format_bytes(a_b),
+                               cpu::format_bytes(w_b), cpu::format_bytes(c_b), cpu::format_bytes(sp_b)));
+    a_buf_ = ledger.alloc(a_b, label_ + " A");
+    w_buf_ = ledger.alloc(w_b, label_ + " W");
+    c_buf_ = ledger.alloc(c_b, label_ + " C");
+    sp_buf_ = ledger.alloc(sp_b, label_ + " scratchpad");
+    a_ = SB_DNNL_CHECK(dnnl::memory(a_md, eng_, a_buf_.data()));
+    w_ = SB_DNNL_CHECK(dnnl::memory(pd_.weights_desc(), eng_, w_buf_.data()));
+    c_ = SB_DNNL_CHECK(dnnl::memory(c_md, eng_, c_buf_.data()));
+    sp_ = SB_DNNL_CHECK(dnnl::memory(pd_.scratchpad_desc(), eng_, sp_buf_.data()));
     std::vector<float> a(std::size_t(s.m * s.k)), w(std::size_t(s.n * s.k));
     for (std::size_t i = 0; i < a.size(); ++i) a[i] = uniform_pm1(seed, i);
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = uniform_pm1(seed + 1, i);
@@ -81,7 +102,8 @@ class CpuGemm : public GemmOp {
 
   void enqueue() override {
     cs_.enqueue(label_, [this] {
-      SB_DNNL_CHECK(prim_.execute(strm_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, c_}}));
+      SB_DNNL_CHECK(prim_.execute(
+          strm_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, c_}, {DNNL_ARG_SCRATCHPAD, sp_}}));
       SB_DNNL_CHECK(strm_.wait());
     });
   }
@@ -116,7 +138,8 @@ class CpuGemm : public GemmOp {
   DType dtype_;
   dnnl::matmul::primitive_desc pd_;
   dnnl::matmul prim_;
-  dnnl::memory a_, w_, c_;
+  cpu::LedgerBlock a_buf_, w_buf_, c_buf_, sp_buf_;  // before the memories that view them
+  dnnl::memory a_, w_, c_, sp_;
   std::string label_;
 };
 
@@ -157,20 +180,33 @@ class CpuDevice : public Device {
   std::unique_ptr<GemmOp> make_gemm(GemmShape s, DType t, std::uint64_t seed) override {
     if (auto why = gemm_unsupported(t)) throw UnsupportedError(*why);
     try {
-      return std::make_unique<CpuGemm>(eng_, cs_, s, t, seed);
+      return std::make_unique<CpuGemm>(eng_, cs_, *ledger_, s, t, seed);
     } catch (const std::bad_alloc&) {
       throw OutOfMemory(fmt::format("cpu: cannot allocate the operands of a {}x{}x{} {} GEMM", s.m, s.n, s.k,
                                     to_string(t)));
     }
   }
 
+  std::optional<std::string> attention_unsupported(AttnImpl impl, DType t) const override {
+    return cpu::attention_unsupported(eng_, impl, t);
+  }
+  std::unique_ptr<AttentionOp> make_attention(const AttnShape& s, AttnImpl impl, DType t,
+                                              std::uint64_t seed) override {
+    return cpu::make_attention(cpu::AttnEnv{eng_, cs_, ledger_}, s, impl, t, seed);
+  }
+
+  MemoryStats memory_stats() const override { return ledger_->stats(); }
+  void reset_peak_memory() override { ledger_->reset_peak(); }
+  void set_memory_limit(std::size_t bytes) override { ledger_->set_limit(bytes); }
+
   Buffer allocate(std::size_t bytes, MemKind kind) override {
     // Host memory stands for device memory here; "pinned" has no meaning on
-    // the cpu device and is plain memory too.
-    const std::size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
-    if (!p && rounded) throw OutOfMemory(fmt::format("cpu: cannot allocate {} bytes", bytes));
-    return Buffer(p, bytes, kind, [](void* q) { std::free(q); });
+    // the cpu device and is plain memory too. The Buffer's release hands the
+    // block back to the ledger.
+    auto block = std::make_shared<cpu::LedgerBlock>(
+        ledger_->alloc(bytes, fmt::format("buffer of {}", cpu::format_bytes(bytes))));
+    void* p = block->data();
+    return Buffer(p, bytes, kind, [block](void*) mutable { block.reset(); });
   }
 
   void copy_h2d(Buffer& dst, const Buffer& src, std::size_t bytes) override {
@@ -192,6 +228,7 @@ class CpuDevice : public Device {
  private:
   DeviceInfo info_;
   mutable dnnl::engine eng_;
+  std::shared_ptr<cpu::MemLedger> ledger_ = std::make_shared<cpu::MemLedger>("cpu");
   cpu::ComputeStream cs_;  // last: its thread stops before the engine goes
 };
 

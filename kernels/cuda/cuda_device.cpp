@@ -1,6 +1,9 @@
 // The `cuda:N` device: one non-blocking stream per device, GEMMs through
-// cuBLASLt (cuda_gemm.cpp), utilization through NVML (nvml_probe.cpp), host
-// phases as NVTX ranges.
+// cuBLASLt (cuda_gemm.cpp), attention through cuBLAS + softmax kernels
+// (attention_naive.cpp) and cuDNN SDPA (cudnn_sdpa.cpp), utilization through
+// NVML (nvml_probe.cpp), host phases as NVTX ranges. Every cudaMalloc goes
+// through allocate(), whose ledger gives memory_stats() and enforces
+// set_memory_limit().
 //
 // Runtime API only: this file never calls the driver API (cu*) and the
 // library never links -lcuda, so a machine without a driver still runs the
@@ -12,12 +15,14 @@
 #include <cstdint>    // std::uint64_t
 #include <cstdlib>    // std::malloc, std::free
 #include <memory>     // std::unique_ptr, std::make_shared, std::shared_ptr
+#include <mutex>      // std::mutex, std::lock_guard
 #include <optional>   // std::optional
 #include <string>     // std::string
 #include <thread>     // std::this_thread::sleep_for
 #include <vector>     // std::vector
 
 #include <cublasLt.h>         // cublasLtCreate, cublasLtGetVersion
+#include <cublas_v2.h>        // cublasCreate, cublasSetStream, cublasSetWorkspace: naive attention's GEMMs
 #include <cuda_runtime.h>     // cudaMalloc, cudaStream*, cudaEvent*, device queries
 #include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json: props, versions
@@ -30,10 +35,11 @@
 #include <nccl.h>  // ncclGetVersion
 #endif
 
-#include "harness/errors.hpp"                 // OutOfMemory, HangError, UsageError, ...
-#include "kernels/cuda/detail/check.hpp"      // SB_CUDA_CHECK, SB_CUBLAS_CHECK
-#include "kernels/cuda/detail/cuda_gemm.hpp"  // make_cublaslt_gemm, Owned handles, kSetupTimeout
-#include "kernels/cuda/nvml_probe.hpp"        // NvmlGpu
+#include "harness/errors.hpp"                  // OutOfMemory, HangError, UsageError, ...
+#include "kernels/cuda/detail/check.hpp"       // SB_CUDA_CHECK, SB_CUBLAS_CHECK
+#include "kernels/cuda/detail/cuda_gemm.hpp"   // make_cublaslt_gemm, Owned handles, kSetupTimeout
+#include "kernels/cuda/detail/cudnn_sdpa.hpp"  // make_naive_attention, make_cudnn_attention, AttnContext
+#include "kernels/cuda/nvml_probe.hpp"         // NvmlGpu
 
 namespace sb {
 namespace {
@@ -64,6 +70,20 @@ std::string mmp_version_string(std::uint64_t v) {
 
 using cuda_detail::LtHandle;
 using cuda_detail::Stream;
+using CublasHandle = cuda_detail::Owned<cublasHandle_t, &cublasDestroy>;
+
+// cuBLAS's workspace for naive attention's GEMMs: 32 MiB, NVIDIA's guidance
+// for Hopper (as cuda_gemm.cpp gives cuBLASLt). Set explicitly so it comes
+// through allocate() and the ledger counts it.
+constexpr std::size_t kCublasWorkspaceBytes = 32ull << 20;
+
+// Device memory this device has allocated and not yet released. Shared with
+// every Buffer's release, so a buffer that outlives its device still settles
+// its account.
+struct MemLedger {
+  std::mutex mu;
+  std::size_t in_use = 0, peak = 0, limit = 0;  // limit 0 = none
+};
 
 // Device count, or why there is none. cudaGetDeviceCount is the first runtime
 // call, so with no driver this is where cudaErrorInsufficientDriver (or
@@ -157,15 +177,76 @@ class CudaDevice final : public Device {
 
   std::unique_ptr<GemmOp> make_gemm(GemmShape shape, DType dtype, std::uint64_t seed) override;
 
+  std::optional<std::string> attention_unsupported(AttnImpl impl, DType dtype) const override {
+    switch (impl) {
+      case AttnImpl::naive:
+        if (dtype == DType::fp32 || dtype == DType::bf16 || dtype == DType::fp16) return std::nullopt;
+        return fmt::format("naive attention on {} runs in fp32, bf16 or fp16, not {}", info_.id, to_string(dtype));
+      case AttnImpl::flash:
+        return std::string("no hand-written flash attention on cuda: the fused kernel here is cuDNN SDPA (cudnn)");
+      case AttnImpl::cudnn:
+#ifdef STALLBENCH_HAVE_CUDNN
+        if (dtype == DType::fp32 || dtype == DType::tf32) return std::string("cuDNN has no fp32 SDPA");
+        if (dtype == DType::fp8_e4m3)
+          return std::string("fp8 SDPA (with descale and amax tensors) is not implemented here");
+        if (cc_major_ < 8)
+          return fmt::format("cuDNN SDPA needs compute capability 8.0 or newer ({} is {}.{})", info_.id, cc_major_,
+                             cc_minor_);
+        return std::nullopt;
+#else
+        return std::string("built without cudnn-frontend (pip install nvidia-cudnn-frontend, reconfigure)");
+#endif
+    }
+    return std::string("unknown attention implementation");
+  }
+
+  std::unique_ptr<AttentionOp> make_attention(const AttnShape& shape, AttnImpl impl, DType dtype,
+                                              std::uint64_t seed) override;
+
+  // The ledger's figures; the source also gives the driver's view
+  // (cudaMemGetInfo), which includes what libraries and the context hold
+  // outside allocate().
+  MemoryStats memory_stats() const override {
+    MemoryStats m;
+    {
+      const std::lock_guard<std::mutex> lock(ledger_->mu);
+      m.in_use = ledger_->in_use;
+      m.peak = ledger_->peak;
+      m.limit = ledger_->limit;
+    }
+    bind();
+    std::size_t free = 0, total = 0;
+    const cudaError_t s = cudaMemGetInfo(&free, &total);
+    if (s == cudaSuccess)
+      m.source = fmt::format("allocator (cudaMalloc through {}); cudaMemGetInfo: {} free of {}", info_.id,
+                             human_bytes(double(free)), human_bytes(double(total)));
+    else
+      m.source = fmt::format("allocator (cudaMalloc through {}); cudaMemGetInfo: {}", info_.id, cudaGetErrorName(s));
+    (void)cudaGetLastError();
+    return m;
+  }
+  void reset_peak_memory() override {
+    const std::lock_guard<std::mutex> lock(ledger_->mu);
+    ledger_->peak = ledger_->in_use;
+  }
+  void set_memory_limit(std::size_t bytes) override {
+    const std::lock_guard<std::mutex> lock(ledger_->mu);
+    ledger_->limit = bytes;
+  }
+
   Buffer allocate(std::size_t bytes, MemKind kind) override {
     void* p = nullptr;
     switch (kind) {
       case MemKind::device: {
         bind();
+        reserve(bytes);
         const cudaError_t s = cudaMalloc(&p, bytes);
-        if (s != cudaSuccess) fail_alloc(s, "cudaMalloc", bytes, kind);
+        if (s != cudaSuccess) {
+          unreserve(*ledger_, bytes);
+          fail_alloc(s, "cudaMalloc", bytes, kind);
+        }
         const int index = index_;
-        return Buffer(p, bytes, kind, [index](void* q) {
+        return Buffer(p, bytes, kind, [index, bytes, ledger = ledger_](void* q) {
           // cudaFree needs no particular current device under unified
           // addressing, but binding keeps the release correct if that changes;
           // the caller's device is restored.
@@ -174,6 +255,7 @@ class CudaDevice final : public Device {
           if (restore) (void)cudaSetDevice(index);
           (void)cudaFree(q);
           if (restore) (void)cudaSetDevice(prev);
+          unreserve(*ledger, bytes);
         });
       }
       case MemKind::host_pinned: {
@@ -288,6 +370,52 @@ class CudaDevice final : public Device {
     }
   }
 
+  // Books bytes in the ledger before cudaMalloc, or throws OutOfMemory where a
+  // device with only the limit's memory would have run out.
+  void reserve(std::size_t bytes) {
+    const std::lock_guard<std::mutex> lock(ledger_->mu);
+    MemLedger& l = *ledger_;
+    if (l.limit != 0 && (bytes > l.limit || l.in_use > l.limit - bytes))
+      throw OutOfMemory(fmt::format(
+          "{}: out of memory: cudaMalloc of {} bytes ({}) exceeds the memory limit: {} in use of {} (set_memory_limit)",
+          info_.id, bytes, human_bytes(double(bytes)), human_bytes(double(l.in_use)), human_bytes(double(l.limit))));
+    l.in_use += bytes;
+    l.peak = std::max(l.peak, l.in_use);
+  }
+  static void unreserve(MemLedger& l, std::size_t bytes) {
+    const std::lock_guard<std::mutex> lock(l.mu);
+    l.in_use -= std::min(bytes, l.in_use);
+  }
+
+  cuda_detail::AttnContext attn_context() { return {this, index_, stream(), info_.id}; }
+
+  // Made on first use, so a run without attention pays neither the handle
+  // nor its workspace.
+  cublasHandle_t cublas() {
+    const std::lock_guard<std::mutex> lock(lazy_mu_);
+    if (!cublas_) {
+      bind();
+      cublasHandle_t h = nullptr;
+      SB_CUBLAS_CHECK(cublasCreate(&h));
+      CublasHandle owned(h);
+      // cublasSetStream resets the workspace to cuBLAS's own pool, so the
+      // stream comes first and our workspace after it.
+      SB_CUBLAS_CHECK(cublasSetStream(h, stream()));
+      cublas_workspace_ = allocate(kCublasWorkspaceBytes, MemKind::device);
+      SB_CUBLAS_CHECK(cublasSetWorkspace(h, cublas_workspace_.data(), cublas_workspace_.bytes()));
+      cublas_ = std::move(owned);
+    }
+    return cublas_.get();
+  }
+
+#ifdef STALLBENCH_HAVE_CUDNN
+  std::shared_ptr<cuda_detail::CudnnSdpa> cudnn() {
+    const std::lock_guard<std::mutex> lock(lazy_mu_);
+    if (!cudnn_) cudnn_ = cuda_detail::make_cudnn_sdpa(attn_context());
+    return cudnn_;
+  }
+#endif
+
   [[noreturn]] void fail_alloc(cudaError_t s, const char* call, std::size_t bytes,
                                MemKind kind) const {
     (void)cudaGetLastError();  // handled here: keep it out of later launch checks
@@ -309,12 +437,22 @@ class CudaDevice final : public Device {
                                   cuda_detail::cuda_name(s), where));
   }
 
+  // Declared in the order they may be destroyed last-to-first: the
+  // libraries' handles go before the stream they are bound to, and the ledger
+  // (shared with every Buffer's release) outlives them all.
+  std::shared_ptr<MemLedger> ledger_ = std::make_shared<MemLedger>();
   int index_;
   DeviceInfo info_;
   int cc_major_ = 0, cc_minor_ = 0;
   Stream stream_;
   LtHandle lt_;
   std::shared_ptr<NvmlGpu> nvml_;  // nullptr when NVML is unavailable
+  std::mutex lazy_mu_;             // guards the lazily made handles below
+  Buffer cublas_workspace_;
+  CublasHandle cublas_;
+#ifdef STALLBENCH_HAVE_CUDNN
+  std::shared_ptr<cuda_detail::CudnnSdpa> cudnn_;  // ops share it, so it lives as long as the last of them
+#endif
 };
 
 std::unique_ptr<GemmOp> CudaDevice::make_gemm(GemmShape shape, DType dtype, std::uint64_t seed) {
@@ -324,6 +462,22 @@ std::unique_ptr<GemmOp> CudaDevice::make_gemm(GemmShape shape, DType dtype, std:
                                                 info_.id, shape.m, shape.n, shape.k));
   const cuda_detail::GemmContext ctx{this, index_, stream(), lt(), info_.id};
   return cuda_detail::make_cublaslt_gemm(ctx, shape, dtype, seed);
+}
+
+std::unique_ptr<AttentionOp> CudaDevice::make_attention(const AttnShape& shape, AttnImpl impl, DType dtype,
+                                                       std::uint64_t seed) {
+  if (auto why = attention_unsupported(impl, dtype)) throw UnsupportedError(*why);
+  switch (impl) {
+    case AttnImpl::naive: return cuda_detail::make_naive_attention(attn_context(), cublas(), shape, dtype, seed);
+    case AttnImpl::cudnn:
+#ifdef STALLBENCH_HAVE_CUDNN
+      return cuda_detail::make_cudnn_attention(attn_context(), cudnn(), shape, dtype, seed);
+#else
+      break;  // attention_unsupported has said why
+#endif
+    case AttnImpl::flash: break;
+  }
+  throw UnsupportedError(fmt::format("{}: no {} attention", info_.id, to_string(impl)));
 }
 
 nlohmann::ordered_json cuda_versions() {
@@ -342,6 +496,7 @@ nlohmann::ordered_json cuda_versions() {
   v["cublasLt"] = mmp_version_string(cublasLtGetVersion());
 #ifdef STALLBENCH_HAVE_CUDNN
   v["cudnn"] = mmp_version_string(cudnnGetVersion());
+  v["cudnn_frontend"] = cuda_detail::cudnn_frontend_version();
 #endif
 #ifdef STALLBENCH_HAVE_NCCL
   int nccl = 0;

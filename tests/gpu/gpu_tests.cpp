@@ -19,7 +19,8 @@
 #include <fmt/format.h>   // fmt::format
 #include <gtest/gtest.h>  // TEST, TEST_P, GTEST_SKIP
 
-#include "harness/device.hpp"             // Device, GemmOp, MemKind
+#include "harness/attention_check.hpp"    // check_attention: the pre-timing attention check
+#include "harness/device.hpp"             // Device, GemmOp, MemKind, AttentionOp
 #include "harness/dtype.hpp"              // DType, round_to, unit_roundoff
 #include "harness/errors.hpp"             // Error, OutOfMemory, UsageError
 #include "harness/gemm_check.hpp"         // check_gemm: the pre-timing check the CLI runs
@@ -300,6 +301,259 @@ TEST(CudaDevice, NvmlProbeReportsUtilizationInRange) {
   op.reset();
   dev.reset();
   EXPECT_NO_THROW((void)probe->sample());
+}
+
+// ---- attention: naive (cuBLAS + softmax kernels) and cuDNN SDPA ----
+
+enum class AttnKind { dense, causal, varlen, varlen_causal };
+
+struct AttnCase {
+  AttnImpl impl;
+  DType dtype;
+  AttnKind kind;
+  bool backward;
+};
+
+const char* kind_name(AttnKind k) {
+  switch (k) {
+    case AttnKind::dense: return "dense";
+    case AttnKind::causal: return "causal";
+    case AttnKind::varlen: return "varlen";
+    case AttnKind::varlen_causal: return "varlen_causal";
+  }
+  return "?";
+}
+
+// Small shapes with odd lengths (edge tiles) and, for varlen, a one-token
+// sequence. D = 64: a multiple of 8, as cuDNN needs.
+AttnShape attn_shape(AttnKind k) {
+  AttnShape s;
+  s.head_dim = 64;
+  s.causal = k == AttnKind::causal || k == AttnKind::varlen_causal;
+  if (k == AttnKind::dense || k == AttnKind::causal) {
+    s.batch = 2;
+    s.heads = 3;
+    s.seq = 67;
+  } else {
+    s.batch = 1;
+    s.heads = 3;
+    s.cu_seqlens = {0, 17, 81, 82, 130};
+    s.seq = s.cu_seqlens.back();
+  }
+  return s;
+}
+
+std::string attn_case_name(const testing::TestParamInfo<AttnCase>& info) {
+  const AttnCase& c = info.param;
+  return fmt::format("{}_{}_{}_{}", to_string(c.impl), to_string(c.dtype), kind_name(c.kind),
+                     c.backward ? "fwd_bwd" : "fwd");
+}
+
+std::vector<AttnCase> attn_cases() {
+  std::vector<AttnCase> out;
+  const std::vector<std::pair<AttnImpl, DType>> impls = {{AttnImpl::naive, DType::fp32},
+                                                         {AttnImpl::naive, DType::bf16},
+                                                         {AttnImpl::naive, DType::fp16},
+                                                         {AttnImpl::cudnn, DType::bf16},
+                                                         {AttnImpl::cudnn, DType::fp16}};
+  for (auto [impl, dtype] : impls)
+    for (AttnKind k : {AttnKind::dense, AttnKind::causal, AttnKind::varlen, AttnKind::varlen_causal})
+      for (bool bwd : {false, true}) out.push_back({impl, dtype, k, bwd});
+  return out;
+}
+
+// One device for the whole suite: its cuDNN handle and graph cache carry
+// from case to case, so each (shape, dtype, mask) graph is built once rather
+// than once per test (a build can take a second).
+class AttentionTest : public testing::TestWithParam<AttnCase> {
+ protected:
+  static void SetUpTestSuite() { dev_ = open_gpu(); }
+  static void TearDownTestSuite() { dev_.reset(); }
+  static std::unique_ptr<Device> dev_;
+};
+std::unique_ptr<Device> AttentionTest::dev_;
+
+// The check the CLI runs before timing: a double-precision host reference of
+// O (and dQ, dK, dV) on the same inputs rounded to the dtype.
+TEST_P(AttentionTest, MatchesHostReference) {
+  const AttnCase c = GetParam();
+  Device& dev = *dev_;
+  if (auto why = dev.attention_unsupported(c.impl, c.dtype)) GTEST_SKIP() << *why;
+  const AttnShape shape = attn_shape(c.kind);
+  const AttnCheck r = check_attention(dev, shape, c.impl, c.dtype, c.backward, 21, kTimeout);
+  EXPECT_TRUE(r.checked);
+  EXPECT_TRUE(r.ok) << r.wrong << " wrong; worst " << r.worst_tensor << "[" << r.worst_index << "] |err| "
+                    << r.worst_err << " > tol " << r.worst_tol << " (" << r.impl << "): " << r.first_mismatches;
+}
+
+INSTANTIATE_TEST_SUITE_P(ImplsDtypesMasks, AttentionTest, testing::ValuesIn(attn_cases()), attn_case_name);
+
+TEST(CudaAttention, ReportsImplementationAndWorkspace) {
+  auto dev = open_gpu();
+  AttnShape s;
+  s.batch = 2;
+  s.heads = 4;
+  s.seq = 128;
+  s.head_dim = 64;
+  auto naive = dev->make_attention(s, AttnImpl::naive, DType::bf16, 1);
+  EXPECT_EQ(naive->impl(), AttnImpl::naive);
+  EXPECT_EQ(naive->dtype(), DType::bf16);
+  EXPECT_NE(naive->impl_detail().find("cuBLAS"), std::string::npos) << naive->impl_detail();
+  // S and dP in fp32, P and dS in bf16: B*H*S^2 * (4 + 2 + 2) bytes.
+  EXPECT_EQ(naive->workspace_bytes(), std::size_t(2 * 4 * 128 * 128) * 8u);
+  if (!dev->attention_unsupported(AttnImpl::cudnn, DType::bf16)) {
+    auto cudnn = dev->make_attention(s, AttnImpl::cudnn, DType::bf16, 1);
+    EXPECT_EQ(cudnn->impl(), AttnImpl::cudnn);
+    EXPECT_NE(cudnn->impl_detail().find("cuDNN"), std::string::npos) << cudnn->impl_detail();
+    // The statistics (B*H*S fp32) at least; no S x S buffer.
+    EXPECT_GE(cudnn->workspace_bytes(), std::size_t(2 * 4 * 128) * 4u);
+    std::printf("  cudnn: %s, workspace %zu bytes\n", cudnn->impl_detail().c_str(), cudnn->workspace_bytes());
+  }
+}
+
+TEST(CudaAttention, CudnnFp32IsUnsupportedWithReason) {
+  auto dev = open_gpu();
+  for (DType d : {DType::fp32, DType::tf32}) {
+    const auto why = dev->attention_unsupported(AttnImpl::cudnn, d);
+    ASSERT_TRUE(why.has_value()) << to_string(d);
+#ifdef STALLBENCH_HAVE_CUDNN
+    EXPECT_EQ(*why, "cuDNN has no fp32 SDPA");
+#else
+    EXPECT_NE(why->find("built without cudnn-frontend"), std::string::npos) << *why;
+#endif
+    AttnShape s;
+    EXPECT_THROW(dev->make_attention(s, AttnImpl::cudnn, d, 1), UnsupportedError);
+  }
+  // No hand-written flash kernel on cuda; fp8 has no naive path.
+  EXPECT_TRUE(dev->attention_unsupported(AttnImpl::flash, DType::bf16).has_value());
+  EXPECT_TRUE(dev->attention_unsupported(AttnImpl::naive, DType::fp8_e4m3).has_value());
+}
+
+TEST(CudaAttention, CudnnRejectsHeadDimNotMultipleOf8) {
+  auto dev = open_gpu();
+  if (auto why = dev->attention_unsupported(AttnImpl::cudnn, DType::bf16)) GTEST_SKIP() << *why;
+  AttnShape s;
+  s.head_dim = 60;
+  EXPECT_THROW(dev->make_attention(s, AttnImpl::cudnn, DType::bf16, 1), UnsupportedError);
+}
+
+TEST(CudaAttention, BadVarlenIsAUsageError) {
+  auto dev = open_gpu();
+  AttnShape s;
+  s.seq = 100;
+  s.cu_seqlens = {0, 60, 50, 100};  // decreasing
+  EXPECT_THROW(dev->make_attention(s, AttnImpl::naive, DType::fp32, 1), UsageError);
+  s.cu_seqlens = {0, 60, 90};  // does not end at S
+  EXPECT_THROW(dev->make_attention(s, AttnImpl::naive, DType::fp32, 1), UsageError);
+}
+
+// The ledger: allocate() books every cudaMalloc and its release.
+TEST(CudaMemory, LedgerTracksAllocationsAndPeak) {
+  auto dev = open_gpu();
+  const auto before = dev->memory_stats();
+  EXPECT_NE(before.source.find("cudaMemGetInfo"), std::string::npos) << before.source;
+  EXPECT_EQ(before.limit, 0u);
+  const std::size_t mib = 1 << 20;
+  {
+    Buffer a = dev->allocate(8 * mib, MemKind::device);
+    Buffer host = dev->allocate(mib, MemKind::host_pinned);  // not device memory: not booked
+    const auto during = dev->memory_stats();
+    EXPECT_EQ(during.in_use, before.in_use + 8 * mib);
+    EXPECT_GE(during.peak, during.in_use);
+  }
+  const auto after = dev->memory_stats();
+  EXPECT_EQ(after.in_use, before.in_use);
+  EXPECT_GE(after.peak, before.in_use + 8 * mib);
+  dev->reset_peak_memory();
+  EXPECT_EQ(dev->memory_stats().peak, after.in_use);
+}
+
+TEST(CudaMemory, LimitMakesLargerAllocationsOutOfMemory) {
+  auto dev = open_gpu();
+  const std::size_t mib = 1 << 20;
+  const std::size_t base = dev->memory_stats().in_use;
+  dev->set_memory_limit(base + 16 * mib);
+  EXPECT_EQ(dev->memory_stats().limit, base + 16 * mib);
+  EXPECT_NO_THROW((void)dev->allocate(8 * mib, MemKind::device));
+  try {
+    (void)dev->allocate(32 * mib, MemKind::device);
+    FAIL() << "a 32 MiB allocation under a 16 MiB limit succeeded";
+  } catch (const OutOfMemory& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(std::to_string(32 * mib)), std::string::npos) << what;
+    EXPECT_NE(what.find("limit"), std::string::npos) << what;
+  }
+  EXPECT_EQ(dev->memory_stats().in_use, base);  // the refused request left nothing booked
+  dev->set_memory_limit(0);
+  EXPECT_NO_THROW((void)dev->allocate(32 * mib, MemKind::device));
+}
+
+// Naive attention's S x S buffers are what a long sequence cannot afford: the
+// error names the buffer and its bytes, and the device stays usable.
+TEST(CudaAttention, NaiveOutOfMemoryUnderLimitNamesTheBytes) {
+  auto dev = open_gpu();
+  AttnShape small;
+  (void)dev->make_attention(small, AttnImpl::naive, DType::bf16, 1);  // makes the cuBLAS handle and workspace
+  const std::size_t base = dev->memory_stats().in_use;
+  dev->set_memory_limit(base + (256u << 20));  // 256 MiB on top of what is held
+  AttnShape big;
+  big.batch = 1;
+  big.heads = 8;
+  big.seq = 8192;
+  big.head_dim = 64;
+  const std::size_t s_bytes = std::size_t(8) * 8192 * 8192 * 4;  // 2 GiB of fp32 scores
+  try {
+    (void)dev->make_attention(big, AttnImpl::naive, DType::bf16, 1);
+    FAIL() << "naive attention at S=8192 fit under a 256 MiB limit";
+  } catch (const OutOfMemory& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(std::to_string(s_bytes)), std::string::npos) << what;
+    EXPECT_NE(what.find("S=8192"), std::string::npos) << what;
+  }
+  EXPECT_EQ(dev->memory_stats().in_use, base);
+  // cuDNN SDPA needs no S x S buffer: the same shape fits under the limit.
+  if (!dev->attention_unsupported(AttnImpl::cudnn, DType::bf16)) {
+    auto op = dev->make_attention(big, AttnImpl::cudnn, DType::bf16, 1);
+    op->forward();
+    op->backward();
+    EXPECT_NO_THROW(dev->synchronize(kTimeout));
+  }
+  dev->set_memory_limit(0);
+  auto op = dev->make_attention(small, AttnImpl::naive, DType::bf16, 2);
+  op->forward();
+  EXPECT_NO_THROW(dev->synchronize(kTimeout));
+}
+
+// Not a performance test: prints what each implementation reaches at a
+// moderate size, so a run's log shows them side by side.
+TEST(CudaAttention, EventsTimeForwardAndBackward) {
+  auto dev = open_gpu();
+  AttnShape s;
+  s.batch = 1;
+  s.heads = 16;
+  s.seq = 2048;
+  s.head_dim = 128;
+  s.causal = true;
+  for (AttnImpl impl : {AttnImpl::naive, AttnImpl::cudnn}) {
+    if (dev->attention_unsupported(impl, DType::bf16)) continue;
+    auto op = dev->make_attention(s, impl, DType::bf16, 3);
+    op->forward();
+    op->backward();  // warm-up
+    auto t0 = dev->record();
+    op->forward();
+    auto t1 = dev->record();
+    op->backward();
+    auto t2 = dev->record();
+    dev->synchronize(kTimeout);
+    const double fwd_ms = dev->elapsed_ms(t0, t1), bwd_ms = dev->elapsed_ms(t1, t2);
+    EXPECT_GT(fwd_ms, 0.0);
+    EXPECT_GT(bwd_ms, 0.0);
+    // DESIGN.md: forward 4*B*H*S^2*D halved for causal; backward 2.5x forward.
+    const double f = s.fwd_flops();
+    std::printf("  %s bf16 causal S=%lld: fwd %.3f ms (%.1f TFLOPS), bwd %.3f ms (%.1f TFLOPS), workspace %zu\n",
+                std::string(to_string(impl)).c_str(), (long long)s.seq, fwd_ms, f / (fwd_ms * 1e-3) / 1e12, bwd_ms,
+                2.5 * f / (bwd_ms * 1e-3) / 1e12, op->workspace_bytes());
+  }
 }
 
 TEST(CudaBackend, ReportsDevicesAndVersions) {

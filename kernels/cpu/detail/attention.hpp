@@ -1,0 +1,156 @@
+// The cpu device's attention: what the naive (oneDNN matmul + C++ softmax)
+// and flash (tiled online softmax in C++) implementations share: the shape's
+// sequences, operand storage and its transfers, the ledger checks, and the
+// small vectorisable math (exp, bf16) their loops use.
+//
+// Storage: Q, K, V, dO in the op's dtype (fp32, or bf16 as raw 16-bit
+// patterns); O, dQ, dK, dV in fp32 for both dtypes (accumulation is fp32, and
+// a bf16 gradient would only add a rounding the check has to forgive).
+#pragma once
+
+#include <bit>       // std::bit_cast
+#include <cstddef>   // std::size_t
+#include <cstdint>   // std::int64_t, std::uint16_t, std::uint32_t
+#include <memory>    // std::shared_ptr, std::unique_ptr
+#include <optional>  // std::optional
+#include <span>      // std::span
+#include <string>    // std::string
+#include <vector>    // std::vector
+
+#include <oneapi/dnnl/dnnl.hpp>  // dnnl::engine
+
+#include "harness/device.hpp"                     // AttentionOp, AttnShape, AttnImpl
+#include "harness/dtype.hpp"                      // DType
+#include "kernels/cpu/detail/compute_stream.hpp"  // ComputeStream
+#include "kernels/cpu/detail/mem_ledger.hpp"      // MemLedger, LedgerBlock
+
+// Hot loops are compiled three times and picked at load time by the CPU
+// (GCC ifunc): the library is built for baseline x86-64, where a loop gets
+// 16-byte vectors, and AVX-512 quadruples that. OpenMP-outlined bodies do not
+// inherit the attribute, so only leaf kernels carry it.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define SB_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SB_CPU_CLONES
+#endif
+
+namespace sb::cpu {
+
+// What a cpu device hands an attention op: its engine, its stream (the
+// compute thread everything runs on) and its memory ledger.
+struct AttnEnv {
+  dnnl::engine& eng;
+  ComputeStream& cs;
+  std::shared_ptr<MemLedger> ledger;
+};
+
+// One sequence of the shape: rows [start, start+len) of the token axis of
+// batch entry b. Dense: B sequences of S tokens; varlen: one per segment of
+// cu_seqlens, all in batch entry 0. Every (sequence, head) is independent.
+struct AttnSeq {
+  std::int64_t b = 0, start = 0, len = 0;
+};
+
+// Validates the shape (UsageError naming the problem) and lists its sequences.
+std::vector<AttnSeq> attn_sequences(const AttnShape& s);
+// Tokens per (batch, head) slab: S dense, cu_seqlens.back() varlen.
+inline std::int64_t attn_tokens(const AttnShape& s) { return s.varlen() ? s.cu_seqlens.back() : s.seq; }
+double attn_scale(const AttnShape& s);
+// "fp32 B=1 H=8 S=4096 D=64 causal": what messages and labels show.
+std::string attn_label(const AttnShape& s, DType t);
+
+// Seeds of the four inputs; attention_check.cpp draws its inputs the same way.
+inline std::uint64_t attn_input_seed(std::uint64_t seed, int which /*0 q, 1 k, 2 v, 3 dO*/) {
+  return seed * 4 + std::uint64_t(which);
+}
+
+// ---- small math the kernels inline ----
+
+inline float ld(const float* p) { return *p; }
+inline float ld(const std::uint16_t* p) { return std::bit_cast<float>(std::uint32_t(*p) << 16); }  // bf16 -> fp32 is exact
+inline void st(float* p, float x) { *p = x; }
+// Round to nearest even; inputs here are finite, so no NaN case.
+inline void st(std::uint16_t* p, float x) {
+  const std::uint32_t b = std::bit_cast<std::uint32_t>(x);
+  *p = std::uint16_t((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+// exp for x <= 88, relative error under 1e-7 (Cephes' expf polynomial):
+// x = n*ln2 + r with |r| <= ln2/2, e^r by a degree-7 polynomial, 2^n built in
+// the exponent bits. Unlike std::exp it vectorises (glibc's vector expf needs
+// -ffast-math), and the softmax's exps otherwise cost more than its FLOPs.
+// Below -87.3 the result is clamped to about 1e-38 instead of 0.
+inline float fast_exp(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.3f ? 88.3f : x;
+  const float t = x * 1.44269504088896341f + 12582912.0f;  // 1.5*2^23: rounds x*log2(e) to an integer
+  const std::int32_t n = std::bit_cast<std::int32_t>(t) - 0x4B400000;
+  const float fn = t - 12582912.0f;
+  const float r = (x - fn * 0.693359375f) + fn * 2.12194440e-4f;  // ln2 split in two for exactness
+  float p = 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  const float e = p * r * r + r + 1.0f;
+  return e * std::bit_cast<float>((n + 127) << 23);
+}
+
+// The part of an attention op both implementations share.
+class CpuAttention : public AttentionOp {
+ public:
+  // Checks operands + workspace_bytes against the ledger first (OutOfMemory
+  // with `workspace_what` spelled out), then allocates and fills the operands.
+  CpuAttention(const AttnEnv& env, const AttnShape& s, AttnImpl impl, DType t, std::uint64_t seed,
+               std::size_t workspace_bytes, const std::string& workspace_what);
+
+  AttnShape shape() const override { return shape_; }
+  AttnImpl impl() const override { return impl_; }
+  DType dtype() const override { return dtype_; }
+  std::size_t workspace_bytes() const override { return workspace_bytes_; }
+  void forward() override;
+  void backward() override;
+  void upload(std::span<const float> q, std::span<const float> k, std::span<const float> v,
+              std::span<const float> d_o) override;
+  void download(std::span<float> o, std::span<float> dq, std::span<float> dk, std::span<float> dv) override;
+
+  // Bytes of Q, K, V, dO in t and O, dQ, dK, dV in fp32.
+  static std::size_t operand_bytes(const AttnShape& s, DType t);
+
+ protected:
+  // Run on the compute thread.
+  virtual void run_forward() = 0;
+  virtual void run_backward() = 0;
+  // Workspace the derived op allocates, accounted under this op's label.
+  LedgerBlock alloc_workspace(std::size_t bytes, const char* name);
+  bool bf16() const { return dtype_ == DType::bf16; }
+  // Element offset of row `row` of sequence `q`, head h, in any [B,H,T,D] tensor.
+  std::int64_t row_offset(const AttnSeq& q, std::int64_t h, std::int64_t row) const {
+    return ((q.b * shape_.heads + h) * tokens_ + q.start + row) * shape_.head_dim;
+  }
+
+  AttnEnv env_;
+  AttnShape shape_;
+  AttnImpl impl_;
+  DType dtype_;
+  std::vector<AttnSeq> seqs_;
+  std::int64_t tokens_ = 0;        // T
+  std::size_t elems_ = 0;          // B*H*T*D, the size of every operand
+  float scale_ = 1;
+  std::size_t workspace_bytes_ = 0;
+  std::string label_;              // "naive attention fp32 B=1 H=8 S=4096 D=64"
+  LedgerBlock q_, k_, v_, do_;     // dtype
+  LedgerBlock o_, dq_, dk_, dv_;   // fp32
+};
+
+std::optional<std::string> attention_unsupported(dnnl::engine& eng, AttnImpl impl, DType t);
+// Throws UsageError (bad shape), UnsupportedError, OutOfMemory (the ledger).
+std::unique_ptr<AttentionOp> make_attention(const AttnEnv& env, const AttnShape& s, AttnImpl impl, DType t,
+                                            std::uint64_t seed);
+std::unique_ptr<AttentionOp> make_naive_attention(const AttnEnv& env, const AttnShape& s, DType t,
+                                                  std::uint64_t seed);
+std::unique_ptr<AttentionOp> make_flash_attention(const AttnEnv& env, const AttnShape& s, DType t,
+                                                  std::uint64_t seed);
+
+}  // namespace sb::cpu

@@ -1,0 +1,155 @@
+// The cpu device's memory ledger: every allocation the device makes for ops
+// and buffers (GEMM and attention operands, workspaces, oneDNN scratchpads,
+// allocate()) goes through it, so in-use and peak bytes are exact and a
+// limit makes the host behave like a smaller device: a request past it
+// throws OutOfMemory naming the bytes, never crashes.
+//
+// With no limit set, a request larger than the memory the kernel reports as
+// available (MemAvailable) is refused as well: on Linux a huge malloc
+// succeeds and the process is killed later, when the pages are touched.
+#pragma once
+
+#include <cstddef>   // std::size_t
+#include <cstdlib>   // std::aligned_alloc, std::free
+#include <fstream>   // std::ifstream: /proc/meminfo
+#include <memory>    // std::shared_ptr, std::enable_shared_from_this
+#include <mutex>     // std::mutex
+#include <optional>  // std::optional
+#include <string>    // std::string
+#include <utility>   // std::exchange
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/device.hpp"  // Device::MemoryStats, Buffer
+#include "harness/errors.hpp"  // OutOfMemory
+
+namespace sb::cpu {
+
+// "4.3 GiB", "512.0 MiB", "96 B": what an OOM message shows.
+inline std::string format_bytes(std::size_t b) {
+  const double x = double(b);
+  if (x >= 1024.0 * 1024 * 1024) return fmt::format("{:.1f} GiB", x / (1024.0 * 1024 * 1024));
+  if (x >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", x / (1024.0 * 1024));
+  if (x >= 1024.0) return fmt::format("{:.1f} KiB", x / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+// MemAvailable from /proc/meminfo; nullopt where it cannot be read.
+inline std::optional<std::size_t> host_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  std::size_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return std::nullopt;
+}
+
+class MemLedger;
+
+// One accounted allocation, 64-byte aligned; returns its bytes on destruction.
+class LedgerBlock {
+ public:
+  LedgerBlock() = default;
+  LedgerBlock(std::shared_ptr<MemLedger> l, void* p, std::size_t bytes)
+      : ledger_(std::move(l)), p_(p), bytes_(bytes) {}
+  LedgerBlock(LedgerBlock&& o) noexcept
+      : ledger_(std::move(o.ledger_)), p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  LedgerBlock& operator=(LedgerBlock&& o) noexcept {
+    LedgerBlock tmp(std::move(o));
+    std::swap(ledger_, tmp.ledger_);
+    std::swap(p_, tmp.p_);
+    std::swap(bytes_, tmp.bytes_);
+    return *this;
+  }
+  LedgerBlock(const LedgerBlock&) = delete;
+  LedgerBlock& operator=(const LedgerBlock&) = delete;
+  ~LedgerBlock();
+  void* data() const { return p_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  std::shared_ptr<MemLedger> ledger_;
+  void* p_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+class MemLedger : public std::enable_shared_from_this<MemLedger> {
+ public:
+  explicit MemLedger(std::string device = "cpu") : device_(std::move(device)) {}
+
+  // Throws OutOfMemory when `bytes` more would not fit; `what` names the
+  // request and how its size arises ("naive attention ... (S = B*H*S*S fp32 ...)").
+  void require(std::size_t bytes, const std::string& what) const {
+    std::lock_guard lk(mu_);
+    require_locked(bytes, what);
+  }
+
+  // Checks, allocates and accounts. Size 0 gives an empty block.
+  LedgerBlock alloc(std::size_t bytes, const std::string& what) {
+    if (bytes == 0) return {};
+    const std::size_t rounded = (bytes + 63) / 64 * 64;  // aligned_alloc needs a multiple of the alignment
+    {
+      std::lock_guard lk(mu_);
+      require_locked(rounded, what);
+      in_use_ += rounded;  // reserved before the call, so two threads cannot both pass the limit
+      peak_ = std::max(peak_, in_use_);
+    }
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p) {
+      release(rounded);
+      throw OutOfMemory(fmt::format("{}: {} needs {} and the allocator refused it", device_, what,
+                                    format_bytes(bytes)));
+    }
+    return LedgerBlock(shared_from_this(), p, rounded);
+  }
+
+  void release(std::size_t bytes) {
+    std::lock_guard lk(mu_);
+    in_use_ -= std::min(bytes, in_use_);
+  }
+
+  Device::MemoryStats stats() const {
+    std::lock_guard lk(mu_);
+    return {in_use_, peak_, limit_, "allocator"};
+  }
+  void reset_peak() {
+    std::lock_guard lk(mu_);
+    peak_ = in_use_;
+  }
+  void set_limit(std::size_t bytes) {
+    std::lock_guard lk(mu_);
+    limit_ = bytes;
+  }
+
+ private:
+  void require_locked(std::size_t bytes, const std::string& what) const {
+    if (limit_ != 0) {
+      if (bytes > limit_ || in_use_ > limit_ - bytes)
+        throw OutOfMemory(fmt::format("{}: {} needs {} but the memory limit is {} ({} already in use)", device_,
+                                      what, format_bytes(bytes), format_bytes(limit_), format_bytes(in_use_)));
+      return;
+    }
+    const auto avail = host_available_bytes();
+    if (avail && bytes > *avail)
+      throw OutOfMemory(fmt::format("{}: {} needs {} but the host has only {} available (no memory limit set)",
+                                    device_, what, format_bytes(bytes), format_bytes(*avail)));
+  }
+
+  std::string device_;
+  mutable std::mutex mu_;
+  std::size_t in_use_ = 0, peak_ = 0, limit_ = 0;
+};
+
+inline LedgerBlock::~LedgerBlock() {
+  if (p_) {
+    std::free(p_);
+    ledger_->release(bytes_);
+  }
+}
+
+}  // namespace sb::cpu

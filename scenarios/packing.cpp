@@ -1,0 +1,255 @@
+// packing: short sequences padded to a long max_len.
+//
+// Workload: a dataset of sequence lengths is batched by a strategy into
+// max_len-token rows (scenarios/detail/packing.hpp: pad-max, pad-longest,
+// bucket, first/best-fit-decreasing packing, naive concat), and the device
+// runs one transformer layer, forward and backward, over the computed tokens
+// of a sample of the batches:
+//   projections and MLP: 4 GEMMs per layer, M = computed tokens,
+//     QKV [M, 3d, d], out [M, d, d], up [M, 4d, d], down [M, d, 4d];
+//     forward FLOPs 2*M*12*d^2; the backward's two GEMMs per forward GEMM are
+//     timed as two more GEMMs of the same shape (same FLOPs);
+//   attention per sequence: padded rows attend within the row (dense, the
+//     padding computed); packed rows use varlen attention over the segment
+//     boundaries (cu_seqlens), so no example attends to another; concat runs
+//     dense over whole rows: examples attend to each other (wrong for training).
+// Definitions (DESIGN.md): padding fraction = 1 - real tokens / computed
+// tokens; packing efficiency = real tokens / (rows * max_len). Effective
+// tokens/s counts real tokens only. The predicted speedup over pad-max is the
+// ratio of computed tokens per real token.
+#include <algorithm>  // std::min, std::max
+#include <map>        // std::map
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"            // UnsupportedError
+#include "harness/printer.hpp"           // format_number
+#include "harness/scenario.hpp"          // Scenario, ScenarioRun
+#include "scenarios/detail/packing.hpp"  // plan, generate_lengths
+
+namespace sb {
+namespace {
+
+using json = nlohmann::ordered_json;
+namespace pk = packing;
+
+// The device work of one batch, prepared before timing.
+struct BatchWork {
+  std::vector<std::unique_ptr<GemmOp>> gemms;
+  std::unique_ptr<AttentionOp> attn;
+  std::int64_t real = 0, computed = 0;
+};
+
+class PackingRun : public ScenarioRun {
+ public:
+  explicit PackingRun(RunContext& ctx) : ctx_(ctx) {}
+
+  Point run_point(const ParamSet& ps) override {
+    Device& dev = ctx_.device;
+    const auto strategy = *pk::parse_strategy(ps.get_str("strategy"));
+    const auto overflow = *pk::parse_overflow(ps.get_str("overflow"));
+    const auto max_len = std::int32_t(ps.get_int("max_len"));
+    const auto rows_per_batch = std::int32_t(ps.get_int("rows"));
+    const std::int64_t d = ps.get_int("d_model"), heads = ps.get_int("heads");
+    if (d % heads != 0) throw UsageError(fmt::format("d_model {} is not a multiple of heads {}", d, heads));
+    const DType dt = *parse_dtype(ps.get_str("dtype"));
+    const AttnImpl attn_impl = *parse_attn_impl(ps.get_str("attn"));
+    if (auto why = dev.attention_unsupported(attn_impl, dt)) throw UnsupportedError(*why);
+
+    // Same seed for every strategy: they batch the same dataset.
+    const pk::LengthSpec spec = pk::parse_lengths(ps.get_str("lengths"));
+    const auto lengths = pk::generate_lengths(spec, ps.get_int("sequences"), 1234, 4 * max_len);
+    const pk::Plan plan = pk::plan(lengths, strategy, max_len, rows_per_batch, std::int32_t(ps.get_int("window")),
+                                   overflow);
+    const std::int64_t n_rows = std::int64_t(plan.rows.size());
+    const std::int64_t n_batches = (n_rows + rows_per_batch - 1) / rows_per_batch;
+
+    // A sample of batches, spread evenly over the epoch, is prepared and timed.
+    const std::int64_t sample = std::min<std::int64_t>(ps.get_int("batches"), n_batches);
+    std::vector<BatchWork> work;
+    ctx_.progress(fmt::format("packing {}: preparing {} batches", to_string(strategy), sample));
+    for (std::int64_t i = 0; i < sample; ++i) {
+      const std::int64_t b = i * n_batches / sample;
+      work.push_back(prepare(dev, plan, b * rows_per_batch, std::min(n_rows, (b + 1) * rows_per_batch), d, heads,
+                             dt, attn_impl));
+    }
+    std::int64_t real = 0, computed = 0;
+    for (const auto& w : work) {
+      real += w.real;
+      computed += w.computed;
+    }
+
+    ctx_.progress(fmt::format("packing {}: timing", to_string(strategy)));
+    MeasureConfig cfg = ctx_.measure;
+    cfg.min_trials = int(ps.get_int("trials"));
+    cfg.max_trials = std::max(cfg.max_trials, cfg.min_trials);
+    const Measurement m = measure(
+        dev,
+        [&] {
+          for (auto& w : work) {
+            for (auto& g : w.gemms) g->enqueue();  // forward
+            w.attn->forward();
+            w.attn->backward();
+            for (int rep = 0; rep < 2; ++rep)
+              for (auto& g : w.gemms) g->enqueue();  // backward: dX and dW per GEMM
+          }
+        },
+        cfg);
+    const double secs = m.ms.median / 1e3;
+
+    Point p;
+    p.add({"padding_pct", 100 * plan.padding_fraction(), "%", Direction::lower, std::nullopt,
+           "1 - real tokens / computed tokens (whole epoch)"});
+    p.add({"efficiency_pct", 100 * plan.efficiency(), "%", Direction::higher, std::nullopt,
+           "real tokens / (rows * max_len) (whole epoch)"});
+    p.add({"real_tokens_per_s", double(real) / secs, "tokens/s", Direction::higher, std::nullopt,
+           "real (non-padding) tokens of the timed batches / median time: effective throughput"});
+    p.add({"computed_tokens_per_s", double(computed) / secs, "tokens/s", Direction::higher, std::nullopt,
+           "all computed tokens, padding included", false});
+    p.add({"rows", double(n_rows), "rows", Direction::lower, std::nullopt, "max_len rows for the epoch"});
+    p.add({"plan_ms", plan.seconds * 1e3, "ms", Direction::lower, std::nullopt, "time the batching strategy took"});
+    p.add({"ms", m.ms.median, "ms", Direction::lower, m.ms, "median time of the timed batches, fwd+bwd", false});
+    p.info = json{{"real_tokens", plan.real_tokens},
+                  {"computed_tokens", plan.computed_tokens},
+                  {"dropped_tokens", plan.dropped_tokens},
+                  {"split_sequences", plan.split_sequences},
+                  {"batches", n_batches},
+                  {"timed_batches", sample},
+                  {"timed_real_tokens", real},
+                  {"timed_computed_tokens", computed},
+                  {"cross_contamination", plan.cross_contamination},
+                  {"attention", std::string(to_string(attn_impl)) + (is_packed(strategy) ? " varlen" : " dense")},
+                  {"layer", fmt::format("d_model {}, {} heads, MLP 4d, {}", d, heads, to_string(dt))},
+                  {"trials", m.ms.n},
+                  {"stop", m.stop}};
+    if (plan.cross_contamination)
+      p.info["warning"] = "concat lets examples attend to each other: wrong for training";
+    return p;
+  }
+
+  void analyze(Result& r) override {
+    const Point* base = nullptr;
+    for (const auto& p : r.points)
+      if (p.status == Status::ok && p.params.value("strategy", "") == "pad-max") base = &p;
+    if (!base) return;
+    const double base_tps = base->metric("real_tokens_per_s")->value;
+    const double base_cpr = double(base->info.value("computed_tokens", 0)) / double(base->info.value("real_tokens", 1));
+    const Point* best = nullptr;
+    for (auto& p : r.points) {
+      if (p.status != Status::ok || &p == base) continue;
+      const double sp = p.metric("real_tokens_per_s")->value / base_tps;
+      const double cpr = double(p.info.value("computed_tokens", 0)) / double(p.info.value("real_tokens", 1));
+      p.add({"speedup_vs_pad_max", sp, "x", Direction::higher, std::nullopt,
+             "real tokens/s over pad-max, measured in this run"});
+      p.add({"predicted_speedup", base_cpr / cpr, "x", Direction::none, std::nullopt,
+             "pad-max computed tokens per real token / this strategy's"});
+      if (!p.info.value("cross_contamination", false) && (!best || sp > best->metric("speedup_vs_pad_max")->value))
+        best = &p;
+    }
+    if (!best) return;
+    const double sp = best->metric("speedup_vs_pad_max")->value;
+    r.findings.push_back(
+        {"batches padded instead of packed",
+         fmt::format("pad-max computes {:.0f}% padding; {} cuts it to {:.1f}% and runs {:.2f}x the real tokens/s "
+                     "(predicted {:.2f}x from computed tokens)",
+                     base->metric("padding_pct")->value, best->params.value("strategy", ""),
+                     best->metric("padding_pct")->value, sp, best->metric("predicted_speedup")->value),
+         sp,
+         json{{"strategy", best->params.value("strategy", "")},
+              {"pad_max_padding_pct", base->metric("padding_pct")->value},
+              {"padding_pct", best->metric("padding_pct")->value},
+              {"efficiency_pct", best->metric("efficiency_pct")->value}}});
+  }
+
+ private:
+  static bool is_packed(pk::Strategy s) { return s == pk::Strategy::pack_ffd || s == pk::Strategy::pack_bfd; }
+
+  // Rows [r0, r1) of the plan as one batch of device work.
+  BatchWork prepare(Device& dev, const pk::Plan& plan, std::int64_t r0, std::int64_t r1, std::int64_t d,
+                    std::int64_t heads, DType dt, AttnImpl impl) {
+    BatchWork w;
+    AttnShape a;
+    a.heads = heads;
+    a.head_dim = d / heads;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      w.real += plan.rows[std::size_t(r)].used;
+      w.computed += plan.row_computed[std::size_t(r)];
+    }
+    if (is_packed(plan.strategy)) {
+      // Varlen: every row's segments, plus its unused tail as one more segment
+      // (computed like padding, attending only to itself).
+      a.cu_seqlens.push_back(0);
+      std::int32_t base = 0;
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const auto cu = pk::cu_seqlens(plan.rows[std::size_t(r)]);
+        for (std::size_t i = 1; i < cu.size(); ++i) a.cu_seqlens.push_back(base + cu[i]);
+        const std::int32_t len = plan.row_computed[std::size_t(r)];
+        if (a.cu_seqlens.back() < base + len) a.cu_seqlens.push_back(base + len);
+        base += len;
+      }
+      a.batch = 1;
+      a.seq = a.cu_seqlens.back();
+    } else {
+      // Dense rows of the batch's computed length (pad-max: max_len; pad-longest
+      // and bucket: the batch's longest; concat: max_len, no boundaries).
+      a.batch = r1 - r0;
+      a.seq = plan.row_computed[std::size_t(r0)];
+    }
+    const std::int64_t m = w.computed;
+    for (const GemmShape& g : {GemmShape{m, 3 * d, d}, GemmShape{m, d, d}, GemmShape{m, 4 * d, d},
+                               GemmShape{m, d, 4 * d}})
+      w.gemms.push_back(dev.make_gemm(g, dt == DType::fp32 ? DType::fp32 : dt, 5));
+    w.attn = dev.make_attention(a, impl, dt, 6);
+    return w;
+  }
+
+  RunContext& ctx_;
+};
+
+}  // namespace
+
+extern const Scenario packing_scenario;
+const Scenario packing_scenario{
+    "packing",
+    "batches padded instead of packed",
+    "padding fraction, packing efficiency and real tokens/s of pad-max, pad-longest, bucketing, FFD/BFD packing",
+    {
+        ParamSpec{.name = "strategy", .type = ParamType::choice,
+                  .default_value = "pad-max,pad-longest,bucket,pack-ffd,pack-bfd,concat",
+                  .help = "how lengths become max_len rows",
+                  .choices = {"pad-max", "pad-longest", "bucket", "pack-ffd", "pack-bfd", "concat"}},
+        ParamSpec{.name = "lengths", .type = ParamType::text, .default_value = "lognormal:256,1.0",
+                  .help = "fixed:N | uniform:LO,HI | lognormal:MEAN,SIGMA | @FILE (lengths, or CSV length,count)",
+                  .check = [](const std::string& t) { (void)packing::parse_lengths(t); }},
+        ParamSpec{.name = "max_len", .type = ParamType::integer, .default_value = "2048",
+                  .help = "sequence length of a row (the trainer's sequence_len)", .unit = "tokens", .min = 8,
+                  .max = 1 << 20, .quick_default = "512"},
+        ParamSpec{.name = "sequences", .type = ParamType::integer, .default_value = "4096",
+                  .help = "examples in the epoch (for @FILE: 0 = all)", .unit = "sequences", .min = 0,
+                  .max = 1ll << 32, .quick_default = "512"},
+        ParamSpec{.name = "rows", .type = ParamType::integer, .default_value = "4", .help = "rows per batch",
+                  .unit = "rows", .min = 1, .max = 4096},
+        ParamSpec{.name = "window", .type = ParamType::integer, .default_value = "8",
+                  .help = "bucket: sort within this many batches", .unit = "batches", .min = 1, .max = 1 << 20},
+        ParamSpec{.name = "overflow", .type = ParamType::choice, .default_value = "split",
+                  .help = "sequences longer than max_len are split or dropped", .choices = {"split", "drop"}},
+        ParamSpec{.name = "d_model", .type = ParamType::integer, .default_value = "128",
+                  .help = "the layer's hidden size", .unit = "elements", .min = 16, .max = 65536,
+                  .gpu_default = "2048"},
+        ParamSpec{.name = "heads", .type = ParamType::integer, .default_value = "2", .help = "attention heads",
+                  .unit = "heads", .min = 1, .max = 1024, .gpu_default = "16"},
+        ParamSpec{.name = "dtype", .type = ParamType::choice, .default_value = "fp32", .help = "element type",
+                  .choices = {"fp32", "bf16", "fp16"}, .gpu_default = "bf16"},
+        ParamSpec{.name = "attn", .type = ParamType::choice, .default_value = "flash",
+                  .help = "attention implementation", .choices = {"naive", "flash", "cudnn"},
+                  .gpu_default = "cudnn"},
+        ParamSpec{.name = "batches", .type = ParamType::integer, .default_value = "4",
+                  .help = "batches timed, spread evenly over the epoch", .unit = "batches", .min = 1,
+                  .max = 100000, .quick_default = "2"},
+        ParamSpec{.name = "trials", .type = ParamType::integer, .default_value = "3", .help = "minimum timed trials",
+                  .unit = "trials", .min = 1, .max = 100000, .workload = false},
+    },
+    [](RunContext& ctx) -> std::unique_ptr<ScenarioRun> { return std::make_unique<PackingRun>(ctx); },
+};
+
+}  // namespace sb
