@@ -128,11 +128,11 @@ ParamValue parse_value(const ParamSpec& s, const std::string& text) {
 }
 
 namespace {
-std::vector<std::string> split_list(const std::string& s) {
+std::vector<std::string> split_list(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::size_t start = 0;
   while (true) {
-    const auto comma = s.find(',', start);
+    const auto comma = s.find(sep, start);
     out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -176,7 +176,9 @@ Sweep expand_sweep(const std::vector<ParamSpec>& specs, const std::vector<std::s
       if (profile.quick && !s.quick_default.empty()) text = s.quick_default;
     }
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
-    for (const auto& part : split_list(text)) {
+    // Text values may hold commas themselves (lengths=lognormal:256,1.0), so
+    // a text sweep separates its values with ';'.
+    for (const auto& part : split_list(text, s.type == ParamType::text ? ';' : ',')) {
       axes[i].push_back(parse_value(s, part));
       std::visit([&](const auto& x) { list.push_back(x); }, axes[i].back());
     }

@@ -1,6 +1,7 @@
 // Typed scenario parameters and sweeps. A scenario declares its parameters
 // (type, default, range, unit, help); `-p key=v1,v2` on the command line
-// turns a parameter into a sweep axis, and the sweep is the cartesian product
+// turns a parameter into a sweep axis (text parameters, whose values may hold
+// commas, separate theirs with ';'), and the sweep is the cartesian product
 // of all axes (like nvbench axes). Axis names become JSON keys unchanged.
 #pragma once
 

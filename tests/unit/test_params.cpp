@@ -87,6 +87,14 @@ TEST(Params, HugeSweepIsRefused) {
   EXPECT_NE(usage_message({many, ratios}).find("more than 10000 points"), std::string::npos);
 }
 
+TEST(Params, TextSweepsSplitOnSemicolons) {
+  std::vector<ParamSpec> sp{ParamSpec{.name = "lengths", .type = ParamType::text, .default_value = "fixed:8"}};
+  const Sweep s = expand_sweep(sp, {"lengths=lognormal:256,1.0;uniform:1,9"}, {});
+  ASSERT_EQ(s.points.size(), 2u);
+  EXPECT_EQ(s.points[0].get_str("lengths"), "lognormal:256,1.0");
+  EXPECT_EQ(s.points[1].get_str("lengths"), "uniform:1,9");
+}
+
 TEST(Params, DescribeRange) {
   EXPECT_EQ(describe_range(specs()[0]), "[16, 4096]");
   EXPECT_EQ(describe_range(specs()[1]), "fp32|bf16");

@@ -107,7 +107,9 @@ TEST(Sampler, SamplesUntilStoppedAndStopsTwice) {
   ASSERT_FALSE(series.empty());
   for (std::size_t i = 0; i < series.size(); ++i) {
     EXPECT_DOUBLE_EQ(series[i].s.util, 0.5);
-    if (i) EXPECT_GE(series[i].t_s, series[i - 1].t_s);
+    if (i) {
+      EXPECT_GE(series[i].t_s, series[i - 1].t_s);
+    }
   }
   s.stop();  // idempotent
   EXPECT_EQ(s.series().size(), series.size());
