@@ -87,12 +87,11 @@ std::string sparkline(std::span<const double> u, std::size_t width) {
   static const char* blocks[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
   std::string out;
   if (u.empty() || width == 0) return out;
-  const std::size_t buckets = std::min(width, u.size());
-  for (std::size_t b = 0; b < buckets; ++b) {
-    const std::size_t lo = b * u.size() / buckets, hi = std::max(lo + 1, (b + 1) * u.size() / buckets);
-    double s = 0;
-    for (std::size_t i = lo; i < hi; ++i) s += u[i];
-    const double v = std::clamp(s / double(hi - lo), 0.0, 1.0);
+  // Longer series are thinned by picking samples, not by averaging them:
+  // averaging would flatten exactly the spikes this line is there to show.
+  const std::size_t n = std::min(width, u.size());
+  for (std::size_t b = 0; b < n; ++b) {
+    const double v = std::clamp(u[b * u.size() / n], 0.0, 1.0);
     out += blocks[std::min<std::size_t>(7, std::size_t(v * 8))];
   }
   return out;

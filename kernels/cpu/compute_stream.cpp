@@ -59,9 +59,20 @@ void ComputeStream::wait_done(std::uint64_t seq, std::chrono::milliseconds timeo
 }
 
 std::chrono::nanoseconds ComputeStream::busy_time() const {
-  const std::int64_t since = busy_since_ns_.load(std::memory_order_acquire);
-  const std::int64_t done = busy_done_ns_.load(std::memory_order_acquire);
-  return std::chrono::nanoseconds(done + (since ? now_ns() - since : 0));
+  // The two counters change together when an item starts or ends; a reader
+  // in between would count an item twice or not at all (and the sampler's
+  // next window would lose that time). A sequence lock: the stream thread
+  // makes seq_ odd while it updates them; a reader retries until it saw an
+  // even seq_ that did not change across its reads.
+  while (true) {
+    const std::uint64_t s1 = seq_.load(std::memory_order_acquire);
+    if (s1 & 1) continue;
+    const std::int64_t since = busy_since_ns_.load(std::memory_order_acquire);
+    const std::int64_t done = busy_done_ns_.load(std::memory_order_acquire);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (seq_.load(std::memory_order_relaxed) == s1)
+      return std::chrono::nanoseconds(done + (since ? now_ns() - since : 0));
+  }
 }
 
 void ComputeStream::loop() {
@@ -74,7 +85,9 @@ void ComputeStream::loop() {
     running_ = item.label;
     lk.unlock();
     const std::int64_t start = now_ns();
+    seq_.fetch_add(1, std::memory_order_acq_rel);  // odd: updating
     busy_since_ns_.store(start, std::memory_order_release);
+    seq_.fetch_add(1, std::memory_order_acq_rel);  // even: consistent
     std::exception_ptr err;
     try {
       item.work();
@@ -83,8 +96,10 @@ void ComputeStream::loop() {
     }
     // Publish the finished interval before clearing "running", so a reader
     // never sees the interval counted twice or not at all for long.
+    seq_.fetch_add(1, std::memory_order_acq_rel);
     busy_done_ns_.fetch_add(now_ns() - start, std::memory_order_acq_rel);
     busy_since_ns_.store(0, std::memory_order_release);
+    seq_.fetch_add(1, std::memory_order_acq_rel);
     lk.lock();
     if (err && !error_) error_ = err;
     running_.clear();

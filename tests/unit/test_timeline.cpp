@@ -77,6 +77,11 @@ TEST(Pattern, Sparkline) {
   EXPECT_EQ(sparkline(std::vector<double>{0.0, 0.5, 1.0}), "▁▅█");
   EXPECT_EQ(sparkline(std::vector<double>(200, 1.0), 10), "██████████");
   EXPECT_EQ(sparkline(std::vector<double>{}), "");
+  std::vector<double> spikes;
+  for (int i = 0; i < 120; ++i) spikes.push_back(i % 3 == 0 ? 1.0 : 0.0);
+  const std::string line = sparkline(spikes, 60);
+  EXPECT_NE(line.find("█"), std::string::npos) << line;  // thinning keeps the spikes
+  EXPECT_NE(line.find("▁"), std::string::npos) << line;
 }
 
 }  // namespace

@@ -53,6 +53,7 @@ class ComputeStream {
   bool stop_ = false;
   std::atomic<std::int64_t> busy_since_ns_{0};  // steady_clock ns when the running item began; 0 = idle
   std::atomic<std::int64_t> busy_done_ns_{0};   // busy time of finished items
+  std::atomic<std::uint64_t> seq_{0};           // odd while the two above change (busy_time's lock)
   std::thread thread_;
 };
 
