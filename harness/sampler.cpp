@@ -87,11 +87,13 @@ std::string sparkline(std::span<const double> u, std::size_t width) {
   static const char* blocks[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
   std::string out;
   if (u.empty() || width == 0) return out;
-  // Longer series are thinned by picking samples, not by averaging them:
-  // averaging would flatten exactly the spikes this line is there to show.
+  // A longer series shows its middle `width` samples as they are: averaging
+  // would flatten the spikes this line is there to show, and picking every
+  // k-th sample aliases against the step period.
   const std::size_t n = std::min(width, u.size());
-  for (std::size_t b = 0; b < n; ++b) {
-    const double v = std::clamp(u[b * u.size() / n], 0.0, 1.0);
+  const std::size_t first = (u.size() - n) / 2;
+  for (std::size_t i = first; i < first + n; ++i) {
+    const double v = std::clamp(u[i], 0.0, 1.0);
     out += blocks[std::min<std::size_t>(7, std::size_t(v * 8))];
   }
   return out;

@@ -65,8 +65,8 @@ enum class Pattern { healthy, spiky, steady_low, idle, stuck };
 std::string_view to_string(Pattern);
 Pattern classify(std::span<const double> util, bool progressed = true);
 
-// One line of block characters (▁..█), at most width wide (longer series are
-// thinned by picking evenly spaced samples, which keeps spikes visible).
+// One line of block characters (▁..█), at most width wide: a longer series
+// shows its middle `width` samples unaveraged, so spikes stay visible.
 std::string sparkline(std::span<const double> util, std::size_t width = 60);
 
 }  // namespace sb

@@ -38,6 +38,13 @@ struct BatchWork {
   std::vector<std::unique_ptr<GemmOp>> gemms;
   std::unique_ptr<AttentionOp> attn;
   std::int64_t real = 0, computed = 0;
+  // Forward+backward FLOPs: 3 x the GEMMs' 2*M*N*K, and 3.5 x attention's
+  // forward (quadratic in each sequence's length: padding costs S^2 there).
+  double flops() const {
+    double f = 3.5 * attn->shape().fwd_flops();
+    for (const auto& g : gemms) f += 3 * g->shape().flops();
+    return f;
+  }
 };
 
 class PackingRun : public ScenarioRun {
@@ -74,9 +81,11 @@ class PackingRun : public ScenarioRun {
                              dt, attn_impl));
     }
     std::int64_t real = 0, computed = 0;
+    double flops = 0;
     for (const auto& w : work) {
       real += w.real;
       computed += w.computed;
+      flops += w.flops();
     }
 
     ctx_.progress(fmt::format("packing {}: timing", to_string(strategy)));
@@ -117,6 +126,7 @@ class PackingRun : public ScenarioRun {
                   {"timed_batches", sample},
                   {"timed_real_tokens", real},
                   {"timed_computed_tokens", computed},
+                  {"timed_flops", flops},
                   {"cross_contamination", plan.cross_contamination},
                   {"attention", std::string(to_string(attn_impl)) + (is_packed(strategy) ? " varlen" : " dense")},
                   {"layer", fmt::format("d_model {}, {} heads, MLP 4d, {}", d, heads, to_string(dt))},
@@ -134,6 +144,9 @@ class PackingRun : public ScenarioRun {
     if (!base) return;
     const double base_tps = base->metric("real_tokens_per_s")->value;
     const double base_cpr = double(base->info.value("computed_tokens", 0)) / double(base->info.value("real_tokens", 1));
+    auto flops_per_real = [](const Point& p) {
+      return p.info.value("timed_flops", 0.0) / std::max(1.0, double(p.info.value("timed_real_tokens", 0)));
+    };
     const Point* best = nullptr;
     for (auto& p : r.points) {
       if (p.status != Status::ok || &p == base) continue;
@@ -143,6 +156,9 @@ class PackingRun : public ScenarioRun {
              "real tokens/s over pad-max, measured in this run"});
       p.add({"predicted_speedup", base_cpr / cpr, "x", Direction::none, std::nullopt,
              "pad-max computed tokens per real token / this strategy's"});
+      p.add({"predicted_flops_speedup", flops_per_real(*base) / std::max(1e-30, flops_per_real(p)), "x",
+             Direction::none, std::nullopt,
+             "pad-max FLOPs per real token / this strategy's: attention is quadratic in the padded length"});
       if (!p.info.value("cross_contamination", false) && (!best || sp > best->metric("speedup_vs_pad_max")->value))
         best = &p;
     }
@@ -151,9 +167,10 @@ class PackingRun : public ScenarioRun {
     r.findings.push_back(
         {"batches padded instead of packed",
          fmt::format("pad-max computes {:.0f}% padding; {} cuts it to {:.1f}% and runs {:.2f}x the real tokens/s "
-                     "(predicted {:.2f}x from computed tokens)",
+                     "(predicted {:.2f}x from computed tokens, {:.2f}x from FLOPs: padded attention is quadratic)",
                      base->metric("padding_pct")->value, best->params.value("strategy", ""),
-                     best->metric("padding_pct")->value, sp, best->metric("predicted_speedup")->value),
+                     best->metric("padding_pct")->value, sp, best->metric("predicted_speedup")->value,
+                     best->metric("predicted_flops_speedup")->value),
          sp,
          json{{"strategy", best->params.value("strategy", "")},
               {"pad_max_padding_pct", base->metric("padding_pct")->value},

@@ -80,7 +80,8 @@ TEST(Pattern, Sparkline) {
   std::vector<double> spikes;
   for (int i = 0; i < 120; ++i) spikes.push_back(i % 3 == 0 ? 1.0 : 0.0);
   const std::string line = sparkline(spikes, 60);
-  EXPECT_NE(line.find("█"), std::string::npos) << line;  // thinning keeps the spikes
+  EXPECT_EQ(line.size(), 60u * 3);                         // 60 block characters, 3 bytes each
+  EXPECT_NE(line.find("█"), std::string::npos) << line;  // the window keeps the spikes
   EXPECT_NE(line.find("▁"), std::string::npos) << line;
 }
 
