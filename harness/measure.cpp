@@ -17,6 +17,12 @@ MeasureConfig quick_measure_config() {
   return c;
 }
 
+MeasureConfig with_min_trials(MeasureConfig cfg, int trials) {
+  cfg.min_trials = trials;
+  cfg.max_trials = std::max(cfg.max_trials, trials);
+  return cfg;
+}
+
 namespace {
 double time_batch(Device& dev, const std::function<void()>& op, int reps,
                   const MeasureConfig& cfg) {

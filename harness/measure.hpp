@@ -26,6 +26,9 @@ struct MeasureConfig {
 // The --quick profile: smoke-test sized, not for publishing.
 MeasureConfig quick_measure_config();
 
+// cfg with at least `trials` timed trials (a scenario's `trials` parameter).
+MeasureConfig with_min_trials(MeasureConfig cfg, int trials);
+
 struct Measurement {
   Stats ms;               // per-op milliseconds over trials
   int reps_per_trial = 1; // ops enqueued back to back inside one timed trial

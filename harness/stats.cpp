@@ -38,4 +38,18 @@ Stats summarize(std::span<const double> samples) {
   return s;
 }
 
+Stats rate_from_ms(const Stats& ms, double work) {
+  auto rate = [&](double t) { return t > 0 ? work / (t * 1e-3) / 1e12 : 0.0; };
+  Stats r;
+  r.n = ms.n;
+  r.median = rate(ms.median);
+  r.p10 = rate(ms.p90);
+  r.p90 = rate(ms.p10);
+  r.min = rate(ms.max);
+  r.max = rate(ms.min);
+  r.mean = rate(ms.mean);
+  r.stdrel = ms.stdrel;
+  return r;
+}
+
 }  // namespace sb

@@ -18,4 +18,10 @@ double percentile(std::span<const double> sorted, double q);
 
 Stats summarize(std::span<const double> samples);
 
+// A throughput summary from a time summary: rate = work / seconds / 1e12 for
+// each figure (work = FLOPs gives TFLOP/s). The fastest trial gives the
+// highest rate, so p10 and p90 (and min and max) swap; the mean is the rate
+// at the mean time; stdrel carries over.
+Stats rate_from_ms(const Stats& ms, double work);
+
 }  // namespace sb

@@ -70,9 +70,7 @@ class AttentionRun : public ScenarioRun {
     const Device::MemoryStats mem = dev.memory_stats();
 
     ctx_.progress(where + ": timing");
-    MeasureConfig cfg = ctx_.measure;
-    cfg.min_trials = int(ps.get_int("trials"));
-    cfg.max_trials = std::max(cfg.max_trials, cfg.min_trials);
+    const MeasureConfig cfg = with_min_trials(ctx_.measure, int(ps.get_int("trials")));
     const Measurement m = measure(
         dev,
         [&] {
@@ -82,16 +80,7 @@ class AttentionRun : public ScenarioRun {
         cfg);
 
     const double flops = s.fwd_flops() * (bwd ? 3.5 : 1.0);
-    auto tflops_of = [&](double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
-    Stats tf;
-    tf.n = m.ms.n;
-    tf.median = tflops_of(m.ms.median);
-    tf.p10 = tflops_of(m.ms.p90);
-    tf.p90 = tflops_of(m.ms.p10);
-    tf.min = tflops_of(m.ms.max);
-    tf.max = tflops_of(m.ms.min);
-    tf.mean = tflops_of(m.ms.mean);
-    tf.stdrel = m.ms.stdrel;
+    const Stats tf = rate_from_ms(m.ms, flops);  // TFLOP/s per trial
     Point p;
     p.add({"ms", m.ms.median, "ms", Direction::lower, m.ms, "median time of one pass"});
     p.add({"tflops", tf.median, "TFLOP/s", Direction::higher, tf,

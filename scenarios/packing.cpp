@@ -89,9 +89,7 @@ class PackingRun : public ScenarioRun {
     }
 
     ctx_.progress(fmt::format("packing {}: timing", to_string(strategy)));
-    MeasureConfig cfg = ctx_.measure;
-    cfg.min_trials = int(ps.get_int("trials"));
-    cfg.max_trials = std::max(cfg.max_trials, cfg.min_trials);
+    const MeasureConfig cfg = with_min_trials(ctx_.measure, int(ps.get_int("trials")));
     const Measurement m = measure(
         dev,
         [&] {

@@ -50,24 +50,13 @@ class PrecisionRun : public ScenarioRun {
 
     ctx_.progress(where + ": allocate");
     auto op = dev.make_gemm(s, t, 42);  // nothing is allocated inside the timed region
-    MeasureConfig cfg = ctx_.measure;
-    cfg.min_trials = int(ps.get_int("trials"));
-    cfg.max_trials = std::max(cfg.max_trials, cfg.min_trials);
+    const MeasureConfig cfg = with_min_trials(ctx_.measure, int(ps.get_int("trials")));
     ctx_.progress(where + ": timing");
     const Measurement m = measure(dev, [&] { op->enqueue(); }, cfg);
 
     Point p;
     const double flops = s.flops();
-    auto tflops_of = [&](double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
-    Stats tf;  // throughput summary: the fastest trial gives the highest figure
-    tf.n = m.ms.n;
-    tf.median = tflops_of(m.ms.median);
-    tf.p10 = tflops_of(m.ms.p90);
-    tf.p90 = tflops_of(m.ms.p10);
-    tf.min = tflops_of(m.ms.max);
-    tf.max = tflops_of(m.ms.min);
-    tf.mean = tflops_of(m.ms.mean);
-    tf.stdrel = m.ms.stdrel;
+    const Stats tf = rate_from_ms(m.ms, flops);  // TFLOP/s per trial
     p.add({"tflops", tf.median, "TFLOP/s", Direction::higher, tf, "2*M*N*K / median time"});
     p.add({"ms", m.ms.median, "ms", Direction::lower, m.ms, "median time of one GEMM"});
     if (ctx_.expected) {

@@ -91,3 +91,31 @@ TEST(Measure, HangPropagates) {
 
 }  // namespace
 }  // namespace sb
+
+namespace sb {
+namespace {
+
+TEST(Stats, RateFromMsInvertsAndSwapsTheTails) {
+  Stats ms;
+  ms.n = 3;
+  ms.median = 2.0;
+  ms.p10 = 1.0;
+  ms.p90 = 4.0;
+  ms.min = 1.0;
+  ms.max = 4.0;
+  ms.mean = 2.0;
+  ms.stdrel = 0.1;
+  const Stats r = rate_from_ms(ms, 2e12);  // 2 TFLOP in 2 ms = 1000 TFLOP/s
+  EXPECT_DOUBLE_EQ(r.median, 1000);
+  EXPECT_DOUBLE_EQ(r.p90, 2000);  // the fastest 10% of trials
+  EXPECT_DOUBLE_EQ(r.p10, 500);
+  EXPECT_DOUBLE_EQ(r.max, 2000);
+  EXPECT_DOUBLE_EQ(r.min, 500);
+  EXPECT_DOUBLE_EQ(r.stdrel, 0.1);
+  EXPECT_EQ(r.n, 3);
+  EXPECT_DOUBLE_EQ(rate_from_ms(Stats{}, 1.0).median, 0.0);  // no time, no rate
+  EXPECT_EQ(with_min_trials(MeasureConfig{}, 5000).max_trials, 5000);
+}
+
+}  // namespace
+}  // namespace sb
