@@ -19,48 +19,9 @@
 #include <string_view>  // std::string_view
 #include <vector>       // std::vector
 
+#include "scenarios/detail/lengths.hpp"  // LengthCount, LengthSpec, generate_lengths
+
 namespace sb::packing {
-
-// One row of a CSV histogram: `count` sequences of `length` tokens.
-struct LengthCount {
-  std::int32_t length = 0;
-  std::int64_t count = 0;
-};
-
-// A parsed length spec. Grammar:
-//   fixed:N                every sequence N tokens (N >= 1)
-//   uniform:LO,HI          integers uniform in [LO, HI], 1 <= LO <= HI
-//   lognormal:MEAN,SIGMA   MEAN = mean length in tokens (> 0), SIGMA = sigma of
-//                          the underlying normal (>= 0): mu = ln(MEAN) - SIGMA^2/2
-//   @FILE                  one length per line, or a CSV histogram "length,count"
-//                          with an optional header line; blank lines and '#'
-//                          comments allowed. The file is read by parse_lengths.
-struct LengthSpec {
-  enum class Kind { fixed, uniform, lognormal, file_lengths, file_histogram };
-  Kind kind = Kind::fixed;
-  std::string text;                    // the spec as given
-  std::int64_t lo = 0, hi = 0;         // fixed: lo == hi == N; uniform: [lo, hi]
-  double mean = 0, sigma = 0;          // lognormal
-  std::vector<std::int32_t> lengths;   // file_lengths, in file order
-  std::vector<LengthCount> histogram;  // file_histogram, in file order
-};
-
-// Throws sb::UsageError naming the valid forms; for files, the path and the
-// 1-based line number of the bad line (or that the file cannot be read).
-LengthSpec parse_lengths(const std::string& spec);
-
-// n lengths from the spec, a pure function of (spec, n, seed): runs repeat.
-// Values are clipped to [1, cap] (cap <= 0: no upper clip). The scenario
-// passes cap = 4 * max_len so that long sequences reach the planner and its
-// Overflow rule decides, without a heavy tail dominating the run.
-//   file_lengths:   the file's lengths, cycled/truncated to n (all when n == 0)
-//   file_histogram: n draws weighted by count; n == 0 expands the counts
-//                   exactly, then shuffles with the seed (a dataset is
-//                   consumed in random order, and pad-longest would look
-//                   unrealistically good on length-sorted input)
-//   fixed/uniform/lognormal: n == 0 gives an empty vector.
-std::vector<std::int32_t> generate_lengths(const LengthSpec& spec, std::int64_t n,
-                                           std::uint64_t seed, std::int32_t cap = 0);
 
 enum class Strategy { pad_max, pad_longest, bucket, pack_ffd, pack_bfd, concat };
 enum class Overflow { split, drop };
