@@ -73,7 +73,7 @@ int cmd_list(bool names_only, bool as_json) {
       std::string def = p["default"].get<std::string>();
       if (!p["gpu_default"].get<std::string>().empty()) def += fmt::format(" (gpu: {})", p["gpu_default"].get<std::string>());
       if (!p["quick_default"].get<std::string>().empty()) def += fmt::format(" (--quick: {})", p["quick_default"].get<std::string>());
-      std::cout << fmt::format("    -p {:<8} {:<6} default {}\n    {:<11} {:<6} range {}{}  {}\n",
+      std::cout << fmt::format("    -p {:<12} {:<6} default {}\n    {:<15} {:<6} range {}{}  {}\n",
                                p["name"].get<std::string>(), p["type"].get<std::string>(), def, "", "",
                                p["range"].get<std::string>(),
                                p["unit"].get<std::string>().empty() ? "" : " " + p["unit"].get<std::string>(),

@@ -75,7 +75,11 @@ std::string describe_range(const ParamSpec& s) {
     case ParamType::text: return "text";
     case ParamType::integer:
     case ParamType::real: {
-      auto f = [](double x) { return std::isfinite(x) ? fmt::format("{:g}", x) : std::string(x < 0 ? "-inf" : "inf"); };
+      const bool integer = s.type == ParamType::integer;
+      auto f = [integer](double x) {
+        if (!std::isfinite(x)) return std::string(x < 0 ? "-inf" : "inf");
+        return integer ? fmt::format("{:.0f}", x) : fmt::format("{:g}", x);
+      };
       return fmt::format("[{}, {}]", f(s.min), f(s.max));
     }
   }
