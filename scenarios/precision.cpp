@@ -88,6 +88,7 @@ class PrecisionRun : public ScenarioRun {
       double speedup = 0;
       std::string shape;
       double fp32 = 0, other = 0;
+      double flops = -1;  // of the shape: the largest one wins
     };
     std::map<std::string, Best> best;  // per dtype: at the largest shape that has both
     for (auto& p : r.points) {
@@ -100,10 +101,7 @@ class PrecisionRun : public ScenarioRun {
       p.add({"speedup_vs_fp32", sp, "x", Direction::higher, std::nullopt, "TFLOP/s over fp32 at the same shape"});
       Best& b = best[dt];
       const double flops = p.info.value("flops", 0.0);
-      if (b.shape.empty() || flops >= best_flops_[dt]) {
-        best_flops_[dt] = flops;
-        b = Best{sp, key(p), it->second, tf};
-      }
+      if (flops >= b.flops) b = Best{sp, key(p), it->second, tf, flops};
     }
     if (fp32.empty()) {
       r.findings.push_back({"fp32 where bf16 would do", "no fp32 point ran, so no gain over fp32 can be measured",
@@ -139,7 +137,6 @@ class PrecisionRun : public ScenarioRun {
 
   RunContext& ctx_;
   std::map<DType, GemmCheck> checks_;
-  std::map<std::string, double> best_flops_;
 };
 
 std::vector<std::string> dtype_choices() {
