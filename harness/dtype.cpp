@@ -30,6 +30,17 @@ const std::vector<DType>& all_dtypes() {
   return v;
 }
 
+DType gpu_gemm_c_dtype(DType t) {
+  switch (t) {
+    case DType::fp32:
+    case DType::tf32: return DType::fp32;
+    case DType::fp16: return DType::fp16;
+    case DType::bf16:
+    case DType::fp8_e4m3: return DType::bf16;
+  }
+  return DType::fp32;
+}
+
 int storage_bytes(DType t) {
   switch (t) {
     case DType::fp32:

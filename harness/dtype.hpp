@@ -18,6 +18,11 @@ std::string_view to_string(DType);
 std::optional<DType> parse_dtype(std::string_view);  // accepts "fp8" for fp8_e4m3
 const std::vector<DType>& all_dtypes();
 
+// The element type a GPU GEMM of this dtype writes C in (cuBLAS and
+// torch.matmul's convention): fp32 for fp32/tf32, the input type for bf16 and
+// fp16, bf16 for fp8 (fp8 outputs need scaling recipes).
+DType gpu_gemm_c_dtype(DType);
+
 // Bytes of one stored element (tf32 is stored as fp32).
 int storage_bytes(DType);
 

@@ -68,7 +68,7 @@ class CudaGemm final : public GemmOp {
     const std::int64_t m = shape.m, n = shape.n, k = shape.k;
     const LtTypes t = lt_types(dtype);
     const auto esize = std::size_t(storage_bytes(dtype));
-    const auto csize = std::size_t(storage_bytes(c_dtype_of(dtype)));
+    const auto csize = std::size_t(storage_bytes(gpu_gemm_c_dtype(dtype)));
     bind();
     a_ = ctx_.device->allocate(std::size_t(m * k) * esize, MemKind::device);
     w_ = ctx_.device->allocate(std::size_t(n * k) * esize, MemKind::device);
@@ -111,7 +111,7 @@ class CudaGemm final : public GemmOp {
 
   GemmShape shape() const override { return shape_; }
   DType dtype() const override { return dtype_; }
-  DType c_dtype() const override { return c_dtype_of(dtype_); }
+  DType c_dtype() const override { return gpu_gemm_c_dtype(dtype_); }
   std::string impl() const override { return impl_; }
 
   void enqueue() override {
@@ -225,17 +225,6 @@ class CudaGemm final : public GemmOp {
 };
 
 }  // namespace
-
-DType c_dtype_of(DType d) {
-  switch (d) {
-    case DType::fp32:
-    case DType::tf32: return DType::fp32;
-    case DType::fp16: return DType::fp16;
-    case DType::bf16:
-    case DType::fp8_e4m3: return DType::bf16;
-  }
-  return DType::fp32;
-}
 
 std::unique_ptr<GemmOp> make_cublaslt_gemm(const GemmContext& ctx, GemmShape shape, DType dtype,
                                            std::uint64_t seed) {

@@ -106,7 +106,7 @@ class SimGemm final : public GemmOp {
   }
   GemmShape shape() const override { return shape_; }
   DType dtype() const override { return dtype_; }
-  DType c_dtype() const override { return sim_c_dtype(dtype_); }
+  DType c_dtype() const override { return gpu_gemm_c_dtype(dtype_); }
   std::string impl() const override {
     return fmt::format("simulated roofline: {}-bound, {:.1f} us", time_.compute_bound() ? "compute" : "memory",
                        time_.seconds() * 1e6);

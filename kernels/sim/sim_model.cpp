@@ -154,23 +154,12 @@ std::optional<std::string> sim_gemm_unsupported(const SimModel& m, DType t) {
   return std::nullopt;
 }
 
-DType sim_c_dtype(DType t) {
-  switch (t) {
-    case DType::fp32:
-    case DType::tf32: return DType::fp32;
-    case DType::fp16: return DType::fp16;
-    case DType::bf16:
-    case DType::fp8_e4m3: return DType::bf16;
-  }
-  return DType::fp32;
-}
-
 SimGemmTime sim_gemm_time(const SimModel& m, GemmShape s, DType t) {
   if (auto why = sim_gemm_unsupported(m, t)) throw UnsupportedError(*why);
   const double mm = double(s.m), nn = double(s.n), kk = double(s.k);
   SimGemmTime g;
   g.flops = s.flops();  // 2*M*N*K
-  g.bytes = (mm * kk + nn * kk) * storage_bytes(t) + mm * nn * storage_bytes(sim_c_dtype(t));
+  g.bytes = (mm * kk + nn * kk) * storage_bytes(t) + mm * nn * storage_bytes(gpu_gemm_c_dtype(t));
   g.compute_s = g.flops / (m.peak_tflops.at(t).value * 1e12);
   g.memory_s = g.bytes / (m.memory_bandwidth_gbs->value * 1e9);
   g.overhead_s = m.launch_overhead_us.value * 1e-6;

@@ -56,10 +56,6 @@ nlohmann::ordered_json sim_props(const SimModel& model);
 // Why the model cannot time a GEMM of this dtype, or nullopt.
 std::optional<std::string> sim_gemm_unsupported(const SimModel& model, DType dtype);
 
-// The element type of C, as the cuda device produces it: fp32 for fp32/tf32,
-// bf16 for bf16 and fp8 (fp8 GEMMs write a wider type), fp16 for fp16.
-DType sim_c_dtype(DType dtype);
-
 // One GEMM's modelled time:
 //   flops   = 2*M*N*K
 //   bytes   = (M*K + N*K) * storage_bytes(dtype) + M*N * storage_bytes(c dtype)

@@ -46,6 +46,14 @@ TEST(DType, E4m3Encoding) {
   EXPECT_EQ(round_to(DType::fp8_e4m3, 1.1875f), 1.25f);  // halfway: ties to even
 }
 
+TEST(DType, GpuGemmOutputType) {
+  EXPECT_EQ(gpu_gemm_c_dtype(DType::fp32), DType::fp32);
+  EXPECT_EQ(gpu_gemm_c_dtype(DType::tf32), DType::fp32);
+  EXPECT_EQ(gpu_gemm_c_dtype(DType::bf16), DType::bf16);
+  EXPECT_EQ(gpu_gemm_c_dtype(DType::fp16), DType::fp16);
+  EXPECT_EQ(gpu_gemm_c_dtype(DType::fp8_e4m3), DType::bf16);
+}
+
 TEST(DType, StorageAndRoundoff) {
   EXPECT_EQ(storage_bytes(DType::tf32), 4);
   EXPECT_EQ(storage_bytes(DType::bf16), 2);

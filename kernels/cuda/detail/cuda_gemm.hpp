@@ -45,10 +45,6 @@ struct GemmContext {
   std::string id;  // "cuda:0", for messages
 };
 
-// The element type of C: fp32 for fp32/tf32, bf16 for bf16 and fp8 (cuBLASLt
-// writes fp8 GEMMs to a wider type), fp16 for fp16.
-DType c_dtype_of(DType);
-
 // Allocates the operands, fills them from seed (A from stream 2*seed, W from
 // 2*seed+1) and picks the cuBLASLt algorithm. Throws OutOfMemory,
 // UnsupportedError (no algorithm for this shape/dtype).
