@@ -1,7 +1,9 @@
 // The stallbench command line. CLI11 is heavy, so it lives in this one
 // translation unit. Exit codes (README "Exit codes"):
 //   0 success; 1 a point failed or a library call failed; 2 bad input;
-//   3 compare: a metric is worse than --tolerance; 4 a hang was caught.
+//   3 compare: a metric is worse than --tolerance; 4 a hang was caught;
+//   5 collective: a rank's library failed a collective (a mismatch that
+//   errored instead of hanging); the job was ended after the dumps.
 #include <chrono>    // std::chrono::system_clock
 #include <cstdio>    // std::fputs
 #include <ctime>     // std::gmtime
@@ -19,7 +21,8 @@
 #include "harness/runner.hpp"       // run_scenario
 #include "harness/timeline.hpp"     // chrome_trace
 #include "harness/watchdog.hpp"     // Watchdog
-#include "kernels/backends.hpp"     // all_backends, open_device
+#include "kernels/backends.hpp"     // all_backends, open_device, open_process_group
+#include "scenarios/detail/hang_analysis.hpp"  // analyze_hang_dir
 
 namespace sb {
 namespace {
@@ -124,12 +127,18 @@ struct RunArgs {
   double noise = -1;
 };
 
-int cmd_run(const RunArgs& a, int argc, char** argv) {
+int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   const Scenario* sc = find_scenario(a.scenario);
   if (!sc) throw UsageError(fmt::format("unknown scenario '{}'; valid: {}", a.scenario, scenario_names()));
   // Validate parameters before touching any device.
-  (void)expand_sweep(sc->params, a.params, SweepProfile{a.quick, false});
+  const Sweep sweep = expand_sweep(sc->params, a.params, SweepProfile{a.quick, false});
   const DeviceSpec spec = parse_device_spec(a.device);
+
+  // Ranks first: every rank of an mpirun/srun launch runs this same command;
+  // rank 0 alone prints and writes the result.
+  std::unique_ptr<ProcessGroup> group;
+  if (sc->needs_ranks) group = open_process_group(argc, argv);
+  const bool lead = !group || group->rank() == 0;
 
   Watchdog wd{std::chrono::seconds(static_cast<long long>(a.timeout_s))};
   wd.progress("opening device " + spec.str());
@@ -152,7 +161,7 @@ int cmd_run(const RunArgs& a, int argc, char** argv) {
   meta["tool"] = "stallbench";
   meta["version"] = b.version;
   meta["git_sha"] = b.git_sha;
-  meta["argv"] = std::vector<std::string>(argv, argv + argc);
+  meta["argv"] = std::vector<std::string>(*argv, *argv + *argc);
   meta["time_utc"] = utc_now();
   meta["build"] = json{{"compiler", b.compiler}, {"build_type", b.build_type}, {"features", b.features}};
   const json fingerprint = machine_fingerprint(all_backends());
@@ -169,15 +178,42 @@ int cmd_run(const RunArgs& a, int argc, char** argv) {
                          {"budget_s", ctx.measure.budget_s},
                          {"min_trial_ms", ctx.measure.min_trial_ms},
                          {"timing", di.kind == DeviceKind::cuda ? "cuda events" : "compute-thread steady_clock"}};
-
-  std::cerr << fmt::format("stallbench: {} on {} ({}){}\n", sc->name, di.id, di.name,
-                           ctx.expected ? " — expected numbers: " + ctx.expected->id() : "");
-  const Result r = run_scenario(*sc, ctx, RunOptions{a.params, a.quick}, meta,
-                                [](const Point& p, const Result& so_far) {
-                                  std::cerr << "  " << format_point_line(p, so_far.params) << "\n";
-                                });
-  const std::string table = format_result_table(r);
   const std::string path = a.json_path.empty() ? fmt::format("stallbench-{}.json", sc->name) : a.json_path;
+  std::string ranks_text;
+  if (group) {
+    meta["ranks"] = json{{"size", group->size()}, {"launcher", group->launcher()}, {"mpi", group->library()},
+                         {"local_size", group->local_size()}};
+    meta["measure"]["timing"] = "steady_clock around each call, mean over ranks";
+    ranks_text = fmt::format(", {} rank(s) via {} ({})", group->size(), group->launcher(), group->library());
+    ctx.group = group.get();
+    ctx.open_comm = [&group](const std::string& backend) { return open_communicator(*group, backend); };
+    // A caught hang ends the job from the watchdog thread: the result is
+    // written there, with what is known, before MPI_Abort.
+    ctx.write_result_now = [&meta, &sweep, sc, path](Result& r) {
+      r.meta = meta;
+      r.scenario = sc->name;
+      r.params = sweep.axes;
+      write_file_atomic(path, to_json(r).dump(2) + "\n");
+      std::cout << "\n" << format_result_table(r) << fmt::format("\nresult: {}\n", path) << std::flush;
+    };
+  }
+
+  if (lead)
+    std::cerr << fmt::format("stallbench: {} on {} ({}){}{}\n", sc->name, di.id, di.name, ranks_text,
+                             ctx.expected ? " — expected numbers: " + ctx.expected->id() : "");
+  Result r;
+  try {
+    r = run_scenario(*sc, ctx, RunOptions{a.params, a.quick}, meta, [lead](const Point& p, const Result& so_far) {
+      if (lead) std::cerr << "  " << format_point_line(p, so_far.params) << "\n";
+    });
+  } catch (const Error& e) {
+    // With ranks, a clean MPI_Finalize needs every rank there: end the job.
+    if (!group || group->size() == 1) throw;
+    std::cerr << fmt::format("stallbench: rank {}: {}\n", group->rank(), e.what());
+    group->abort(e.kind() == ErrorKind::usage ? kExitUsage : e.kind() == ErrorKind::hang ? kExitHang : kExitFailure);
+  }
+  if (!lead) return run_exit_code(r);
+  const std::string table = format_result_table(r);
   write_file_atomic(path, to_json(r).dump(2) + "\n");
   if (!a.trace_path.empty()) {
     if (trace.empty())
@@ -191,6 +227,13 @@ int cmd_run(const RunArgs& a, int argc, char** argv) {
     std::cout << "\n" << table << fmt::format("\nresult: {}\n", path);
   }
   return run_exit_code(r);
+}
+
+int cmd_analyze_hang(const std::string& dir, bool as_json) {
+  const HangReport rep = analyze_hang_dir(dir);
+  if (as_json) std::cout << to_json(rep).dump(2) << "\n";
+  else std::cout << format_hang_report(rep);
+  return kExitOk;
 }
 
 int cmd_compare(const std::string& a, const std::string& b, double tolerance, bool gate) {
@@ -211,7 +254,8 @@ int main_impl(int argc, char** argv) {
                "measure them on this machine, and compare with expected numbers for the hardware."};
   app.require_subcommand(1);
   app.set_version_flag("--version", fmt::format("stallbench {} ({})", build_info().version, build_info().git_sha));
-  app.footer("exit codes: 0 ok, 1 failure, 2 bad input, 3 compare regression, 4 hang caught");
+  app.footer("exit codes: 0 ok, 1 failure, 2 bad input, 3 compare regression, 4 hang caught,\n"
+             "            5 a collective failed in the library (collective scenario; dumps written)");
 
   auto* list = app.add_subcommand("list", "scenarios, with their parameters");
   bool names_only = false, list_json = false;
@@ -250,6 +294,13 @@ int main_impl(int argc, char** argv) {
                                   "fraction, e.g. 0.1: exit 3 when a measured metric is worse than B by more")
                       ->check(CLI::Range(0.0, 10.0));
 
+  std::string hang_dir;
+  bool hang_json = false;
+  auto* hang = app.add_subcommand("analyze-hang",
+                                  "explain a collective hang from the flight-recorder dumps the ranks wrote");
+  hang->add_option("DIR", hang_dir, "the dump_dir of the run (one rank-N.json per rank)")->required();
+  hang->add_flag("--json", hang_json, "the report as JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -266,7 +317,8 @@ int main_impl(int argc, char** argv) {
 
   if (*list) return cmd_list(names_only, list_json);
   if (*devices) return cmd_devices(dev_json);
-  if (*run) return cmd_run(ra, argc, argv);
+  if (*run) return cmd_run(ra, &argc, &argv);
+  if (*hang) return cmd_analyze_hang(hang_dir, hang_json);
   if (*cmp) return cmd_compare(ca, cb, tolerance, tol_opt->count() > 0);
   return kExitUsage;
 }

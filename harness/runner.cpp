@@ -23,42 +23,49 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
 
   auto run = sc.start(ctx);
   bool hung = false;
-  for (const auto& ps : sweep.points) {
+  auto failed_point = [](const ParamSet& ps, Status st, std::string reason) {
     Point p;
+    p.params = ps.to_json();
+    p.status = st;
+    p.reason = std::move(reason);
+    return p;
+  };
+  for (const auto& ps : sweep.points) {
+    std::vector<Point> got;
     if (hung) {
-      p.params = ps.to_json();
-      p.status = Status::skipped;
-      p.reason = "not run: an earlier point hung";
+      got.push_back(failed_point(ps, Status::skipped, "not run: an earlier point hung"));
     } else {
       try {
-        p = run->run_point(ps);
+        got = run->run_points(ps);
+        for (auto& p : got) {
+          nlohmann::ordered_json params = ps.to_json();
+          for (const auto& [k, v] : p.params.items()) params[k] = v;  // the point's own rows (bytes=...)
+          p.params = std::move(params);
+        }
       } catch (const Error& e) {
-        p = Point{};
-        p.reason = e.what();
+        Status st = Status::error;
         switch (e.kind()) {
-          case ErrorKind::oom: p.status = Status::oom; break;
-          case ErrorKind::unsupported: p.status = Status::skipped; break;
+          case ErrorKind::oom: st = Status::oom; break;
+          case ErrorKind::unsupported: st = Status::skipped; break;
           case ErrorKind::hang:
-            p.status = Status::hang;
+            st = Status::hang;
             hung = true;
             break;
           case ErrorKind::usage:  // a combination of valid values the scenario rejects
           case ErrorKind::mismatch:
-          case ErrorKind::runtime: p.status = Status::error; break;
+          case ErrorKind::runtime: st = Status::error; break;
         }
+        got = {failed_point(ps, st, e.what())};
       } catch (const std::bad_alloc&) {
-        p = Point{};
-        p.status = Status::oom;
-        p.reason = "host allocation failed (std::bad_alloc)";
+        got = {failed_point(ps, Status::oom, "host allocation failed (std::bad_alloc)")};
       } catch (const std::exception& e) {
-        p = Point{};
-        p.status = Status::error;
-        p.reason = e.what();
+        got = {failed_point(ps, Status::error, e.what())};
       }
-      p.params = ps.to_json();
     }
-    if (on_point) on_point(p, r);
-    r.points.push_back(std::move(p));
+    for (auto& p : got) {
+      if (on_point) on_point(p, r);
+      r.points.push_back(std::move(p));
+    }
   }
   ctx.progress(fmt::format("{}: analysis", sc.name));
   run->analyze(r);

@@ -9,6 +9,7 @@
 #include <string>      // std::string
 #include <vector>      // std::vector
 
+#include "harness/comm.hpp"      // ProcessGroup, Communicator
 #include "harness/device.hpp"    // Device
 #include "harness/expected.hpp"  // ExpectedFile
 #include "harness/measure.hpp"   // MeasureConfig
@@ -29,6 +30,15 @@ struct RunContext {
   // Reports where the run is ("precision size=2048 dtype=bf16: timing"); the
   // watchdog names the last one if the run stops making progress.
   std::function<void(const std::string&)> progress = [](const std::string&) {};
+  // Set when the scenario needs ranks (Scenario::needs_ranks) and the build
+  // has MPI: the launcher's process group, and a communicator factory by
+  // backend name ("mpi", "nccl"; throws UnsupportedError when not built).
+  ProcessGroup* group = nullptr;
+  std::function<std::unique_ptr<Communicator>(const std::string& backend)> open_comm;
+  // Writes a result now, from any thread, before the job is ended (a caught
+  // hang ends every rank with MPI_Abort, so the normal path never returns).
+  // The scenario fills points and findings; meta and params are filled in.
+  std::function<void(Result&)> write_result_now;
 };
 
 // One run of a scenario over a sweep. run_point may throw the typed errors of
@@ -38,6 +48,10 @@ class ScenarioRun {
  public:
   virtual ~ScenarioRun() = default;
   virtual Point run_point(const ParamSet& params) = 0;
+  // A point of the sweep that the scenario measures as several rows (the
+  // collective's message sizes, like nccl-tests' -b/-e/-f): each returned
+  // point's own params are added to the sweep point's.
+  virtual std::vector<Point> run_points(const ParamSet& params) { return {run_point(params)}; }
   // After all points: findings (cause, evidence, measured gain of the fix).
   virtual void analyze(Result& result) = 0;
 };
@@ -48,6 +62,9 @@ struct Scenario {
   std::string summary;  // one line for `stallbench list`
   std::vector<ParamSpec> params;
   std::function<std::unique_ptr<ScenarioRun>(RunContext&)> start;
+  // true: runs on every rank of an MPI launch (mpirun/srun); only rank 0
+  // prints and writes the result.
+  bool needs_ranks = false;
 };
 
 // Defined in scenarios/registry.cpp.

@@ -9,6 +9,12 @@
 #ifdef STALLBENCH_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"  // make_cuda_backend
 #endif
+#ifdef STALLBENCH_HAVE_MPI
+#include "kernels/mpi/mpi_comm.hpp"  // open_mpi_process_group, open_mpi_communicator
+#endif
+#if defined(STALLBENCH_HAVE_NCCL) && defined(STALLBENCH_HAVE_MPI)
+#include "kernels/cuda/nccl_comm.hpp"  // open_nccl_communicator
+#endif
 
 namespace sb {
 
@@ -71,6 +77,32 @@ std::unique_ptr<Device> open_device(const DeviceSpec& spec) {
   }
   if (spec.kind == DeviceKind::sim) return open_sim(*find_backend("sim"), spec);
   throw UsageError(fmt::format("device {} is not available in this build; valid: auto, cpu, cuda:N, sim:<gpu>", spec.str()));
+}
+
+std::unique_ptr<ProcessGroup> open_process_group([[maybe_unused]] int* argc, [[maybe_unused]] char*** argv) {
+#ifdef STALLBENCH_HAVE_MPI
+  return open_mpi_process_group(argc, argv);
+#else
+  return nullptr;
+#endif
+}
+
+std::unique_ptr<Communicator> open_communicator([[maybe_unused]] ProcessGroup& group, const std::string& backend) {
+  if (backend == "mpi") {
+#ifdef STALLBENCH_HAVE_MPI
+    return open_mpi_communicator(group);
+#else
+    throw UnsupportedError("backend=mpi: this build has no MPI (install libopenmpi-dev and reconfigure)");
+#endif
+  }
+  if (backend == "nccl") {
+#if defined(STALLBENCH_HAVE_NCCL) && defined(STALLBENCH_HAVE_MPI)
+    return open_nccl_communicator(group, std::chrono::steady_clock::now() + std::chrono::seconds(120));
+#else
+    throw UnsupportedError("backend=nccl: this build has no NCCL (it needs CUDA, NCCL and MPI; see `meson configure`)");
+#endif
+  }
+  throw UsageError(fmt::format("unknown collective backend '{}'; valid: mpi, nccl", backend));
 }
 
 }  // namespace sb

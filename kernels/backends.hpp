@@ -5,6 +5,7 @@
 #include <string>  // std::string
 #include <vector>  // std::vector
 
+#include "harness/comm.hpp"    // ProcessGroup, Communicator
 #include "harness/device.hpp"  // Backend, Device, DeviceSpec
 
 namespace sb {
@@ -14,5 +15,12 @@ const std::vector<Backend>& all_backends();
 // Opens the device a spec names. "auto" is cuda:0 when a GPU answers, else
 // cpu. Throws UsageError naming the valid devices (and why cuda has none).
 std::unique_ptr<Device> open_device(const DeviceSpec& spec);
+
+// The ranks a launcher (mpirun, srun) started, over MPI; null when this build
+// has no MPI. Initializes MPI: call once, before any other MPI use.
+std::unique_ptr<ProcessGroup> open_process_group(int* argc, char*** argv);
+// "mpi" or "nccl" over the group's ranks. Throws UnsupportedError naming
+// what the build or the machine lacks.
+std::unique_ptr<Communicator> open_communicator(ProcessGroup& group, const std::string& backend);
 
 }  // namespace sb

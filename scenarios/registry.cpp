@@ -8,10 +8,11 @@ extern const Scenario precision_scenario;
 extern const Scenario dataloader_scenario;
 extern const Scenario attention_scenario;
 extern const Scenario packing_scenario;
+extern const Scenario collective_scenario;
 
 const std::vector<const Scenario*>& all_scenarios() {
   static const std::vector<const Scenario*> v{&precision_scenario, &dataloader_scenario, &attention_scenario,
-                                                &packing_scenario};
+                                                &packing_scenario, &collective_scenario};
   return v;
 }
 

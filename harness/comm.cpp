@@ -1,0 +1,102 @@
+#include "harness/comm.hpp"
+
+#include <array>  // std::array
+
+namespace sb {
+
+namespace {
+constexpr std::array<std::string_view, 6> kOpNames{"all_reduce", "broadcast", "reduce", "all_gather",
+                                                   "reduce_scatter", "all_to_all"};
+constexpr std::array<CollOp, 6> kOps{CollOp::all_reduce, CollOp::broadcast, CollOp::reduce,
+                                     CollOp::all_gather, CollOp::reduce_scatter, CollOp::all_to_all};
+}  // namespace
+
+std::string_view to_string(CollOp op) {
+  for (std::size_t i = 0; i < kOps.size(); ++i)
+    if (kOps[i] == op) return kOpNames[i];
+  return "?";
+}
+
+std::string_view to_string(CommDtype d) {
+  switch (d) {
+    case CommDtype::fp32: return "fp32";
+    case CommDtype::fp64: return "fp64";
+    case CommDtype::bf16: return "bf16";
+    case CommDtype::i64: return "i64";
+  }
+  return "?";
+}
+
+std::string_view to_string(ReduceOp r) { return r == ReduceOp::sum ? "sum" : "max"; }
+
+std::optional<CollOp> parse_coll_op(std::string_view s) {
+  for (std::size_t i = 0; i < kOps.size(); ++i)
+    if (kOpNames[i] == s) return kOps[i];
+  return std::nullopt;
+}
+
+std::optional<CommDtype> parse_comm_dtype(std::string_view s) {
+  for (CommDtype d : {CommDtype::fp32, CommDtype::fp64, CommDtype::bf16, CommDtype::i64})
+    if (to_string(d) == s) return d;
+  return std::nullopt;
+}
+
+std::optional<ReduceOp> parse_reduce_op(std::string_view s) {
+  if (s == "sum") return ReduceOp::sum;
+  if (s == "max") return ReduceOp::max;
+  return std::nullopt;
+}
+
+const std::vector<CollOp>& all_coll_ops() {
+  static const std::vector<CollOp> v(kOps.begin(), kOps.end());
+  return v;
+}
+
+std::size_t dtype_size(CommDtype d) {
+  switch (d) {
+    case CommDtype::fp32: return 4;
+    case CommDtype::fp64: return 8;
+    case CommDtype::bf16: return 2;
+    case CommDtype::i64: return 8;
+  }
+  return 0;
+}
+
+bool is_rooted(CollOp op) { return op == CollOp::broadcast || op == CollOp::reduce; }
+
+std::int64_t round_count(CollOp op, std::int64_t count, int nranks) {
+  if (count < 1) count = 1;
+  switch (op) {
+    case CollOp::all_gather:
+    case CollOp::reduce_scatter:
+    case CollOp::all_to_all: return count < nranks ? nranks : count - count % nranks;
+    default: return count;
+  }
+}
+
+CollCounts coll_counts(const CollCall& c, int n) {
+  switch (c.op) {
+    case CollOp::all_reduce:
+    case CollOp::broadcast:
+    case CollOp::reduce: return {c.count, c.count};
+    case CollOp::all_gather: return {c.count / n, c.count};
+    case CollOp::reduce_scatter: return {c.count, c.count / n};
+    case CollOp::all_to_all: return {c.count, c.count};
+  }
+  return {};
+}
+
+double bus_factor(CollOp op, int n) {
+  if (n <= 1) return 0.0;
+  switch (op) {
+    case CollOp::all_reduce: return 2.0 * (n - 1) / n;
+    case CollOp::all_gather:
+    case CollOp::reduce_scatter:
+    case CollOp::all_to_all: return static_cast<double>(n - 1) / n;
+    case CollOp::broadcast:
+    case CollOp::reduce: return 1.0;
+  }
+  return 0.0;
+}
+
+}  // namespace sb

@@ -1,0 +1,524 @@
+// Scenario `collective`: collectives that do not match across ranks.
+//
+// Healthy mode (mismatch=none) is nccl-tests on the user's ranks: a sweep of
+// message sizes (min_bytes..max_bytes, ×factor) per op and dtype, each timed
+// over `iters` calls after `warmup`, with algbw and busbw (harness/comm.hpp
+// bus_factor) and an exact data check (detail/coll_data.hpp).
+//
+// Mismatch mode runs a training-like step loop (detail/coll_schedule.hpp) in
+// which one rank issues a wrong call. A flight recorder on every rank keeps
+// its last calls; the watchdog (detail/coll_watchdog.hpp) catches the hang,
+// dumps every rank and ends the job; analyze-hang names the culprit. With
+// check=fingerprint, ranks agree on each call before issuing it, so the
+// mismatch is refused at the first bad call and nothing hangs.
+//
+// Launch: mpirun -np N stallbench run collective ... (or srun).
+#include <algorithm>  // std::max_element
+#include <map>        // std::map
+#include <cmath>      // std::pow
+#include <numeric>    // std::accumulate
+#include <thread>     // std::this_thread
+
+#include <unistd.h>  // getpid
+
+#include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
+
+#include "harness/errors.hpp"                   // UnsupportedError, MismatchError, HangError
+#include "harness/random.hpp"                   // splitmix64
+#include "harness/scenario.hpp"                 // Scenario
+#include "scenarios/detail/coll_data.hpp"       // fill_coll_input, count_coll_wrong
+#include "scenarios/detail/coll_schedule.hpp"   // parse_mismatch, planned_calls
+#include "scenarios/detail/coll_watchdog.hpp"   // CollWatchdog
+#include "scenarios/detail/flight_recorder.hpp" // FlightRecorder
+#include "scenarios/detail/hang_analysis.hpp"   // analyze_hang_dir
+
+namespace sb {
+namespace {
+
+using json = nlohmann::ordered_json;
+using clock_type = std::chrono::steady_clock;
+
+const char* kCause = "collectives that do not match across ranks";
+
+struct Settings {
+  std::string backend;
+  CollOp op;
+  CommDtype dtype;
+  std::int64_t min_bytes, max_bytes, factor;
+  int iters, warmup, steps;
+  bool fingerprint;
+  std::optional<Mismatch> mismatch;
+  std::int64_t step_bytes;
+  double delay_ms, timeout_s;
+  std::string dump_dir;
+  std::int64_t ring;
+  std::uint64_t seed;
+
+  static Settings from(const ParamSet& p) {
+    Settings s;
+    s.backend = p.get_str("backend");
+    s.op = *parse_coll_op(p.get_str("op"));
+    s.dtype = *parse_comm_dtype(p.get_str("dtype"));
+    s.min_bytes = p.get_int("min_bytes");
+    s.max_bytes = p.get_int("max_bytes");
+    s.factor = p.get_int("factor");
+    s.iters = static_cast<int>(p.get_int("iters"));
+    s.warmup = static_cast<int>(p.get_int("warmup"));
+    s.steps = static_cast<int>(p.get_int("steps"));
+    s.fingerprint = p.get_str("check") == "fingerprint";
+    s.mismatch = parse_mismatch(p.get_str("mismatch"));
+    s.step_bytes = p.get_int("step_bytes");
+    s.delay_ms = p.get_real("delay_ms");
+    s.timeout_s = p.get_real("timeout_s");
+    s.dump_dir = p.get_str("dump_dir");
+    s.ring = p.get_int("ring");
+    s.seed = static_cast<std::uint64_t>(p.get_int("seed"));
+    return s;
+  }
+};
+
+std::string call_text(const CollCall& c) {
+  std::string s = fmt::format("{} count={} {}", to_string(c.op), c.count, to_string(c.dtype));
+  if (is_rooted(c.op)) s += fmt::format(" root={}", c.root);
+  return s;
+}
+
+std::string bytes_text(std::int64_t b) {
+  if (b >= (1 << 30) && b % (1 << 30) == 0) return fmt::format("{} GiB", b >> 30);
+  if (b >= (1 << 20) && b % (1 << 20) == 0) return fmt::format("{} MiB", b >> 20);
+  if (b >= (1 << 10) && b % (1 << 10) == 0) return fmt::format("{} KiB", b >> 10);
+  return fmt::format("{} B", b);
+}
+
+class CollectiveRun final : public ScenarioRun {
+ public:
+  explicit CollectiveRun(RunContext& ctx) : ctx_(ctx) {}
+
+  Point run_point(const ParamSet& p) override { return run_points(p).front(); }
+
+  std::vector<Point> run_points(const ParamSet& p) override {
+    if (!ctx_.group)
+      throw UnsupportedError("collective needs MPI: this build has none (install libopenmpi-dev and reconfigure)");
+    const Settings s = Settings::from(p);
+    ProcessGroup& g = *ctx_.group;
+    if (s.mismatch && s.mismatch->rank >= g.size())
+      throw UsageError(fmt::format("mismatch rank {} does not exist: the job has {} rank(s) (launch with mpirun -np N)",
+                                   s.mismatch->rank, g.size()));
+    if (s.mismatch && s.mismatch->step >= s.steps)
+      throw UsageError(fmt::format("mismatch step {} is past the last step ({} steps)", s.mismatch->step, s.steps));
+    if (s.min_bytes > s.max_bytes)
+      throw UsageError(fmt::format("min_bytes {} is above max_bytes {}", s.min_bytes, s.max_bytes));
+    open(s);
+    std::vector<Point> out;
+    if (s.mismatch) out.push_back(step_loop(s));
+    else out = sweep(s);
+    return out;
+  }
+
+  void analyze(Result& r) override;
+
+ private:
+  // Opens (or keeps) the communicator, its recorder and its watchdog.
+  void open(const Settings& s) {
+    ProcessGroup& g = *ctx_.group;
+    const auto deadline = clock_type::now() + std::chrono::seconds(60);
+    std::string backend = s.backend;
+    if (backend == "auto") backend = ctx_.device.info().kind == DeviceKind::cuda ? "nccl" : "mpi";
+    if (!comm_ || comm_->backend() != backend) {
+      wd_.reset();
+      comm_.reset();
+      ctx_.progress(fmt::format("collective: opening the {} communicator", backend));
+      comm_ = ctx_.open_comm(backend);
+      rec_ = std::make_unique<FlightRecorder>(static_cast<std::size_t>(s.ring));
+      if (run_id_.empty()) {
+        const std::string mine = fmt::format("{:x}-{:x}", static_cast<std::uint64_t>(now_us()), getpid());
+        run_id_ = g.broadcast(mine, 0, deadline);
+      }
+      cap_bytes_ = 0;
+    }
+    // Room for the largest call, twice over: a mismatched rank's call
+    // (double the dtype, or a peer's larger count) lands in slack, not past
+    // the buffer.
+    const std::int64_t largest = std::max(s.max_bytes, s.step_bytes) * 2 * g.size() + 4096;
+    if (static_cast<std::size_t>(largest) > cap_bytes_) {
+      send_ = comm_->alloc(static_cast<std::size_t>(largest));
+      recv_ = comm_->alloc(static_cast<std::size_t>(largest));
+      fp_send_ = comm_->alloc(64);
+      fp_recv_ = comm_->alloc(64);
+      cap_bytes_ = static_cast<std::size_t>(largest);
+    }
+    timeout_s_ = s.timeout_s;
+    dump_dir_ = s.dump_dir;
+    DumpHeader h{run_id_, g.rank(), g.size(), g.local_rank(), g.host(), static_cast<long>(getpid()),
+                 comm_->backend(), comm_->device(), s.timeout_s};
+    wd_.reset();
+    wd_ = std::make_unique<CollWatchdog>(*rec_, g, comm_.get(), CollWatchdogConfig{s.timeout_s, s.dump_dir, h, 3.0},
+                                         [this, s](const HangReport& rep, const std::string& why) {
+                                           write_hang_result(s, rep, why);
+                                         });
+  }
+
+  // Polls until every started call completed. The watchdog owns the
+  // deadline; this loop only yields to it (and has a last-resort limit).
+  void wait_done(std::int64_t seq) {
+    const auto hard = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                              std::chrono::duration<double>(timeout_s_ + 30));
+    bool started = false;
+    for (long spins = 0;; ++spins) {
+      if (wd_->triggered()) wd_->park();
+      Communicator::Progress pr;
+      try {
+        pr = comm_->poll();
+      } catch (const Error& e) {
+        if (seq >= 0) rec_->failed(seq, e.what());
+        wd_->fail(fmt::format("collective seq {} failed in the library: {}", seq, e.what()));
+      }
+      if (pr == Communicator::Progress::done) return;
+      if (pr == Communicator::Progress::started && !started && seq >= 0) rec_->started(seq), started = true;
+      if (clock_type::now() > hard) throw HangError(fmt::format("collective seq {} never completed", seq));
+      if (spins < 2000) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(spins < 20000 ? 50 : 500));
+    }
+  }
+
+  // check=fingerprint: before the call, one 2-element all-reduce (max) of the
+  // call's hash and its negation; every rank agrees iff max == -max(-h).
+  // Returns false (the call must not be issued) when the ranks disagree.
+  bool agree(const CollCall& c, std::int64_t seq) {
+    const std::uint64_t h = splitmix64(static_cast<std::uint64_t>(seq) * 0x100000001b3ULL ^
+                                       splitmix64((static_cast<std::uint64_t>(c.op) << 40) ^
+                                                  (static_cast<std::uint64_t>(c.dtype) << 32) ^
+                                                  (static_cast<std::uint64_t>(c.root) << 48) ^
+                                                  static_cast<std::uint64_t>(c.count))) >> 2;
+    const std::int64_t v[2] = {static_cast<std::int64_t>(h), -static_cast<std::int64_t>(h)};
+    comm_->upload(fp_send_, v, sizeof v);
+    comm_->start(CollCall{CollOp::all_reduce, 2, CommDtype::i64, 0, ReduceOp::max}, fp_send_, fp_recv_);
+    wait_done(-1);
+    std::int64_t r[2];
+    comm_->download(r, fp_recv_, sizeof r);
+    return r[0] == -r[1];
+  }
+
+  // Issues one call and waits for it; returns its seq.
+  std::int64_t issue(const CollCall& c, int step, int call_index, bool fingerprint) {
+    const std::int64_t seq = rec_->enqueue(c, step, call_index);
+    rec_->set_where(fmt::format("{}seq {} (step {} call {}): {}", fingerprint ? "fingerprint check, then " : "", seq,
+                                step, call_index, call_text(c)));
+    if (fingerprint && !agree(c, seq)) {
+      rec_->failed(seq, "refused by the fingerprint check: the ranks disagree on (seq, op, count, dtype, root)");
+      throw_fingerprint_mismatch(seq);
+    }
+    comm_->start(c, send_, recv_);
+    wait_done(seq);
+    rec_->completed(seq);
+    return seq;
+  }
+
+  [[noreturn]] void throw_fingerprint_mismatch(std::int64_t seq);
+  std::vector<Point> sweep(const Settings& s);
+  Point step_loop(const Settings& s);
+  void write_hang_result(const Settings& s, const HangReport& rep, const std::string& why);
+  double mean_across_ranks(double v) {
+    const auto all = ctx_.group->allgather(v, clock_type::now() + std::chrono::seconds(60));
+    return std::accumulate(all.begin(), all.end(), 0.0) / static_cast<double>(all.size());
+  }
+
+  RunContext& ctx_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<FlightRecorder> rec_;
+  std::unique_ptr<CollWatchdog> wd_;
+  std::string run_id_;
+  void *send_ = nullptr, *recv_ = nullptr, *fp_send_ = nullptr, *fp_recv_ = nullptr;
+  std::size_t cap_bytes_ = 0;
+  double timeout_s_ = 5;
+  std::string dump_dir_;
+};
+
+// Every rank refused the same call at once (the check's all-reduce itself
+// always matches): each dumps its ring, and rank 0 explains from the dumps,
+// with the same analysis as analyze-hang. Nothing was issued, so the
+// communicator stays usable for the next point.
+void CollectiveRun::throw_fingerprint_mismatch(std::int64_t seq) {
+  ProcessGroup& g = *ctx_.group;
+  wd_->disarm();
+  wd_->write_dump(fmt::format("fingerprint check refused seq {}", seq));
+  g.barrier(clock_type::now() + std::chrono::seconds(30));  // every dump written
+  std::string why = fmt::format("caught by check=fingerprint at seq {}, before the call was issued", seq);
+  if (g.rank() == 0) {
+    const HangReport rep = analyze_hang_dir(dump_dir_);
+    why = fmt::format("{}: {}", why, rep.summary);
+  }
+  throw MismatchError(why);
+}
+
+std::vector<Point> CollectiveRun::sweep(const Settings& s) {
+  ProcessGroup& g = *ctx_.group;
+  const int n = g.size();
+  const std::size_t dsize = dtype_size(s.dtype);
+  std::vector<Point> out;
+  std::vector<unsigned char> host;
+  int size_index = 0;
+  wd_->arm();
+  for (std::int64_t bytes = s.min_bytes; bytes <= s.max_bytes; bytes *= s.factor, ++size_index) {
+    CollCall c;
+    c.op = s.op;
+    c.dtype = s.dtype;
+    c.count = round_count(s.op, std::max<std::int64_t>(bytes / static_cast<std::int64_t>(dsize), 1), n);
+    const CollCounts cc = coll_counts(c, n);
+    const std::int64_t size_bytes = c.count * static_cast<std::int64_t>(dsize);  // nccl-tests' "size"
+    const std::uint64_t seed = call_seed(s.seed, -1, size_index);
+    ctx_.progress(fmt::format("collective {} {} {}: timing", to_string(c.op), to_string(c.dtype), bytes_text(size_bytes)));
+    fill_coll_input(c, n, g.rank(), seed, host);
+    comm_->upload(send_, host.data(), host.size());
+    std::vector<unsigned char> zeros(static_cast<std::size_t>(cc.recv) * dsize, 0);
+    comm_->upload(recv_, zeros.data(), zeros.size());
+    rec_->touch();
+
+    for (int i = 0; i < s.warmup; ++i) issue(c, -1, i, s.fingerprint);
+    g.barrier(clock_type::now() + std::chrono::seconds(60));
+    const auto t0 = clock_type::now();
+    if (comm_->queues_in_order() && !s.fingerprint) {
+      // nccl-tests' way on a stream: enqueue every iteration, wait once.
+      std::vector<std::int64_t> seqs;
+      for (int i = 0; i < s.iters; ++i) {
+        seqs.push_back(rec_->enqueue(c, -1, s.warmup + i));
+        comm_->start(c, send_, recv_);
+      }
+      wait_done(seqs.back());
+      for (auto q : seqs) rec_->completed(q);
+    } else {
+      for (int i = 0; i < s.iters; ++i) issue(c, -1, s.warmup + i, s.fingerprint);
+    }
+    const double us = std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() / s.iters;
+
+    // Per-rank times differ by when each rank left the last call; the
+    // figure is their mean, as nccl-tests averages across ranks.
+    const auto times = g.allgather(us, clock_type::now() + std::chrono::seconds(60));
+    const double mean_us = std::accumulate(times.begin(), times.end(), 0.0) / n;
+    std::vector<unsigned char> got(static_cast<std::size_t>(cc.recv) * dsize);
+    comm_->download(got.data(), recv_, got.size());
+    const auto wrongs = g.allgather(count_coll_wrong(c, n, g.rank(), seed, got), clock_type::now() + std::chrono::seconds(60));
+    const std::int64_t wrong = std::accumulate(wrongs.begin(), wrongs.end(), std::int64_t{0});
+    rec_->touch();
+
+    Point p;
+    p.params = json{{"bytes", size_bytes}};
+    // algbw = size / time (GB/s = 1e9 B/s); busbw = algbw × bus_factor.
+    const double algbw = static_cast<double>(size_bytes) / (mean_us * 1e-6) / 1e9;
+    p.add({"count", static_cast<double>(c.count), "elements", Direction::none, std::nullopt,
+           "nccl-tests' count: elements of the larger buffer", false});
+    p.add({"time_us", mean_us, "us", Direction::lower, std::nullopt, "mean over ranks of the per-call time"});
+    p.add({"algbw", algbw, "GB/s", Direction::higher, std::nullopt, "size / time"});
+    if (n > 1)
+      p.add({"busbw", algbw * bus_factor(c.op, n), "GB/s", Direction::higher, std::nullopt,
+             fmt::format("algbw × {:.4g} ({} on {} ranks)", bus_factor(c.op, n), to_string(c.op), n)});
+    p.add({"wrong", static_cast<double>(wrong), "elements", Direction::lower, std::nullopt,
+           "elements that differ from the exact result, summed over ranks"});
+    p.info["time_us_per_rank"] = times;
+    p.info["bus_factor"] = bus_factor(c.op, n);
+    p.info["ranks"] = n;
+    p.info["backend"] = comm_->backend();
+    p.info["library"] = comm_->library();
+    if (wrong > 0) {
+      p.status = Status::error;
+      p.reason = fmt::format("{} wrong element(s) after {} (first checked on each rank after the timed calls)", wrong,
+                             call_text(c));
+    }
+    out.push_back(std::move(p));
+    if (bytes > s.max_bytes / s.factor) break;  // the next size would pass max_bytes (and could overflow)
+  }
+  g.barrier(clock_type::now() + std::chrono::seconds(60));
+  wd_->disarm();
+  return out;
+}
+
+Point CollectiveRun::step_loop(const Settings& s) {
+  ProcessGroup& g = *ctx_.group;
+  const int n = g.size();
+  const auto healthy = step_calls(s.op, std::max<std::int64_t>(s.step_bytes / static_cast<std::int64_t>(dtype_size(s.dtype)), 1),
+                                  s.dtype, n);
+  std::vector<unsigned char> host, got;
+  std::int64_t wrong = 0;
+  int first_wrong_step = -1;
+  ctx_.progress(fmt::format("collective: step loop with mismatch {}@{}:{}", to_string(s.mismatch->kind),
+                            s.mismatch->step, s.mismatch->rank));
+  g.barrier(clock_type::now() + std::chrono::seconds(60));
+  const auto t0 = clock_type::now();
+  wd_->arm();
+  for (int step = 0; step < s.steps; ++step) {
+    for (const PlannedCall& pc : planned_calls(healthy, s.mismatch, step, g.rank(), n, s.delay_ms)) {
+      if (pc.sleep_ms > 0) {
+        rec_->set_where(fmt::format("sleeping {:.0f} ms before step {} call {} (straggler injected)", pc.sleep_ms,
+                                    step, pc.call_index));
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(pc.sleep_ms));
+      }
+      const std::uint64_t seed = call_seed(s.seed, step, pc.call_index);
+      fill_coll_input(pc.call, n, g.rank(), seed, host);
+      comm_->upload(send_, host.data(), host.size());
+      const std::int64_t seq = issue(pc.call, step, pc.call_index, s.fingerprint);
+      got.resize(static_cast<std::size_t>(coll_counts(pc.call, n).recv) * dtype_size(pc.call.dtype));
+      comm_->download(got.data(), recv_, got.size());
+      // The check uses the call this rank issued: a peer paired with a
+      // different call makes the sums wrong here.
+      const std::int64_t w = count_coll_wrong(pc.call, n, g.rank(), seed, got);
+      rec_->set_wrong(seq, w);
+      if (w > 0 && first_wrong_step < 0) first_wrong_step = step;
+      wrong += w;
+    }
+  }
+  rec_->set_where("final barrier after the step loop");
+  g.barrier(clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(s.timeout_s * 4)));
+  wd_->disarm();
+  const double loop_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+
+  // No hang: the mismatch passed through the library. Dump every rank and
+  // explain it the same way as a hang.
+  wd_->write_dump("end of run (no hang)");
+  g.barrier(clock_type::now() + std::chrono::seconds(30));
+  const auto wrongs = g.allgather(wrong, clock_type::now() + std::chrono::seconds(30));
+  const std::int64_t wrong_total = std::accumulate(wrongs.begin(), wrongs.end(), std::int64_t{0});
+  Point p;
+  p.add({"steps", static_cast<double>(s.steps), "steps", Direction::none});
+  p.add({"loop_ms", loop_ms, "ms", Direction::lower, std::nullopt, "the step loop's wall time on rank 0"});
+  p.add({"wrong", static_cast<double>(wrong_total), "elements", Direction::lower, std::nullopt,
+         "elements that differ from the exact result, summed over ranks and calls"});
+  if (g.rank() == 0) {
+    const HangReport rep = analyze_hang_dir(s.dump_dir);
+    p.info["analysis"] = to_json(rep);
+    if (rep.stall_rank >= 0)
+      p.add({"stall_lost_ms", rep.stall_lost_ms, "ms", Direction::lower, std::nullopt,
+             fmt::format("what the other ranks lost waiting for rank {} at seq {}", rep.stall_rank, rep.stall_seq)});
+    if (rep.kind != DivergenceKind::none) {
+      p.status = Status::error;
+      p.reason = fmt::format("no hang, but {}{}", rep.summary,
+                             wrong_total > 0 ? fmt::format("; {} wrong element(s): the library paired mismatched "
+                                                           "calls silently", wrong_total)
+                                             : "");
+    } else if (wrong_total > 0) {
+      p.status = Status::error;
+      p.reason = fmt::format("{} wrong element(s) from step {} on", wrong_total, first_wrong_step);
+    }
+  }
+  return p;
+}
+
+// On rank 0, from the watchdog thread, just before the job is ended.
+void CollectiveRun::write_hang_result(const Settings& s, const HangReport& rep, const std::string& why) {
+  if (!ctx_.write_result_now) return;
+  Result r;
+  Point p;
+  p.status = Status::hang;
+  p.reason = fmt::format("{} — {}", why, rep.summary);
+  p.info["analysis"] = to_json(rep);
+  p.info["dump_dir"] = s.dump_dir;
+  p.info["timeout_s"] = s.timeout_s;
+  r.points.push_back(std::move(p));
+  Finding f;
+  f.cause = kCause;
+  f.summary = rep.summary;
+  f.evidence = json{{"dump_dir", s.dump_dir}, {"kind", to_string(rep.kind)}, {"pattern", rep.pattern},
+                    {"seq", rep.seq}, {"step", rep.step}, {"culprits", rep.culprits}};
+  r.findings.push_back(std::move(f));
+  ctx_.write_result_now(r);
+}
+
+void CollectiveRun::analyze(Result& r) {
+  const int n = ctx_.group ? ctx_.group->size() : 1;
+  // Healthy rows: the peak bus bandwidth per op and dtype, and the latency floor.
+  std::map<std::string, std::pair<const Point*, const Point*>> best;  // key -> (peak busbw, smallest size)
+  for (const auto& p : r.points) {
+    if (p.status != Status::ok || !p.params.contains("bytes") || p.params.value("check", "off") != "off") continue;
+    const std::string key = fmt::format("{} {}", p.params.value("op", ""), p.params.value("dtype", ""));
+    auto& [peak, first] = best[key];
+    const Metric* bw = p.metric(n > 1 ? "busbw" : "algbw");
+    if (!peak || (bw && bw->value > peak->metric(bw->name)->value)) peak = &p;
+    if (!first) first = &p;
+  }
+  for (const auto& [key, pr] : best) {
+    const auto& [peak, first] = pr;
+    Finding f;
+    f.cause = kCause;
+    if (n > 1)
+      f.summary = fmt::format("healthy {} on {} ranks ({}): busbw peaks at {:.2f} GB/s at {}; {:.1f} us per call at {}",
+                              key, n, peak->info.value("backend", "?"), peak->metric("busbw")->value,
+                              bytes_text(peak->params["bytes"].get<std::int64_t>()), first->metric("time_us")->value,
+                              bytes_text(first->params["bytes"].get<std::int64_t>()));
+    else
+      f.summary = fmt::format("{} on one rank: no bus bandwidth to measure; launch with mpirun -np N (N >= 2)", key);
+    f.evidence = json{{"ranks", n}, {"peak_bytes", peak->params["bytes"]}};
+    r.findings.push_back(std::move(f));
+  }
+  // check=fingerprint against check=off, size by size.
+  std::vector<std::string> rows;
+  json ev = json::array();
+  for (const auto& p : r.points) {
+    if (p.status != Status::ok || p.params.value("check", "") != "fingerprint" || !p.params.contains("bytes")) continue;
+    for (const auto& q : r.points) {
+      if (q.status != Status::ok || q.params.value("check", "") != "off" || q.params["bytes"] != p.params["bytes"] ||
+          q.params["op"] != p.params["op"] || q.params["dtype"] != p.params["dtype"] || q.params["backend"] != p.params["backend"])
+        continue;
+      const double on = p.metric("time_us")->value, off = q.metric("time_us")->value;
+      rows.push_back(fmt::format("{} +{:.0f}%", bytes_text(p.params["bytes"].get<std::int64_t>()), (on / off - 1) * 100));
+      ev.push_back(json{{"bytes", p.params["bytes"]}, {"off_us", off}, {"fingerprint_us", on}, {"overhead", on / off - 1}});
+    }
+  }
+  if (!rows.empty()) {
+    Finding f;
+    f.cause = kCause;
+    f.summary = fmt::format("check=fingerprint (one 16-byte all-reduce before each call) costs {}", fmt::join(rows, ", "));
+    f.evidence = json{{"sizes", ev}};
+    r.findings.push_back(std::move(f));
+  }
+  for (const auto& p : r.points) {
+    if (!p.info.contains("analysis")) continue;
+    const json& a = p.info["analysis"];
+    Finding f;
+    f.cause = kCause;
+    f.summary = a.value("summary", "");
+    f.evidence = json{{"kind", a.value("kind", "")}, {"culprits", a.value("culprits", json::array())},
+                      {"stall", a.value("stall", json::object())}};
+    r.findings.push_back(std::move(f));
+  }
+}
+
+void check_mismatch_text(const std::string& v) { (void)parse_mismatch(v); }
+
+}  // namespace
+
+extern const Scenario collective_scenario;
+const Scenario collective_scenario{
+    "collective",
+    kCause,
+    "nccl-tests-style busbw sweep with an exact check; injected mismatches caught by a watchdog with a flight recorder",
+    {
+        {"backend", ParamType::choice, "auto", "mpi: host buffers; nccl: one GPU per rank (auto: nccl on cuda)", "", 0, 0,
+         {"auto", "mpi", "nccl"}},
+        {"op", ParamType::choice, "all_reduce", "the collective", "", 0, 0,
+         {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"}},
+        {"dtype", ParamType::choice, "fp32", "element type", "", 0, 0, {"fp32", "fp64", "bf16"}},
+        {"min_bytes", ParamType::integer, "1024", "smallest message (nccl-tests -b)", "bytes", 8, 1e12, {}, "1024"},
+        {"max_bytes", ParamType::integer, "16777216", "largest message (nccl-tests -e)", "bytes", 8, 1e12, {}, "262144",
+         "268435456"},
+        {"factor", ParamType::integer, "4", "size multiplier (nccl-tests -f)", "", 2, 1024, {}, "16"},
+        {"iters", ParamType::integer, "20", "timed calls per size (nccl-tests -n)", "", 1, 1e6, {}, "5", "", false},
+        {"warmup", ParamType::integer, "5", "untimed calls first (nccl-tests -w)", "", 0, 1e6, {}, "1", "", false},
+        {"check", ParamType::choice, "off", "fingerprint: ranks agree on each call before issuing it", "", 0, 0,
+         {"off", "fingerprint"}},
+        {"mismatch", ParamType::text, "none",
+         "KIND@STEP:RANK, KIND one of skip, order, count, dtype, root, straggler: injected in a step loop", "", 0, 0,
+         {}, "", "", true, &check_mismatch_text},
+        {"steps", ParamType::integer, "20", "steps of the mismatch loop (2 calls each)", "", 1, 1e6, {}, "10"},
+        {"step_bytes", ParamType::integer, "65536", "size of the step loop's main call", "bytes", 8, 1e10},
+        {"delay_ms", ParamType::real, "1000", "the straggler's sleep", "ms", 0, 3.6e6},
+        {"timeout_s", ParamType::real, "5", "watchdog: seconds without a completed collective", "s", 0.2, 3600, {}, "3"},
+        {"dump_dir", ParamType::text, "stallbench-dumps", "where each rank writes its flight-recorder dump", "", 0, 0,
+         {}, "", "", false},
+        {"ring", ParamType::integer, "2048", "flight-recorder entries per rank", "", 4, 1e7, {}, "", "", false},
+        {"seed", ParamType::integer, "1", "input data seed", "", 0, 1e15, {}, "", "", false},
+    },
+    [](RunContext& ctx) -> std::unique_ptr<ScenarioRun> { return std::make_unique<CollectiveRun>(ctx); },
+    true,
+};
+
+}  // namespace sb

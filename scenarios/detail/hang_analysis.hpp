@@ -1,0 +1,93 @@
+// `stallbench analyze-hang DIR`: reads the per-rank flight-recorder dumps
+// (flight_recorder.hpp), aligns the ranks by sequence number, and names the
+// first collective where they disagree, the kind of disagreement and the
+// culprit rank(s). The order of checks follows PyTorch's Flight Recorder
+// analyzer: op, then count (size), then dtype, then root; then ranks missing
+// from a collective.
+//
+// Aligning by seq is what finds the true first divergence: a rank that skips
+// a call or swaps two is often paired silently with the wrong calls by the
+// library (Open MPI does), and the job hangs or fails much later.
+#pragma once
+
+#include <cstdint>  // std::int64_t
+#include <string>   // std::string
+#include <utility>  // std::pair: wrong_data_from
+#include <vector>   // std::vector
+
+#include <nlohmann/json.hpp>  // nlohmann::ordered_json
+
+#include "scenarios/detail/flight_recorder.hpp"  // FlightEntry, DumpHeader
+
+namespace sb {
+
+struct RankDump {
+  DumpHeader header;
+  std::string reason, where;
+  std::int64_t time_us = 0;
+  std::int64_t last_enqueued_seq = -1, last_completed_seq = -1;
+  std::int64_t dropped = 0;
+  std::vector<FlightEntry> entries;  // oldest first
+  std::string path;                  // the file it came from
+};
+
+// Throws UsageError naming the field when j is not a flight-recorder dump.
+RankDump rank_dump_from_json(const nlohmann::ordered_json& j);
+
+enum class DivergenceKind {
+  none,     // every rank issued the same calls
+  op,       // different collectives at one seq
+  count,    // same op, different element count
+  dtype,    // same op and count, different dtype
+  root,     // same op, count and dtype, different root
+  missing,  // some ranks never issued this seq
+};
+std::string_view to_string(DivergenceKind);
+
+struct HangReport {
+  std::string dir;
+  std::string run_id;
+  int size = 0;                       // from the dumps' headers
+  std::vector<int> ranks_found;       // ranks with a dump of this run
+  std::vector<int> ranks_missing;     // ranks 0..size-1 without one
+  std::vector<std::string> warnings;  // stale dumps of other runs, unreadable files, ...
+
+  // The first seq at which the ranks disagree (none: they never did within
+  // the rings' common window).
+  DivergenceKind kind = DivergenceKind::none;
+  std::string pattern;  // refinement: "skip", "order" (calls swapped), "" when none applies
+  std::int64_t seq = -1;
+  int step = -1, call_index = -1;  // the program position the majority (or the reference) had there
+  std::vector<int> culprits;
+  std::string expected;                    // "all_reduce count=1024 fp32" the others issued
+  std::vector<std::string> per_rank_call;  // what each rank issued at seq ("-" none), by rank
+
+  // Each rank's last completed and last enqueued seq (-1: none), by rank
+  // (-2 when the rank's dump is missing), and its `where`.
+  std::vector<std::int64_t> last_completed, last_enqueued;
+  std::vector<std::string> where;
+  // Ranks whose exact data check failed, and the first seq where it did:
+  // evidence that the library paired mismatched calls silently.
+  std::vector<std::pair<int, std::int64_t>> wrong_data_from;
+
+  // When every rank issued the same calls: the slowest arrival. For the seq
+  // with the largest spread of in-collective time, the rank that spent the
+  // least time inside it arrived last; the others lost the difference.
+  std::int64_t stall_seq = -1;
+  int stall_rank = -1;
+  double stall_lost_ms = 0;  // the most any other rank waited for it
+
+  std::string summary;  // one line: "seq 10 (step 5 call 0): rank 1 skipped all_reduce count=... fp32"
+};
+
+// Reads every *.json in dir that is a flight-recorder dump. With dumps of
+// several runs, analyses the newest run and warns about the rest. Throws
+// UsageError when dir is missing or holds no dump.
+HangReport analyze_hang_dir(const std::string& dir);
+// The analysis itself, on dumps already read (all of one run_id).
+HangReport analyze_dumps(const std::vector<RankDump>& dumps);
+
+std::string format_hang_report(const HangReport& r);  // readable, several lines
+nlohmann::ordered_json to_json(const HangReport& r);
+
+}  // namespace sb

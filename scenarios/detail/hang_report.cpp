@@ -1,0 +1,256 @@
+// The input and output of `stallbench analyze-hang`: reading flight-recorder
+// dumps (one file, or a directory holding several runs) and printing the
+// report as text or JSON. The analysis itself is in hang_analysis.cpp.
+#include "scenarios/detail/hang_analysis.hpp"
+
+#include <algorithm>     // std::sort, std::max
+#include <filesystem>    // std::filesystem: the dump directory
+#include <map>           // std::map: run id -> dumps
+#include <system_error>  // std::error_code
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"  // UsageError
+#include "harness/result.hpp"  // read_json_file
+
+namespace sb {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+[[noreturn]] void bad_dump(const std::string& what) { throw UsageError("flight-recorder dump: " + what); }
+
+const json& field(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) bad_dump(fmt::format("missing field '{}'", key));
+  return *it;
+}
+
+std::int64_t int_field(const json& j, const char* key) {
+  const json& v = field(j, key);
+  if (!v.is_number_integer()) bad_dump(fmt::format("field '{}' must be an integer, got {}", key, v.dump()));
+  return v.get<std::int64_t>();
+}
+
+std::string string_field(const json& j, const char* key) {
+  const json& v = field(j, key);
+  if (!v.is_string()) bad_dump(fmt::format("field '{}' must be a string, got {}", key, v.dump()));
+  return v.get<std::string>();
+}
+
+double number_field(const json& j, const char* key) {
+  const json& v = field(j, key);
+  if (!v.is_number()) bad_dump(fmt::format("field '{}' must be a number, got {}", key, v.dump()));
+  return v.get<double>();
+}
+
+bool is_dump(const json& j) {
+  if (!j.is_object()) return false;
+  auto it = j.find("format");
+  return it != j.end() && it->is_string() && it->get<std::string>() == kFlightRecorderFormat;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
+  return s;
+}
+
+std::string int_list(const std::vector<int>& v) {
+  std::vector<std::string> s;
+  for (int x : v) s.push_back(std::to_string(x));
+  return s.empty() ? "none" : join(s, ", ");
+}
+
+std::string seq_text(std::int64_t s) { return s == -2 ? "?" : s == -1 ? "-" : std::to_string(s); }
+
+}  // namespace
+
+RankDump rank_dump_from_json(const json& j) {
+  if (!j.is_object()) bad_dump("not a JSON object");
+  const std::string format = string_field(j, "format");
+  if (format != kFlightRecorderFormat)
+    bad_dump(fmt::format("format is '{}', not '{}'", format, kFlightRecorderFormat));
+  const std::int64_t version = int_field(j, "version");
+  if (version != kFlightRecorderVersion)
+    bad_dump(fmt::format("version {} is not supported (this build reads {})", version, kFlightRecorderVersion));
+
+  RankDump d;
+  DumpHeader& h = d.header;
+  h.run_id = string_field(j, "run_id");
+  h.rank = static_cast<int>(int_field(j, "rank"));
+  h.size = static_cast<int>(int_field(j, "size"));
+  h.local_rank = static_cast<int>(int_field(j, "local_rank"));
+  h.host = string_field(j, "host");
+  h.pid = static_cast<long>(int_field(j, "pid"));
+  h.backend = string_field(j, "backend");
+  h.device = string_field(j, "device");
+  h.timeout_s = number_field(j, "timeout_s");
+  if (h.size < 1) bad_dump(fmt::format("size must be >= 1, got {}", h.size));
+  if (h.rank < 0 || h.rank >= h.size) bad_dump(fmt::format("rank {} is outside 0..{}", h.rank, h.size - 1));
+  d.reason = string_field(j, "reason");
+  d.where = string_field(j, "where");
+  d.time_us = int_field(j, "time_us");
+  d.dropped = int_field(j, "dropped");
+  d.last_enqueued_seq = int_field(j, "last_enqueued_seq");
+  d.last_completed_seq = int_field(j, "last_completed_seq");
+  const json& es = field(j, "entries");
+  if (!es.is_array()) bad_dump("field 'entries' must be an array");
+  for (std::size_t i = 0; i < es.size(); ++i) {
+    try {
+      d.entries.push_back(flight_entry_from_json(es[i]));
+    } catch (const UsageError& e) {
+      bad_dump(fmt::format("entries[{}]: {}", i, e.what()));
+    }
+  }
+  std::stable_sort(d.entries.begin(), d.entries.end(),
+                   [](const FlightEntry& a, const FlightEntry& b) { return a.seq < b.seq; });
+  return d;
+}
+
+HangReport analyze_hang_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) throw UsageError(fmt::format("analyze-hang: {} does not exist", dir));
+  if (!fs::is_directory(dir, ec)) throw UsageError(fmt::format("analyze-hang: {} is not a directory", dir));
+  std::vector<std::string> files;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec) && it->path().extension() == ".json") files.push_back(it->path().string());
+  if (ec) throw UsageError(fmt::format("analyze-hang: cannot list {}: {}", dir, ec.message()));
+  std::sort(files.begin(), files.end());
+
+  // A bad file is a warning, not the end: the other ranks' dumps still say a
+  // lot, and the report names the rank whose dump is missing.
+  std::vector<std::string> warnings;
+  std::map<std::string, std::vector<RankDump>> runs;
+  for (const auto& f : files) {
+    try {
+      const json j = read_json_file(f);
+      if (!is_dump(j)) {
+        warnings.push_back(fmt::format("skipped {}: not a flight-recorder dump", f));
+        continue;
+      }
+      RankDump d = rank_dump_from_json(j);
+      d.path = f;
+      runs[d.header.run_id].push_back(std::move(d));
+    } catch (const UsageError& e) {
+      warnings.push_back(fmt::format("skipped {}: {}", f, e.what()));
+    }
+  }
+  if (runs.empty())
+    throw UsageError(fmt::format("analyze-hang: no flight-recorder dump in {}{}", dir,
+                                 warnings.empty() ? "" : " (" + join(warnings, "; ") + ")"));
+
+  // The newest run is the one being asked about; older ones are leftovers.
+  auto newest = [](const std::vector<RankDump>& ds) {
+    std::int64_t t = 0;
+    for (const auto& d : ds) t = std::max(t, d.time_us);
+    return t;
+  };
+  auto chosen = runs.begin();
+  for (auto it = runs.begin(); it != runs.end(); ++it)
+    if (newest(it->second) > newest(chosen->second)) chosen = it;
+  for (const auto& [run, ds] : runs) {
+    if (run == chosen->first) continue;
+    std::vector<std::string> paths;
+    for (const auto& d : ds) paths.push_back(d.path);
+    warnings.push_back(fmt::format("stale dumps of run {} ignored: {}", run, join(paths, ", ")));
+  }
+
+  HangReport r = analyze_dumps(chosen->second);
+  r.dir = dir;
+  r.warnings.insert(r.warnings.begin(), warnings.begin(), warnings.end());
+  return r;
+}
+
+std::string format_hang_report(const HangReport& r) {
+  std::string out = fmt::format("analyze-hang {}: run {}, size {}, ranks found {}, missing {}\n",
+                                r.dir.empty() ? "(dumps)" : r.dir, r.run_id, r.size, int_list(r.ranks_found),
+                                int_list(r.ranks_missing));
+  if (r.kind == DivergenceKind::none) {
+    out += "verdict: no divergence\n";
+  } else {
+    out += fmt::format("verdict: {}{} at seq {}", to_string(r.kind),
+                       r.pattern.empty() ? "" : " (" + r.pattern + ")", r.seq);
+    if (r.step >= 0) out += fmt::format(", step {} call {}", r.step, r.call_index);
+    out += fmt::format("; culprit{} {}\n", r.culprits.size() == 1 ? "" : "s", int_list(r.culprits));
+    if (!r.expected.empty()) out += fmt::format("expected: {}\n", r.expected);
+  }
+  out += fmt::format("summary: {}\n", r.summary);
+
+  // The per-rank table: "?" marks a rank without a dump, "-" no seq at all.
+  // The call column exists only when there is a divergent seq to show.
+  const bool calls = r.seq >= 0;
+  const std::string call_head = calls ? fmt::format("call at seq {}", r.seq) : "";
+  std::size_t call_w = call_head.size();
+  for (const auto& c : r.per_rank_call) call_w = std::max(call_w, c.size());
+  auto row = [&](const std::string& rank, const std::string& done, const std::string& issued,
+                 const std::string& call, const std::string& where) {
+    return calls ? fmt::format("{:>5}  {:>14}  {:>14}  {:<{}}  {}\n", rank, done, issued, call, call_w, where)
+                 : fmt::format("{:>5}  {:>14}  {:>14}  {}\n", rank, done, issued, where);
+  };
+  out += row("rank", "last completed", "last enqueued", call_head, "where");
+  for (int k = 0; k < r.size; ++k) {
+    const auto i = static_cast<std::size_t>(k);
+    const bool has = i < r.last_enqueued.size() && r.last_enqueued[i] != -2;
+    const std::string call = i < r.per_rank_call.size() ? r.per_rank_call[i] : "-";
+    if (has)
+      out += row(std::to_string(k), seq_text(r.last_completed[i]), seq_text(r.last_enqueued[i]), call,
+                 "\"" + r.where[i] + "\"");
+    else
+      out += row(std::to_string(k), "?", "?", "?", "(no dump)");
+  }
+  if (!r.wrong_data_from.empty()) {
+    std::vector<std::string> w;
+    for (const auto& [rank, seq] : r.wrong_data_from) w.push_back(fmt::format("rank {} from seq {}", rank, seq));
+    out += fmt::format("wrong data: {} (the library paired mismatched calls silently)\n", join(w, ", "));
+  }
+  // Below a millisecond the "slowest" rank is clock resolution, not a straggler.
+  if (r.stall_seq >= 0 && r.stall_lost_ms > 1.0)
+    out += fmt::format("slowest arrival: rank {} at seq {}; the others waited up to {:.1f} ms\n", r.stall_rank,
+                       r.stall_seq, r.stall_lost_ms);
+  if (!r.warnings.empty()) {
+    out += "warnings:\n";
+    for (const auto& w : r.warnings) out += "  " + w + "\n";
+  }
+  return out;
+}
+
+json to_json(const HangReport& r) {
+  json j;
+  j["dir"] = r.dir;
+  j["run_id"] = r.run_id;
+  j["size"] = r.size;
+  j["ranks_found"] = r.ranks_found;
+  j["ranks_missing"] = r.ranks_missing;
+  j["kind"] = to_string(r.kind);
+  j["pattern"] = r.pattern;
+  j["seq"] = r.seq;
+  j["step"] = r.step;
+  j["call"] = r.call_index;
+  j["culprits"] = r.culprits;
+  j["expected"] = r.expected;
+  j["per_rank_call"] = r.per_rank_call;
+  json ranks = json::array();
+  for (int k = 0; k < r.size; ++k) {
+    const auto i = static_cast<std::size_t>(k);
+    json rk;
+    rk["rank"] = k;
+    rk["last_completed_seq"] = i < r.last_completed.size() ? r.last_completed[i] : -2;
+    rk["last_enqueued_seq"] = i < r.last_enqueued.size() ? r.last_enqueued[i] : -2;
+    rk["where"] = i < r.where.size() ? r.where[i] : "";
+    rk["call_at_seq"] = i < r.per_rank_call.size() ? r.per_rank_call[i] : "-";
+    ranks.push_back(std::move(rk));
+  }
+  j["ranks"] = std::move(ranks);
+  json wrong = json::array();
+  for (const auto& [rank, seq] : r.wrong_data_from) wrong.push_back({{"rank", rank}, {"seq", seq}});
+  j["wrong_data_from"] = std::move(wrong);
+  j["stall"] = {{"seq", r.stall_seq}, {"rank", r.stall_rank}, {"lost_ms", r.stall_lost_ms}};
+  j["summary"] = r.summary;
+  j["warnings"] = r.warnings;
+  return j;
+}
+
+}  // namespace sb
