@@ -21,6 +21,8 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
   r.params = sweep.axes;
   if (ctx.expected) r.expected = nlohmann::ordered_json{{"id", ctx.expected->id()}, {"path", ctx.expected->path}};
 
+  if (sc.validate)
+    for (const auto& ps : sweep.points) sc.validate(ps, ctx);
   auto run = sc.start(ctx);
   bool hung = false;
   auto failed_point = [](const ParamSet& ps, Status st, std::string reason) {

@@ -65,6 +65,9 @@ struct Scenario {
   // true: runs on every rank of an MPI launch (mpirun/srun); only rank 0
   // prints and writes the result.
   bool needs_ranks = false;
+  // Optional: rejects a point that only the running context can judge (a
+  // rank that does not exist) with UsageError, before any point runs.
+  std::function<void(const ParamSet&, const RunContext&)> validate;
 };
 
 // Defined in scenarios/registry.cpp.

@@ -101,14 +101,6 @@ class CollectiveRun final : public ScenarioRun {
     if (!ctx_.group)
       throw UnsupportedError("collective needs MPI: this build has none (install libopenmpi-dev and reconfigure)");
     const Settings s = Settings::from(p);
-    ProcessGroup& g = *ctx_.group;
-    if (s.mismatch && s.mismatch->rank >= g.size())
-      throw UsageError(fmt::format("mismatch rank {} does not exist: the job has {} rank(s) (launch with mpirun -np N)",
-                                   s.mismatch->rank, g.size()));
-    if (s.mismatch && s.mismatch->step >= s.steps)
-      throw UsageError(fmt::format("mismatch step {} is past the last step ({} steps)", s.mismatch->step, s.steps));
-    if (s.min_bytes > s.max_bytes)
-      throw UsageError(fmt::format("min_bytes {} is above max_bytes {}", s.min_bytes, s.max_bytes));
     open(s);
     std::vector<Point> out;
     if (s.mismatch) out.push_back(step_loop(s));
@@ -425,6 +417,12 @@ void CollectiveRun::write_hang_result(const Settings& s, const HangReport& rep, 
 
 void CollectiveRun::analyze(Result& r) {
   const int n = ctx_.group ? ctx_.group->size() : 1;
+  // The message sizes are rows of their own (like nccl-tests' table): an axis.
+  json sizes = json::array();
+  for (const auto& p : r.points)
+    if (p.params.contains("bytes") && std::find(sizes.begin(), sizes.end(), p.params["bytes"]) == sizes.end())
+      sizes.push_back(p.params["bytes"]);
+  if (!sizes.empty()) r.params["bytes"] = sizes;
   // Healthy rows: the peak bus bandwidth per op and dtype, and the latency floor.
   std::map<std::string, std::pair<const Point*, const Point*>> best;  // key -> (peak busbw, smallest size)
   for (const auto& p : r.points) {
@@ -484,6 +482,18 @@ void CollectiveRun::analyze(Result& r) {
 
 void check_mismatch_text(const std::string& v) { (void)parse_mismatch(v); }
 
+void validate_point(const ParamSet& p, const RunContext& ctx) {
+  const Settings s = Settings::from(p);
+  const int n = ctx.group ? ctx.group->size() : 1;
+  if (s.mismatch && s.mismatch->rank >= n)
+    throw UsageError(fmt::format("mismatch rank {} does not exist: the job has {} rank(s) (launch with mpirun -np N)",
+                                 s.mismatch->rank, n));
+  if (s.mismatch && s.mismatch->step >= s.steps)
+    throw UsageError(fmt::format("mismatch step {} is past the last step (steps={})", s.mismatch->step, s.steps));
+  if (s.min_bytes > s.max_bytes)
+    throw UsageError(fmt::format("min_bytes {} is above max_bytes {}", s.min_bytes, s.max_bytes));
+}
+
 }  // namespace
 
 extern const Scenario collective_scenario;
@@ -519,6 +529,7 @@ const Scenario collective_scenario{
     },
     [](RunContext& ctx) -> std::unique_ptr<ScenarioRun> { return std::make_unique<CollectiveRun>(ctx); },
     true,
+    &validate_point,
 };
 
 }  // namespace sb

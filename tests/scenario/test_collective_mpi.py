@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""The collective scenario under mpirun (suite `mpi`).
+
+For 2 and 3 ranks and every mismatch kind, with the watchdog: the job ends
+within its bound, with the documented exit code, every rank's dump exists,
+no process is left behind, and `analyze-hang` names the right step, kind and
+rank. With check=fingerprint: every kind is caught at its first bad call,
+before anything hangs. Healthy mode: wrong = 0 and busbw = algbw x the
+nccl-tests factor, for every op.
+
+Every mpirun runs under a hard outer timeout (`timeout -k`), so a hang in
+stallbench itself fails this test instead of stalling CI.
+
+usage: test_collective_mpi.py STALLBENCH
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+STALLBENCH = os.path.abspath(sys.argv[1])
+MPIRUN = shutil.which("mpirun")
+# One machine: shared memory only (fast start-up); root in containers and CI;
+# more ranks than cores on a 2-core runner.
+MPI_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl", "self,vader"]
+TIMEOUT_S = 1.5  # the watchdog's
+GRACE_S = 3.0    # rank 0 waits at most this for the other dumps
+failures = []
+
+
+def check(cond, what, detail=""):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        if detail:
+            print("     " + detail.replace("\n", "\n     "), flush=True)
+        failures.append(what)
+
+
+def mpirun(n, args, outer=60):
+    cmd = ["timeout", "-k", "5", str(outer), MPIRUN, *MPI_FLAGS, "-np", str(n), STALLBENCH, *args]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    return p, time.monotonic() - t0
+
+
+def leftovers(marker):
+    """stallbench processes whose command line names this run's dump dir."""
+    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    return [pid for pid in out if int(pid) != os.getpid()]
+
+
+def expected_position(kind, step):
+    # Each step issues call 0 (the main op, all_reduce here) then call 1
+    # (a broadcast): seq = 2 * step + call. A root mismatch is in call 1.
+    call = 1 if kind == "root" else 0
+    return 2 * step + call, call
+
+
+# What analyze-hang must call each injected mismatch (kind, pattern).
+HANG_KIND = {
+    "skip": ("missing", "skip"),
+    "order": ("op", "order"),
+    "count": ("count", ""),
+    "dtype": ("dtype", ""),
+    "root": ("root", ""),
+    "straggler": ("missing", ""),
+}
+
+
+def analyze(d):
+    p = subprocess.run(["timeout", "30", STALLBENCH, "analyze-hang", d, "--json"], capture_output=True, text=True)
+    check(p.returncode == 0, f"analyze-hang {d} exits 0 (got {p.returncode})", p.stderr.strip()[-300:])
+    return json.loads(p.stdout) if p.returncode == 0 else {}
+
+
+def hang_case(tmp, n, kind):
+    step = 3
+    culprit = n - 1 if kind != "order" else 0
+    spec = f"{kind}@{step}:{culprit}"
+    d = os.path.join(tmp, f"dumps-{n}-{kind}")
+    out = os.path.join(tmp, f"hang-{n}-{kind}.json")
+    args = ["run", "collective", "--quick", "-p", f"mismatch={spec}", "-p", f"timeout_s={TIMEOUT_S}",
+            "-p", f"dump_dir={d}", "-p", "delay_ms=20000", "--json", out]
+    p, wall = mpirun(n, args)
+    tag = f"[{n} ranks, {spec}]"
+    # Open MPI refuses some mismatches itself (MPI_ERR_TRUNCATE: exit 5);
+    # the others hang until the watchdog ends the job (exit 4).
+    ok_codes = {4, 5} if kind in ("count", "dtype") else {4}
+    check(p.returncode in ok_codes, f"{tag} exit code {p.returncode} in {sorted(ok_codes)}", p.stderr[-1500:])
+    bound = TIMEOUT_S + GRACE_S + 4
+    check(wall < bound, f"{tag} the job ended in {wall:.1f} s (bound {bound:.1f} s)")
+    for r in range(n):
+        check(os.path.isfile(os.path.join(d, f"rank-{r}.json")), f"{tag} rank {r}'s dump exists")
+    time.sleep(0.2)
+    check(not leftovers(d), f"{tag} no process left behind")
+    rep = analyze(d)
+    want_kind, want_pattern = HANG_KIND[kind]
+    seq, call = expected_position(kind, step)
+    check(rep.get("kind") == want_kind, f"{tag} kind {rep.get('kind')} == {want_kind}: {rep.get('summary')}")
+    if want_pattern:
+        check(rep.get("pattern") == want_pattern, f"{tag} pattern {rep.get('pattern')} == {want_pattern}")
+    check(rep.get("culprits") == [culprit], f"{tag} culprits {rep.get('culprits')} == [{culprit}]")
+    check(rep.get("step") == step, f"{tag} step {rep.get('step')} == {step}")
+    check(rep.get("seq") == seq, f"{tag} seq {rep.get('seq')} == {seq}")
+    # The job's own result, written by rank 0 before the abort, says the same.
+    if os.path.isfile(out):
+        doc = json.load(open(out))
+        pt = doc["points"][0]
+        check(pt["status"] in ("hang", "error") and doc["findings"],
+              f"{tag} result JSON: status {pt['status']} with a finding")
+    else:
+        check(False, f"{tag} rank 0 wrote the result JSON before ending the job")
+
+
+def fingerprint_case(tmp, n, kind):
+    step = 2
+    culprit = 1
+    spec = f"{kind}@{step}:{culprit}"
+    d = os.path.join(tmp, f"fp-{n}-{kind}")
+    out = os.path.join(tmp, f"fp-{n}-{kind}.json")
+    delay = 300 if kind == "straggler" else 1000
+    args = ["run", "collective", "--quick", "-p", "check=fingerprint", "-p", f"mismatch={spec}",
+            "-p", f"timeout_s={TIMEOUT_S + 1}", "-p", f"dump_dir={d}", "-p", f"delay_ms={delay}", "--json", out]
+    p, wall = mpirun(n, args)
+    tag = f"[fingerprint, {n} ranks, {spec}]"
+    doc = json.load(open(out)) if os.path.isfile(out) else None
+    check(doc is not None, f"{tag} result written (exit {p.returncode})", p.stderr[-800:])
+    if not doc:
+        return
+    pt = doc["points"][0]
+    if kind == "straggler":
+        # A stall, not a mismatch: the run completes and names who was late.
+        check(p.returncode == 0 and pt["status"] == "ok", f"{tag} completes (exit {p.returncode}, {pt['status']})")
+        lost = pt["metrics"].get("stall_lost_ms", {}).get("value", 0)
+        check(0.6 * delay < lost < 3 * delay, f"{tag} the others lost {lost:.0f} ms (delay {delay} ms)")
+        check(pt["info"]["analysis"]["stall"]["rank"] == culprit, f"{tag} the late rank is {culprit}")
+        return
+    seq, _ = expected_position(kind, step)
+    check(p.returncode == 1 and pt["status"] == "error", f"{tag} refused: exit {p.returncode}, status {pt['status']}")
+    check(f"check=fingerprint at seq {seq}," in pt["reason"], f"{tag} caught at the first bad call (seq {seq}): {pt['reason']}")
+    check(wall < 15, f"{tag} no hang: {wall:.1f} s")
+    rep = analyze(d)
+    check(rep.get("culprits") == [culprit], f"{tag} culprits {rep.get('culprits')} == [{culprit}]")
+    check(rep.get("seq") == seq and rep.get("step") == step, f"{tag} seq/step {rep.get('seq')}/{rep.get('step')}")
+    want = {"skip": ("missing", "op"), "order": ("missing", "op"), "count": ("count",), "dtype": ("dtype",),
+            "root": ("root",)}[kind]
+    # At the first bad call a skip and a swap look alike (the rest of the
+    # step was never issued): either name is right; the others are exact.
+    check(rep.get("kind") in want, f"{tag} kind {rep.get('kind')} in {want}")
+
+
+def healthy(tmp, n):
+    out = os.path.join(tmp, f"healthy-{n}.json")
+    ops = "all_reduce,all_gather,reduce_scatter,broadcast,reduce,all_to_all"
+    p, _ = mpirun(n, ["run", "collective", "--quick", "-p", f"op={ops}", "-p", "dtype=fp32,bf16",
+                      "-p", f"dump_dir={tmp}/healthy-dumps", "--json", out])
+    check(p.returncode == 0, f"[healthy, {n} ranks] exit 0 (got {p.returncode})", p.stderr[-800:])
+    if not os.path.isfile(out):
+        return
+    doc = json.load(open(out))
+    factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+               "all_to_all": (n - 1) / n, "broadcast": 1.0, "reduce": 1.0}
+    seen = set()
+    for pt in doc["points"]:
+        m = pt["metrics"]
+        op = pt["params"]["op"]
+        seen.add(op)
+        tag = f"[healthy, {n} ranks] {op} {pt['params']['dtype']} {pt['params']['bytes']} B"
+        check(pt["status"] == "ok" and m["wrong"]["value"] == 0, f"{tag}: ok, wrong = 0")
+        ratio = m["busbw"]["value"] / m["algbw"]["value"]
+        check(abs(ratio - factors[op]) < 1e-9, f"{tag}: busbw/algbw {ratio:.4f} == {factors[op]:.4f}")
+        check(m["busbw"]["unit"] == "GB/s" and m["busbw"]["direction"] == "higher", f"{tag}: busbw in GB/s, higher")
+        check(m["time_us"]["direction"] == "lower", f"{tag}: time_us lower is better")
+    check(seen == set(factors), f"[healthy, {n} ranks] every op ran: {sorted(seen)}")
+    check(doc["meta"]["ranks"]["size"] == n, f"[healthy, {n} ranks] meta.ranks.size")
+
+
+def main():
+    if not MPIRUN:
+        print("SKIP: mpirun not found (apt install openmpi-bin)")
+        return 77
+    help_text = subprocess.run([STALLBENCH, "list", "--names"], capture_output=True, text=True).stdout
+    if "collective" not in help_text:
+        print("SKIP: this build has no collective scenario")
+        return 77
+    tmp = tempfile.mkdtemp(prefix="sb-coll-")
+    try:
+        # Bad input: exit 2 on every rank, nothing left behind.
+        p, wall = mpirun(2, ["run", "collective", "--quick", "-p", "mismatch=skip@3:5", "-p", f"dump_dir={tmp}/bad"])
+        check(p.returncode == 2 and "rank 5 does not exist" in p.stderr,
+          f"a mismatch rank past the job's size: exit {p.returncode} (want 2)", p.stderr[-800:])
+        for n in (2, 3):
+            healthy(tmp, n)
+        for n in (2, 3):
+            for kind in ("skip", "order", "count", "dtype", "root", "straggler"):
+                hang_case(tmp, n, kind)
+        for n in (2, 3):
+            for kind in ("skip", "order", "count", "dtype", "root", "straggler"):
+                fingerprint_case(tmp, n, kind)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if failures:
+        print(f"\n{len(failures)} check(s) failed")
+        return 1
+    print("\nall checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
