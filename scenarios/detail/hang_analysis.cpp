@@ -346,7 +346,11 @@ std::string divergence_summary(const HangReport& r, const std::vector<RankView>&
       parts.push_back(fmt::format("rank {} never issued {} (its last enqueued seq is {}; where: \"{}\")", c,
                                   r.expected, v.last_enqueued, v.dump->where));
     } else if (r.pattern == "skip") {
-      parts.push_back(fmt::format("rank {} skipped {} (its seq {} is {})", c, r.expected, r.seq, entry_text(*e)));
+      // A rank that stopped at this call (a hang, or a fingerprint refusal)
+      // never showed whether the skipped call would have come later.
+      parts.push_back(fmt::format("rank {} skipped {} (its seq {} is {}){}", c, r.expected, r.seq, entry_text(*e),
+                                  v.at(r.seq + 1) ? ""
+                                                  : "; it stopped there, so a swap with the next call looks the same"));
     } else if (r.pattern == "order" && pos_of(*e).step == ref.pos.step && pos_of(*e).call > ref.pos.call) {
       parts.push_back(fmt::format("rank {} issued {} before {} ({}): calls swapped", c, entry_text(*e),
                                   r.expected, pos_text(ref.pos)));

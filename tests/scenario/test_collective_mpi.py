@@ -11,7 +11,11 @@ nccl-tests factor, for every op.
 Every mpirun runs under a hard outer timeout (`timeout -k`), so a hang in
 stallbench itself fails this test instead of stalling CI.
 
-usage: test_collective_mpi.py STALLBENCH
+With --backend nccl (suite `gpu`) the same checks run on NCCL, one GPU per
+rank; they exit 77 (SKIP) without at least two GPUs, or one GPU with NCCL
+>= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1.
+
+usage: test_collective_mpi.py STALLBENCH [--backend mpi|nccl]
 """
 import json
 import os
@@ -22,6 +26,7 @@ import tempfile
 import time
 
 STALLBENCH = os.path.abspath(sys.argv[1])
+BACKEND = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "mpi"
 MPIRUN = shutil.which("mpirun")
 # One machine: shared memory only (fast start-up); root in containers and CI;
 # more ranks than cores on a 2-core runner.
@@ -40,6 +45,8 @@ def check(cond, what, detail=""):
 
 
 def mpirun(n, args, outer=60):
+    if args[:2] == ["run", "collective"]:
+        args = [*args, "-p", f"backend={BACKEND}"] + (["--device", "cuda:0"] if BACKEND == "nccl" else ["--device", "cpu"])
     cmd = ["timeout", "-k", "5", str(outer), MPIRUN, *MPI_FLAGS, "-np", str(n), STALLBENCH, *args]
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -186,6 +193,16 @@ def main():
     if "collective" not in help_text:
         print("SKIP: this build has no collective scenario")
         return 77
+    if BACKEND == "nccl":
+        dev = json.loads(subprocess.run([STALLBENCH, "devices", "--json"], capture_output=True, text=True).stdout)
+        gpus = len(dev.get("gpus", []))
+        nccl = dev.get("versions", {}).get("cuda", {}).get("nccl", "")
+        ver = tuple(int(x) for x in nccl.split(".")[:2] if x.isdigit())
+        shared = os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1" and ver >= (2, 30)
+        if gpus < 2 and not (gpus == 1 and shared):
+            print(f"SKIP: backend=nccl needs two GPUs (found {gpus}; NCCL {nccl or 'not built'}), "
+                  "or one with NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1")
+            return 77
     tmp = tempfile.mkdtemp(prefix="sb-coll-")
     try:
         # Bad input: exit 2 on every rank, nothing left behind.
