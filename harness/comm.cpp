@@ -1,6 +1,9 @@
 #include "harness/comm.hpp"
 
-#include <array>  // std::array
+#include <unistd.h>  // _exit, gethostname
+
+#include <array>   // std::array
+#include <cstdio>  // std::fflush
 
 namespace sb {
 
@@ -98,5 +101,37 @@ double bus_factor(CollOp op, int n) {
   }
   return 0.0;
 }
+
+namespace {
+class SingleProcessGroup final : public ProcessGroup {
+ public:
+  SingleProcessGroup() {
+    char h[256] = {};
+    gethostname(h, sizeof h - 1);
+    host_ = h;
+  }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  int local_size() const override { return 1; }
+  std::string launcher() const override { return "single process (built without MPI)"; }
+  std::string host() const override { return host_; }
+  std::string library() const override { return "none"; }
+  void barrier(Deadline) override {}
+  std::vector<double> allgather(double v, Deadline) override { return {v}; }
+  std::vector<std::int64_t> allgather(std::int64_t v, Deadline) override { return {v}; }
+  std::string broadcast(const std::string& bytes, int, Deadline) override { return bytes; }
+  std::vector<std::string> gather(const std::string& bytes, int, Deadline) override { return {bytes}; }
+  [[noreturn]] void abort(int code) noexcept override {
+    std::fflush(nullptr);
+    _exit(code);
+  }
+
+ private:
+  std::string host_;
+};
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_single_process_group() { return std::make_unique<SingleProcessGroup>(); }
 
 }  // namespace sb

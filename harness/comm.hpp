@@ -86,6 +86,11 @@ class ProcessGroup {
   [[noreturn]] virtual void abort(int code) noexcept = 0;
 };
 
+// The group of one process, for a build without MPI (the GPU machine has
+// none): a collective on one rank still runs NCCL's init, every op and the
+// exact check, though one rank has no bus bandwidth. abort() is _exit.
+std::unique_ptr<ProcessGroup> make_single_process_group();
+
 // One communicator of a backend, over the process group's ranks. A call is
 // started without waiting and polled to completion; a communicator whose
 // calls queue in order (NCCL on a stream) may have several in flight.

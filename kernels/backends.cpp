@@ -12,7 +12,7 @@
 #ifdef STALLBENCH_HAVE_MPI
 #include "kernels/mpi/mpi_comm.hpp"  // open_mpi_process_group, open_mpi_communicator
 #endif
-#if defined(STALLBENCH_HAVE_NCCL) && defined(STALLBENCH_HAVE_MPI)
+#ifdef STALLBENCH_HAVE_NCCL
 #include "kernels/cuda/nccl_comm.hpp"  // open_nccl_communicator
 #endif
 
@@ -83,7 +83,7 @@ std::unique_ptr<ProcessGroup> open_process_group([[maybe_unused]] int* argc, [[m
 #ifdef STALLBENCH_HAVE_MPI
   return open_mpi_process_group(argc, argv);
 #else
-  return nullptr;
+  return make_single_process_group();
 #endif
 }
 
@@ -92,14 +92,15 @@ std::unique_ptr<Communicator> open_communicator([[maybe_unused]] ProcessGroup& g
 #ifdef STALLBENCH_HAVE_MPI
     return open_mpi_communicator(group);
 #else
-    throw UnsupportedError("backend=mpi: this build has no MPI (install libopenmpi-dev and reconfigure)");
+    throw UnsupportedError("backend=mpi: this build has no MPI (install libopenmpi-dev and reconfigure); "
+                           "backend=nccl runs one rank without it");
 #endif
   }
   if (backend == "nccl") {
-#if defined(STALLBENCH_HAVE_NCCL) && defined(STALLBENCH_HAVE_MPI)
+#ifdef STALLBENCH_HAVE_NCCL
     return open_nccl_communicator(group, std::chrono::steady_clock::now() + std::chrono::seconds(120));
 #else
-    throw UnsupportedError("backend=nccl: this build has no NCCL (it needs CUDA, NCCL and MPI; see `meson configure`)");
+    throw UnsupportedError("backend=nccl: this build has no NCCL (it needs CUDA and NCCL; see `meson configure`)");
 #endif
   }
   throw UsageError(fmt::format("unknown collective backend '{}'; valid: mpi, nccl", backend));

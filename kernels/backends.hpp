@@ -16,8 +16,9 @@ const std::vector<Backend>& all_backends();
 // cpu. Throws UsageError naming the valid devices (and why cuda has none).
 std::unique_ptr<Device> open_device(const DeviceSpec& spec);
 
-// The ranks a launcher (mpirun, srun) started, over MPI; null when this build
-// has no MPI. Initializes MPI: call once, before any other MPI use.
+// The ranks a launcher (mpirun, srun) started, over MPI; a group of one
+// process when this build has no MPI. Initializes MPI: call once, before any
+// other MPI use.
 std::unique_ptr<ProcessGroup> open_process_group(int* argc, char*** argv);
 // "mpi" or "nccl" over the group's ranks. Throws UnsupportedError naming
 // what the build or the machine lacks.

@@ -98,8 +98,7 @@ class CollectiveRun final : public ScenarioRun {
   Point run_point(const ParamSet& p) override { return run_points(p).front(); }
 
   std::vector<Point> run_points(const ParamSet& p) override {
-    if (!ctx_.group)
-      throw UnsupportedError("collective needs MPI: this build has none (install libopenmpi-dev and reconfigure)");
+    if (!ctx_.group) throw UnsupportedError("collective needs a process group (run it through `stallbench run`)");
     const Settings s = Settings::from(p);
     open(s);
     std::vector<Point> out;
@@ -447,25 +446,30 @@ void CollectiveRun::analyze(Result& r) {
     f.evidence = json{{"ranks", n}, {"peak_bytes", peak->params["bytes"]}};
     r.findings.push_back(std::move(f));
   }
-  // check=fingerprint against check=off, size by size.
-  std::vector<std::string> rows;
-  json ev = json::array();
+  // check=fingerprint against check=off, size by size, per op and dtype:
+  // what a DETAIL-style check costs each call.
+  std::map<std::string, std::pair<std::vector<std::string>, json>> overhead;
   for (const auto& p : r.points) {
     if (p.status != Status::ok || p.params.value("check", "") != "fingerprint" || !p.params.contains("bytes")) continue;
     for (const auto& q : r.points) {
       if (q.status != Status::ok || q.params.value("check", "") != "off" || q.params["bytes"] != p.params["bytes"] ||
-          q.params["op"] != p.params["op"] || q.params["dtype"] != p.params["dtype"] || q.params["backend"] != p.params["backend"])
+          q.params["op"] != p.params["op"] || q.params["dtype"] != p.params["dtype"] ||
+          q.params["backend"] != p.params["backend"])
         continue;
       const double on = p.metric("time_us")->value, off = q.metric("time_us")->value;
-      rows.push_back(fmt::format("{} +{:.0f}%", bytes_text(p.params["bytes"].get<std::int64_t>()), (on / off - 1) * 100));
-      ev.push_back(json{{"bytes", p.params["bytes"]}, {"off_us", off}, {"fingerprint_us", on}, {"overhead", on / off - 1}});
+      auto& [texts, ev] = overhead[fmt::format("{} {}", p.params.value("op", ""), p.params.value("dtype", ""))];
+      texts.push_back(fmt::format("{:+.1f} us ({:+.0f}%) at {}", on - off, (on / off - 1) * 100,
+                                  bytes_text(p.params["bytes"].get<std::int64_t>())));
+      ev.push_back(json{{"bytes", p.params["bytes"]}, {"off_us", off}, {"fingerprint_us", on}, {"added_us", on - off},
+                        {"overhead", on / off - 1}});
     }
   }
-  if (!rows.empty()) {
+  for (const auto& [key, v] : overhead) {
     Finding f;
     f.cause = kCause;
-    f.summary = fmt::format("check=fingerprint (one 16-byte all-reduce before each call) costs {}", fmt::join(rows, ", "));
-    f.evidence = json{{"sizes", ev}};
+    f.summary = fmt::format("check=fingerprint on {} (a 16-byte all-reduce before each call): {}", key,
+                            fmt::join(v.first, ", "));
+    f.evidence = json{{"sizes", v.second}};
     r.findings.push_back(std::move(f));
   }
   for (const auto& p : r.points) {
