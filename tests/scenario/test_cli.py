@@ -36,7 +36,7 @@ def expect(args, code, must_say=(), stream="stderr"):
     return p
 
 
-expect(["--help"], 0, ["list", "devices", "run", "compare", "exit codes"], "stdout")
+expect(["--help"], 0, ["list", "devices", "run", "compare", "analyze-hang", "exit codes"], "stdout")
 expect(["--version"], 0, ["stallbench 0.1.0"], "stdout")
 expect([], 2, ["A subcommand is required"])
 expect(["frobnicate"], 2)
@@ -53,6 +53,15 @@ expect(["run", "precision", "--device", "cpu:1"], 2, ["unknown device"])
 expect(["run", "precision", "--bogus"], 2, ["--bogus"])
 expect(["run", "precision", "--timeout", "0"], 2)
 expect(["compare", "/nonexistent/a.json", "/nonexistent/b.json"], 2, ["cannot read /nonexistent/a.json"])
+expect(["run", "collective", "-p", "mismatch=skip@5"], 2, ["mismatch 'skip@5'", "KIND@STEP:RANK"])
+expect(["run", "collective", "-p", "mismatch=jump@5:1"], 2, ["unknown kind 'jump'", "straggler"])
+expect(["run", "collective", "-p", "mismatch=skip@-1:1"], 2, ["STEP is not an integer >= 0"])
+expect(["run", "collective", "-p", "op=allreduce"], 2, ["all_reduce|all_gather"])
+# One process: rank 1 does not exist; the same exit 2 as under mpirun.
+expect(["run", "collective", "-p", "mismatch=skip@1:1"], 2, ["mismatch rank 1 does not exist", "mpirun -np N"])
+expect(["run", "collective", "-p", "min_bytes=4096", "-p", "max_bytes=1024"], 2, ["min_bytes 4096 is above max_bytes 1024"])
+expect(["analyze-hang"], 2, ["DIR is required"])
+expect(["analyze-hang", "/nonexistent/dumps"], 2, ["/nonexistent/dumps does not exist"])
 
 list_out = expect(["list"], 0, ["precision", "-p size", "default 1024,2048", "range [16, 65536] elements"], "stdout")
 expect(["list", "--names"], 0, ["precision"], "stdout")
@@ -70,6 +79,7 @@ with tempfile.TemporaryDirectory() as tmp:
     with open(notres, "w") as f:
         json.dump({"hello": 1}, f)
     expect(["compare", notres, notres], 2, ["not a stallbench result"])
+    expect(["analyze-hang", tmp], 2, ["no flight-recorder dump"])
 
     # A real small run, then compare it with itself and with a worse copy.
     a = os.path.join(tmp, "a.json")
