@@ -511,7 +511,7 @@ const Scenario collective_scenario{
         {"op", ParamType::choice, "all_reduce", "the collective", "", 0, 0,
          {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"}},
         {"dtype", ParamType::choice, "fp32", "element type", "", 0, 0, {"fp32", "fp64", "bf16"}},
-        {"min_bytes", ParamType::integer, "1024", "smallest message (nccl-tests -b)", "bytes", 8, 1e12, {}, "1024"},
+        {"min_bytes", ParamType::integer, "1024", "smallest message (nccl-tests -b)", "bytes", 8, 1e12},
         {"max_bytes", ParamType::integer, "16777216", "largest message (nccl-tests -e)", "bytes", 8, 1e12, {}, "262144",
          "268435456"},
         {"factor", ParamType::integer, "4", "size multiplier (nccl-tests -f)", "", 2, 1024, {}, "16"},

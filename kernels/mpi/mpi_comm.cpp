@@ -189,11 +189,9 @@ class MpiCommunicator final : public Communicator {
     SB_MPI_CHECK(MPI_Op_create(&bf16_max, 1, &bf16_max_));
   }
   ~MpiCommunicator() override {
-    if (req_ != MPI_REQUEST_NULL) {
-      // A call still pending at teardown (only after an error): cancel what
-      // can be cancelled and do not wait for it; the job is ending.
-      MPI_Request_free(&req_);
-    }
+    // A call still pending at teardown (only when a hang ended the run) is
+    // left alone: freeing or cancelling a nonblocking collective's request
+    // is erroneous in MPI, and the job is ending anyway.
     MPI_Op_free(&bf16_sum_);
     MPI_Op_free(&bf16_max_);
     MPI_Comm_free(&comm_);
