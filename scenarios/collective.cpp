@@ -100,6 +100,7 @@ class CollectiveRun final : public ScenarioRun {
   std::vector<Point> run_points(const ParamSet& p) override {
     if (!ctx_.group) throw UnsupportedError("collective needs a process group (run it through `stallbench run`)");
     const Settings s = Settings::from(p);
+    point_params_ = p.to_json();
     open(s);
     std::vector<Point> out;
     if (s.mismatch) out.push_back(step_loop(s));
@@ -224,6 +225,7 @@ class CollectiveRun final : public ScenarioRun {
   std::size_t cap_bytes_ = 0;
   double timeout_s_ = 5;
   std::string dump_dir_;
+  json point_params_;  // the sweep point being run: the hang result's params
 };
 
 // Every rank refused the same call at once (the check's all-reduce itself
@@ -399,6 +401,7 @@ void CollectiveRun::write_hang_result(const Settings& s, const HangReport& rep, 
   if (!ctx_.write_result_now) return;
   Result r;
   Point p;
+  p.params = point_params_;
   p.status = Status::hang;
   p.reason = fmt::format("{} — {}", why, rep.summary);
   p.info["analysis"] = to_json(rep);

@@ -15,7 +15,7 @@ With --backend nccl (suite `gpu`) the same checks run on NCCL, one GPU per
 rank; they exit 77 (SKIP) without at least two GPUs, or one GPU with NCCL
 >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1.
 
-usage: test_collective_mpi.py STALLBENCH [--backend mpi|nccl]
+usage: test_collective_mpi.py STALLBENCH SCHEMA [--backend mpi|nccl]
 """
 import json
 import os
@@ -26,6 +26,7 @@ import tempfile
 import time
 
 STALLBENCH = os.path.abspath(sys.argv[1])
+SCHEMA = json.load(open(sys.argv[2]))
 BACKEND = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "mpi"
 MPIRUN = shutil.which("mpirun")
 # One machine: shared memory only (fast start-up); root in containers and CI;
@@ -34,6 +35,16 @@ MPI_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--mca", "pml", "ob1", "-
 TIMEOUT_S = 1.5  # the watchdog's
 GRACE_S = 3.0    # rank 0 waits at most this for the other dumps
 failures = []
+
+
+def valid(doc, tag):
+    """The result JSON obeys results/schema/result.schema.json."""
+    import jsonschema
+    try:
+        jsonschema.validate(doc, SCHEMA)
+        check(True, f"{tag} result JSON is valid against the schema")
+    except jsonschema.ValidationError as e:
+        check(False, f"{tag} result JSON is valid against the schema", f"{e.message[:300]} at {list(e.path)}")
 
 
 def check(cond, what, detail=""):
@@ -118,6 +129,8 @@ def hang_case(tmp, n, kind):
         pt = doc["points"][0]
         check(pt["status"] in ("hang", "error") and doc["findings"],
               f"{tag} result JSON: status {pt['status']} with a finding")
+        check(pt["params"].get("mismatch") == spec, f"{tag} result JSON names its params")
+        valid(doc, tag)
     else:
         check(False, f"{tag} rank 0 wrote the result JSON before ending the job")
 
@@ -168,6 +181,7 @@ def healthy(tmp, n):
     if not os.path.isfile(out):
         return
     doc = json.load(open(out))
+    valid(doc, f"[healthy, {n} ranks]")
     factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
                "all_to_all": (n - 1) / n, "broadcast": 1.0, "reduce": 1.0}
     seen = set()
