@@ -296,7 +296,8 @@ std::vector<Point> CollectiveRun::sweep(const Settings& s) {
     rec_->touch();
 
     Point p;
-    p.params = json{{"bytes", size_bytes}};
+    // ranks is a row parameter: expected busbw figures are per rank count.
+    p.params = json{{"ranks", n}, {"bytes", size_bytes}};
     // algbw = size / time (GB/s = 1e9 B/s); busbw = algbw × bus_factor.
     const double algbw = static_cast<double>(size_bytes) / (mean_us * 1e-6) / 1e9;
     p.add({"count", static_cast<double>(c.count), "elements", Direction::none, std::nullopt,
@@ -424,7 +425,10 @@ void CollectiveRun::analyze(Result& r) {
   for (const auto& p : r.points)
     if (p.params.contains("bytes") && std::find(sizes.begin(), sizes.end(), p.params["bytes"]) == sizes.end())
       sizes.push_back(p.params["bytes"]);
-  if (!sizes.empty()) r.params["bytes"] = sizes;
+  if (!sizes.empty()) {
+    r.params["ranks"] = json::array({n});
+    r.params["bytes"] = sizes;
+  }
   // Healthy rows: the peak bus bandwidth per op and dtype, and the latency floor.
   std::map<std::string, std::pair<const Point*, const Point*>> best;  // key -> (peak busbw, smallest size)
   for (const auto& p : r.points) {
