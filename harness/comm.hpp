@@ -113,8 +113,14 @@ class Communicator {
 
   enum class Progress { pending, started, done };
   // Starts a call on send/recv (sized by coll_counts). Throws Error(runtime)
-  // when the library refuses it at once.
+  // when the library refuses it at once. Several calls may be in flight, as
+  // a training step issues its collectives asynchronously: on distinct
+  // buffers for MPI (queues_in_order() false), on any for NCCL (a stream).
   virtual void start(const CollCall& c, const void* send, void* recv) = 0;
+  // Of the calls started since poll() last said done, how many have
+  // completed, counted from the first; -1 when the backend cannot tell
+  // (then done is all it says).
+  virtual std::int64_t completed_in_order() const { return -1; }
   // Where the oldest call not yet seen done stands, without blocking; done
   // means every started call completed. Throws Error(runtime) naming the
   // library's error (MPI error class, ncclCommGetAsyncError).

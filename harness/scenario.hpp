@@ -39,6 +39,8 @@ struct RunContext {
   // hang ends every rank with MPI_Abort, so the normal path never returns).
   // The scenario fills points and findings; meta and params are filled in.
   std::function<void(Result&)> write_result_now;
+  // The points run so far (set by the runner): what write_result_now keeps.
+  const Result* result_so_far = nullptr;
 };
 
 // One run of a scenario over a sweep. run_point may throw the typed errors of

@@ -16,6 +16,7 @@
 #include <algorithm>  // std::max_element
 #include <map>        // std::map
 #include <cmath>      // std::pow
+#include <limits>     // std::numeric_limits
 #include <numeric>    // std::accumulate
 #include <thread>     // std::this_thread
 
@@ -27,6 +28,7 @@
 #include "harness/errors.hpp"                   // UnsupportedError, MismatchError, HangError
 #include "harness/random.hpp"                   // splitmix64
 #include "harness/scenario.hpp"                 // Scenario
+#include "harness/watchdog.hpp"                 // kExitHang
 #include "scenarios/detail/coll_data.hpp"       // fill_coll_input, count_coll_wrong
 #include "scenarios/detail/coll_schedule.hpp"   // parse_mismatch, planned_calls
 #include "scenarios/detail/coll_watchdog.hpp"   // CollWatchdog
@@ -122,7 +124,6 @@ class CollectiveRun final : public ScenarioRun {
       comm_.reset();
       ctx_.progress(fmt::format("collective: opening the {} communicator", backend));
       comm_ = ctx_.open_comm(backend);
-      rec_ = std::make_unique<FlightRecorder>(static_cast<std::size_t>(s.ring));
       if (run_id_.empty()) {
         const std::string mine = fmt::format("{:x}-{:x}", static_cast<std::uint64_t>(now_us()), getpid());
         run_id_ = g.broadcast(mine, 0, deadline);
@@ -132,43 +133,64 @@ class CollectiveRun final : public ScenarioRun {
     // Room for the largest call, twice over: a mismatched rank's call
     // (double the dtype, or a peer's larger count) lands in slack, not past
     // the buffer.
-    const std::int64_t largest = std::max(s.max_bytes, s.step_bytes) * 2 * g.size() + 4096;
+    // (count is already the larger buffer's, so twice covers every kind.)
+    const std::int64_t largest = std::max(s.max_bytes, s.step_bytes) * 2 + 4096;
     if (static_cast<std::size_t>(largest) > cap_bytes_) {
-      send_ = comm_->alloc(static_cast<std::size_t>(largest));
-      recv_ = comm_->alloc(static_cast<std::size_t>(largest));
+      // Two pairs: a step's two calls are in flight together.
+      for (int i = 0; i < 2; ++i) {
+        send_[i] = comm_->alloc(static_cast<std::size_t>(largest));
+        recv_[i] = comm_->alloc(static_cast<std::size_t>(largest));
+      }
       fp_send_ = comm_->alloc(64);
       fp_recv_ = comm_->alloc(64);
       cap_bytes_ = static_cast<std::size_t>(largest);
     }
     timeout_s_ = s.timeout_s;
     dump_dir_ = s.dump_dir;
-    DumpHeader h{run_id_, g.rank(), g.size(), g.local_rank(), g.host(), static_cast<long>(getpid()),
-                 comm_->backend(), comm_->device(), s.timeout_s};
+    // Each sweep point has its own recorder and id: its dumps, its marker
+    // and its analysis never mix with an earlier point's in dump_dir.
+    DumpHeader h{fmt::format("{}.{}", run_id_, point_index_++), g.rank(), g.size(), g.local_rank(), g.host(),
+                 static_cast<long>(getpid()), comm_->backend(), comm_->device(), s.timeout_s};
     wd_.reset();
+    rec_ = std::make_unique<FlightRecorder>(static_cast<std::size_t>(s.ring));
     wd_ = std::make_unique<CollWatchdog>(*rec_, g, comm_.get(), CollWatchdogConfig{s.timeout_s, s.dump_dir, h, 3.0},
-                                         [this, s](const HangReport& rep, const std::string& why) {
-                                           write_hang_result(s, rep, why);
+                                         [this, s](const HangReport& rep, const std::string& why, int code) {
+                                           write_hang_result(s, rep, why, code);
                                          });
   }
 
-  // Polls until every started call completed. The watchdog owns the
-  // deadline; this loop only yields to it (and has a last-resort limit).
-  void wait_done(std::int64_t seq) {
+  // Polls until every started call completed, marking the recorder's
+  // entries (seqs, in start order; empty for the fingerprint's own call) as
+  // they start and complete. The watchdog owns the deadline; this loop only
+  // yields to it (and has a last-resort limit).
+  void wait_done(const std::vector<std::int64_t>& seqs) {
     const auto hard = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
                                               std::chrono::duration<double>(timeout_s_ + 30));
     bool started = false;
+    std::size_t marked = 0;  // seqs[0..marked) recorded as completed
+    auto complete_through = [&](std::size_t k) {
+      for (; marked < k && marked < seqs.size(); ++marked) rec_->completed(seqs[marked]);
+    };
     for (long spins = 0;; ++spins) {
       if (wd_->triggered()) wd_->park();
       Communicator::Progress pr;
       try {
         pr = comm_->poll();
       } catch (const Error& e) {
+        // The watchdog's own abort makes pending calls fail: not the library's verdict.
+        if (wd_->triggered()) wd_->park();
+        const std::int64_t seq = marked < seqs.size() ? seqs[marked] : -1;
         if (seq >= 0) rec_->failed(seq, e.what());
         wd_->fail(fmt::format("collective seq {} failed in the library: {}", seq, e.what()));
       }
-      if (pr == Communicator::Progress::done) return;
-      if (pr == Communicator::Progress::started && !started && seq >= 0) rec_->started(seq), started = true;
-      if (clock_type::now() > hard) throw HangError(fmt::format("collective seq {} never completed", seq));
+      if (pr == Communicator::Progress::done) return complete_through(seqs.size());
+      if (pr == Communicator::Progress::started && !started) {
+        for (auto q : seqs) rec_->started(q);
+        started = true;
+      }
+      if (const std::int64_t k = comm_->completed_in_order(); k > 0) complete_through(static_cast<std::size_t>(k));
+      if (clock_type::now() > hard)
+        throw HangError(fmt::format("collective seq {} never completed", marked < seqs.size() ? seqs[marked] : -1));
       if (spins < 2000) std::this_thread::yield();
       else std::this_thread::sleep_for(std::chrono::microseconds(spins < 20000 ? 50 : 500));
     }
@@ -186,7 +208,7 @@ class CollectiveRun final : public ScenarioRun {
     const std::int64_t v[2] = {static_cast<std::int64_t>(h), -static_cast<std::int64_t>(h)};
     comm_->upload(fp_send_, v, sizeof v);
     comm_->start(CollCall{CollOp::all_reduce, 2, CommDtype::i64, 0, ReduceOp::max}, fp_send_, fp_recv_);
-    wait_done(-1);
+    wait_done({});
     std::int64_t r[2];
     comm_->download(r, fp_recv_, sizeof r);
     return r[0] == -r[1];
@@ -201,16 +223,15 @@ class CollectiveRun final : public ScenarioRun {
       rec_->failed(seq, "refused by the fingerprint check: the ranks disagree on (seq, op, count, dtype, root)");
       throw_fingerprint_mismatch(seq);
     }
-    comm_->start(c, send_, recv_);
-    wait_done(seq);
-    rec_->completed(seq);
+    comm_->start(c, send_[0], recv_[0]);
+    wait_done({seq});
     return seq;
   }
 
   [[noreturn]] void throw_fingerprint_mismatch(std::int64_t seq);
   std::vector<Point> sweep(const Settings& s);
   Point step_loop(const Settings& s);
-  void write_hang_result(const Settings& s, const HangReport& rep, const std::string& why);
+  void write_hang_result(const Settings& s, const HangReport& rep, const std::string& why, int code);
   double mean_across_ranks(double v) {
     const auto all = ctx_.group->allgather(v, clock_type::now() + std::chrono::seconds(60));
     return std::accumulate(all.begin(), all.end(), 0.0) / static_cast<double>(all.size());
@@ -221,10 +242,11 @@ class CollectiveRun final : public ScenarioRun {
   std::unique_ptr<FlightRecorder> rec_;
   std::unique_ptr<CollWatchdog> wd_;
   std::string run_id_;
-  void *send_ = nullptr, *recv_ = nullptr, *fp_send_ = nullptr, *fp_recv_ = nullptr;
+  void *send_[2] = {}, *recv_[2] = {}, *fp_send_ = nullptr, *fp_recv_ = nullptr;
   std::size_t cap_bytes_ = 0;
   double timeout_s_ = 5;
   std::string dump_dir_;
+  int point_index_ = 0;
   json point_params_;  // the sweep point being run: the hang result's params
 };
 
@@ -252,7 +274,6 @@ std::vector<Point> CollectiveRun::sweep(const Settings& s) {
   std::vector<Point> out;
   std::vector<unsigned char> host;
   int size_index = 0;
-  wd_->arm();
   for (std::int64_t bytes = s.min_bytes; bytes <= s.max_bytes; bytes *= s.factor, ++size_index) {
     CollCall c;
     c.op = s.op;
@@ -263,11 +284,13 @@ std::vector<Point> CollectiveRun::sweep(const Settings& s) {
     const std::uint64_t seed = call_seed(s.seed, -1, size_index);
     ctx_.progress(fmt::format("collective {} {} {}: timing", to_string(c.op), to_string(c.dtype), bytes_text(size_bytes)));
     fill_coll_input(c, n, g.rank(), seed, host);
-    comm_->upload(send_, host.data(), host.size());
+    comm_->upload(send_[0], host.data(), host.size());
     std::vector<unsigned char> zeros(static_cast<std::size_t>(cc.recv) * dsize, 0);
-    comm_->upload(recv_, zeros.data(), zeros.size());
-    rec_->touch();
+    comm_->upload(recv_[0], zeros.data(), zeros.size());
 
+    // Armed only around the calls: filling and checking a 1 GiB buffer on
+    // the host can take longer than timeout_s and is not a hang.
+    wd_->arm();
     for (int i = 0; i < s.warmup; ++i) issue(c, -1, i, s.fingerprint);
     g.barrier(clock_type::now() + std::chrono::seconds(60));
     const auto t0 = clock_type::now();
@@ -276,24 +299,23 @@ std::vector<Point> CollectiveRun::sweep(const Settings& s) {
       std::vector<std::int64_t> seqs;
       for (int i = 0; i < s.iters; ++i) {
         seqs.push_back(rec_->enqueue(c, -1, s.warmup + i));
-        comm_->start(c, send_, recv_);
+        comm_->start(c, send_[0], recv_[0]);
       }
-      wait_done(seqs.back());
-      for (auto q : seqs) rec_->completed(q);
+      wait_done(seqs);
     } else {
       for (int i = 0; i < s.iters; ++i) issue(c, -1, s.warmup + i, s.fingerprint);
     }
     const double us = std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() / s.iters;
+    wd_->disarm();
 
     // Per-rank times differ by when each rank left the last call; the
     // figure is their mean, as nccl-tests averages across ranks.
     const auto times = g.allgather(us, clock_type::now() + std::chrono::seconds(60));
     const double mean_us = std::accumulate(times.begin(), times.end(), 0.0) / n;
     std::vector<unsigned char> got(static_cast<std::size_t>(cc.recv) * dsize);
-    comm_->download(got.data(), recv_, got.size());
+    comm_->download(got.data(), recv_[0], got.size());
     const auto wrongs = g.allgather(count_coll_wrong(c, n, g.rank(), seed, got), clock_type::now() + std::chrono::seconds(60));
     const std::int64_t wrong = std::accumulate(wrongs.begin(), wrongs.end(), std::int64_t{0});
-    rec_->touch();
 
     Point p;
     // ranks is a row parameter: expected busbw figures are per rank count.
@@ -323,7 +345,6 @@ std::vector<Point> CollectiveRun::sweep(const Settings& s) {
     if (bytes > s.max_bytes / s.factor) break;  // the next size would pass max_bytes (and could overflow)
   }
   g.barrier(clock_type::now() + std::chrono::seconds(60));
-  wd_->disarm();
   return out;
 }
 
@@ -341,22 +362,48 @@ Point CollectiveRun::step_loop(const Settings& s) {
   const auto t0 = clock_type::now();
   wd_->arm();
   for (int step = 0; step < s.steps; ++step) {
-    for (const PlannedCall& pc : planned_calls(healthy, s.mismatch, step, g.rank(), n, s.delay_ms)) {
+    // A step issues its calls asynchronously, then waits for them, as DDP
+    // launches its bucket all-reduces; so a rank that swaps two calls shows
+    // both in its ring, and a rank that skips one shows none.
+    const auto plan = planned_calls(healthy, s.mismatch, step, g.rank(), n, s.delay_ms);
+    std::vector<std::int64_t> seqs;
+    std::vector<std::uint64_t> seeds;
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+      const PlannedCall& pc = plan[i];
       if (pc.sleep_ms > 0) {
         rec_->set_where(fmt::format("sleeping {:.0f} ms before step {} call {} (straggler injected)", pc.sleep_ms,
                                     step, pc.call_index));
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(pc.sleep_ms));
       }
-      const std::uint64_t seed = call_seed(s.seed, step, pc.call_index);
-      fill_coll_input(pc.call, n, g.rank(), seed, host);
-      comm_->upload(send_, host.data(), host.size());
-      const std::int64_t seq = issue(pc.call, step, pc.call_index, s.fingerprint);
-      got.resize(static_cast<std::size_t>(coll_counts(pc.call, n).recv) * dtype_size(pc.call.dtype));
-      comm_->download(got.data(), recv_, got.size());
+      seeds.push_back(call_seed(s.seed, step, pc.call_index));
+      rec_->set_where(fmt::format("filling the input of step {} call {}", step, pc.call_index));
+      fill_coll_input(pc.call, n, g.rank(), seeds.back(), host);
+      comm_->upload(send_[i], host.data(), host.size());
+      rec_->touch();  // host work is progress; only a call that does not complete is a hang
+      const std::int64_t seq = rec_->enqueue(pc.call, step, pc.call_index);
+      seqs.push_back(seq);
+      rec_->set_where(fmt::format("{}seq {} (step {} call {}): {}", s.fingerprint ? "fingerprint check of " : "", seq,
+                                  step, pc.call_index, call_text(pc.call)));
+      // Every call of the step is agreed before any is issued: a check
+      // queued behind an issued call could itself be paired with a peer's
+      // mismatched call.
+      if (s.fingerprint && !agree(pc.call, seq)) {
+        rec_->failed(seq, "refused by the fingerprint check: the ranks disagree on (seq, op, count, dtype, root)");
+        throw_fingerprint_mismatch(seq);
+      }
+    }
+    for (std::size_t i = 0; i < plan.size(); ++i) comm_->start(plan[i].call, send_[i], recv_[i]);
+    rec_->set_where(fmt::format("waiting for step {}: seqs {}..{}", step, seqs.front(), seqs.back()));
+    wait_done(seqs);
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+      rec_->set_where(fmt::format("checking the result of seq {}", seqs[i]));
+      got.resize(static_cast<std::size_t>(coll_counts(plan[i].call, n).recv) * dtype_size(plan[i].call.dtype));
+      comm_->download(got.data(), recv_[i], got.size());
       // The check uses the call this rank issued: a peer paired with a
       // different call makes the sums wrong here.
-      const std::int64_t w = count_coll_wrong(pc.call, n, g.rank(), seed, got);
-      rec_->set_wrong(seq, w);
+      const std::int64_t w = count_coll_wrong(plan[i].call, n, g.rank(), seeds[i], got);
+      rec_->set_wrong(seqs[i], w);
+      rec_->touch();
       if (w > 0 && first_wrong_step < 0) first_wrong_step = step;
       wrong += w;
     }
@@ -372,6 +419,10 @@ Point CollectiveRun::step_loop(const Settings& s) {
   g.barrier(clock_type::now() + std::chrono::seconds(30));
   const auto wrongs = g.allgather(wrong, clock_type::now() + std::chrono::seconds(30));
   const std::int64_t wrong_total = std::accumulate(wrongs.begin(), wrongs.end(), std::int64_t{0});
+  // The first step with wrong data on any rank (a root may see none).
+  std::int64_t first_wrong = -1;
+  for (auto f : g.allgather(std::int64_t{first_wrong_step}, clock_type::now() + std::chrono::seconds(30)))
+    if (f >= 0 && (first_wrong < 0 || f < first_wrong)) first_wrong = f;
   Point p;
   p.add({"steps", static_cast<double>(s.steps), "steps", Direction::none});
   p.add({"loop_ms", loop_ms, "ms", Direction::lower, std::nullopt, "the step loop's wall time on rank 0"});
@@ -391,19 +442,23 @@ Point CollectiveRun::step_loop(const Settings& s) {
                                              : "");
     } else if (wrong_total > 0) {
       p.status = Status::error;
-      p.reason = fmt::format("{} wrong element(s) from step {} on", wrong_total, first_wrong_step);
+      p.reason = fmt::format("{} wrong element(s) from step {} on, with no divergence in the flight recorders' "
+                             "window: {}", wrong_total, first_wrong, rep.summary);
     }
   }
   return p;
 }
 
 // On rank 0, from the watchdog thread, just before the job is ended.
-void CollectiveRun::write_hang_result(const Settings& s, const HangReport& rep, const std::string& why) {
+void CollectiveRun::write_hang_result(const Settings& s, const HangReport& rep, const std::string& why, int code) {
   if (!ctx_.write_result_now) return;
   Result r;
+  // The points measured before this one are results too. The main thread is
+  // stuck in this point, so the runner's list is not changing under us.
+  if (ctx_.result_so_far) r.points = ctx_.result_so_far->points;
   Point p;
   p.params = point_params_;
-  p.status = Status::hang;
+  p.status = code == kExitHang ? Status::hang : Status::error;
   p.reason = fmt::format("{} — {}", why, rep.summary);
   p.info["analysis"] = to_json(rep);
   p.info["dump_dir"] = s.dump_dir;
@@ -503,6 +558,12 @@ void validate_point(const ParamSet& p, const RunContext& ctx) {
     throw UsageError(fmt::format("mismatch step {} is past the last step (steps={})", s.mismatch->step, s.steps));
   if (s.min_bytes > s.max_bytes)
     throw UsageError(fmt::format("min_bytes {} is above max_bytes {}", s.min_bytes, s.max_bytes));
+  // MPI's classic calls count elements in an int.
+  const bool mpi = s.backend == "mpi" || (s.backend == "auto" && ctx.device.info().kind != DeviceKind::cuda);
+  const std::int64_t elems = std::max(s.max_bytes, s.step_bytes) / static_cast<std::int64_t>(dtype_size(s.dtype));
+  if (mpi && elems > std::numeric_limits<int>::max())
+    throw UsageError(fmt::format("backend=mpi counts elements in an int: {} {} elements is past {}; lower max_bytes",
+                                 elems, to_string(s.dtype), std::numeric_limits<int>::max()));
 }
 
 }  // namespace

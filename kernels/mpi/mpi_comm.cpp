@@ -215,40 +215,55 @@ class MpiCommunicator final : public Communicator {
   void download(void* host, const void* src, std::size_t bytes) override { std::memcpy(host, src, bytes); }
 
   void start(const CollCall& c, const void* send, void* recv) override {
-    if (req_ != MPI_REQUEST_NULL)
-      throw Error(ErrorKind::runtime, "mpi communicator: start() while a call is pending (one at a time)");
+    MPI_Request req = MPI_REQUEST_NULL;
     const MPI_Datatype t = type(c.dtype);
     const MPI_Op op = reduce_op(c);
     const CollCounts n = coll_counts(c, size_);
     const int per = static_cast<int>(c.count / size_);
     const int count = static_cast<int>(c.count);
     switch (c.op) {
-      case CollOp::all_reduce: SB_MPI_CHECK(MPI_Iallreduce(send, recv, count, t, op, comm_, &req_)); break;
-      case CollOp::all_gather: SB_MPI_CHECK(MPI_Iallgather(send, per, t, recv, per, t, comm_, &req_)); break;
+      case CollOp::all_reduce: SB_MPI_CHECK(MPI_Iallreduce(send, recv, count, t, op, comm_, &req)); break;
+      case CollOp::all_gather: SB_MPI_CHECK(MPI_Iallgather(send, per, t, recv, per, t, comm_, &req)); break;
       case CollOp::reduce_scatter:
-        SB_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(n.recv), t, op, comm_, &req_));
+        SB_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(n.recv), t, op, comm_, &req));
         break;
       case CollOp::broadcast:
         // nccl-tests' broadcast is out of place; MPI's is in place on recv.
         if (rank_ == c.root) std::memcpy(recv, send, static_cast<std::size_t>(c.count) * dtype_size(c.dtype));
-        SB_MPI_CHECK(MPI_Ibcast(recv, count, t, c.root, comm_, &req_));
+        SB_MPI_CHECK(MPI_Ibcast(recv, count, t, c.root, comm_, &req));
         break;
-      case CollOp::reduce: SB_MPI_CHECK(MPI_Ireduce(send, recv, count, t, op, c.root, comm_, &req_)); break;
-      case CollOp::all_to_all: SB_MPI_CHECK(MPI_Ialltoall(send, per, t, recv, per, t, comm_, &req_)); break;
+      case CollOp::reduce: SB_MPI_CHECK(MPI_Ireduce(send, recv, count, t, op, c.root, comm_, &req)); break;
+      case CollOp::all_to_all: SB_MPI_CHECK(MPI_Ialltoall(send, per, t, recv, per, t, comm_, &req)); break;
     }
+    reqs_.push_back(req);
   }
 
   Progress poll() override {
-    if (req_ == MPI_REQUEST_NULL) return Progress::done;
-    int flag = 0;
-    MPI_Status st;
-    const int rc = MPI_Test(&req_, &flag, &st);
-    if (rc != MPI_SUCCESS) {
-      req_ = MPI_REQUEST_NULL;  // Open MPI frees a request that completed in error
-      throw Error(ErrorKind::runtime, fmt::format("MPI collective failed: {}", mpi_name(rc)));
+    // Nonblocking collectives on one communicator are matched in issue
+    // order but may complete in any order: test every one still pending.
+    bool all = true;
+    for (auto& r : reqs_) {
+      if (r == MPI_REQUEST_NULL) continue;
+      int flag = 0;
+      const int rc = MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        r = MPI_REQUEST_NULL;  // Open MPI frees a request that completed in error
+        throw Error(ErrorKind::runtime, fmt::format("MPI collective failed: {}", mpi_name(rc)));
+      }
+      all = all && flag;
+    }
+    if (all) {
+      reqs_.clear();
+      return Progress::done;
     }
     // Posted requests are progressing: MPI has no finer "started" state.
-    return flag ? Progress::done : Progress::started;
+    return Progress::started;
+  }
+
+  std::int64_t completed_in_order() const override {
+    std::int64_t n = 0;
+    while (n < static_cast<std::int64_t>(reqs_.size()) && reqs_[static_cast<std::size_t>(n)] == MPI_REQUEST_NULL) ++n;
+    return n;
   }
 
   void abort() noexcept override {}  // MPI has no per-communicator abort: the group's MPI_Abort ends the job
@@ -269,7 +284,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
-  MPI_Request req_ = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> reqs_;  // started since poll() last said done; null once complete
   MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
   int rank_, size_;
   std::string library_;

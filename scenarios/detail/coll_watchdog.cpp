@@ -1,6 +1,12 @@
 #include "scenarios/detail/coll_watchdog.hpp"
 
+#include <fcntl.h>   // open
+#include <signal.h>  // sigaction, raise
+#include <time.h>    // nanosleep
+#include <unistd.h>  // write, close
+
 #include <cstdio>      // std::fprintf
+#include <cstring>     // std::strncpy
 #include <filesystem>  // std::filesystem
 #include <fstream>     // std::ifstream
 #include <sstream>     // std::stringstream
@@ -15,13 +21,69 @@ namespace sb {
 
 namespace fs = std::filesystem;
 
+// A rank that crashes inside the library (Open MPI can SIGSEGV or abort on a
+// float/double mismatch) must still make the others dump, and dump itself if
+// it can. The signal handler writes the abort marker with system calls only
+// (async-signal-safe, from buffers made in advance), then gives the
+// watchdog thread a few seconds to dump this rank and, on rank 0, explain,
+// before the signal takes its default course.
+namespace {
+constexpr int kCrashSignals[] = {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
+std::atomic<int> g_crash_signal{0};
+std::atomic<bool> g_crash_handled{false};
+char g_marker_path[4096];
+char g_marker_text[256];  // "5\nrank R: crashed with signal " + number appended in the handler
+struct sigaction g_previous[sizeof kCrashSignals / sizeof kCrashSignals[0]];
+
+void append_int(char* buf, std::size_t cap, int v) {
+  std::size_t n = 0;
+  while (n < cap && buf[n]) ++n;
+  char digits[16];
+  int k = 0;
+  do {
+    digits[k++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v > 0 && k < 15);
+  while (k > 0 && n + 2 < cap) buf[n++] = digits[--k];
+  buf[n++] = '\n';
+  buf[n] = 0;
+}
+
+void on_crash(int sig) {
+  if (g_crash_signal.exchange(sig) == 0) {
+    append_int(g_marker_text, sizeof g_marker_text, sig);
+    const int fd = ::open(g_marker_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      std::size_t len = 0;
+      while (g_marker_text[len]) ++len;
+      (void)!::write(fd, g_marker_text, len);
+      ::close(fd);
+    }
+    // Up to 4 s for the watchdog thread (rank 0 waits 3 s for the dumps).
+    const timespec tick{0, 10'000'000};
+    for (int i = 0; i < 400 && !g_crash_handled.load(); ++i) nanosleep(&tick, nullptr);
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+}  // namespace
+
 CollWatchdog::CollWatchdog(FlightRecorder& rec, ProcessGroup& group, Communicator* comm, CollWatchdogConfig cfg,
-                           std::function<void(const HangReport&, const std::string&)> on_report)
+                           std::function<void(const HangReport&, const std::string&, int)> on_report)
     : rec_(rec), group_(group), comm_(comm), cfg_(std::move(cfg)), on_report_(std::move(on_report)) {
   std::error_code ec;
   fs::create_directories(cfg_.dump_dir, ec);
   if (ec)
     throw UsageError(fmt::format("dump_dir '{}': cannot create it: {}", cfg_.dump_dir, ec.message()));
+  std::strncpy(g_marker_path, marker_path().c_str(), sizeof g_marker_path - 1);
+  std::snprintf(g_marker_text, sizeof g_marker_text, "%d\nrank %d: crashed with signal ", kExitCollectiveError,
+                cfg_.header.rank);
+  g_crash_signal = 0;
+  g_crash_handled = false;
+  struct sigaction sa {};
+  sa.sa_handler = &on_crash;
+  sigemptyset(&sa.sa_mask);
+  for (std::size_t i = 0; i < std::size(kCrashSignals); ++i) sigaction(kCrashSignals[i], &sa, &g_previous[i]);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -32,6 +94,7 @@ CollWatchdog::~CollWatchdog() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  for (std::size_t i = 0; i < std::size(kCrashSignals); ++i) sigaction(kCrashSignals[i], &g_previous[i], nullptr);
 }
 
 void CollWatchdog::arm() {
@@ -59,7 +122,15 @@ void CollWatchdog::loop() {
   std::unique_lock lk(mu_);
   while (!stop_) {
     cv_.wait_for(lk, milliseconds(50));
-    if (stop_ || !armed_ || triggered_) continue;
+    if (stop_ || triggered_) continue;
+    if (const int sig = g_crash_signal.load(); sig != 0) {
+      lk.unlock();
+      trigger(fmt::format("crashed with signal {} ({}) inside the collective library", sig, strsignal(sig)),
+              kExitCollectiveError, false);
+      lk.lock();
+      continue;
+    }
+    if (!armed_) continue;
     // A peer declared the hang first: dump now, while this rank's state is
     // what the hang left, with the peer's exit code.
     std::ifstream marker(marker_path());
@@ -143,7 +214,7 @@ void CollWatchdog::trigger(const std::string& reason, int code, bool own) {
       HangReport rep = analyze_dumps(dumps);
       rep.dir = cfg_.dump_dir;
       std::fprintf(stderr, "\n%s\n", format_hang_report(rep).c_str());
-      if (on_report_) on_report_(rep, reason);
+      if (on_report_) on_report_(rep, reason, code);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "stallbench: the hang analysis failed: %s\n", e.what());
     }
@@ -155,6 +226,7 @@ void CollWatchdog::trigger(const std::string& reason, int code, bool own) {
     std::this_thread::sleep_until(deadline + seconds(2));
   }
   std::fflush(stderr);
+  g_crash_handled = true;
   group_.abort(code);
 }
 

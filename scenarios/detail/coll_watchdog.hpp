@@ -38,7 +38,7 @@ struct CollWatchdogConfig {
 class CollWatchdog {
  public:
   CollWatchdog(FlightRecorder& rec, ProcessGroup& group, Communicator* comm, CollWatchdogConfig cfg,
-               std::function<void(const HangReport&, const std::string& reason)> on_report);
+               std::function<void(const HangReport&, const std::string& reason, int exit_code)> on_report);
   ~CollWatchdog();
   CollWatchdog(const CollWatchdog&) = delete;
   CollWatchdog& operator=(const CollWatchdog&) = delete;
@@ -68,7 +68,7 @@ class CollWatchdog {
   ProcessGroup& group_;
   Communicator* comm_;
   CollWatchdogConfig cfg_;
-  std::function<void(const HangReport&, const std::string&)> on_report_;
+  std::function<void(const HangReport&, const std::string&, int)> on_report_;
   std::atomic<bool> armed_{false};
   std::atomic<bool> triggered_{false};
   std::chrono::steady_clock::time_point armed_at_;

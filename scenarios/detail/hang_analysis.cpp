@@ -6,6 +6,7 @@
 
 #include <algorithm>  // std::max, std::min, std::stable_sort, std::find_if, std::min_element
 #include <iterator>   // std::next
+#include <limits>  // std::numeric_limits
 #include <map>        // std::map: seq -> entry, call index -> call
 #include <optional>   // std::optional
 #include <set>        // std::set: call indices seen per step
@@ -204,10 +205,18 @@ std::optional<Reference> pattern_reference(const std::vector<RankView>& vs, std:
   const int cps = calls.rbegin()->first + 1;
   if (static_cast<int>(calls.size()) != cps) return std::nullopt;
   // A full step: every call index seen in a step that a later step followed,
-  // so no call of it can be missing from the count.
+  // so no call of it can be missing from the count. The later step may be
+  // the divergent seq itself when every rank is already past the step there
+  // (a mismatch in step 1, after step 0 agreed).
+  int past = std::numeric_limits<int>::max();  // the least step any rank is at, at div
+  for (const auto& v : vs) {
+    const FlightEntry* e = v.at(div);
+    past = std::min(past, e && pos_of(*e).valid() ? e->step : std::numeric_limits<int>::min());
+  }
   bool full = false;
   for (auto it = step_calls.begin(); it != step_calls.end(); ++it)
-    full = full || (static_cast<int>(it->second.size()) == cps && std::next(it) != step_calls.end());
+    full = full || (static_cast<int>(it->second.size()) == cps &&
+                    (std::next(it) != step_calls.end() || past > it->first));
   if (!full) return std::nullopt;
 
   std::optional<Pos> expected;
@@ -250,6 +259,16 @@ Reference majority_reference(const std::vector<RankView>& vs, std::int64_t div) 
   if (groups.empty() || (groups.size() > 1 && groups[0].entries.size() == groups[1].entries.size())) {
     ref.tie = true;
     for (const auto& v : vs) ref.culprits.push_back(v.rank);
+    // Where it happened is still known when every rank was at one position.
+    std::optional<Pos> common;
+    bool same = true;
+    for (const auto& v : vs) {
+      const FlightEntry* e = v.at(div);
+      if (!e) { same = false; break; }
+      if (common && !(*common == pos_of(*e))) same = false;
+      common = pos_of(*e);
+    }
+    if (same && common) ref.pos = *common;
     return ref;
   }
   ref.call = groups[0].call;
@@ -390,6 +409,10 @@ std::string agreement_summary(const HangReport& r, const std::vector<RankView>& 
                     "completed on {}{}: hung inside the library with matched calls (not a mismatch)",
                     lo, hi, first_open, e ? entry_text(*e) : std::string("not in the rings"), ranks_text(hung),
                     error);
+  } else if (lo > 0) {
+    s = fmt::format("no divergence within the rings' window: every rank issued the same {} calls (seqs {}..{}) and "
+                    "all completed; seqs 0..{} were overwritten (raise ring to see them)",
+                    hi - lo + 1, lo, hi, lo - 1);
   } else {
     s = fmt::format("no divergence: every rank issued the same {} calls (seqs {}..{}) and all completed",
                     hi - lo + 1, lo, hi);

@@ -94,19 +94,19 @@ def analyze(d):
     return json.loads(p.stdout) if p.returncode == 0 else {}
 
 
-def hang_case(tmp, n, kind):
-    step = 3
-    culprit = n - 1 if kind != "order" else 0
+def hang_case(tmp, n, kind, step=3, culprit=None):
+    culprit = n - 1 if culprit is None else culprit
     spec = f"{kind}@{step}:{culprit}"
-    d = os.path.join(tmp, f"dumps-{n}-{kind}")
-    out = os.path.join(tmp, f"hang-{n}-{kind}.json")
+    d = os.path.join(tmp, f"dumps-{n}-{kind}-{step}-{culprit}")
+    out = os.path.join(tmp, f"hang-{n}-{kind}-{step}-{culprit}.json")
     args = ["run", "collective", "--quick", "-p", f"mismatch={spec}", "-p", f"timeout_s={TIMEOUT_S}",
             "-p", f"dump_dir={d}", "-p", "delay_ms=20000", "--json", out]
     p, wall = mpirun(n, args)
     tag = f"[{n} ranks, {spec}]"
-    # Open MPI refuses some mismatches itself (MPI_ERR_TRUNCATE: exit 5);
-    # the others hang until the watchdog ends the job (exit 4).
-    ok_codes = {4, 5} if kind in ("count", "dtype") else {4}
+    # Open MPI refuses some mismatches itself (MPI_ERR_TRUNCATE), or crashes
+    # on them (a float/double mix on 4 ranks): exit 5, dumps written all the
+    # same; the others hang until the watchdog ends the job (exit 4).
+    ok_codes = {4, 5}
     check(p.returncode in ok_codes, f"{tag} exit code {p.returncode} in {sorted(ok_codes)}", p.stderr[-1500:])
     bound = TIMEOUT_S + GRACE_S + 4
     check(wall < bound, f"{tag} the job ended in {wall:.1f} s (bound {bound:.1f} s)")
@@ -133,6 +133,37 @@ def hang_case(tmp, n, kind):
         valid(doc, tag)
     else:
         check(False, f"{tag} rank 0 wrote the result JSON before ending the job")
+
+
+def multi_point(tmp):
+    """Two points in one job: the first completes, the second hangs. The hang's
+    analysis reads only its own point's dumps, and the result keeps both."""
+    d = os.path.join(tmp, "dumps-multi")
+    out = os.path.join(tmp, "multi.json")
+    p, wall = mpirun(2, ["run", "collective", "--quick", "-p", "mismatch=straggler@2:1", "-p", "delay_ms=1500",
+                         "-p", "timeout_s=5,0.8", "-p", f"dump_dir={d}", "--json", out])
+    tag = "[2 ranks, two points, the second hangs]"
+    check(p.returncode == 4, f"{tag} exit 4 (got {p.returncode})", p.stderr[-800:])
+    rep = analyze(d)
+    check(rep.get("kind") == "missing" and rep.get("culprits") == [1] and rep.get("step") == 2,
+          f"{tag} the straggler is named: {rep.get('summary')}")
+    doc = json.load(open(out)) if os.path.isfile(out) else {"points": []}
+    check([pt["status"] for pt in doc["points"]] == ["ok", "hang"], f"{tag} the result keeps the first point",
+          str([pt["status"] for pt in doc["points"]]))
+
+
+def small_ring(tmp):
+    """A ring too small to hold the divergence: the report says so instead of
+    calling the run healthy."""
+    d = os.path.join(tmp, "dumps-ring")
+    p, _ = mpirun(3, ["run", "collective", "--quick", "-p", "op=broadcast", "-p", "mismatch=dtype@2:1",
+                      "-p", "ring=4", "-p", "timeout_s=1.5", "-p", f"dump_dir={d}", "--json", os.path.join(tmp, "r.json")])
+    rep = analyze(d)
+    if rep.get("kind") == "none":
+        check("overwritten" in rep.get("summary", ""), "[small ring] the summary says the divergence may be overwritten",
+              rep.get("summary", ""))
+    else:
+        check(rep.get("culprits") == [1], f"[small ring] culprit 1: {rep.get('summary')}")
 
 
 def fingerprint_case(tmp, n, kind):
@@ -228,6 +259,16 @@ def main():
         for n in (2, 3):
             for kind in ("skip", "order", "count", "dtype", "root", "straggler"):
                 hang_case(tmp, n, kind)
+        # Culprit rank 0 (the broadcast's root), a mismatch right after the
+        # first step (2 ranks: only step 0 shows the program's pattern), and
+        # 4 ranks, where Open MPI crashes on a float/double mix.
+        hang_case(tmp, 2, "order", step=3, culprit=0)
+        hang_case(tmp, 2, "skip", step=1, culprit=1)
+        hang_case(tmp, 2, "count", step=1, culprit=0)
+        hang_case(tmp, 4, "dtype", step=3, culprit=0)
+        hang_case(tmp, 4, "order", step=2, culprit=2)
+        multi_point(tmp)
+        small_ring(tmp)
         for n in (2, 3):
             for kind in ("skip", "order", "count", "dtype", "root", "straggler"):
                 fingerprint_case(tmp, n, kind)
