@@ -8,6 +8,7 @@
 #include <cstdio>    // std::fputs
 #include <ctime>     // std::gmtime
 #include <iostream>  // std::cout, std::cerr
+#include <thread>    // std::this_thread::sleep_for
 
 #include <CLI/CLI.hpp>    // CLI::App
 #include <fmt/format.h>   // fmt::format
@@ -208,9 +209,15 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
     });
   } catch (const Error& e) {
     // With ranks, a clean MPI_Finalize needs every rank there: end the job.
+    // Bad input fails on every rank alike; rank 0 alone reports it and ends
+    // the job (Open MPI's launcher has crashed on simultaneous aborts). A
+    // rank that failed alone ends the job itself after a grace.
     if (!group || group->size() == 1) throw;
-    std::cerr << fmt::format("stallbench: rank {}: {}\n", group->rank(), e.what());
-    group->abort(e.kind() == ErrorKind::usage ? kExitUsage : e.kind() == ErrorKind::hang ? kExitHang : kExitFailure);
+    const int code = e.kind() == ErrorKind::usage ? kExitUsage : e.kind() == ErrorKind::hang ? kExitHang : kExitFailure;
+    if (group->rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(3));
+    std::cerr << fmt::format("stallbench: {}{}\n", group->rank() != 0 ? fmt::format("rank {}: ", group->rank()) : "",
+                             e.what());
+    group->abort(code);
   }
   if (!lead) return run_exit_code(r);
   const std::string table = format_result_table(r);
