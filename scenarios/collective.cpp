@@ -30,6 +30,7 @@
 #include "harness/scenario.hpp"                 // Scenario
 #include "harness/watchdog.hpp"                 // kExitHang
 #include "scenarios/detail/coll_data.hpp"       // fill_coll_input, count_coll_wrong
+#include "scenarios/detail/coll_findings.hpp"   // collective_findings, bytes_text
 #include "scenarios/detail/coll_schedule.hpp"   // parse_mismatch, planned_calls
 #include "scenarios/detail/coll_watchdog.hpp"   // CollWatchdog
 #include "scenarios/detail/flight_recorder.hpp" // FlightRecorder
@@ -86,12 +87,6 @@ std::string call_text(const CollCall& c) {
   return s;
 }
 
-std::string bytes_text(std::int64_t b) {
-  if (b >= (1 << 30) && b % (1 << 30) == 0) return fmt::format("{} GiB", b >> 30);
-  if (b >= (1 << 20) && b % (1 << 20) == 0) return fmt::format("{} MiB", b >> 20);
-  if (b >= (1 << 10) && b % (1 << 10) == 0) return fmt::format("{} KiB", b >> 10);
-  return fmt::format("{} B", b);
-}
 
 class CollectiveRun final : public ScenarioRun {
  public:
@@ -473,78 +468,7 @@ void CollectiveRun::write_hang_result(const Settings& s, const HangReport& rep, 
   ctx_.write_result_now(r);
 }
 
-void CollectiveRun::analyze(Result& r) {
-  const int n = ctx_.group ? ctx_.group->size() : 1;
-  // The message sizes are rows of their own (like nccl-tests' table): an axis.
-  json sizes = json::array();
-  for (const auto& p : r.points)
-    if (p.params.contains("bytes") && std::find(sizes.begin(), sizes.end(), p.params["bytes"]) == sizes.end())
-      sizes.push_back(p.params["bytes"]);
-  if (!sizes.empty()) {
-    r.params["ranks"] = json::array({n});
-    r.params["bytes"] = sizes;
-  }
-  // Healthy rows: the peak bus bandwidth per op and dtype, and the latency floor.
-  std::map<std::string, std::pair<const Point*, const Point*>> best;  // key -> (peak busbw, smallest size)
-  for (const auto& p : r.points) {
-    if (p.status != Status::ok || !p.params.contains("bytes") || p.params.value("check", "off") != "off") continue;
-    const std::string key = fmt::format("{} {}", p.params.value("op", ""), p.params.value("dtype", ""));
-    auto& [peak, first] = best[key];
-    const Metric* bw = p.metric(n > 1 ? "busbw" : "algbw");
-    if (!peak || (bw && bw->value > peak->metric(bw->name)->value)) peak = &p;
-    if (!first) first = &p;
-  }
-  for (const auto& [key, pr] : best) {
-    const auto& [peak, first] = pr;
-    Finding f;
-    f.cause = kCause;
-    if (n > 1)
-      f.summary = fmt::format("healthy {} on {} ranks ({}): busbw peaks at {:.2f} GB/s at {}; {:.1f} us per call at {}",
-                              key, n, peak->info.value("backend", "?"), peak->metric("busbw")->value,
-                              bytes_text(peak->params["bytes"].get<std::int64_t>()), first->metric("time_us")->value,
-                              bytes_text(first->params["bytes"].get<std::int64_t>()));
-    else
-      f.summary = fmt::format("{} on one rank: no bus bandwidth to measure; launch with mpirun -np N (N >= 2)", key);
-    f.evidence = json{{"ranks", n}, {"peak_bytes", peak->params["bytes"]}};
-    r.findings.push_back(std::move(f));
-  }
-  // check=fingerprint against check=off, size by size, per op and dtype:
-  // what a DETAIL-style check costs each call.
-  std::map<std::string, std::pair<std::vector<std::string>, json>> overhead;
-  for (const auto& p : r.points) {
-    if (p.status != Status::ok || p.params.value("check", "") != "fingerprint" || !p.params.contains("bytes")) continue;
-    for (const auto& q : r.points) {
-      if (q.status != Status::ok || q.params.value("check", "") != "off" || q.params["bytes"] != p.params["bytes"] ||
-          q.params["op"] != p.params["op"] || q.params["dtype"] != p.params["dtype"] ||
-          q.params["backend"] != p.params["backend"])
-        continue;
-      const double on = p.metric("time_us")->value, off = q.metric("time_us")->value;
-      auto& [texts, ev] = overhead[fmt::format("{} {}", p.params.value("op", ""), p.params.value("dtype", ""))];
-      texts.push_back(fmt::format("{:+.1f} us ({:+.0f}%) at {}", on - off, (on / off - 1) * 100,
-                                  bytes_text(p.params["bytes"].get<std::int64_t>())));
-      ev.push_back(json{{"bytes", p.params["bytes"]}, {"off_us", off}, {"fingerprint_us", on}, {"added_us", on - off},
-                        {"overhead", on / off - 1}});
-    }
-  }
-  for (const auto& [key, v] : overhead) {
-    Finding f;
-    f.cause = kCause;
-    f.summary = fmt::format("check=fingerprint on {} (a 16-byte all-reduce before each call): {}", key,
-                            fmt::join(v.first, ", "));
-    f.evidence = json{{"sizes", v.second}};
-    r.findings.push_back(std::move(f));
-  }
-  for (const auto& p : r.points) {
-    if (!p.info.contains("analysis")) continue;
-    const json& a = p.info["analysis"];
-    Finding f;
-    f.cause = kCause;
-    f.summary = a.value("summary", "");
-    f.evidence = json{{"kind", a.value("kind", "")}, {"culprits", a.value("culprits", json::array())},
-                      {"stall", a.value("stall", json::object())}};
-    r.findings.push_back(std::move(f));
-  }
-}
+void CollectiveRun::analyze(Result& r) { collective_findings(r, ctx_.group ? ctx_.group->size() : 1); }
 
 void check_mismatch_text(const std::string& v) { (void)parse_mismatch(v); }
 

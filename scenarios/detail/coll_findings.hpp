@@ -1,0 +1,19 @@
+// The collective scenario's findings, from its result rows: the peak bus
+// bandwidth and latency floor per op and dtype, what check=fingerprint costs
+// per size, and each mismatch run's analysis.
+#pragma once
+
+#include <cstdint>  // std::int64_t
+#include <string>   // std::string
+
+#include "harness/result.hpp"  // Result
+
+namespace sb {
+
+// "256 KiB", "1020 B": a message size as people read it.
+std::string bytes_text(std::int64_t bytes);
+
+// Adds the ranks and bytes axes and the findings to r (nranks: the job's size).
+void collective_findings(Result& r, int nranks);
+
+}  // namespace sb
