@@ -375,16 +375,18 @@ Point CollectiveRun::step_loop(const Settings& s) {
       fill_coll_input(pc.call, n, g.rank(), seeds.back(), host);
       comm_->upload(send_[i], host.data(), host.size());
       rec_->touch();  // host work is progress; only a call that does not complete is a hang
-      const std::int64_t seq = rec_->enqueue(pc.call, step, pc.call_index);
-      seqs.push_back(seq);
-      rec_->set_where(fmt::format("{}seq {} (step {} call {}): {}", s.fingerprint ? "fingerprint check of " : "", seq,
-                                  step, pc.call_index, call_text(pc.call)));
-      // Every call of the step is agreed before any is issued: a check
-      // queued behind an issued call could itself be paired with a peer's
-      // mismatched call.
-      if (s.fingerprint && !agree(pc.call, seq)) {
-        rec_->failed(seq, "refused by the fingerprint check: the ranks disagree on (seq, op, count, dtype, root)");
-        throw_fingerprint_mismatch(seq);
+      seqs.push_back(rec_->enqueue(pc.call, step, pc.call_index));
+    }
+    // Every call of the step is agreed before any is issued: a check queued
+    // behind an issued call could itself be paired with a peer's mismatched
+    // call. The step's calls are all in the ring first, so a refused swap
+    // still shows both calls (order), and a refused skip only one.
+    for (std::size_t i = 0; s.fingerprint && i < plan.size(); ++i) {
+      rec_->set_where(fmt::format("fingerprint check of seq {} (step {} call {}): {}", seqs[i], step,
+                                  plan[i].call_index, call_text(plan[i].call)));
+      if (!agree(plan[i].call, seqs[i])) {
+        rec_->failed(seqs[i], "refused by the fingerprint check: the ranks disagree on (seq, op, count, dtype, root)");
+        throw_fingerprint_mismatch(seqs[i]);
       }
     }
     for (std::size_t i = 0; i < plan.size(); ++i) comm_->start(plan[i].call, send_[i], recv_[i]);

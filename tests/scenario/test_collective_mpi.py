@@ -196,11 +196,9 @@ def fingerprint_case(tmp, n, kind):
     rep = analyze(d)
     check(rep.get("culprits") == [culprit], f"{tag} culprits {rep.get('culprits')} == [{culprit}]")
     check(rep.get("seq") == seq and rep.get("step") == step, f"{tag} seq/step {rep.get('seq')}/{rep.get('step')}")
-    want = {"skip": ("missing", "op"), "order": ("missing", "op"), "count": ("count",), "dtype": ("dtype",),
-            "root": ("root",)}[kind]
-    # At the first bad call a skip and a swap look alike (the rest of the
-    # step was never issued): either name is right; the others are exact.
-    check(rep.get("kind") in want, f"{tag} kind {rep.get('kind')} in {want}")
+    want_kind, want_pattern = HANG_KIND[kind]
+    check(rep.get("kind") == want_kind and rep.get("pattern", "") == want_pattern,
+          f"{tag} kind {rep.get('kind')}/{rep.get('pattern')} == {want_kind}/{want_pattern}", rep.get("summary", ""))
 
 
 def healthy(tmp, n):
@@ -222,6 +220,9 @@ def healthy(tmp, n):
         seen.add(op)
         tag = f"[healthy, {n} ranks] {op} {pt['params']['dtype']} {pt['params']['bytes']} B"
         check(pt["status"] == "ok" and m["wrong"]["value"] == 0, f"{tag}: ok, wrong = 0")
+        # algbw is nccl-tests' size / time (GB/s = 1e9 B/s), from the row's own figures.
+        algbw = pt["params"]["bytes"] / (m["time_us"]["value"] * 1e-6) / 1e9
+        check(abs(m["algbw"]["value"] / algbw - 1) < 1e-6, f"{tag}: algbw {m['algbw']['value']:.4g} == bytes / time")
         ratio = m["busbw"]["value"] / m["algbw"]["value"]
         check(abs(ratio - factors[op]) < 1e-9, f"{tag}: busbw/algbw {ratio:.4f} == {factors[op]:.4f}")
         check(m["busbw"]["unit"] == "GB/s" and m["busbw"]["direction"] == "higher", f"{tag}: busbw in GB/s, higher")
