@@ -317,7 +317,7 @@ std::string refine(const std::vector<RankView>& vs, std::int64_t div, int cps, R
   return swapped ? "order" : "";
 }
 
-// Step 6: the seq whose in-collective times spread the most. The rank that
+// Step 6: the (first) seq whose in-collective times spread the most. The rank that
 // spent the least time inside arrived last; the others waited for it.
 void find_stall(const std::vector<RankView>& vs, std::int64_t lo, std::int64_t hi, HangReport& r) {
   if (vs.size() < 2) return;
@@ -332,7 +332,10 @@ void find_stall(const std::vector<RankView>& vs, std::int64_t lo, std::int64_t h
     if (d.size() != vs.size()) continue;
     const auto last = std::min_element(d.begin(), d.end()) - d.begin();
     const std::int64_t lost = *std::max_element(d.begin(), d.end()) - d[last];
-    if (lost > best) {
+    // A later seq must beat an earlier one clearly (5%, or 1 ms): calls
+    // issued together all wait for a late rank, and the first of them is
+    // where it was late.
+    if (best < 0 || lost > best + std::max<std::int64_t>(best / 20, 1000)) {
       best = lost;
       r.stall_seq = seq;
       r.stall_rank = vs[last].rank;
