@@ -6,13 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>   // std::chrono
-#include <cstdio>   // std::printf
 #include <cstring>  // std::memcpy
 #include <thread>   // std::this_thread
 
 #include "harness/comm.hpp"                // make_single_process_group, Communicator
 #include "harness/errors.hpp"              // Error
-#include "kernels/cuda/cuda_backend.hpp"   // make_cuda_backend
+#include "tests/gpu/gpu_main.hpp"          // gpu_test_main: SKIP (77) without a device
 #include "kernels/cuda/nccl_comm.hpp"      // open_nccl_communicator
 #include "scenarios/detail/coll_data.hpp"  // fill_coll_input, count_coll_wrong
 
@@ -83,17 +82,4 @@ TEST_F(Nccl, AbortEndsTheCommunicator) {
 }  // namespace
 }  // namespace sb
 
-int main(int argc, char** argv) {
-  testing::InitGoogleTest(&argc, argv);
-  const sb::Backend cuda = sb::make_cuda_backend();
-  try {
-    if (cuda.list().empty()) {
-      std::printf("SKIP: %s\n", cuda.unavailable().c_str());
-      return 77;
-    }
-  } catch (const std::exception& e) {  // a GPU answers but cannot be queried: a failure
-    std::printf("FAIL: listing CUDA devices: %s\n", e.what());
-    return 1;
-  }
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return sb::gpu_test_main(argc, argv); }

@@ -25,6 +25,7 @@
 #include "harness/errors.hpp"             // Error, OutOfMemory, UsageError
 #include "harness/gemm_check.hpp"         // check_gemm: the pre-timing check the CLI runs
 #include "kernels/cuda/cuda_backend.hpp"  // make_cuda_backend
+#include "tests/gpu/gpu_main.hpp"          // gpu_test_main: SKIP (77) without a device
 #include "kernels/cuda/fill.cuh"          // cuda_kernels::uniform_value
 
 namespace sb {
@@ -581,17 +582,4 @@ TEST(CudaBackend, ReportsDevicesAndVersions) {
 }  // namespace
 }  // namespace sb
 
-int main(int argc, char** argv) {
-  testing::InitGoogleTest(&argc, argv);
-  const sb::Backend cuda = sb::make_cuda_backend();
-  try {
-    if (cuda.list().empty()) {
-      std::printf("SKIP: %s\n", cuda.unavailable().c_str());
-      return 77;
-    }
-  } catch (const std::exception& e) {  // a GPU answers but cannot be queried: a failure
-    std::printf("FAIL: listing CUDA devices: %s\n", e.what());
-    return 1;
-  }
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return sb::gpu_test_main(argc, argv); }
