@@ -5,6 +5,8 @@
 #include <array>   // std::array
 #include <cstdio>  // std::fflush
 
+#include <fmt/format.h>  // fmt::format
+
 namespace sb {
 
 namespace {
@@ -66,6 +68,15 @@ std::size_t dtype_size(CommDtype d) {
 }
 
 bool is_rooted(CollOp op) { return op == CollOp::broadcast || op == CollOp::reduce; }
+
+bool reduces(CollOp op) { return op == CollOp::all_reduce || op == CollOp::reduce || op == CollOp::reduce_scatter; }
+
+std::string describe(const CollCall& c) {
+  std::string s = fmt::format("{} count={} {}", to_string(c.op), c.count, to_string(c.dtype));
+  if (reduces(c.op)) s += fmt::format(" {}", to_string(c.reduce));
+  if (is_rooted(c.op)) s += fmt::format(" root={}", c.root);
+  return s;
+}
 
 std::int64_t round_count(CollOp op, std::int64_t count, int nranks) {
   if (count < 1) count = 1;

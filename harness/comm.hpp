@@ -27,6 +27,7 @@ std::optional<ReduceOp> parse_reduce_op(std::string_view);
 const std::vector<CollOp>& all_coll_ops();
 std::size_t dtype_size(CommDtype);
 bool is_rooted(CollOp op);  // broadcast, reduce
+bool reduces(CollOp op);    // all_reduce, reduce, reduce_scatter
 
 // One collective call as a rank issued it.
 struct CollCall {
@@ -39,6 +40,10 @@ struct CollCall {
   ReduceOp reduce = ReduceOp::sum;
   bool operator==(const CollCall&) const = default;
 };
+
+// "all_reduce count=1024 fp32 sum", "broadcast count=256 fp32 root=0": a
+// call as messages, dumps' analyses and reports name it.
+std::string describe(const CollCall& c);
 
 // Elements each rank sends and receives for a call on n ranks (nccl-tests'
 // conventions). count must be a multiple of n for all-gather, reduce-scatter

@@ -13,9 +13,14 @@ inline std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// 64 random bits for (seed, index).
+inline std::uint64_t counter_hash(std::uint64_t seed, std::uint64_t index) {
+  return splitmix64(seed * 0x100000001b3ULL ^ splitmix64(index));
+}
+
 // Uniform in [-1, 1), 24 bits of resolution.
 inline float uniform_pm1(std::uint64_t seed, std::uint64_t index) {
-  const std::uint64_t h = splitmix64(seed * 0x100000001b3ULL ^ splitmix64(index));
+  const std::uint64_t h = counter_hash(seed, index);
   return float(double(h >> 40) * (2.0 / 16777216.0) - 1.0);
 }
 

@@ -81,11 +81,6 @@ struct Settings {
   }
 };
 
-std::string call_text(const CollCall& c) {
-  std::string s = fmt::format("{} count={} {}", to_string(c.op), c.count, to_string(c.dtype));
-  if (is_rooted(c.op)) s += fmt::format(" root={}", c.root);
-  return s;
-}
 
 
 class CollectiveRun final : public ScenarioRun {
@@ -209,11 +204,10 @@ class CollectiveRun final : public ScenarioRun {
     return r[0] == -r[1];
   }
 
-  // Issues one call and waits for it; returns its seq.
+  // Issues one call and waits for it; returns its seq. It runs inside the
+  // timed loop, so it formats nothing: the caller says where it is once.
   std::int64_t issue(const CollCall& c, int step, int call_index, bool fingerprint) {
     const std::int64_t seq = rec_->enqueue(c, step, call_index);
-    rec_->set_where(fmt::format("{}seq {} (step {} call {}): {}", fingerprint ? "fingerprint check, then " : "", seq,
-                                step, call_index, call_text(c)));
     if (fingerprint && !agree(c, seq)) {
       rec_->failed(seq, "refused by the fingerprint check: the ranks disagree on (seq, op, count, dtype, root)");
       throw_fingerprint_mismatch(seq);
@@ -227,10 +221,6 @@ class CollectiveRun final : public ScenarioRun {
   std::vector<Point> sweep(const Settings& s);
   Point step_loop(const Settings& s);
   void write_hang_result(const Settings& s, const HangReport& rep, const std::string& why, int code);
-  double mean_across_ranks(double v) {
-    const auto all = ctx_.group->allgather(v, clock_type::now() + std::chrono::seconds(60));
-    return std::accumulate(all.begin(), all.end(), 0.0) / static_cast<double>(all.size());
-  }
 
   RunContext& ctx_;
   std::unique_ptr<Communicator> comm_;
@@ -285,6 +275,8 @@ std::vector<Point> CollectiveRun::sweep(const Settings& s) {
 
     // Armed only around the calls: filling and checking a 1 GiB buffer on
     // the host can take longer than timeout_s and is not a hang.
+    rec_->set_where(fmt::format("{} warm-up and {} timed calls of {}{}", s.warmup, s.iters, describe(c),
+                                s.fingerprint ? ", each after a fingerprint check" : ""));
     wd_->arm();
     for (int i = 0; i < s.warmup; ++i) issue(c, -1, i, s.fingerprint);
     g.barrier(clock_type::now() + std::chrono::seconds(60));
@@ -334,7 +326,7 @@ std::vector<Point> CollectiveRun::sweep(const Settings& s) {
     if (wrong > 0) {
       p.status = Status::error;
       p.reason = fmt::format("{} wrong element(s) after {} (first checked on each rank after the timed calls)", wrong,
-                             call_text(c));
+                             describe(c));
     }
     out.push_back(std::move(p));
     if (bytes > s.max_bytes / s.factor) break;  // the next size would pass max_bytes (and could overflow)
@@ -383,7 +375,7 @@ Point CollectiveRun::step_loop(const Settings& s) {
     // still shows both calls (order), and a refused skip only one.
     for (std::size_t i = 0; s.fingerprint && i < plan.size(); ++i) {
       rec_->set_where(fmt::format("fingerprint check of seq {} (step {} call {}): {}", seqs[i], step,
-                                  plan[i].call_index, call_text(plan[i].call)));
+                                  plan[i].call_index, describe(plan[i].call)));
       if (!agree(plan[i].call, seqs[i])) {
         rec_->failed(seqs[i], "refused by the fingerprint check: the ranks disagree on (seq, op, count, dtype, root)");
         throw_fingerprint_mismatch(seqs[i]);

@@ -160,12 +160,13 @@ class DataloaderRun : public ScenarioRun {
       train_s += c - a;
     }
     double load_s = 0;
-    for (const auto& r : L.records()) {
+    const auto records = L.records();  // a copy taken under the loader's lock: once
+    for (const auto& r : records) {
       tl.add({r.worker < 0 ? "train loop" : fmt::format("worker {}", r.worker), Phase::load, r.t0_s, r.t1_s, r.batch});
       load_s += r.t1_s - r.t0_s;
     }
     const auto n = double(std::max(1, steps_done));
-    const double T = train_s / n, Lb = load_s / double(std::max<std::size_t>(1, L.records().size()));
+    const double T = train_s / n, Lb = load_s / double(std::max<std::size_t>(1, records.size()));
     // The measured window opens when the first batch arrives: the loader's
     // start-up (first_batch_ms) is reported on its own, not mixed into the
     // steady state a user sees in nvidia-smi.

@@ -19,6 +19,8 @@
 // ratio of computed tokens per real token.
 #include <algorithm>  // std::min, std::max
 #include <map>        // std::map
+#include <optional>   // std::optional
+#include <tuple>      // std::tuple: the dataset cache key
 
 #include <fmt/format.h>  // fmt::format
 
@@ -63,9 +65,7 @@ class PackingRun : public ScenarioRun {
     const AttnImpl attn_impl = *parse_attn_impl(ps.get_str("attn"));
     if (auto why = dev.attention_unsupported(attn_impl, dt)) throw UnsupportedError(*why);
 
-    // Same seed for every strategy: they batch the same dataset.
-    const pk::LengthSpec spec = pk::parse_lengths(ps.get_str("lengths"));
-    const auto lengths = pk::generate_lengths(spec, ps.get_int("sequences"), 1234, 4 * max_len);
+    const std::vector<std::int32_t>& lengths = dataset(ps.get_str("lengths"), ps.get_int("sequences"), max_len);
     const pk::Plan plan = pk::plan(lengths, strategy, max_len, rows_per_batch, std::int32_t(ps.get_int("window")),
                                    overflow);
     const std::int64_t n_rows = std::int64_t(plan.rows.size());
@@ -213,12 +213,27 @@ class PackingRun : public ScenarioRun {
     const std::int64_t m = w.computed;
     for (const GemmShape& g : {GemmShape{m, 3 * d, d}, GemmShape{m, d, d}, GemmShape{m, 4 * d, d},
                                GemmShape{m, d, 4 * d}})
-      w.gemms.push_back(dev.make_gemm(g, dt == DType::fp32 ? DType::fp32 : dt, 5));
+      w.gemms.push_back(dev.make_gemm(g, dt, 5));
     w.attn = dev.make_attention(a, impl, dt, 6);
     return w;
   }
 
+  // The dataset's lengths, made once per (lengths, sequences, max_len): the
+  // strategies of a sweep batch the same dataset (same seed), and an @FILE
+  // of millions of lines is read once, not once per strategy.
+  const std::vector<std::int32_t>& dataset(const std::string& text, std::int64_t sequences, std::int32_t max_len) {
+    auto key = std::make_tuple(text, sequences, max_len);
+    if (!lengths_ || lengths_key_ != key) {
+      const pk::LengthSpec spec = pk::parse_lengths(text);
+      lengths_ = pk::generate_lengths(spec, sequences, 1234, 4 * max_len);
+      lengths_key_ = std::move(key);
+    }
+    return *lengths_;
+  }
+
   RunContext& ctx_;
+  std::optional<std::vector<std::int32_t>> lengths_;
+  std::tuple<std::string, std::int64_t, std::int32_t> lengths_key_;
 };
 
 }  // namespace

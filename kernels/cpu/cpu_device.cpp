@@ -79,8 +79,8 @@ class CpuGemm : public GemmOp {
     const std::size_t a_b = a_md.get_size(), w_b = pd_.weights_desc().get_size(), c_b = c_md.get_size(),
                       sp_b = pd_.scratchpad_desc().get_size();
     ledger.require(a_b + w_b + c_b + sp_b,
-                   fmt::format("{} (A {}, W {}, C {}, scratchpad {})", label_, cpu::format_bytes(a_b),
-                               cpu::format_bytes(w_b), cpu::format_bytes(c_b), cpu::format_bytes(sp_b)));
+                   fmt::format("{} (A {}, W {}, C {}, scratchpad {})", label_, format_bytes(a_b),
+                               format_bytes(w_b), format_bytes(c_b), format_bytes(sp_b)));
     a_buf_ = ledger.alloc(a_b, label_ + " A");
     w_buf_ = ledger.alloc(w_b, label_ + " W");
     c_buf_ = ledger.alloc(c_b, label_ + " C");
@@ -204,7 +204,7 @@ class CpuDevice : public Device {
     // the cpu device and is plain memory too. The Buffer's release hands the
     // block back to the ledger.
     auto block = std::make_shared<cpu::LedgerBlock>(
-        ledger_->alloc(bytes, fmt::format("buffer of {}", cpu::format_bytes(bytes))));
+        ledger_->alloc(bytes, fmt::format("buffer of {}", format_bytes(bytes))));
     void* p = block->data();
     return Buffer(p, bytes, kind, [block](void*) mutable { block.reset(); });
   }

@@ -36,6 +36,7 @@
 #endif
 
 #include "harness/errors.hpp"                  // OutOfMemory, HangError, UsageError, ...
+#include "harness/printer.hpp"                 // format_bytes
 #include "kernels/cuda/detail/check.hpp"       // SB_CUDA_CHECK, SB_CUBLAS_CHECK
 #include "kernels/cuda/detail/cuda_gemm.hpp"   // make_cublaslt_gemm, Owned handles, kSetupTimeout
 #include "kernels/cuda/detail/cudnn_sdpa.hpp"  // make_naive_attention, make_cudnn_attention, AttnContext
@@ -49,16 +50,6 @@ using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
 std::string device_id(int index) { return fmt::format("cuda:{}", index); }
-
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int u = 0;
-  while (bytes >= 1024.0 && u < 5) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  return fmt::format("{:.1f} {}", bytes, units[u]);
-}
 
 // "13.0" from CUDA's 1000*major + 10*minor.
 std::string cuda_version_string(int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); }
@@ -219,7 +210,7 @@ class CudaDevice final : public Device {
     const cudaError_t s = cudaMemGetInfo(&free, &total);
     if (s == cudaSuccess)
       m.source = fmt::format("allocator (cudaMalloc through {}); cudaMemGetInfo: {} free of {}", info_.id,
-                             human_bytes(double(free)), human_bytes(double(total)));
+                             format_bytes(double(free)), format_bytes(double(total)));
     else
       m.source = fmt::format("allocator (cudaMalloc through {}); cudaMemGetInfo: {}", info_.id, cudaGetErrorName(s));
     (void)cudaGetLastError();
@@ -268,7 +259,7 @@ class CudaDevice final : public Device {
         p = std::malloc(bytes == 0 ? 1 : bytes);
         if (p == nullptr)
           throw OutOfMemory(fmt::format("{}: out of memory: malloc of {} bytes ({}) failed",
-                                        info_.id, bytes, human_bytes(double(bytes))));
+                                        info_.id, bytes, format_bytes(double(bytes))));
         return Buffer(p, bytes, kind, [](void* q) { std::free(q); });
       }
     }
@@ -378,7 +369,7 @@ class CudaDevice final : public Device {
     if (l.limit != 0 && (bytes > l.limit || l.in_use > l.limit - bytes))
       throw OutOfMemory(fmt::format(
           "{}: out of memory: cudaMalloc of {} bytes ({}) exceeds the memory limit: {} in use of {} (set_memory_limit)",
-          info_.id, bytes, human_bytes(double(bytes)), human_bytes(double(l.in_use)), human_bytes(double(l.limit))));
+          info_.id, bytes, format_bytes(double(bytes)), format_bytes(double(l.in_use)), format_bytes(double(l.limit))));
     l.in_use += bytes;
     l.peak = std::max(l.peak, l.in_use);
   }
@@ -426,14 +417,14 @@ class CudaDevice final : public Device {
     if (kind == MemKind::device) {
       std::size_t free = 0, total = 0;
       if (cudaMemGetInfo(&free, &total) == cudaSuccess)
-        where = fmt::format("device has {} free of {}", human_bytes(double(free)),
-                            human_bytes(double(total)));
+        where = fmt::format("device has {} free of {}", format_bytes(double(free)),
+                            format_bytes(double(total)));
       else
         where = "device free memory unknown";
       (void)cudaGetLastError();
     }
     throw OutOfMemory(fmt::format("{}: out of memory: {} of {} bytes ({}) -> {}; {}", info_.id,
-                                  call, bytes, human_bytes(double(bytes)),
+                                  call, bytes, format_bytes(double(bytes)),
                                   cuda_detail::cuda_name(s), where));
   }
 

@@ -25,6 +25,7 @@
 
 #include "harness/errors.hpp"                     // OutOfMemory, UnsupportedError, UsageError
 #include "harness/expected.hpp"                   // load_expected_files
+#include "harness/printer.hpp"                    // format_bytes
 #include "kernels/cpu/detail/compute_stream.hpp"  // ComputeStream
 #include "kernels/cpu/detail/stream_device.hpp"   // StreamEvent, stream_elapsed_ms, StreamBusyProbe
 #include "kernels/sim/sim_model.hpp"              // SimModel, sim_gemm_time, sim_h2d_seconds
@@ -45,16 +46,6 @@ constexpr std::chrono::minutes kHostBlockTimeout{5};
 // clock; host-side waits (synchronize, wait_event, a pageable copy) still
 // end no earlier than the modelled time, since they wait out the rest.
 constexpr std::chrono::microseconds kMinStreamWait{100};
-
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  int u = 0;
-  while (bytes >= 1024.0 && u < 6) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  return fmt::format("{:.1f} {}", bytes, units[u]);
-}
 
 std::vector<ExpectedFile> gpu_files() {
   std::vector<ExpectedFile> out;
@@ -180,7 +171,7 @@ class SimDevice final : public Device {
     void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
     if (!p && rounded)
       throw OutOfMemory(fmt::format("{}: out of host memory: {} bytes ({}) for a simulated {} buffer", info_.id,
-                                    bytes, human_bytes(double(bytes)),
+                                    bytes, format_bytes(double(bytes)),
                                     kind == MemKind::device ? "device" : "host"));
     return Buffer(p, bytes, kind, [r](void* q) { std::free(q); });  // r released with the buffer
   }
@@ -260,7 +251,7 @@ class SimDevice final : public Device {
         throw OutOfMemory(fmt::format(
             "{}: out of memory: {} of {} bytes ({}) with {} in use of the simulated {} ({} GB, peaks.memory_capacity "
             "in {})",
-            info_.id, what, bytes, human_bytes(double(bytes)), human_bytes(double(used)), model_.name,
+            info_.id, what, bytes, format_bytes(double(bytes)), format_bytes(double(used)), model_.name,
             model_.memory_capacity_gb->value, model_.path));
     } while (!ledger_->used.compare_exchange_weak(used, used + bytes));
     return Reservation(ledger_, bytes);

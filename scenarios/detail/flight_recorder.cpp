@@ -12,26 +12,41 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-const json& field(const json& j, const char* key) {
-  if (!j.is_object()) throw UsageError("flight-recorder entry: not a JSON object");
+}  // namespace
+
+namespace dump_json {
+
+const json& field(const json& j, const char* key, std::string_view what) {
+  if (!j.is_object()) throw UsageError(fmt::format("{}: not a JSON object", what));
   auto it = j.find(key);
-  if (it == j.end()) throw UsageError(fmt::format("flight-recorder entry: missing field '{}'", key));
+  if (it == j.end()) throw UsageError(fmt::format("{}: missing field '{}'", what, key));
   return *it;
 }
 
-std::int64_t int_field(const json& j, const char* key) {
-  const json& v = field(j, key);
+std::int64_t int_field(const json& j, const char* key, std::string_view what) {
+  const json& v = field(j, key, what);
   if (!v.is_number_integer())
-    throw UsageError(fmt::format("flight-recorder entry: field '{}' must be an integer, got {}", key, v.dump()));
+    throw UsageError(fmt::format("{}: field '{}' must be an integer, got {}", what, key, v.dump()));
   return v.get<std::int64_t>();
 }
 
-std::string string_field(const json& j, const char* key) {
-  const json& v = field(j, key);
-  if (!v.is_string())
-    throw UsageError(fmt::format("flight-recorder entry: field '{}' must be a string, got {}", key, v.dump()));
+std::string string_field(const json& j, const char* key, std::string_view what) {
+  const json& v = field(j, key, what);
+  if (!v.is_string()) throw UsageError(fmt::format("{}: field '{}' must be a string, got {}", what, key, v.dump()));
   return v.get<std::string>();
 }
+
+double number_field(const json& j, const char* key, std::string_view what) {
+  const json& v = field(j, key, what);
+  if (!v.is_number()) throw UsageError(fmt::format("{}: field '{}' must be a number, got {}", what, key, v.dump()));
+  return v.get<double>();
+}
+
+}  // namespace dump_json
+
+namespace {
+
+using namespace dump_json;
 
 // A parsed enum field: the parser's nullopt becomes an error naming field and value.
 template <class Parse>
@@ -202,14 +217,18 @@ bool FlightRecorder::in_flight() const {
   });
 }
 
-std::vector<FlightEntry> FlightRecorder::entries() const {
-  std::lock_guard lock(mu_);
+std::vector<FlightEntry> FlightRecorder::ring_copy() const {
   std::vector<FlightEntry> out;
   out.reserve(ring_.size());
   const std::int64_t first = next_seq_ - static_cast<std::int64_t>(ring_.size());
   for (std::int64_t s = first; s < next_seq_; ++s)
     out.push_back(ring_[static_cast<std::size_t>(s) % capacity_]);
   return out;
+}
+
+std::vector<FlightEntry> FlightRecorder::entries() const {
+  std::lock_guard lock(mu_);
+  return ring_copy();
 }
 
 std::string FlightRecorder::where() const {
@@ -226,9 +245,7 @@ json FlightRecorder::dump(const DumpHeader& h, const std::string& reason) const 
   {
     std::lock_guard lock(mu_);
     dropped = next_seq_ - static_cast<std::int64_t>(ring_.size());
-    es.reserve(ring_.size());
-    for (std::int64_t s = dropped; s < next_seq_; ++s)
-      es.push_back(ring_[static_cast<std::size_t>(s) % capacity_]);
+    es = ring_copy();
     last_enq = next_seq_ - 1;
     last_done = last_completed_;
     where_now = where_;

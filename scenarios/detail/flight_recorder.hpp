@@ -70,6 +70,17 @@ struct DumpHeader {
 
 std::int64_t now_us();  // system clock, µs since the Unix epoch
 
+// Typed reads of a dump's fields: a missing or mistyped one is a UsageError
+// naming it, after `what` ("flight-recorder entry", "flight-recorder dump").
+namespace dump_json {
+const nlohmann::ordered_json& field(const nlohmann::ordered_json& j, const char* key,
+                                    std::string_view what = "flight-recorder entry");
+std::int64_t int_field(const nlohmann::ordered_json& j, const char* key, std::string_view what = "flight-recorder entry");
+std::string string_field(const nlohmann::ordered_json& j, const char* key,
+                         std::string_view what = "flight-recorder entry");
+double number_field(const nlohmann::ordered_json& j, const char* key, std::string_view what = "flight-recorder entry");
+}  // namespace dump_json
+
 // Thread-safe: the main thread records, the watchdog thread reads and dumps.
 class FlightRecorder {
  public:
@@ -101,6 +112,7 @@ class FlightRecorder {
 
  private:
   FlightEntry* find(std::int64_t seq);  // null once overwritten; mu_ held
+  std::vector<FlightEntry> ring_copy() const;  // oldest first; mu_ held
   mutable std::mutex mu_;
   std::vector<FlightEntry> ring_;
   std::size_t capacity_;

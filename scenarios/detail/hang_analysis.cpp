@@ -13,6 +13,7 @@
 #include <utility>    // std::pair
 
 #include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"  // UsageError
 
@@ -52,10 +53,6 @@ std::string pos_text(Pos p) {
 // The position after p in a program of cps calls per step.
 Pos successor(Pos p, int cps) { return p.call + 1 < cps ? Pos{p.step, p.call + 1} : Pos{p.step + 1, 0}; }
 
-bool reduces(CollOp op) {
-  return op == CollOp::all_reduce || op == CollOp::reduce || op == CollOp::reduce_scatter;
-}
-
 // The first field in which two calls differ, in PyTorch's analyzer's order.
 // Fields an op ignores (root of an all-reduce, reduce op of a broadcast) are
 // not compared: the recorder stores their defaults, not what the rank meant.
@@ -71,21 +68,12 @@ bool same_call(const CollCall& a, const CollCall& b) {
   return first_difference(a, b) == DivergenceKind::none;
 }
 
-std::string call_text(const CollCall& c) {
-  std::string s = fmt::format("{} count={} {}", to_string(c.op), c.count, to_string(c.dtype));
-  if (reduces(c.op)) s += fmt::format(" {}", to_string(c.reduce));
-  if (is_rooted(c.op)) s += fmt::format(" root={}", c.root);
-  return s;
-}
-
 std::string entry_text(const FlightEntry& e) {
-  return fmt::format("{}: {}", pos_text(pos_of(e)), call_text(e.call));
+  return fmt::format("{}: {}", pos_text(pos_of(e)), describe(e.call));
 }
 
 std::string ranks_text(const std::vector<int>& rs) {
-  std::string s = rs.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < rs.size(); ++i) s += (i ? ", " : "") + std::to_string(rs[i]);
-  return s;
+  return fmt::format("{} {}", rs.size() == 1 ? "rank" : "ranks", fmt::join(rs, ", "));
 }
 
 // One rank's dump, looked up by seq.
@@ -524,7 +512,7 @@ HangReport analyze_dumps(const std::vector<RankDump>& dumps) {
     r.culprits = ref.culprits;
     r.step = ref.pos.step;
     r.call_index = ref.pos.call;
-    if (!ref.tie) r.expected = call_text(ref.call);
+    if (!ref.tie) r.expected = describe(ref.call);
     r.per_rank_call.assign(n, "-");
     for (const auto& v : vs)
       if (const FlightEntry* e = v.at(r.seq)) r.per_rank_call[v.rank] = entry_text(*e);

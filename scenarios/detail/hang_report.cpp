@@ -9,6 +9,7 @@
 #include <system_error>  // std::error_code
 
 #include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"  // UsageError
 #include "harness/result.hpp"  // read_json_file
@@ -19,31 +20,9 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-[[noreturn]] void bad_dump(const std::string& what) { throw UsageError("flight-recorder dump: " + what); }
+constexpr std::string_view kDump = "flight-recorder dump";
 
-const json& field(const json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end()) bad_dump(fmt::format("missing field '{}'", key));
-  return *it;
-}
-
-std::int64_t int_field(const json& j, const char* key) {
-  const json& v = field(j, key);
-  if (!v.is_number_integer()) bad_dump(fmt::format("field '{}' must be an integer, got {}", key, v.dump()));
-  return v.get<std::int64_t>();
-}
-
-std::string string_field(const json& j, const char* key) {
-  const json& v = field(j, key);
-  if (!v.is_string()) bad_dump(fmt::format("field '{}' must be a string, got {}", key, v.dump()));
-  return v.get<std::string>();
-}
-
-double number_field(const json& j, const char* key) {
-  const json& v = field(j, key);
-  if (!v.is_number()) bad_dump(fmt::format("field '{}' must be a number, got {}", key, v.dump()));
-  return v.get<double>();
-}
+[[noreturn]] void bad_dump(const std::string& what) { throw UsageError(fmt::format("{}: {}", kDump, what)); }
 
 bool is_dump(const json& j) {
   if (!j.is_object()) return false;
@@ -51,17 +30,7 @@ bool is_dump(const json& j) {
   return it != j.end() && it->is_string() && it->get<std::string>() == kFlightRecorderFormat;
 }
 
-std::string join(const std::vector<std::string>& v, const char* sep) {
-  std::string s;
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
-  return s;
-}
-
-std::string int_list(const std::vector<int>& v) {
-  std::vector<std::string> s;
-  for (int x : v) s.push_back(std::to_string(x));
-  return s.empty() ? "none" : join(s, ", ");
-}
+std::string int_list(const std::vector<int>& v) { return v.empty() ? "none" : fmt::format("{}", fmt::join(v, ", ")); }
 
 std::string seq_text(std::int64_t s) { return s == -2 ? "?" : s == -1 ? "-" : std::to_string(s); }
 
@@ -69,33 +38,33 @@ std::string seq_text(std::int64_t s) { return s == -2 ? "?" : s == -1 ? "-" : st
 
 RankDump rank_dump_from_json(const json& j) {
   if (!j.is_object()) bad_dump("not a JSON object");
-  const std::string format = string_field(j, "format");
+  const std::string format = dump_json::string_field(j, "format", kDump);
   if (format != kFlightRecorderFormat)
     bad_dump(fmt::format("format is '{}', not '{}'", format, kFlightRecorderFormat));
-  const std::int64_t version = int_field(j, "version");
+  const std::int64_t version = dump_json::int_field(j, "version", kDump);
   if (version != kFlightRecorderVersion)
     bad_dump(fmt::format("version {} is not supported (this build reads {})", version, kFlightRecorderVersion));
 
   RankDump d;
   DumpHeader& h = d.header;
-  h.run_id = string_field(j, "run_id");
-  h.rank = static_cast<int>(int_field(j, "rank"));
-  h.size = static_cast<int>(int_field(j, "size"));
-  h.local_rank = static_cast<int>(int_field(j, "local_rank"));
-  h.host = string_field(j, "host");
-  h.pid = static_cast<long>(int_field(j, "pid"));
-  h.backend = string_field(j, "backend");
-  h.device = string_field(j, "device");
-  h.timeout_s = number_field(j, "timeout_s");
+  h.run_id = dump_json::string_field(j, "run_id", kDump);
+  h.rank = static_cast<int>(dump_json::int_field(j, "rank", kDump));
+  h.size = static_cast<int>(dump_json::int_field(j, "size", kDump));
+  h.local_rank = static_cast<int>(dump_json::int_field(j, "local_rank", kDump));
+  h.host = dump_json::string_field(j, "host", kDump);
+  h.pid = static_cast<long>(dump_json::int_field(j, "pid", kDump));
+  h.backend = dump_json::string_field(j, "backend", kDump);
+  h.device = dump_json::string_field(j, "device", kDump);
+  h.timeout_s = dump_json::number_field(j, "timeout_s", kDump);
   if (h.size < 1) bad_dump(fmt::format("size must be >= 1, got {}", h.size));
   if (h.rank < 0 || h.rank >= h.size) bad_dump(fmt::format("rank {} is outside 0..{}", h.rank, h.size - 1));
-  d.reason = string_field(j, "reason");
-  d.where = string_field(j, "where");
-  d.time_us = int_field(j, "time_us");
-  d.dropped = int_field(j, "dropped");
-  d.last_enqueued_seq = int_field(j, "last_enqueued_seq");
-  d.last_completed_seq = int_field(j, "last_completed_seq");
-  const json& es = field(j, "entries");
+  d.reason = dump_json::string_field(j, "reason", kDump);
+  d.where = dump_json::string_field(j, "where", kDump);
+  d.time_us = dump_json::int_field(j, "time_us", kDump);
+  d.dropped = dump_json::int_field(j, "dropped", kDump);
+  d.last_enqueued_seq = dump_json::int_field(j, "last_enqueued_seq", kDump);
+  d.last_completed_seq = dump_json::int_field(j, "last_completed_seq", kDump);
+  const json& es = dump_json::field(j, "entries", kDump);
   if (!es.is_array()) bad_dump("field 'entries' must be an array");
   for (std::size_t i = 0; i < es.size(); ++i) {
     try {
@@ -140,7 +109,7 @@ HangReport analyze_hang_dir(const std::string& dir) {
   }
   if (runs.empty())
     throw UsageError(fmt::format("analyze-hang: no flight-recorder dump in {}{}", dir,
-                                 warnings.empty() ? "" : " (" + join(warnings, "; ") + ")"));
+                                 warnings.empty() ? "" : " (" + fmt::format("{}", fmt::join(warnings, "; ")) + ")"));
 
   // The newest run is the one being asked about; older ones are leftovers.
   auto newest = [](const std::vector<RankDump>& ds) {
@@ -155,7 +124,7 @@ HangReport analyze_hang_dir(const std::string& dir) {
     if (run == chosen->first) continue;
     std::vector<std::string> paths;
     for (const auto& d : ds) paths.push_back(d.path);
-    warnings.push_back(fmt::format("stale dumps of run {} ignored: {}", run, join(paths, ", ")));
+    warnings.push_back(fmt::format("stale dumps of run {} ignored: {}", run, fmt::format("{}", fmt::join(paths, ", "))));
   }
 
   HangReport r = analyze_dumps(chosen->second);
@@ -204,7 +173,7 @@ std::string format_hang_report(const HangReport& r) {
   if (!r.wrong_data_from.empty()) {
     std::vector<std::string> w;
     for (const auto& [rank, seq] : r.wrong_data_from) w.push_back(fmt::format("rank {} from seq {}", rank, seq));
-    out += fmt::format("wrong data: {} (the library paired mismatched calls silently)\n", join(w, ", "));
+    out += fmt::format("wrong data: {} (the library paired mismatched calls silently)\n", fmt::format("{}", fmt::join(w, ", ")));
   }
   // Below a millisecond the "slowest" rank is clock resolution, not a straggler.
   if (r.stall_seq >= 0 && r.stall_lost_ms > 1.0)

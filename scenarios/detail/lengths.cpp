@@ -17,7 +17,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"  // sb::UsageError
-#include "harness/random.hpp"  // sb::splitmix64
+#include "harness/random.hpp"  // counter_hash
 
 namespace sb::packing {
 
@@ -109,9 +109,7 @@ void read_length_file(const std::string& path, LengthSpec& out) {
 
 // ---- counter-based random numbers: value(seed, index), so runs repeat -------
 
-std::uint64_t draw(std::uint64_t seed, std::uint64_t index) {
-  return splitmix64(seed * 0x100000001b3ULL ^ splitmix64(index));
-}
+std::uint64_t draw(std::uint64_t seed, std::uint64_t index) { return counter_hash(seed, index); }
 double unit(std::uint64_t h) { return double(h >> 11) * 0x1p-53; }  // [0, 1)
 // Uniform in [0, range) without modulo bias worth naming (Lemire's multiply-high).
 std::uint64_t below(std::uint64_t h, std::uint64_t range) {

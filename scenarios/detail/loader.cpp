@@ -388,7 +388,6 @@ void Loader::worker_loop(int w) {
         Outcome::done)
       return;  // shutdown
     const auto t1 = Clock::now();
-    d.load_s = std::chrono::duration<double>(t1 - t0).count();
     {
       std::lock_guard lk(mu_);
       records_.push_back({w, b, since_origin(t0), since_origin(t1)});
@@ -418,7 +417,6 @@ Batch Loader::take(std::int64_t index, Done&& d) {
   out.bytes = d.samples.size() * cfg_.sample_bytes;
   out.samples = std::move(d.samples);
   out.worker = d.worker;
-  out.load_s = d.load_s;
   out.slot = d.slot;
   return out;
 }
@@ -489,7 +487,6 @@ std::optional<Batch> Loader::next_inline() {
     throw LoaderTimeout(msg);  // not consumed: calling again retries it
   }
   if (o == Outcome::stopped) return std::nullopt;  // only during shutdown
-  d.load_s = std::chrono::duration<double>(t1 - t0).count();
   std::lock_guard lk(mu_);
   records_.push_back({-1, b, since_origin(t0), since_origin(t1)});
   ++next_index_;

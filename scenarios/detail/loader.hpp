@@ -83,7 +83,6 @@ struct Batch {
   std::size_t bytes = 0;
   std::vector<std::int64_t> samples;  // global sample indices, in order, skipped ones removed
   int worker = -1;
-  double load_s = 0;                  // time the worker spent producing it (slot wait excluded)
   int slot = -1;                      // internal
 };
 
@@ -125,7 +124,6 @@ class Loader {
     int slot = -1;
     int worker = -1;
     std::vector<std::int64_t> samples;
-    double load_s = 0;
     std::string error;  // non-empty: SampleError text
   };
   enum class Outcome { done, stopped, timed_out };

@@ -2,21 +2,13 @@
 
 #include <algorithm>     // std::max, std::min, std::stable_sort
 #include <bit>           // std::countr_zero
-#include <cctype>        // std::isalpha
-#include <cerrno>        // errno
-#include <charconv>      // std::from_chars
 #include <chrono>        // std::chrono::steady_clock
-#include <cmath>         // std::exp, std::log, std::sqrt, std::cos
-#include <cstring>       // std::strerror
-#include <fstream>       // std::ifstream
 #include <limits>        // std::numeric_limits
-#include <numbers>       // std::numbers::pi
 #include <utility>       // std::exchange, std::move
 
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"  // sb::UsageError
-#include "harness/random.hpp"  // sb::splitmix64
 
 namespace sb::packing {
 

@@ -22,7 +22,8 @@ TEST(Fingerprint, ParsesModelAndIsaOfInterest) {
 
 TEST(Fingerprint, ThisMachineHasAModelAndCores) {
   const CpuInfo c = read_cpu_info();
-  EXPECT_FALSE(c.model.empty());
+  // parse_cpuinfo falls back to "unknown CPU": on Linux the model is read.
+  EXPECT_NE(c.model, "unknown CPU");
   EXPECT_GE(c.logical_cores, 1);
 }
 

@@ -22,17 +22,9 @@
 
 #include "harness/device.hpp"  // Device::MemoryStats, Buffer
 #include "harness/errors.hpp"  // OutOfMemory
+#include "harness/printer.hpp" // format_bytes
 
 namespace sb::cpu {
-
-// "4.3 GiB", "512.0 MiB", "96 B": what an OOM message shows.
-inline std::string format_bytes(std::size_t b) {
-  const double x = double(b);
-  if (x >= 1024.0 * 1024 * 1024) return fmt::format("{:.1f} GiB", x / (1024.0 * 1024 * 1024));
-  if (x >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", x / (1024.0 * 1024));
-  if (x >= 1024.0) return fmt::format("{:.1f} KiB", x / 1024.0);
-  return fmt::format("{} B", b);
-}
 
 // MemAvailable from /proc/meminfo; nullopt where it cannot be read.
 inline std::optional<std::size_t> host_available_bytes() {
