@@ -42,8 +42,6 @@ namespace {
 using json = nlohmann::ordered_json;
 using clock_type = std::chrono::steady_clock;
 
-const char* kCause = "collectives that do not match across ranks";
-
 struct Settings {
   std::string backend;
   CollOp op;
@@ -454,7 +452,7 @@ void CollectiveRun::write_hang_result(const Settings& s, const HangReport& rep, 
   p.info["timeout_s"] = s.timeout_s;
   r.points.push_back(std::move(p));
   Finding f;
-  f.cause = kCause;
+  f.cause = kCollectiveCause;
   f.summary = rep.summary;
   f.evidence = json{{"dump_dir", s.dump_dir}, {"kind", to_string(rep.kind)}, {"pattern", rep.pattern},
                     {"seq", rep.seq}, {"step", rep.step}, {"culprits", rep.culprits}};
@@ -489,7 +487,7 @@ void validate_point(const ParamSet& p, const RunContext& ctx) {
 extern const Scenario collective_scenario;
 const Scenario collective_scenario{
     "collective",
-    kCause,
+    kCollectiveCause,
     "nccl-tests-style busbw sweep with an exact check; injected mismatches caught by a watchdog with a flight recorder",
     {
         {"backend", ParamType::choice, "auto", "mpi: host buffers; nccl: one GPU per rank (auto: nccl on cuda)", "", 0, 0,

@@ -12,10 +12,6 @@ namespace sb {
 
 using json = nlohmann::ordered_json;
 
-namespace {
-const char* kCause = "collectives that do not match across ranks";
-}  // namespace
-
 std::string bytes_text(std::int64_t b) {
   if (b >= (1 << 30) && b % (1 << 30) == 0) return fmt::format("{} GiB", b >> 30);
   if (b >= (1 << 20) && b % (1 << 20) == 0) return fmt::format("{} MiB", b >> 20);
@@ -46,7 +42,7 @@ void collective_findings(Result& r, int n) {
   for (const auto& [key, pr] : best) {
     const auto& [peak, first] = pr;
     Finding f;
-    f.cause = kCause;
+    f.cause = kCollectiveCause;
     if (n > 1)
       f.summary = fmt::format("healthy {} on {} ranks ({}): busbw peaks at {:.2f} GB/s at {}; {:.1f} us per call at {}",
                               key, n, peak->info.value("backend", "?"), peak->metric("busbw")->value,
@@ -77,7 +73,7 @@ void collective_findings(Result& r, int n) {
   }
   for (const auto& [key, v] : overhead) {
     Finding f;
-    f.cause = kCause;
+    f.cause = kCollectiveCause;
     f.summary = fmt::format("check=fingerprint on {} (a 16-byte all-reduce before each call): {}", key,
                             fmt::join(v.first, ", "));
     f.evidence = json{{"sizes", v.second}};
@@ -87,7 +83,7 @@ void collective_findings(Result& r, int n) {
     if (!p.info.contains("analysis")) continue;
     const json& a = p.info["analysis"];
     Finding f;
-    f.cause = kCause;
+    f.cause = kCollectiveCause;
     f.summary = a.value("summary", "");
     f.evidence = json{{"kind", a.value("kind", "")}, {"culprits", a.value("culprits", json::array())},
                       {"stall", a.value("stall", json::object())}};

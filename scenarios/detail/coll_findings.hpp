@@ -10,6 +10,8 @@
 
 namespace sb {
 
+inline constexpr const char* kCollectiveCause = "collectives that do not match across ranks";
+
 // "256 KiB", "1020 B": a message size as people read it.
 std::string bytes_text(std::int64_t bytes);
 
