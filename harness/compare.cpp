@@ -1,6 +1,6 @@
 #include "harness/compare.hpp"
 
-#include <algorithm>  // std::max
+#include <algorithm>  // std::max, std::find
 #include <cmath>      // std::isfinite
 
 #include <fmt/format.h>  // fmt::format
@@ -119,10 +119,15 @@ void compare_with_result(const Result& ra, const Result& rb, double tol, Compare
     rep.notes.push_back(fmt::format("the results are of different scenarios ({} vs {})", ra.scenario, rb.scenario));
   const bool mixed = ra.simulated() != rb.simulated();
   if (mixed) rep.notes.push_back("one result is simulated and the other measured: shown, not judged");
-  for (const auto& pa : ra.points) {
+  // Each point's key once: the matching below compares every pair.
+  std::vector<json> keys_a, keys_b;
+  for (const auto& p : ra.points) keys_a.push_back(workload_params(ra, p.params));
+  for (const auto& p : rb.points) keys_b.push_back(workload_params(rb, p.params));
+  for (std::size_t i = 0; i < ra.points.size(); ++i) {
+    const Point& pa = ra.points[i];
     const Point* pb = nullptr;
-    for (const auto& q : rb.points)
-      if (workload_params(rb, q.params) == workload_params(ra, pa.params)) pb = &q;
+    for (std::size_t j = 0; j < rb.points.size(); ++j)
+      if (keys_b[j] == keys_a[i]) pb = &rb.points[j];
     if (!pb) {
       rep.notes.push_back(fmt::format("{}: only in A", point_label(pa.params)));
       continue;
@@ -148,12 +153,9 @@ void compare_with_result(const Result& ra, const Result& rb, double tol, Compare
       rep.rows.push_back(std::move(row));
     }
   }
-  for (const auto& pb : rb.points) {
-    bool found = false;
-    for (const auto& pa : ra.points)
-      found = found || workload_params(ra, pa.params) == workload_params(rb, pb.params);
-    if (!found) rep.notes.push_back(fmt::format("{}: only in B", point_label(pb.params)));
-  }
+  for (std::size_t j = 0; j < rb.points.size(); ++j)
+    if (std::find(keys_a.begin(), keys_a.end(), keys_b[j]) == keys_a.end())
+      rep.notes.push_back(fmt::format("{}: only in B", point_label(rb.points[j].params)));
 }
 
 }  // namespace
