@@ -8,8 +8,9 @@
 #pragma once
 
 #include <chrono>   // std::chrono::milliseconds
-#include <cstdint>  // std::uint64_t
-#include <string>   // std::string
+#include <cstdint>   // std::uint64_t
+#include <optional>  // std::optional
+#include <string>    // std::string
 
 #include "harness/device.hpp"  // Device, GemmShape
 #include "harness/dtype.hpp"   // DType
@@ -27,6 +28,17 @@ struct GemmCheck {
 };
 
 double gemm_accumulation_bound(DType);
+
+// Why a GPU GEMM (cuBLASLt, and the sim device that stands for one) cannot
+// take this shape in this dtype, or nullopt. fp8: cuBLASLt needs the TN
+// layout with 16-byte aligned leading dimensions, i.e. N and K multiples of
+// 16 (our N is cuBLAS's m). The cpu device has no such rule.
+std::optional<std::string> gpu_gemm_shape_problem(DType, GemmShape);
+
+// The small problem each dtype is checked on before timing: odd sizes where
+// the dtype allows them (edge tiles), multiples of 16 for fp8. Legal for
+// every device: gpu_gemm_shape_problem(t, gemm_check_shape(t)) is nullopt.
+GemmShape gemm_check_shape(DType);
 
 // Runs one GEMM of `shape` on dev with inputs from seed and checks it.
 // Throws whatever the device throws (UnsupportedError, OutOfMemory, HangError).

@@ -131,7 +131,7 @@ class PrecisionRun : public ScenarioRun {
   const GemmCheck& checked(DType t) {
     auto it = checks_.find(t);
     if (it == checks_.end())
-      it = checks_.emplace(t, check_gemm(ctx_.device, t, GemmShape{61, 47, 256}, 2024, ctx_.measure.sync_timeout)).first;
+      it = checks_.emplace(t, check_gemm(ctx_.device, t, gemm_check_shape(t), 2024, ctx_.measure.sync_timeout)).first;
     return it->second;
   }
 

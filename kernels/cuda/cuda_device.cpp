@@ -36,6 +36,7 @@
 #endif
 
 #include "harness/errors.hpp"                  // OutOfMemory, HangError, UsageError, ...
+#include "harness/gemm_check.hpp"              // gpu_gemm_shape_problem
 #include "harness/printer.hpp"                 // format_bytes
 #include "kernels/cuda/detail/check.hpp"       // SB_CUDA_CHECK, SB_CUBLAS_CHECK
 #include "kernels/cuda/detail/cuda_gemm.hpp"   // make_cublaslt_gemm, Owned handles, kSetupTimeout
@@ -451,6 +452,7 @@ std::unique_ptr<GemmOp> CudaDevice::make_gemm(GemmShape shape, DType dtype, std:
   if (shape.m <= 0 || shape.n <= 0 || shape.k <= 0)
     throw Error(ErrorKind::runtime, fmt::format("{}: GEMM shape M={} N={} K={} is not positive",
                                                 info_.id, shape.m, shape.n, shape.k));
+  if (auto why = gpu_gemm_shape_problem(dtype, shape)) throw UnsupportedError(info_.id + ": " + *why);
   const cuda_detail::GemmContext ctx{this, index_, stream(), lt(), info_.id};
   return cuda_detail::make_cublaslt_gemm(ctx, shape, dtype, seed);
 }

@@ -3,6 +3,7 @@
 #include "kernels/cuda/detail/cuda_gemm.hpp"
 
 #include <algorithm>  // std::max
+#include <array>      // std::array
 #include <cstdint>    // std::int32_t, std::int64_t, std::uint32_t, std::uint64_t
 #include <memory>     // std::make_unique
 #include <span>       // std::span
@@ -21,6 +22,11 @@ namespace {
 // cuBLASLt heuristics on Hopper assume a 32 MiB workspace (NVIDIA's guidance
 // for sm_90); smaller ones rule out some split-K and stream-K kernels.
 constexpr std::size_t kWorkspaceBytes = 32ull << 20;
+
+// fp8's per-tensor dequantization scales for A and B: 1.0 keeps the product
+// equal to the stored values' product. Static storage: it is the source of an
+// asynchronous host-to-device copy.
+constexpr std::array<float, 2> kUnitScales = {1.0f, 1.0f};
 
 using MatmulDesc = Owned<cublasLtMatmulDesc_t, &cublasLtMatmulDescDestroy>;
 using MatrixLayout = Owned<cublasLtMatrixLayout_t, &cublasLtMatrixLayoutDestroy>;
@@ -90,11 +96,12 @@ class CudaGemm final : public GemmOp {
     if (dtype == DType::fp8_e4m3) {
       // fp8 needs per-tensor dequantization scales on the device; 1.0 keeps
       // the product equal to the stored values' product.
-      scales_ = ctx_.device->allocate(2 * sizeof(float), MemKind::device);
-      const float ones[2] = {1.0f, 1.0f};
-      // Pageable source: the call returns once `ones` has been staged.
-      SB_CUDA_CHECK(cudaMemcpyAsync(scales_.data(), ones, sizeof(ones), cudaMemcpyHostToDevice,
-                                    ctx_.stream));
+      scales_ = ctx_.device->allocate(sizeof(kUnitScales), MemKind::device);
+      // The source must outlive the asynchronous copy: a static constant,
+      // not a stack array (the constructor's synchronize() below also ends
+      // the copy before the op can be used).
+      SB_CUDA_CHECK(cudaMemcpyAsync(scales_.data(), kUnitScales.data(), sizeof(kUnitScales),
+                                    cudaMemcpyHostToDevice, ctx_.stream));
       const void* a_scale = static_cast<const float*>(scales_.data());
       const void* b_scale = static_cast<const float*>(scales_.data()) + 1;
       set_desc(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale);

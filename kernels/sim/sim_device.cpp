@@ -25,6 +25,7 @@
 
 #include "harness/errors.hpp"                     // OutOfMemory, UnsupportedError, UsageError
 #include "harness/expected.hpp"                   // load_expected_files
+#include "harness/gemm_check.hpp"                 // gpu_gemm_shape_problem
 #include "harness/printer.hpp"                    // format_bytes
 #include "kernels/cpu/detail/compute_stream.hpp"  // ComputeStream
 #include "kernels/cpu/detail/stream_device.hpp"   // StreamEvent, stream_elapsed_ms, StreamBusyProbe
@@ -157,6 +158,8 @@ class SimDevice final : public Device {
     if (s.m <= 0 || s.n <= 0 || s.k <= 0)
       throw Error(ErrorKind::runtime,
                   fmt::format("{}: GEMM shape M={} N={} K={} is not positive", info_.id, s.m, s.n, s.k));
+    // The GPU it stands for refuses what cuBLASLt refuses (fp8 alignment).
+    if (auto why = gpu_gemm_shape_problem(t, s)) throw UnsupportedError(info_.id + ": " + *why);
     const SimGemmTime time = sim_gemm_time(model_, s, t);  // UnsupportedError with the reason
     // The operands a GPU of this size would hold (A, W, C); none is allocated here.
     Reservation r = reserve(std::uint64_t(time.bytes),

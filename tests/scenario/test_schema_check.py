@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""The built-in schema validator (used where jsonschema is absent: the GPU machine) against
+jsonschema itself, on every published result and on broken copies of each.
+
+    test_schema_check.py SCHEMA PUBLISHED_DIR
+
+Both must accept every published result, and both must reject each mutation. Exit 77 when
+jsonschema is not installed here: there is then no peer to compare with (scripts/setup
+installs it, so CI always compares).
+"""
+import copy
+import glob
+import json
+import os
+import sys
+
+import schema_check
+
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+
+
+def mutations(doc):
+    """(name, broken copy) pairs, each breaking one rule of the schema."""
+    out = []
+
+    def mut(name, fn):
+        d = copy.deepcopy(doc)
+        try:
+            fn(d)
+        except (KeyError, IndexError, TypeError):
+            return  # this result has no such field
+        out.append((name, d))
+
+    mut("schema_version 2", lambda d: d.__setitem__("schema_version", 2))
+    mut("kind not result", lambda d: d.__setitem__("kind", 5))
+    mut("meta missing", lambda d: d.pop("meta"))
+    mut("extra top-level key", lambda d: d.__setitem__("surprise", 1))
+    mut("device id pattern", lambda d: d["meta"]["device"].__setitem__("id", "gpu0"))
+    mut("device kind enum", lambda d: d["meta"]["device"].__setitem__("kind", "tpu"))
+    mut("simulated as a string", lambda d: d["meta"]["device"].__setitem__("simulated", "yes"))
+    mut("time_utc pattern", lambda d: d["meta"].__setitem__("time_utc", "yesterday"))
+    mut("logical_cores negative", lambda d: d["meta"]["cpu"].__setitem__("logical_cores", -1))
+    mut("budget_s zero", lambda d: d["meta"]["measure"].__setitem__("budget_s", 0))
+    mut("points not a list", lambda d: d.__setitem__("points", {}))
+    mut("point status enum", lambda d: d["points"][0].__setitem__("status", "fine"))
+    mut("point params missing", lambda d: d["points"][0].pop("params"))
+    mut("metric unit missing", lambda d: d["points"][0]["metrics"][0].pop("unit"))
+    mut("metric value a string", lambda d: d["points"][0]["metrics"][0].__setitem__("value", "fast"))
+    mut("stats n a string", lambda d: d["points"][0]["metrics"][0]["stats"].__setitem__("n", "3"))
+    mut("finding cause missing", lambda d: d["findings"][0].pop("cause"))
+    return out
+
+
+def main():
+    schema_path, published = sys.argv[1], sys.argv[2]
+    with open(schema_path) as f:
+        schema = json.load(f)
+    if schema_check.validator_name() == "built-in":
+        print("SKIP: jsonschema is not installed here, so there is no peer to hold the built-in validator against")
+        sys.exit(77)
+    files = sorted(glob.glob(os.path.join(published, "**", "*.json"), recursive=True))
+    check(len(files) >= 5, f"only {len(files)} published results under {published}")
+    n_mut = 0
+    for path in files:
+        with open(path) as f:
+            doc = json.load(f)
+        if doc.get("kind") != "result":
+            continue
+        name = os.path.relpath(path, published)
+        os.environ.pop("STALLBENCH_SCHEMA_BUILTIN", None)
+        peer = schema_check.errors(doc, schema)
+        os.environ["STALLBENCH_SCHEMA_BUILTIN"] = "1"
+        ours = schema_check.errors(doc, schema)
+        check(not peer, f"{name}: jsonschema rejects a published result: {peer[:2]}")
+        check(not ours, f"{name}: the built-in validator rejects a published result: {ours[:2]}")
+        for what, broken in mutations(doc):
+            os.environ.pop("STALLBENCH_SCHEMA_BUILTIN", None)
+            peer = schema_check.errors(broken, schema)
+            os.environ["STALLBENCH_SCHEMA_BUILTIN"] = "1"
+            ours = schema_check.errors(broken, schema)
+            n_mut += 1
+            check(bool(peer), f"{name} / {what}: jsonschema accepts it (the mutation breaks nothing)")
+            check(bool(ours), f"{name} / {what}: the built-in validator accepts what jsonschema rejects: {peer[:1]}")
+    os.environ.pop("STALLBENCH_SCHEMA_BUILTIN", None)
+    # A keyword the built-in validator does not implement is refused, never ignored.
+    os.environ["STALLBENCH_SCHEMA_BUILTIN"] = "1"
+    try:
+        schema_check.errors({}, {"type": "object", "propertyNames": {"maxLength": 3}})
+        check(False, "an unimplemented keyword (propertyNames) was silently ignored")
+    except ValueError as e:
+        check("propertyNames" in str(e), f"the refusal does not name the keyword: {e}")
+    os.environ.pop("STALLBENCH_SCHEMA_BUILTIN", None)
+    print(f"{len(files)} published results, {n_mut} mutations, both validators agree"
+          if not failures else "")
+    if failures:
+        for f in failures:
+            print("FAIL:", f)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
