@@ -33,6 +33,21 @@ std::optional<AttnImpl> parse_attn_impl(std::string_view s) {
   return std::nullopt;
 }
 
+std::string_view to_string(TimingMode m) {
+  switch (m) {
+    case TimingMode::warm: return "warm";
+    case TimingMode::cold: return "cold";
+    case TimingMode::hidden: return "hidden";
+  }
+  return "?";
+}
+
+std::optional<TimingMode> parse_timing_mode(std::string_view s) {
+  for (auto m : {TimingMode::warm, TimingMode::cold, TimingMode::hidden})
+    if (s == to_string(m)) return m;
+  return std::nullopt;
+}
+
 // 4*S^2*D per head and sequence: QK^T and PV, 2*S*S*D each. Causal computes
 // half the score matrix (the convention of DESIGN.md, as FlashAttention's
 // benchmarks count it).

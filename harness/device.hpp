@@ -171,6 +171,29 @@ class AttentionOp {
   virtual bool computes() const { return true; }
 };
 
+// How a measurement treats the device's cache and the host's launch cost
+// (harness/measure). Each figure records the mode that produced it.
+//   warm:   ops back to back on the same operands: a small GEMM's operands
+//           stay in L2, and a short op may be bound by the host's launches.
+//   cold:   the device's last-level cache is flushed before each op, outside
+//           its timed interval (nvbench's cold measurement, llm.c's habit).
+//   hidden: a trial's ops are enqueued behind a gate that holds the stream
+//           (nvbench's blocking kernel), so they run back to back on the
+//           device whatever the host's launch cost: device time alone.
+enum class TimingMode { warm, cold, hidden };
+std::string_view to_string(TimingMode);
+std::optional<TimingMode> parse_timing_mode(std::string_view);
+
+// A hold on a device's stream: work enqueued after it starts only once
+// release() is called or the gate's deadline passes (then expired() is true
+// after the stream has drained, and the trial it guarded is not valid).
+class StreamGate {
+ public:
+  virtual ~StreamGate() = default;
+  virtual void release() = 0;
+  virtual bool expired() const = 0;
+};
+
 // An opaque timing event on the device stream.
 class Event {
  public:
@@ -219,6 +242,16 @@ class Device {
   void copy_h2d_from(Buffer& dst, const void* src, std::size_t bytes, MemKind src_kind) {
     const Buffer view(const_cast<void*>(src), bytes, src_kind, nullptr);  // not owned: never freed
     copy_h2d(dst, view, bytes);
+  }
+
+  // Enqueue a flush of the device's last-level cache (cold timing): writes a
+  // buffer larger than the cache, made on first use. Returns the bytes it
+  // writes; 0 when the device has no cache to flush (sim's roofline).
+  virtual std::size_t flush_cache() { return 0; }
+  // Hold the stream until the gate is released or `deadline` passes (hidden
+  // timing). Throws UnsupportedError where the device cannot.
+  virtual std::unique_ptr<StreamGate> hold_stream(std::chrono::milliseconds /*deadline*/) {
+    throw UnsupportedError("this device cannot hold its stream (timing=hidden)");
   }
 
   virtual EventPtr record() = 0;

@@ -4,6 +4,10 @@
 #include <cmath>      // std::ceil
 #include <vector>     // std::vector
 
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"  // Error
+
 namespace sb {
 
 MeasureConfig quick_measure_config() {
@@ -24,34 +28,86 @@ MeasureConfig with_min_trials(MeasureConfig cfg, int trials) {
 }
 
 namespace {
-double time_batch(Device& dev, const std::function<void()>& op, int reps,
-                  const MeasureConfig& cfg) {
-  EventPtr start = dev.record();
-  for (int i = 0; i < reps; ++i) op();
-  EventPtr stop = dev.record();
-  dev.synchronize(cfg.sync_timeout);
-  return dev.elapsed_ms(start, stop);
+
+// The time of `reps` ops in one trial, milliseconds of device time.
+double time_trial(Device& dev, const std::function<void()>& op, int reps, const MeasureConfig& cfg,
+                  std::vector<EventPtr>& events) {
+  switch (cfg.mode) {
+    case TimingMode::warm: {
+      const EventPtr start = dev.record();
+      for (int i = 0; i < reps; ++i) op();
+      const EventPtr stop = dev.record();
+      dev.synchronize(cfg.sync_timeout);
+      return dev.elapsed_ms(start, stop);
+    }
+    case TimingMode::cold: {
+      // Each op between its own events, the flush outside them.
+      events.clear();
+      for (int i = 0; i < reps; ++i) {
+        dev.flush_cache();
+        events.push_back(dev.record());
+        op();
+        events.push_back(dev.record());
+      }
+      dev.synchronize(cfg.sync_timeout);
+      double ms = 0;
+      for (std::size_t i = 0; i + 1 < events.size(); i += 2) ms += dev.elapsed_ms(events[i], events[i + 1]);
+      return ms;
+    }
+    case TimingMode::hidden: {
+      auto gate = dev.hold_stream(cfg.sync_timeout);
+      const EventPtr start = dev.record();
+      for (int i = 0; i < reps; ++i) op();
+      const EventPtr stop = dev.record();
+      gate->release();
+      dev.synchronize(cfg.sync_timeout);
+      if (gate->expired())
+        throw Error(ErrorKind::runtime,
+                    fmt::format("{}: the stream gate's deadline ({} ms) passed before {} ops were enqueued; "
+                                "the trial would include launch gaps",
+                                dev.info().id, cfg.sync_timeout.count(), reps));
+      return dev.elapsed_ms(start, stop);
+    }
+  }
+  throw Error(ErrorKind::runtime, "unknown timing mode");
 }
+
+int max_reps(TimingMode m) {
+  switch (m) {
+    case TimingMode::warm: return kMaxRepsWarm;
+    case TimingMode::cold: return kMaxRepsCold;
+    case TimingMode::hidden: return kMaxRepsHidden;
+  }
+  return 1;
+}
+
 }  // namespace
 
 Measurement measure(Device& dev, const std::function<void()>& enqueue_one,
                     const MeasureConfig& cfg) {
   Measurement m;
+  m.mode = cfg.mode;
+  std::vector<EventPtr> events;
+  events.reserve(2 * std::size_t(max_reps(cfg.mode)));
   for (int i = 0; i < cfg.warmup; ++i) enqueue_one();
   dev.synchronize(cfg.sync_timeout);
+  if (cfg.mode == TimingMode::cold) {
+    m.flush_bytes = dev.flush_cache();  // also makes the flush buffer before anything is timed
+    dev.synchronize(cfg.sync_timeout);
+  }
 
   // Calibrate: one op timed alone decides how many ops make a trial, so that
   // event resolution and launch gaps stay small next to the trial.
-  const double one = time_batch(dev, enqueue_one, 1, cfg);
+  const double one = time_trial(dev, enqueue_one, 1, cfg, events);
   if (one > 0 && one < cfg.min_trial_ms)
-    m.reps_per_trial = std::clamp(int(std::ceil(cfg.min_trial_ms / one - 1e-9)), 1, 1 << 16);
+    m.reps_per_trial = std::clamp(int(std::ceil(cfg.min_trial_ms / one - 1e-9)), 1, max_reps(cfg.mode));
 
   std::vector<double> per_op;
   per_op.reserve(64);
   double spent_ms = 0;
   m.stop = "max_trials";
   while (int(per_op.size()) < cfg.max_trials) {
-    const double ms = time_batch(dev, enqueue_one, m.reps_per_trial, cfg);
+    const double ms = time_trial(dev, enqueue_one, m.reps_per_trial, cfg, events);
     spent_ms += ms;
     per_op.push_back(ms / m.reps_per_trial);
     if (int(per_op.size()) < cfg.min_trials) continue;

@@ -21,7 +21,15 @@ struct MeasureConfig {
   double budget_s = 2.0;      // stop once this much device time is spent in trials
   double min_trial_ms = 1.0;  // ops are batched so one trial lasts at least this
   std::chrono::milliseconds sync_timeout{120000};  // deadline of every wait
+  TimingMode mode = TimingMode::warm;              // cache and launch treatment (device.hpp)
 };
+
+// Ops per timed trial at most, per mode: cold times each op alone between its
+// own events; hidden enqueues a whole trial behind a held stream, which must
+// stay well inside a GPU's queue of pending launches (about a thousand).
+inline constexpr int kMaxRepsWarm = 1 << 16;
+inline constexpr int kMaxRepsCold = 256;
+inline constexpr int kMaxRepsHidden = 256;
 
 // The --quick profile: smoke-test sized, not for publishing.
 MeasureConfig quick_measure_config();
@@ -35,10 +43,13 @@ struct Measurement {
   double spent_s = 0;     // device time spent in timed trials
   bool converged = false; // noise fell under max_noise
   std::string stop;       // "noise", "budget" or "max_trials"
+  TimingMode mode = TimingMode::warm;
+  std::size_t flush_bytes = 0;  // cold: bytes written before each op to evict the cache
 };
 
-// Times enqueue_one (which must only enqueue work on dev's stream).
-// Throws HangError if a wait passes cfg.sync_timeout.
+// Times enqueue_one (which must only enqueue work on dev's stream) in
+// cfg.mode. Throws HangError if a wait passes cfg.sync_timeout,
+// UnsupportedError if the device cannot time in that mode.
 Measurement measure(Device& dev, const std::function<void()>& enqueue_one,
                     const MeasureConfig& cfg);
 

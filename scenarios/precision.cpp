@@ -26,6 +26,14 @@ json check_info(const GemmCheck& c) {
               {"impl", c.impl}};
 }
 
+// Which mode produced the figure, and what it did (harness/measure).
+json timing_info(const Measurement& m) {
+  json t{{"mode", to_string(m.mode)}};
+  if (m.mode == TimingMode::cold) t["flush_bytes"] = m.flush_bytes;
+  if (m.mode == TimingMode::hidden) t["note"] = "ops enqueued behind a held stream: device time without launch gaps";
+  return t;
+}
+
 class PrecisionRun : public ScenarioRun {
  public:
   explicit PrecisionRun(RunContext& ctx) : ctx_(ctx) {}
@@ -50,7 +58,8 @@ class PrecisionRun : public ScenarioRun {
 
     ctx_.progress(where + ": allocate");
     auto op = dev.make_gemm(s, t, 42);  // nothing is allocated inside the timed region
-    const MeasureConfig cfg = with_min_trials(ctx_.measure, int(ps.get_int("trials")));
+    MeasureConfig cfg = with_min_trials(ctx_.measure, int(ps.get_int("trials")));
+    cfg.mode = *parse_timing_mode(ps.get_str("timing"));  // the choice list comes from the same names
     ctx_.progress(where + ": timing");
     const Measurement m = measure(dev, [&] { op->enqueue(); }, cfg);
 
@@ -74,13 +83,19 @@ class PrecisionRun : public ScenarioRun {
                   {"reps_per_trial", m.reps_per_trial},
                   {"trials", m.ms.n},
                   {"stop", m.stop},
+                  {"timing", timing_info(m)},
                   {"check", check_info(chk)}};
     return p;
   }
 
   void analyze(Result& r) override {
     // speedup_vs_fp32: measured in this run, at the same shape.
-    auto key = [](const Point& p) { return fmt::format("{}x{}x{}", p.info.value("m", 0), p.info.value("n", 0), p.info.value("k", 0)); };
+    // Same shape and same timing mode: a cold bf16 figure is never divided by a warm fp32 one.
+    auto key = [](const Point& p) {
+      const std::string mode = p.params.value("timing", "warm");
+      return fmt::format("{}x{}x{}{}", p.info.value("m", 0), p.info.value("n", 0), p.info.value("k", 0),
+                         mode == "warm" ? "" : " (" + mode + ")");
+    };
     std::map<std::string, double> fp32;
     for (const auto& p : r.points)
       if (p.status == Status::ok && p.params.value("dtype", "") == "fp32") fp32[key(p)] = p.metric("tflops")->value;
@@ -139,6 +154,12 @@ class PrecisionRun : public ScenarioRun {
   std::map<DType, GemmCheck> checks_;
 };
 
+std::vector<std::string> timing_choices() {
+  std::vector<std::string> v;
+  for (TimingMode m : {TimingMode::warm, TimingMode::cold, TimingMode::hidden}) v.emplace_back(to_string(m));
+  return v;
+}
+
 std::vector<std::string> dtype_choices() {
   std::vector<std::string> v;
   for (DType t : all_dtypes()) v.emplace_back(to_string(t));
@@ -174,6 +195,12 @@ const Scenario precision_scenario{
                   .default_value = "fp32,tf32,bf16,fp16,fp8_e4m3",
                   .help = "element type; a device without one records the point as skipped",
                   .choices = dtype_choices()},
+        ParamSpec{.name = "timing",
+                  .type = ParamType::choice,
+                  .default_value = "warm",
+                  .help = "warm: back to back on the same operands; cold: L2/LLC flushed before each GEMM; "
+                          "hidden: a trial queued behind a held stream (no launch gaps)",
+                  .choices = timing_choices()},
         ParamSpec{.name = "trials",
                   .type = ParamType::integer,
                   .default_value = "10",

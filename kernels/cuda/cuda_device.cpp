@@ -11,6 +11,7 @@
 #include "kernels/cuda/cuda_backend.hpp"
 
 #include <algorithm>  // std::min
+#include <atomic>     // std::atomic_thread_fence
 #include <chrono>     // std::chrono::steady_clock
 #include <cstdint>    // std::uint64_t
 #include <cstdlib>    // std::malloc, std::free
@@ -41,6 +42,7 @@
 #include "kernels/cuda/detail/check.hpp"       // SB_CUDA_CHECK, SB_CUBLAS_CHECK
 #include "kernels/cuda/detail/cuda_gemm.hpp"   // make_cublaslt_gemm, Owned handles, kSetupTimeout
 #include "kernels/cuda/detail/cudnn_sdpa.hpp"  // make_naive_attention, make_cudnn_attention, AttnContext
+#include "kernels/cuda/gate.cuh"               // launch_stream_gate
 #include "kernels/cuda/nvml_probe.hpp"         // NvmlGpu
 
 namespace sb {
@@ -121,13 +123,56 @@ DeviceInfo query_info(int index) {
   return info;
 }
 
+// Events are made once and reused (cudaEventCreate is not free, and a cold
+// or hidden trial records hundreds): an event returns to its device's pool
+// when the last EventPtr to it goes.
+struct EventPool {
+  std::mutex mu;
+  std::vector<cudaEvent_t> free;
+  ~EventPool() {
+    for (cudaEvent_t e : free) (void)cudaEventDestroy(e);
+  }
+};
+
 class CudaEvent final : public Event {
  public:
-  explicit CudaEvent(cudaEvent_t e) : event(e) {}
-  ~CudaEvent() override { (void)cudaEventDestroy(event); }
+  CudaEvent(cudaEvent_t e, std::shared_ptr<EventPool> pool) : event(e), pool_(std::move(pool)) {}
+  ~CudaEvent() override {
+    const std::lock_guard<std::mutex> lock(pool_->mu);
+    pool_->free.push_back(event);
+  }
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
   cudaEvent_t event;
+
+ private:
+  std::shared_ptr<EventPool> pool_;
+};
+
+// timing=hidden: the gate kernel (gate.cu) on the device's stream, released
+// by raising a counter in mapped pinned memory that the device owns.
+class CudaGate final : public StreamGate {
+ public:
+  CudaGate(volatile std::uint64_t* release, const volatile std::uint64_t* timed_out, std::uint64_t ticket)
+      : release_(release), timed_out_(timed_out), ticket_(ticket) {}
+  ~CudaGate() override { release(); }  // never leave the stream held
+  CudaGate(const CudaGate&) = delete;
+  CudaGate& operator=(const CudaGate&) = delete;
+  void release() override {
+    if (released_) return;
+    released_ = true;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (*release_ < ticket_) *release_ = ticket_;  // monotonic: earlier gates stay released
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  // Read after the stream has drained past the gate.
+  bool expired() const override { return *timed_out_ >= ticket_; }
+
+ private:
+  volatile std::uint64_t* release_;
+  const volatile std::uint64_t* timed_out_;
+  std::uint64_t ticket_;
+  bool released_ = false;
 };
 
 class CudaDevice final : public Device {
@@ -284,11 +329,52 @@ class CudaDevice final : public Device {
                                   stream()));
   }
 
+  // timing=cold: a memset of twice the L2 over a buffer made on first use
+  // (nvbench flushes with one L2-sized memset; twice leaves no doubt).
+  std::size_t flush_cache() override {
+    bind();
+    if (flush_buf_.data() == nullptr) {
+      int l2 = 0;
+      SB_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, index_));
+      flush_buf_ = allocate(2 * std::size_t(l2 > 0 ? l2 : 64 << 20), MemKind::device);
+    }
+    ++flush_value_;
+    SB_CUDA_CHECK(cudaMemsetAsync(flush_buf_.data(), flush_value_ & 0xff, flush_buf_.bytes(), stream()));
+    return flush_buf_.bytes();
+  }
+
+  std::unique_ptr<StreamGate> hold_stream(milliseconds deadline) override {
+    bind();
+    if (gate_mem_.data() == nullptr) {
+      // Two counters, zeroed: [0] release (host writes), [1] timed_out (device writes).
+      void* p = nullptr;
+      SB_CUDA_CHECK(cudaHostAlloc(&p, 2 * sizeof(std::uint64_t), cudaHostAllocMapped));
+      gate_mem_ = Buffer(p, 2 * sizeof(std::uint64_t), MemKind::host_pinned, [](void* q) { (void)cudaFreeHost(q); });
+      auto* c = static_cast<volatile std::uint64_t*>(p);
+      c[0] = 0;
+      c[1] = 0;
+      SB_CUDA_CHECK(cudaHostGetDevicePointer(&gate_dev_, p, 0));
+    }
+    auto* host = static_cast<volatile std::uint64_t*>(gate_mem_.data());
+    auto* dev = static_cast<std::uint64_t*>(gate_dev_);
+    const std::uint64_t ticket = ++gate_ticket_;
+    cuda_kernels::launch_stream_gate(dev, dev + 1, ticket,
+                                     std::uint64_t(std::chrono::nanoseconds(deadline).count()), stream());
+    return std::make_unique<CudaGate>(host, host + 1, ticket);
+  }
+
   EventPtr record() override {
     bind();
     cudaEvent_t e = nullptr;
-    SB_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));  // timing enabled
-    auto event = std::make_shared<CudaEvent>(e);
+    {
+      const std::lock_guard<std::mutex> lock(events_->mu);
+      if (!events_->free.empty()) {
+        e = events_->free.back();
+        events_->free.pop_back();
+      }
+    }
+    if (e == nullptr) SB_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));  // timing enabled
+    auto event = std::make_shared<CudaEvent>(e, events_);
     SB_CUDA_CHECK(cudaEventRecord(event->event, stream()));
     return event;
   }
@@ -442,6 +528,12 @@ class CudaDevice final : public Device {
   std::mutex lazy_mu_;             // guards the lazily made handles below
   Buffer cublas_workspace_;
   CublasHandle cublas_;
+  std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();  // outlived by events still held
+  Buffer flush_buf_;                // timing=cold's memset target, made on first use
+  unsigned flush_value_ = 0;        // a new byte each flush, so no memset is ever a no-op
+  Buffer gate_mem_;                 // timing=hidden's counters (mapped pinned), made on first use
+  void* gate_dev_ = nullptr;        // their device view
+  std::uint64_t gate_ticket_ = 0;   // the last gate's ticket
 #ifdef STALLBENCH_HAVE_CUDNN
   std::shared_ptr<cuda_detail::CudnnSdpa> cudnn_;  // ops share it, so it lives as long as the last of them
 #endif

@@ -198,6 +198,13 @@ class SimDevice final : public Device {
     }
   }
 
+  // timing=hidden: the gate waits in real time and advances no modelled
+  // clock. timing=cold: the roofline has no cache, so flush_cache stays the
+  // default (nothing written, 0 bytes recorded).
+  std::unique_ptr<StreamGate> hold_stream(std::chrono::milliseconds deadline) override {
+    return std::make_unique<cpu::StreamHold>(cs_, deadline);
+  }
+
   EventPtr record() override {
     // Stamped with the modelled clock, not the thread's wake-up time, so
     // elapsed_ms is the modelled time and host scheduling noise stays out.

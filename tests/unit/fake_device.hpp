@@ -91,6 +91,33 @@ class FakeDevice : public Device {
   }
   void wait_event(const EventPtr&, std::chrono::milliseconds timeout) override { synchronize(timeout); }
   std::unique_ptr<UtilProbe> utilization_probe() override { return nullptr; }
+
+  // timing=cold: a flush takes flush_ms of virtual time and is counted.
+  double flush_ms = 0;
+  int flushes = 0;
+  std::size_t flush_cache() override {
+    clock_ += flush_ms;
+    ++flushes;
+    return 1 << 20;
+  }
+  // timing=hidden: a gate whose expiry a test sets; the virtual clock models
+  // no launch gaps, so only the bookkeeping is under test.
+  bool gates_expire = false;
+  int gates = 0, gates_released = 0;
+  struct FakeGate : StreamGate {
+    FakeDevice* dev;
+    bool done = false;
+    explicit FakeGate(FakeDevice* d) : dev(d) {}
+    void release() override {
+      if (!done) ++dev->gates_released;
+      done = true;
+    }
+    bool expired() const override { return dev->gates_expire; }
+  };
+  std::unique_ptr<StreamGate> hold_stream(std::chrono::milliseconds) override {
+    ++gates;
+    return std::make_unique<FakeGate>(this);
+  }
   // A timed op that advances the virtual clock by op_ms plus jitter.
   void tick() {
     clock_ += op_ms + (jitter.empty() ? 0.0 : jitter[ops % jitter.size()]);
@@ -101,5 +128,15 @@ class FakeDevice : public Device {
   DeviceInfo info_;
   double clock_ = 0;
 };
+
+// Whether the device's CPU lists an ISA extension (props.isa, from
+// /proc/cpuinfo flags: "avx2", "avx512f", "avx512_bf16", "amx_bf16", ...).
+inline bool cpu_has(const Device& dev, const std::string& isa) {
+  const auto& props = dev.info().props;
+  if (!props.contains("isa")) return false;
+  for (const auto& x : props["isa"])
+    if (x.is_string() && x.get<std::string>() == isa) return true;
+  return false;
+}
 
 }  // namespace sb::test

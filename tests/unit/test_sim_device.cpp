@@ -14,6 +14,7 @@
 #include "harness/device.hpp"           // parse_device_spec, Device
 #include "harness/errors.hpp"           // UsageError, OutOfMemory, UnsupportedError
 #include "harness/expected.hpp"         // load_expected_files, ExpectedFile
+#include "harness/gemm_check.hpp"       // gemm_check_shape, gpu_gemm_shape_problem, check_gemm
 #include "kernels/backends.hpp"         // open_device
 #include "kernels/sim/sim_backend.hpp"  // make_sim_backend
 #include "kernels/sim/sim_model.hpp"    // SimModel, sim_gemm_seconds, sim_h2d_seconds
@@ -264,6 +265,34 @@ TEST(SimDevice, CopiesNeedAHostSourceAndADeviceDestination) {
   EXPECT_THROW(dev->copy_h2d(host, device, 4096), Error);
   EXPECT_THROW(dev->copy_h2d(device, host, 8192), Error);
   dev->synchronize(10s);
+}
+
+}  // namespace
+}  // namespace sb
+
+namespace sb {
+namespace {
+
+// The pre-timing check shape of every dtype is one a GPU accepts; fp8's old
+// 61x47x256 is not (cuBLASLt's N and K multiples of 16), and the sim device
+// refuses it as cuBLASLt would, with the rule named.
+TEST(SimDevice, GemmCheckShapeIsLegalForEveryDtype) {
+  auto dev = open("sim:h100");
+  for (DType t : all_dtypes()) {
+    const GemmShape s = gemm_check_shape(t);
+    EXPECT_FALSE(gpu_gemm_shape_problem(t, s).has_value()) << to_string(t);
+    if (dev->gemm_unsupported(t)) continue;
+    EXPECT_NO_THROW((void)check_gemm(*dev, t, s, 1, 10s)) << to_string(t);
+  }
+  EXPECT_TRUE(gpu_gemm_shape_problem(DType::fp8_e4m3, {61, 47, 256}).has_value());
+  EXPECT_TRUE(gpu_gemm_shape_problem(DType::fp8_e4m3, {64, 64, 40}).has_value());  // K
+  EXPECT_FALSE(gpu_gemm_shape_problem(DType::bf16, {61, 47, 256}).has_value());
+  try {
+    (void)dev->make_gemm({61, 47, 256}, DType::fp8_e4m3, 1);
+    ADD_FAILURE() << "sim:h100 accepted an fp8 GEMM with N = 47";
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("multiples of 16"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -83,6 +83,64 @@ TEST(Measure, MaxTrialsCaps) {
   EXPECT_EQ(m.stop, "max_trials");
 }
 
+// Cold: the flush runs before each op and outside its events, so the figure
+// is the op's time alone; each op of a trial is flushed, and trials are
+// capped at kMaxRepsCold ops.
+TEST(Measure, ColdFlushesBeforeEveryOpAndTimesTheOpAlone) {
+  test::FakeDevice dev;
+  dev.op_ms = 0.001;
+  dev.flush_ms = 5.0;
+  MeasureConfig cfg;
+  cfg.mode = TimingMode::cold;
+  cfg.warmup = 1;
+  cfg.min_trials = 4;
+  cfg.min_trial_ms = 1.0;
+  const Measurement m = measure(dev, [&] { dev.tick(); }, cfg);
+  EXPECT_EQ(m.mode, TimingMode::cold);
+  EXPECT_EQ(m.flush_bytes, std::size_t(1) << 20);
+  EXPECT_NEAR(m.ms.median, 0.001, 1e-12);  // 5 ms flushes excluded
+  EXPECT_EQ(m.reps_per_trial, kMaxRepsCold);  // 1000 ops would make 1 ms: capped
+  // One flush ahead of the measurement, then one per timed op (the
+  // calibration's single op included); warm-up ops are not flushed.
+  EXPECT_EQ(std::size_t(dev.flushes), 1 + 1 + std::size_t(m.ms.n) * std::size_t(m.reps_per_trial));
+  EXPECT_EQ(dev.ops, std::size_t(1 + 1 + m.ms.n * m.reps_per_trial));
+}
+
+TEST(Measure, WarmNeverFlushes) {
+  test::FakeDevice dev;
+  dev.flush_ms = 5.0;
+  const Measurement m = measure(dev, [&] { dev.tick(); }, MeasureConfig{});
+  EXPECT_EQ(dev.flushes, 0);
+  EXPECT_EQ(m.flush_bytes, 0u);
+  EXPECT_EQ(m.mode, TimingMode::warm);
+}
+
+// Hidden: every trial (and the calibration) is enqueued behind a gate that is
+// released once the trial is queued; an expired gate invalidates the figure.
+TEST(Measure, HiddenGatesEveryTrialAndRefusesAnExpiredGate) {
+  test::FakeDevice dev;
+  dev.op_ms = 0.01;
+  MeasureConfig cfg;
+  cfg.mode = TimingMode::hidden;
+  cfg.min_trials = 3;
+  const Measurement m = measure(dev, [&] { dev.tick(); }, cfg);
+  EXPECT_EQ(m.mode, TimingMode::hidden);
+  EXPECT_EQ(dev.gates, 1 + m.ms.n);
+  EXPECT_EQ(dev.gates_released, dev.gates);
+  EXPECT_NEAR(m.ms.median, 0.01, 1e-12);
+  EXPECT_EQ(m.reps_per_trial, 100);  // under kMaxRepsHidden
+  test::FakeDevice late;
+  late.gates_expire = true;
+  cfg.mode = TimingMode::hidden;
+  EXPECT_THROW(measure(late, [&] { late.tick(); }, cfg), Error);
+}
+
+TEST(Measure, TimingModeNamesRoundTrip) {
+  for (auto mode : {TimingMode::warm, TimingMode::cold, TimingMode::hidden})
+    EXPECT_EQ(parse_timing_mode(to_string(mode)), mode);
+  EXPECT_FALSE(parse_timing_mode("hot").has_value());
+}
+
 TEST(Measure, HangPropagates) {
   test::FakeDevice dev;
   dev.hang_on_sync = true;

@@ -4,9 +4,13 @@
 // last period).
 #pragma once
 
-#include <algorithm>  // std::clamp
-#include <chrono>  // std::chrono
-#include <memory>  // std::make_shared
+#include <algorithm>           // std::clamp
+#include <chrono>              // std::chrono
+#include <condition_variable>  // std::condition_variable
+#include <cstddef>             // std::size_t
+#include <memory>              // std::make_shared
+#include <mutex>               // std::mutex
+#include <vector>              // std::vector
 
 #include "harness/device.hpp"                     // Event, UtilProbe
 #include "harness/errors.hpp"                     // Error
@@ -34,6 +38,44 @@ inline const StreamEvent& as_stream_event(const EventPtr& e) {
 inline double stream_elapsed_ms(const EventPtr& a, const EventPtr& b) {
   return std::chrono::duration<double, std::milli>(as_stream_event(b).t - as_stream_event(a).t).count();
 }
+
+// timing=hidden on a ComputeStream: a work item that waits until release()
+// or the deadline, so the items enqueued behind it run back to back.
+class StreamHold final : public StreamGate {
+ public:
+  StreamHold(ComputeStream& cs, std::chrono::milliseconds deadline) : st_(std::make_shared<State>()) {
+    cs.enqueue("gate", [st = st_, until = std::chrono::steady_clock::now() + deadline] {
+      std::unique_lock<std::mutex> lk(st->mu);
+      if (!st->cv.wait_until(lk, until, [&] { return st->released; })) st->expired = true;
+    });
+  }
+  ~StreamHold() override { release(); }  // never leave a stream held
+  StreamHold(const StreamHold&) = delete;
+  StreamHold& operator=(const StreamHold&) = delete;
+  void release() override {
+    {
+      std::lock_guard<std::mutex> lk(st_->mu);
+      st_->released = true;
+    }
+    st_->cv.notify_all();
+  }
+  bool expired() const override {
+    std::lock_guard<std::mutex> lk(st_->mu);
+    return st_->expired;
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool released = false, expired = false;
+  };
+  std::shared_ptr<State> st_;  // shared with the work item, which may outlive the gate
+};
+
+// The size of the largest CPU cache this process's first CPU sees (sysfs
+// cache/index*/size), or fallback when it cannot be read.
+std::size_t last_level_cache_bytes(std::size_t fallback = 32u << 20);
 
 class StreamBusyProbe : public UtilProbe {
  public:
