@@ -29,6 +29,7 @@ CpuInfo parse_cpuinfo(const std::string& text, int logical_cores) {
   std::istringstream in(text);
   std::string line;
   bool have_flags = false;
+  std::string implementer, part;
   while (std::getline(in, line)) {
     const auto colon = line.find(':');
     if (colon == std::string::npos) continue;
@@ -37,7 +38,10 @@ CpuInfo parse_cpuinfo(const std::string& text, int logical_cores) {
     std::string val = colon + 1 < line.size() ? line.substr(colon + 1) : "";
     if (!val.empty() && val.front() == ' ') val.erase(0, 1);
     if (key == "model name" && c.model.empty()) c.model = val;
-    if (key == "flags" && !have_flags) {
+    // aarch64 has no "model name": the implementer and part identify the core.
+    if (key == "CPU implementer" && implementer.empty()) implementer = val;
+    if (key == "CPU part" && part.empty()) part = val;
+    if ((key == "flags" || key == "Features") && !have_flags) {
       have_flags = true;
       std::istringstream fs(val);
       std::vector<std::string> flags;
@@ -46,6 +50,8 @@ CpuInfo parse_cpuinfo(const std::string& text, int logical_cores) {
         if (std::find(flags.begin(), flags.end(), want) != flags.end()) c.isa.push_back(want);
     }
   }
+  if (c.model.empty() && !implementer.empty())
+    c.model = fmt::format("Arm CPU implementer {} part {}", implementer, part.empty() ? "?" : part);
   if (c.model.empty()) c.model = "unknown CPU";
   return c;
 }

@@ -124,6 +124,19 @@ class PrecisionRun : public ScenarioRun {
       return;
     }
     const std::string dev = r.meta.value("/device/id"_json_pointer, std::string("this device"));
+    if (best.empty()) {
+      // fp32 ran and nothing else did: say so, rather than print no finding at all.
+      std::string why;
+      for (const auto& p : r.points)
+        if (p.status != Status::ok && p.params.value("dtype", "") == "bf16" && !p.reason.empty()) {
+          why = " (bf16: " + p.reason + ")";
+          break;
+        }
+      r.findings.push_back({"fp32 where bf16 would do",
+                            fmt::format("only fp32 ran on {}, so no gain over it can be measured here{}", dev, why),
+                            std::nullopt, json::object()});
+      return;
+    }
     for (const char* dt : {"bf16", "fp16", "tf32", "fp8_e4m3"}) {
       auto it = best.find(dt);
       if (it == best.end()) continue;

@@ -51,7 +51,7 @@ with tempfile.TemporaryDirectory() as tmp:
         validate(doc)
         check(doc["meta"]["device"]["simulated"] is True, "sim result not labelled simulated")
         pts = {pt["params"]["workers"]: pt for pt in doc["points"]}
-        cores = os.cpu_count() or 1
+        cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
         for w, pt in pts.items():
             m = pt["metrics"]
             err = abs(m["busy_pct"]["value"] - m["predicted_pct"]["value"])

@@ -20,6 +20,17 @@ TEST(Fingerprint, ParsesModelAndIsaOfInterest) {
   EXPECT_EQ(parse_cpuinfo("", 1).model, "unknown CPU");
 }
 
+TEST(Fingerprint, ParsesAarch64Cpuinfo) {
+  // An aarch64 /proc/cpuinfo (Neoverse V2, as on a Grace CPU) has no "model name".
+  const std::string text =
+      "processor\t: 0\nBogoMIPS\t: 2000.00\nFeatures\t: fp asimd sve2 bf16 i8mm\n"
+      "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0xd4f\n";
+  const CpuInfo c = parse_cpuinfo(text, 72);
+  EXPECT_EQ(c.model, "Arm CPU implementer 0x41 part 0xd4f");
+  EXPECT_EQ(c.logical_cores, 72);
+  EXPECT_TRUE(c.isa.empty());  // none of the x86 extensions of interest
+}
+
 TEST(Fingerprint, ThisMachineHasAModelAndCores) {
   const CpuInfo c = read_cpu_info();
   // parse_cpuinfo falls back to "unknown CPU": on Linux the model is read.
