@@ -27,6 +27,67 @@ def run(args, want=0, timeout=600):
     return p
 
 
+def close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-300)
+
+
+def recheck_attention(doc):
+    """Every derived figure of every ok point, recomputed from the point's own data (DESIGN's
+    convention: forward 4*B*H*S^2*D, halved for causal, forward+backward 3.5x forward)."""
+    naive = {}
+    for pt in doc["points"]:
+        if pt["status"] != "ok":
+            continue
+        q, m = pt["params"], pt["metrics"]
+        flops = 4.0 * q["batch"] * q["heads"] * q["seq_len"] ** 2 * q["head_dim"]
+        flops *= 0.5 if q["causal"] else 1.0
+        flops *= 3.5 if q["pass"] == "fwd+bwd" else 1.0
+        tag = f"attention {q['impl']} S={q['seq_len']} {q['pass']} causal={q['causal']}"
+        check(close(pt["info"]["flops"], flops), f"{tag}: flops {pt['info']['flops']} != {flops}")
+        check(close(m["tflops"]["value"], flops / (m["ms"]["value"] * 1e-3) / 1e12),
+              f"{tag}: tflops is not flops / median time")
+        if q["impl"] == "naive":
+            naive[tuple((k, v) for k, v in q.items() if k != "impl")] = m
+    for pt in doc["points"]:
+        q, m = pt["params"], pt.get("metrics", {})
+        key = tuple((k, v) for k, v in q.items() if k != "impl")
+        if pt["status"] != "ok" or q["impl"] == "naive" or key not in naive:
+            continue
+        n = naive[key]
+        check(close(m["speedup_vs_naive"]["value"], n["ms"]["value"] / m["ms"]["value"]),
+              f"{q}: speedup_vs_naive is not naive ms / this ms")
+        check(close(m["memory_ratio_vs_naive"]["value"], n["workspace_mib"]["value"] / m["workspace_mib"]["value"]),
+              f"{q}: memory_ratio_vs_naive is not naive workspace / this workspace")
+
+
+def recheck_packing(doc):
+    """padding, efficiency, throughput and the ratios over pad-max, from each point's own data."""
+    base = None
+    for pt in doc["points"]:
+        if pt["status"] == "ok" and pt["params"]["strategy"] == "pad-max":
+            base = pt
+    for pt in doc["points"]:
+        if pt["status"] != "ok":
+            continue
+        q, m, i = pt["params"], pt["metrics"], pt["info"]
+        tag = f"packing {q['strategy']}"
+        check(close(m["padding_pct"]["value"], 100 * (1 - i["real_tokens"] / i["computed_tokens"])),
+              f"{tag}: padding_pct != 1 - real / computed")
+        check(close(m["efficiency_pct"]["value"], 100 * i["real_tokens"] / (m["rows"]["value"] * q["max_len"])),
+              f"{tag}: efficiency_pct != real / (rows * max_len)")
+        check(close(m["real_tokens_per_s"]["value"], i["timed_real_tokens"] / (m["ms"]["value"] * 1e-3)),
+              f"{tag}: real_tokens_per_s != timed real tokens / median time")
+        if base is None or pt is base:
+            continue
+        bm, bi = base["metrics"], base["info"]
+        check(close(m["speedup_vs_pad_max"]["value"], m["real_tokens_per_s"]["value"] / bm["real_tokens_per_s"]["value"]),
+              f"{tag}: speedup_vs_pad_max != real tokens/s over pad-max's")
+        cpr = lambda x: x["computed_tokens"] / x["real_tokens"]
+        check(close(m["predicted_speedup"]["value"], cpr(bi) / cpr(i)), f"{tag}: predicted_speedup")
+        fpr = lambda x: x["timed_flops"] / max(1, x["timed_real_tokens"])
+        check(close(m["predicted_flops_speedup"]["value"], fpr(bi) / fpr(i)), f"{tag}: predicted_flops_speedup")
+
+
 def load(path):
     with open(path) as f:
         doc = json.load(f)
@@ -41,8 +102,9 @@ with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "att.json")
     run(["attention", "--device", "cpu", "--quick", "-p", "seq_len=128,1024", "-p", "heads=2",
          "-p", "mem_limit_gb=0.02", "--json", out])
-    if os.path.exists(out):
+    if check(os.path.exists(out), f"{out} was not written"):
         doc = load(out)
+        recheck_attention(doc)
         pts = {(p["params"]["seq_len"], p["params"]["impl"], p["params"]["pass"]): p for p in doc["points"]}
         for ps in ("fwd", "fwd+bwd"):
             check(pts[(128, "naive", ps)]["status"] == "ok", f"naive 128 {ps}: {pts[(128, 'naive', ps)]['status']}")
@@ -66,8 +128,9 @@ with tempfile.TemporaryDirectory() as tmp:
     p = run(["packing", "--device", "cpu", "--quick", "-p", "max_len=2048", "-p", "sequences=1024",
              "-p", "d_model=64", "--json", out])
     check("warning: concat lets examples attend to each other" in p.stdout, "concat is flagged in the table")
-    if os.path.exists(out):
+    if check(os.path.exists(out), f"{out} was not written"):
         doc = load(out)
+        recheck_packing(doc)
         pts = {p["params"]["strategy"]: p for p in doc["points"]}
         check(all(p["status"] == "ok" for p in pts.values()), f"statuses {[(k, p['status']) for k, p in pts.items()]}")
         pad = pts["pad-max"]["metrics"]["padding_pct"]["value"]
@@ -85,7 +148,7 @@ with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "hist.json")
     run(["packing", "--device", "cpu", "--quick", "-p", f"lengths=@{hist}", "-p", "sequences=0",
          "-p", "strategy=pad-max,pack-bfd", "-p", "d_model=64", "--json", out])
-    if os.path.exists(out):
+    if check(os.path.exists(out), f"{out} was not written"):
         doc = load(out)
         real = {p["params"]["strategy"]: p["info"]["real_tokens"] for p in doc["points"]}
         check(real.get("pad-max") == 100 * 300 + 400 * 100 + 1500 * 20, f"histogram tokens {real}")

@@ -36,6 +36,59 @@ def validate(doc):
         schema = json.load(f)
     errs = schema_check.errors(doc, schema)
     check(not errs, "schema: " + "; ".join(errs[:3]))
+    recheck(doc)
+
+
+def load(path):
+    with open(path) as f:
+        doc = json.load(f)
+    validate(doc)
+    return doc
+
+
+def close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-300)
+
+
+def pattern_of(u, progressed=True):
+    """The rule of harness/sampler.hpp, written again from its definition."""
+    if not progressed:
+        return "stuck"
+    if not u:
+        return "idle"
+    mean = sum(u) / len(u)
+    if mean < 0.05:
+        return "idle"
+    if mean >= 0.90:
+        return "healthy"
+    if sum(x <= 0.2 for x in u) / len(u) >= 0.15 and sum(x >= 0.8 for x in u) / len(u) >= 0.15:
+        return "spiky"
+    return "steady-low"
+
+
+def recheck(doc):
+    """Each derived figure of each ok point, from the point's own data."""
+    for pt in doc["points"]:
+        if pt["status"] != "ok":
+            continue
+        m, i, w = pt["metrics"], pt["info"], pt["params"]["workers"]
+        tag = f"workers={w} {pt['params'].get('pin')}"
+        load, train = m["load_ms"]["value"], m["train_ms"]["value"]
+        pred = 100 * min(1.0, max(1, w) * train / load)
+        check(close(m["predicted_pct"]["value"], pred), f"{tag}: predicted_pct {m['predicted_pct']['value']} != {pred}")
+        check(close(m["model_error_pts"]["value"], m["busy_pct"]["value"] - m["predicted_pct"]["value"], 1e-6),
+              f"{tag}: model_error_pts != busy - predicted")
+        check(i["bottleneck"] == ("loader" if load / max(1, w) > train else "device"), f"{tag}: bottleneck")
+        check(close(i["step_ms_achieved"], train), f"{tag}: step_ms_achieved != train_ms")
+        u = i["util_series"]
+        if u:
+            check(close(m["sampled_util_pct"]["value"], 100 * sum(u) / len(u), 1e-9),
+                  f"{tag}: sampled_util_pct != mean of util_series")
+        check(i["pattern"] == pattern_of(u, i["steps"] > 0), f"{tag}: pattern {i['pattern']} != rule's {pattern_of(u)}")
+        check(0 <= m["first_batch_ms"]["value"] <= 1e3 * i["wall_s"], f"{tag}: first_batch_ms outside the run")
+        window = i["wall_s"] - m["first_batch_ms"]["value"] / 1e3
+        check(close(m["samples_per_s"]["value"], max(0, i["steps"] - 1) * pt["params"]["batch"] / window, 1e-6),
+              f"{tag}: samples_per_s != (steps - 1) * batch / (wall - first batch)")
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -47,8 +100,7 @@ with tempfile.TemporaryDirectory() as tmp:
                 "-p", "supply=0.6", "-p", "step_ms=40", "--json", out, "--trace", trace])
     print(p.stdout[-3000:])
     if check(p.returncode == 0, f"sim run exit {p.returncode}: {p.stderr[-1500:]}"):
-        doc = json.load(open(out))
-        validate(doc)
+        doc = load(out)
         check(doc["meta"]["device"]["simulated"] is True, "sim result not labelled simulated")
         pts = {pt["params"]["workers"]: pt for pt in doc["points"]}
         cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
@@ -65,15 +117,22 @@ with tempfile.TemporaryDirectory() as tmp:
             busy, pat = pt["metrics"]["busy_pct"]["value"], pt["info"]["pattern"]
             check(not (pat == "healthy" and busy < 85) and not (pat == "spiky" and busy >= 90),
                   f"workers={w}: pattern {pat} with busy {busy:.1f}%")
+        # The finding follows from the points, whatever this machine's load made of them: the
+        # smallest worker count at >= 90% busy, its gain in samples/s over the worst point.
+        ok90 = sorted(w for w, pt in pts.items() if pt["metrics"]["busy_pct"]["value"] >= 90)
+        sums = [f["summary"] for f in doc["findings"]]
+        worst = min(pts, key=lambda w: pts[w]["metrics"]["busy_pct"]["value"])
+        if ok90 and ok90[0] != worst:
+            f = next((f for f in doc["findings"] if f"workers={ok90[0]} is the smallest" in f["summary"]), None)
+            if check(f is not None, f"finding should name workers={ok90[0]}: {sums}"):
+                gain = pts[ok90[0]]["metrics"]["samples_per_s"]["value"] / pts[worst]["metrics"]["samples_per_s"]["value"]
+                check(abs(f["speedup"] - gain) <= 1e-9 * gain, f"finding gain {f['speedup']} != samples/s ratio {gain}")
+        elif not ok90:
+            check(any("no worker count tried keeps" in s_ for s_ in sums), f"finding should say none is enough: {sums}")
         # Two workers supply 1.2x the demand when each really gets a core; the
         # measured load time says whether they did (another process may hold one).
         if pts[2]["metrics"]["predicted_pct"]["value"] >= 99:
             check(pts[2]["info"]["pattern"] == "healthy", f"workers=2 pattern {pts[2]['info']['pattern']}, want healthy")
-            check(any("workers=2 is the smallest" in f["summary"] for f in doc["findings"]),
-                  f"finding: {[f['summary'] for f in doc['findings']]}")
-        else:
-            print(f"note: the workers did not get their cores (predicted {pts[2]['metrics']['predicted_pct']['value']:.0f}%"
-                  " at workers=2); the healthy check is left out")
         t = json.load(open(trace))
         names = {e["name"] for e in t["traceEvents"]}
         lanes = {e["args"]["name"] for e in t["traceEvents"] if e["name"] == "thread_name"}
@@ -87,8 +146,8 @@ with tempfile.TemporaryDirectory() as tmp:
                    "-p", "fault=hang@70", "-p", "timeout_s=0.5", "--json", out], timeout=120)
     check(p.returncode == 4, f"hang: exit {p.returncode}, want 4: {p.stderr[-800:]}")
     check(secs < 60, f"hang run took {secs:.0f} s")
-    if os.path.exists(out):
-        pt = json.load(open(out))["points"][0]
+    if check(os.path.exists(out), f"{out} was not written"):
+        pt = load(out)["points"][0]
         check(pt["status"] == "hang", f"hang: status {pt['status']}")
         check("sample 70" in pt.get("reason", "") and "worker" in pt.get("reason", ""),
               f"hang reason should name the sample and worker: {pt.get('reason')}")
@@ -97,14 +156,18 @@ with tempfile.TemporaryDirectory() as tmp:
     p, secs = run(["--device", "cpu", "-p", "workers=0", "-p", "steps=4", "-p", "decode_us=100",
                    "-p", "fault=hang@3", "-p", "timeout_s=0.3", "--json", os.path.join(tmp, "h0.json")], timeout=120)
     check(p.returncode == 4, f"inline hang: exit {p.returncode}: {p.stderr[-500:]}")
+    if check(os.path.exists(os.path.join(tmp, "h0.json")), "inline hang: no result written"):
+        pt = load(os.path.join(tmp, "h0.json"))["points"][0]
+        check(pt["status"] == "hang" and "sample 3" in pt.get("reason", ""),
+              f"inline hang: status {pt['status']}, reason {pt.get('reason')}")
 
     # 3. A corrupt sample: stop -> status error naming it; skip -> ok, one sample skipped.
     out = os.path.join(tmp, "throw.json")
     p, _ = run(["--device", "cpu", "-p", "workers=2", "-p", "steps=6", "-p", "decode_us=100",
                 "-p", "fault=throw@40", "-p", "on_error=stop,skip", "--json", out], timeout=120)
     check(p.returncode == 1, f"throw: exit {p.returncode}, want 1 (a point failed)")
-    if os.path.exists(out):
-        pts = {pt["params"]["on_error"]: pt for pt in json.load(open(out))["points"]}
+    if check(os.path.exists(out), f"{out} was not written"):
+        pts = {pt["params"]["on_error"]: pt for pt in load(out)["points"]}
         check(pts["stop"]["status"] == "error" and "sample 40" in pts["stop"].get("reason", ""),
               f"throw/stop: {pts['stop']['status']} {pts['stop'].get('reason')}")
         check(pts["skip"]["status"] == "ok" and pts["skip"]["info"]["skipped_samples"] == 1,
@@ -115,8 +178,8 @@ with tempfile.TemporaryDirectory() as tmp:
     p, _ = run(["--device", "cpu", "--quick", "-p", "workers=1", "-p", "source=file", "-p", "read=pread,mmap",
                 "-p", "pin=pinned,pageable", "-p", "sample_bytes=4096", "--json", out], timeout=300)
     check(p.returncode == 0, f"file source: exit {p.returncode}: {p.stderr[-800:]}")
-    if os.path.exists(out):
-        for pt in json.load(open(out))["points"]:
+    if check(os.path.exists(out), f"{out} was not written"):
+        for pt in load(out)["points"]:
             check(pt["status"] == "ok" and pt["metrics"]["h2d_gbs"]["value"] > 0, f"file point {pt['params']}")
 
     # 5. Bad input: exit 2 with a message.

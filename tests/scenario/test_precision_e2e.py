@@ -123,9 +123,19 @@ def check_fp8_shapes(exe):
             fail(f"sim:h100 fp8 run: exit {p.returncode}: {p.stderr[-600:]}")
         with open(out) as f:
             pts = {(q["params"]["size"], q["params"]["dtype"]): q for q in json.load(f)["points"]}
+    # pct_of_peak against the expected file's datasheet peak, exactly.
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "..", "results", "expected", "h100-sxm.json")) as f:
+        peaks = json.load(f)["peaks"]["tflops"]
     for dt in ("fp8_e4m3", "bf16"):
-        if pts[(256, dt)]["status"] != "ok":
-            fail(f"sim:h100 {dt} at 256: {pts[(256, dt)]['status']} {pts[(256, dt)].get('reason')}")
+        q = pts[(256, dt)]
+        if q["status"] != "ok":
+            fail(f"sim:h100 {dt} at 256: {q['status']} {q.get('reason')}")
+            continue
+        want = 100 * q["metrics"]["tflops"]["value"] / peaks[dt]["value"]
+        got = q["metrics"].get("pct_of_peak", {}).get("value")
+        if got is None or abs(got - want) > 1e-9 * want:
+            fail(f"sim:h100 {dt}: pct_of_peak {got} != 100 * tflops / {peaks[dt]['value']} = {want}")
     bad = pts[(100, "fp8_e4m3")]
     if bad["status"] != "skipped" or "multiples of 16" not in bad.get("reason", ""):
         fail(f"fp8 at 100x100x100 should be skipped naming the rule: {bad['status']} {bad.get('reason')}")

@@ -1,3 +1,5 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "harness/compare.hpp"
@@ -37,6 +39,35 @@ json expected_doc() {
       {"scenario": "precision", "metric": "tflops", "where": {"dtype": "fp32"}, "value": 50,
        "unit": "TFLOP/s", "direction": "higher", "kind": "published", "source": "other dtype"}
     ]})");
+}
+
+bool has_note(const CompareReport& rep, const std::string& part) {
+  for (const auto& n : rep.notes)
+    if (n.find(part) != std::string::npos) return true;
+  return false;
+}
+
+// The verdicts that are not a ratio: points on one side only, metrics in
+// different units, results of different scenarios.
+TEST(Compare, OnlyInAOnlyInBUnitsDifferAndDifferentScenarios) {
+  json a = result_doc(700, 1.2), b = result_doc(800, 1.0);
+  b["points"][0]["params"]["size"] = 4096;  // no longer the same point
+  CompareReport rep = compare_docs(a, b, 0.05);
+  EXPECT_TRUE(rep.rows.empty());
+  EXPECT_TRUE(has_note(rep, "only in A")) << fmt::format("{}", fmt::join(rep.notes, " | "));
+  EXPECT_TRUE(has_note(rep, "only in B")) << fmt::format("{}", fmt::join(rep.notes, " | "));
+
+  json c = result_doc(800, 1.0);
+  c["points"][0]["metrics"]["ms"]["unit"] = "us";  // ms vs us: never divided
+  rep = compare_docs(result_doc(700, 1.2), c, 0.05);
+  EXPECT_TRUE(has_note(rep, "units differ")) << fmt::format("{}", fmt::join(rep.notes, " | "));
+  for (const auto& row : rep.rows) EXPECT_NE(row.metric, "ms");
+  EXPECT_EQ(rep.rows.size(), 1u);  // tflops only
+
+  json d = result_doc(800, 1.0);
+  d["scenario"] = "attention";
+  rep = compare_docs(result_doc(700, 1.2), d, 0.05);
+  EXPECT_TRUE(has_note(rep, "different scenarios")) << fmt::format("{}", fmt::join(rep.notes, " | "));
 }
 
 TEST(Compare, JudgeReadsDirection) {

@@ -1,5 +1,6 @@
 // The cpu device (oneDNN) and the correctness check every GEMM passes before
 // it is timed. No timing assertions: this machine is noisy.
+#include <future>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -79,11 +80,17 @@ TEST(CpuDevice, EventsAndCopiesRunInStreamOrder) {
   Buffer src = dev->allocate(1 << 20, MemKind::host_pageable);
   Buffer dst = dev->allocate(1 << 20, MemKind::device);
   std::memset(src.data(), 0x5a, 1 << 20);
+  std::memset(dst.data(), 0, 1 << 20);
+  // The copy runs on the stream after e0: held behind a gate, nothing has
+  // been copied until the gate lets go; then the events bracket the copy.
+  auto gate = dev->hold_stream(std::chrono::seconds(30));
   auto e0 = dev->record();
   dev->copy_h2d(dst, src, 1 << 20);
   auto e1 = dev->record();
+  EXPECT_NE(static_cast<unsigned char*>(dst.data())[12345], 0x5a);  // not yet: the stream is held
+  gate->release();
   dev->synchronize(std::chrono::seconds(10));
-  EXPECT_GE(dev->elapsed_ms(e0, e1), 0.0);
+  EXPECT_GT(dev->elapsed_ms(e0, e1), 0.0);  // a 1 MiB memcpy takes time between the two stamps
   EXPECT_EQ(static_cast<unsigned char*>(dst.data())[12345], 0x5a);
   EXPECT_THROW(dev->copy_h2d(dst, src, 2 << 20), Error);
 }
@@ -118,15 +125,24 @@ TEST(CpuDevice, CacheFlushWritesTwiceTheLastLevelCache) {
 }
 
 TEST(ComputeStream, SynchronizeHasADeadlineAndNamesTheStuckItem) {
+  // The item cannot finish before the test lets it go, so the short deadline
+  // must pass first, however loaded the machine (no race on sleep lengths).
   cpu::ComputeStream cs;
-  cs.enqueue("slow item", [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); });
+  std::promise<void> started, go;
+  std::shared_future<void> go_f = go.get_future().share();
+  cs.enqueue("slow item", [&started, go_f] {
+    started.set_value();
+    go_f.wait();
+  });
+  ASSERT_EQ(started.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
   try {
     cs.synchronize(std::chrono::milliseconds(20));
-    FAIL() << "expected a HangError";
+    ADD_FAILURE() << "expected a HangError";
   } catch (const HangError& e) {
     EXPECT_NE(std::string(e.what()).find("slow item"), std::string::npos) << e.what();
   }
-  cs.synchronize(std::chrono::seconds(10));  // it does finish
+  go.set_value();
+  cs.synchronize(std::chrono::seconds(30));  // it does finish
 }
 
 TEST(ComputeStream, WorkErrorsSurfaceAtSynchronize) {

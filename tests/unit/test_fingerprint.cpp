@@ -1,3 +1,5 @@
+#include <sched.h>  // sched_getaffinity, CPU_COUNT
+
 #include <gtest/gtest.h>
 
 #include "harness/device.hpp"
@@ -35,7 +37,10 @@ TEST(Fingerprint, ThisMachineHasAModelAndCores) {
   const CpuInfo c = read_cpu_info();
   // parse_cpuinfo falls back to "unknown CPU": on Linux the model is read.
   EXPECT_NE(c.model, "unknown CPU");
-  EXPECT_GE(c.logical_cores, 1);
+  // The count read is the machine's: at least the CPUs this process may run on.
+  cpu_set_t set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  EXPECT_GE(c.logical_cores, CPU_COUNT(&set));
 }
 
 TEST(DeviceSpec, ParsesAndRejects) {

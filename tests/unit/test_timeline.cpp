@@ -73,6 +73,30 @@ TEST(Pattern, ClassifiesSyntheticSeries) {
   EXPECT_EQ(to_string(Pattern::steady_low), "steady-low");
 }
 
+// Each threshold of the rule (harness/sampler.hpp), at and just past it.
+TEST(Pattern, ThresholdsAreExact) {
+  auto series = [](std::initializer_list<std::pair<int, double>> parts) {
+    std::vector<double> v;
+    for (auto [n, x] : parts) v.insert(v.end(), std::size_t(n), x);
+    return v;
+  };
+  // mean 0.90 exactly is healthy; just under is not.
+  EXPECT_EQ(classify(series({{10, 0.9}})), Pattern::healthy);
+  EXPECT_EQ(classify(series({{10, 0.8999}})), Pattern::steady_low);
+  // mean 0.05 is no longer idle; just under is.
+  EXPECT_EQ(classify(series({{10, 0.05}})), Pattern::steady_low);
+  EXPECT_EQ(classify(series({{10, 0.0499}})), Pattern::idle);
+  // spiky needs >= 15% of samples <= 0.2 AND >= 15% >= 0.8 (20 samples: 3 is 15%).
+  EXPECT_EQ(classify(series({{3, 0.2}, {3, 0.8}, {14, 0.5}})), Pattern::spiky);
+  EXPECT_EQ(classify(series({{2, 0.2}, {3, 0.8}, {15, 0.5}})), Pattern::steady_low);  // 10% near idle
+  EXPECT_EQ(classify(series({{3, 0.2}, {2, 0.8}, {15, 0.5}})), Pattern::steady_low);  // 10% near full
+  EXPECT_EQ(classify(series({{3, 0.2001}, {3, 0.8}, {14, 0.5}})), Pattern::steady_low);  // not near idle
+  EXPECT_EQ(classify(series({{3, 0.2}, {3, 0.7999}, {14, 0.5}})), Pattern::steady_low);  // not near full
+  // healthy wins over spiky: a mean >= 90% with some idle samples is healthy.
+  EXPECT_EQ(classify(series({{2, 0.0}, {18, 1.0}})), Pattern::healthy);
+  EXPECT_EQ(classify(std::vector<double>{}), Pattern::idle);
+}
+
 TEST(Pattern, Sparkline) {
   EXPECT_EQ(sparkline(std::vector<double>{0.0, 0.5, 1.0}), "▁▅█");
   EXPECT_EQ(sparkline(std::vector<double>(200, 1.0), 10), "██████████");
@@ -107,10 +131,14 @@ TEST(Sampler, SamplesUntilStoppedAndStopsTwice) {
   EXPECT_EQ(s.source(), "constant");
   EXPECT_EQ(s.period().count(), 2);
   s.start();
-  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  // Wait for samples with a deadline, not for a fixed time: a loaded machine
+  // may deschedule the sampler for longer than any fixed sleep.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (s.series().size() < 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   s.stop();
   const auto series = s.series();
-  ASSERT_FALSE(series.empty());
+  ASSERT_GE(series.size(), 3u) << "no samples within 30 s";
   for (std::size_t i = 0; i < series.size(); ++i) {
     EXPECT_DOUBLE_EQ(series[i].s.util, 0.5);
     if (i) {
