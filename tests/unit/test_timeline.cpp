@@ -80,12 +80,12 @@ TEST(Pattern, ThresholdsAreExact) {
     for (auto [n, x] : parts) v.insert(v.end(), std::size_t(n), x);
     return v;
   };
-  // mean 0.90 exactly is healthy; just under is not.
-  EXPECT_EQ(classify(series({{10, 0.9}})), Pattern::healthy);
-  EXPECT_EQ(classify(series({{10, 0.8999}})), Pattern::steady_low);
-  // mean 0.05 is no longer idle; just under is.
-  EXPECT_EQ(classify(series({{10, 0.05}})), Pattern::steady_low);
-  EXPECT_EQ(classify(series({{10, 0.0499}})), Pattern::idle);
+  // mean 0.90 exactly (9/10, no rounding in the sum) is healthy; just under is not.
+  EXPECT_EQ(classify(series({{9, 1.0}, {1, 0.0}})), Pattern::healthy);
+  EXPECT_EQ(classify(series({{9, 0.9999}, {1, 0.0}})), Pattern::steady_low);
+  // mean 0.05 exactly (0.5/10) is no longer idle; just under is.
+  EXPECT_EQ(classify(series({{1, 0.5}, {9, 0.0}})), Pattern::steady_low);
+  EXPECT_EQ(classify(series({{1, 0.4999}, {9, 0.0}})), Pattern::idle);
   // spiky needs >= 15% of samples <= 0.2 AND >= 15% >= 0.8 (20 samples: 3 is 15%).
   EXPECT_EQ(classify(series({{3, 0.2}, {3, 0.8}, {14, 0.5}})), Pattern::spiky);
   EXPECT_EQ(classify(series({{2, 0.2}, {3, 0.8}, {15, 0.5}})), Pattern::steady_low);  // 10% near idle
