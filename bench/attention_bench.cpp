@@ -2,10 +2,12 @@
 // per implementation, dtype and sequence length, on every device this build
 // has (cpu; cuda when a GPU answers). Time is the device's own (manual time
 // from its events: CUDA events on GPU, the compute thread's clock on cpu).
-// FLOPs: 4*B*H*S^2*D forward, 3.5x for forward+backward (DESIGN.md); the
+// FLOPs: 4*B*H*S^2*D forward, 3.5x for forward+backward (docs/DESIGN.md); the
 // TFLOPS counter is FLOPs per second of device time.
 // Sizes: S=128 is the smoke test (`meson test --suite bench-smoke`).
 #include <string>  // std::string
+
+#include <cstdio>  // std::fprintf
 
 #include <benchmark/benchmark.h>  // benchmark::State, RegisterBenchmark
 
@@ -71,7 +73,11 @@ int main(int argc, char** argv) {
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-  benchmark::RunSpecifiedBenchmarks();
+  // A filter that matches nothing is a failure, not a vacuous pass of the smoke test.
+  if (benchmark::RunSpecifiedBenchmarks() == 0) {
+    std::fprintf(stderr, "no benchmark matched the filter\n");
+    return 1;
+  }
   benchmark::Shutdown();
   return 0;
 }

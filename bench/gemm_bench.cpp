@@ -1,5 +1,5 @@
 // GEMM microbenchmarks. On cpu, the bare oneDNN loop (weights reordered once
-// to the primitive's preferred layout, f32 output, as REFERENCE.md measured)
+// to the primitive's preferred layout, f32 output, as docs/REFERENCE.md measured)
 // runs beside the same GEMM through the harness (Device + measure), so the
 // harness's overhead is a ratio measured in one run. On cuda, the harness
 // path uses manual time from CUDA events.
@@ -142,7 +142,11 @@ int main(int argc, char** argv) {
   // Colour only on a terminal: logs and meson's test output stay plain.
   RatioReporter rep(isatty(STDOUT_FILENO) ? benchmark::ConsoleReporter::OO_ColorTabular
                                           : benchmark::ConsoleReporter::OO_Tabular);
-  benchmark::RunSpecifiedBenchmarks(&rep);
+  // A filter that matches nothing is a failure, not a vacuous pass of the smoke test.
+  if (benchmark::RunSpecifiedBenchmarks(&rep) == 0) {
+    std::fprintf(stderr, "no benchmark matched the filter\n");
+    return 1;
+  }
   benchmark::Shutdown();
   return 0;
 }

@@ -5,6 +5,8 @@
 #include <string>   // std::string
 #include <vector>   // std::vector
 
+#include <cstdio>  // std::fprintf
+
 #include <benchmark/benchmark.h>  // benchmark::State, RegisterBenchmark
 
 #include "scenarios/detail/lengths.hpp"  // parse_lengths, generate_lengths
@@ -44,7 +46,11 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-  benchmark::RunSpecifiedBenchmarks();
+  // A filter that matches nothing is a failure, not a vacuous pass of the smoke test.
+  if (benchmark::RunSpecifiedBenchmarks() == 0) {
+    std::fprintf(stderr, "no benchmark matched the filter\n");
+    return 1;
+  }
   benchmark::Shutdown();
   return 0;
 }

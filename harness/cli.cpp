@@ -64,7 +64,9 @@ int cmd_list(bool names_only, bool as_json) {
                         {"range", describe_range(p)},
                         {"unit", p.unit},
                         {"help", p.help}});
-    out.push_back(json{{"name", s->name}, {"cause", s->cause}, {"summary", s->summary}, {"params", ps}});
+    // needs_ranks: launched under mpirun/srun to mean anything (the smoke test reads it).
+    out.push_back(json{{"name", s->name}, {"cause", s->cause}, {"summary", s->summary},
+                       {"needs_ranks", s->needs_ranks}, {"params", ps}});
   }
   if (as_json) {
     std::cout << out.dump(2) << "\n";
@@ -89,8 +91,13 @@ int cmd_list(bool names_only, bool as_json) {
 }
 
 int cmd_devices(bool as_json) {
-  const json fp = machine_fingerprint(all_backends());
+  json fp = machine_fingerprint(all_backends());
   if (as_json) {
+    // What this binary was built with (features found at configure): a script can tell
+    // whether it may launch a multi-rank scenario under mpirun, or expect cuDNN.
+    const BuildInfo b = build_info();
+    fp["build"] = json{{"version", b.version}, {"git_sha", b.git_sha}, {"compiler", b.compiler},
+                       {"build_type", b.build_type}, {"features", b.features}};
     std::cout << fp.dump(2) << "\n";
     return kExitOk;
   }
@@ -278,7 +285,9 @@ int main_impl(int argc, char** argv) {
   run->add_option("scenario", ra.scenario, "scenario name (see `stallbench list`)")->required();
   run->add_option("-p,--param", ra.params, "key=value[,value...]; a comma list is a sweep axis")
       ->allow_extra_args(false);
-  run->add_option("--device", ra.device, "auto | cpu | cuda:N (auto: cuda:0 if a GPU answers, else cpu)")
+  run->add_option("--device", ra.device,
+                  "auto | cpu | cuda:N | sim:<gpu> (auto: cuda:0 if a GPU answers, else cpu; sim: a simulated GPU "
+                  "from results/expected, e.g. sim:h100)")
       ->capture_default_str();
   run->add_option("--json", ra.json_path, "result JSON path, or - for stdout (default: stallbench-<scenario>.json)");
   run->add_option("--trace", ra.trace_path,

@@ -9,51 +9,12 @@
 
 namespace sb {
 
-namespace {
-constexpr std::array<std::string_view, 6> kOpNames{"all_reduce", "broadcast", "reduce", "all_gather",
-                                                   "reduce_scatter", "all_to_all"};
-constexpr std::array<CollOp, 6> kOps{CollOp::all_reduce, CollOp::broadcast, CollOp::reduce,
-                                     CollOp::all_gather, CollOp::reduce_scatter, CollOp::all_to_all};
-}  // namespace
-
-std::string_view to_string(CollOp op) {
-  for (std::size_t i = 0; i < kOps.size(); ++i)
-    if (kOps[i] == op) return kOpNames[i];
-  return "?";
-}
-
-std::string_view to_string(CommDtype d) {
-  switch (d) {
-    case CommDtype::fp32: return "fp32";
-    case CommDtype::fp64: return "fp64";
-    case CommDtype::bf16: return "bf16";
-    case CommDtype::i64: return "i64";
-  }
-  return "?";
-}
-
-std::string_view to_string(ReduceOp r) { return r == ReduceOp::sum ? "sum" : "max"; }
-
-std::optional<CollOp> parse_coll_op(std::string_view s) {
-  for (std::size_t i = 0; i < kOps.size(); ++i)
-    if (kOpNames[i] == s) return kOps[i];
-  return std::nullopt;
-}
-
-std::optional<CommDtype> parse_comm_dtype(std::string_view s) {
-  for (CommDtype d : {CommDtype::fp32, CommDtype::fp64, CommDtype::bf16, CommDtype::i64})
-    if (to_string(d) == s) return d;
-  return std::nullopt;
-}
-
-std::optional<ReduceOp> parse_reduce_op(std::string_view s) {
-  if (s == "sum") return ReduceOp::sum;
-  if (s == "max") return ReduceOp::max;
-  return std::nullopt;
-}
 
 const std::vector<CollOp>& all_coll_ops() {
-  static const std::vector<CollOp> v(kOps.begin(), kOps.end());
+  static const std::vector<CollOp> v = [] {
+    const auto ops = kCollOpNames.values();
+    return std::vector<CollOp>(ops.begin(), ops.end());
+  }();
   return v;
 }
 

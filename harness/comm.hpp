@@ -11,6 +11,7 @@
 #include <optional>  // std::optional
 #include <string>    // std::string
 #include <vector>    // std::vector
+#include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb {
 
@@ -18,12 +19,15 @@ enum class CollOp { all_reduce, all_gather, reduce_scatter, broadcast, reduce, a
 enum class CommDtype { fp32, fp64, bf16, i64 };  // i64: the fingerprint check's own all-reduce
 enum class ReduceOp { sum, max };
 
-std::string_view to_string(CollOp);
-std::string_view to_string(CommDtype);
-std::string_view to_string(ReduceOp);
-std::optional<CollOp> parse_coll_op(std::string_view);
-std::optional<CommDtype> parse_comm_dtype(std::string_view);
-std::optional<ReduceOp> parse_reduce_op(std::string_view);
+inline constexpr NameTable<CollOp, 6> kCollOpNames{{{{CollOp::all_reduce, "all_reduce"}, {CollOp::broadcast, "broadcast"}, {CollOp::reduce, "reduce"}, {CollOp::all_gather, "all_gather"}, {CollOp::reduce_scatter, "reduce_scatter"}, {CollOp::all_to_all, "all_to_all"}}}};
+inline std::string_view to_string(CollOp v) { return kCollOpNames.name(v); }
+inline constexpr NameTable<CommDtype, 4> kCommDtypeNames{{{{CommDtype::fp32, "fp32"}, {CommDtype::fp64, "fp64"}, {CommDtype::bf16, "bf16"}, {CommDtype::i64, "i64"}}}};
+inline std::string_view to_string(CommDtype v) { return kCommDtypeNames.name(v); }
+inline constexpr NameTable<ReduceOp, 2> kReduceOpNames{{{{ReduceOp::sum, "sum"}, {ReduceOp::max, "max"}}}};
+inline std::string_view to_string(ReduceOp v) { return kReduceOpNames.name(v); }
+inline std::optional<CollOp> parse_coll_op(std::string_view s) { return kCollOpNames.parse(s); }
+inline std::optional<CommDtype> parse_comm_dtype(std::string_view s) { return kCommDtypeNames.parse(s); }
+inline std::optional<ReduceOp> parse_reduce_op(std::string_view s) { return kReduceOpNames.parse(s); }
 const std::vector<CollOp>& all_coll_ops();
 std::size_t dtype_size(CommDtype);
 bool is_rooted(CollOp op);  // broadcast, reduce

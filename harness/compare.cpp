@@ -14,17 +14,6 @@ namespace sb {
 
 using json = nlohmann::ordered_json;
 
-std::string_view to_string(Verdict v) {
-  switch (v) {
-    case Verdict::better: return "better";
-    case Verdict::same: return "same";
-    case Verdict::worse: return "WORSE";
-    case Verdict::ceiling: return "of peak";
-    case Verdict::not_comparable: return "-";
-  }
-  return "-";
-}
-
 Verdict judge(double a, double b, Direction d, double tol) {
   if (d == Direction::none || !(b > 0) || !std::isfinite(a) || !std::isfinite(b)) return Verdict::not_comparable;
   // gain > 1 means a is better than b whichever way the metric points.

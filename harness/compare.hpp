@@ -11,13 +11,15 @@
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
 
 #include "harness/result.hpp"  // Direction
+#include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb {
 
 inline constexpr int kExitRegression = 3;
 
 enum class Verdict { better, same, worse, ceiling, not_comparable };
-std::string_view to_string(Verdict);
+inline constexpr NameTable<Verdict, 5> kVerdictNames{{{{Verdict::better, "better"}, {Verdict::same, "same"}, {Verdict::worse, "WORSE"}, {Verdict::ceiling, "of peak"}, {Verdict::not_comparable, "-"}}}};
+inline std::string_view to_string(Verdict v) { return kVerdictNames.name(v); }
 
 struct CompareRow {
   std::string point;   // "size=2048 dtype=bf16"

@@ -18,38 +18,8 @@ std::string DeviceSpec::str() const {
   return "?";
 }
 
-std::string_view to_string(AttnImpl i) {
-  switch (i) {
-    case AttnImpl::naive: return "naive";
-    case AttnImpl::flash: return "flash";
-    case AttnImpl::cudnn: return "cudnn";
-  }
-  return "?";
-}
-
-std::optional<AttnImpl> parse_attn_impl(std::string_view s) {
-  for (auto i : {AttnImpl::naive, AttnImpl::flash, AttnImpl::cudnn})
-    if (s == to_string(i)) return i;
-  return std::nullopt;
-}
-
-std::string_view to_string(TimingMode m) {
-  switch (m) {
-    case TimingMode::warm: return "warm";
-    case TimingMode::cold: return "cold";
-    case TimingMode::hidden: return "hidden";
-  }
-  return "?";
-}
-
-std::optional<TimingMode> parse_timing_mode(std::string_view s) {
-  for (auto m : {TimingMode::warm, TimingMode::cold, TimingMode::hidden})
-    if (s == to_string(m)) return m;
-  return std::nullopt;
-}
-
 // 4*S^2*D per head and sequence: QK^T and PV, 2*S*S*D each. Causal computes
-// half the score matrix (the convention of DESIGN.md, as FlashAttention's
+// half the score matrix (the convention of docs/DESIGN.md, as FlashAttention's
 // benchmarks count it).
 double AttnShape::fwd_flops() const {
   auto one = [&](double s) { return 4.0 * s * s * double(head_dim) * double(heads) * (causal ? 0.5 : 1.0); };

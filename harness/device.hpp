@@ -1,4 +1,5 @@
-// The Device interface: one view over `cpu` and `cuda:N` (and, later, `sim:<gpu>`).
+// The Device interface: one view over `cpu`, `cuda:N` and `sim:<gpu>` (a roofline of the
+// expected numbers, spent as timed waits: kernels/sim).
 // Scenarios talk only to this header; no CUDA or oneDNN header is included here.
 //
 // A device has one in-order stream. Operations are enqueued on it and return at
@@ -21,6 +22,7 @@
 
 #include "harness/dtype.hpp"   // DType
 #include "harness/errors.hpp"  // UnsupportedError
+#include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb {
 
@@ -136,11 +138,12 @@ class UtilProbe {
 // torch's scaled_dot_product_attention); varlen packs sequences of different
 // lengths back to back: [1, H, total, D] with cu_seqlens = {0, s0, s0+s1, ...}
 // (FlashAttention's convention), and no token attends across a boundary.
-// FLOPs, the convention of DESIGN.md: forward 4*B*H*S^2*D (QK^T and PV, 2 each),
+// FLOPs, the convention of docs/DESIGN.md: forward 4*B*H*S^2*D (QK^T and PV, 2 each),
 // halved for causal; forward+backward 3.5x forward (flash recomputes S).
 enum class AttnImpl { naive, flash, cudnn };
-std::string_view to_string(AttnImpl);
-std::optional<AttnImpl> parse_attn_impl(std::string_view);
+inline constexpr NameTable<AttnImpl, 3> kAttnImplNames{{{{AttnImpl::naive, "naive"}, {AttnImpl::flash, "flash"}, {AttnImpl::cudnn, "cudnn"}}}};
+inline std::string_view to_string(AttnImpl v) { return kAttnImplNames.name(v); }
+inline std::optional<AttnImpl> parse_attn_impl(std::string_view s) { return kAttnImplNames.parse(s); }
 
 struct AttnShape {
   std::int64_t batch = 1, heads = 1, seq = 128, head_dim = 64;
@@ -181,8 +184,9 @@ class AttentionOp {
 //           (nvbench's blocking kernel), so they run back to back on the
 //           device whatever the host's launch cost: device time alone.
 enum class TimingMode { warm, cold, hidden };
-std::string_view to_string(TimingMode);
-std::optional<TimingMode> parse_timing_mode(std::string_view);
+inline constexpr NameTable<TimingMode, 3> kTimingModeNames{{{{TimingMode::warm, "warm"}, {TimingMode::cold, "cold"}, {TimingMode::hidden, "hidden"}}}};
+inline std::string_view to_string(TimingMode v) { return kTimingModeNames.name(v); }
+inline std::optional<TimingMode> parse_timing_mode(std::string_view s) { return kTimingModeNames.parse(s); }
 
 // A hold on a device's stream: work enqueued after it starts only once
 // release() is called or the gate's deadline passes (then expired() is true

@@ -6,20 +6,8 @@
 
 namespace sb {
 
-std::string_view to_string(DType t) {
-  switch (t) {
-    case DType::fp32: return "fp32";
-    case DType::tf32: return "tf32";
-    case DType::bf16: return "bf16";
-    case DType::fp16: return "fp16";
-    case DType::fp8_e4m3: return "fp8_e4m3";
-  }
-  return "?";
-}
-
 std::optional<DType> parse_dtype(std::string_view s) {
-  for (DType t : all_dtypes())
-    if (s == to_string(t)) return t;
+  if (auto t = kDTypeNames.parse(s)) return t;
   if (s == "fp8" || s == "e4m3") return DType::fp8_e4m3;
   return std::nullopt;
 }

@@ -7,6 +7,7 @@
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 #include <vector>       // std::vector
+#include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb {
 
@@ -14,8 +15,9 @@ namespace sb {
 // mantissa (cuBLAS CUBLAS_COMPUTE_32F_FAST_TF32); storage stays fp32.
 enum class DType { fp32, tf32, bf16, fp16, fp8_e4m3 };
 
-std::string_view to_string(DType);
-std::optional<DType> parse_dtype(std::string_view);  // accepts "fp8" for fp8_e4m3
+inline constexpr NameTable<DType, 5> kDTypeNames{{{{DType::fp32, "fp32"}, {DType::tf32, "tf32"}, {DType::bf16, "bf16"}, {DType::fp16, "fp16"}, {DType::fp8_e4m3, "fp8_e4m3"}}}};
+inline std::string_view to_string(DType v) { return kDTypeNames.name(v); }
+std::optional<DType> parse_dtype(std::string_view);  // the table, and "fp8"/"e4m3" for fp8_e4m3
 const std::vector<DType>& all_dtypes();
 
 // The element type a GPU GEMM of this dtype writes C in (cuBLAS and

@@ -13,18 +13,6 @@ std::atomic<int> g_rank{-1};  // set once by a multi-process scenario
 void set_error_rank(int rank) { g_rank.store(rank); }
 int error_rank() { return g_rank.load(); }
 
-std::string_view to_string(ErrorKind k) {
-  switch (k) {
-    case ErrorKind::usage: return "usage";
-    case ErrorKind::runtime: return "runtime";
-    case ErrorKind::oom: return "oom";
-    case ErrorKind::hang: return "hang";
-    case ErrorKind::mismatch: return "mismatch";
-    case ErrorKind::unsupported: return "unsupported";
-  }
-  return "?";
-}
-
 void throw_call_failure(ErrorKind kind, const char* library, const char* call,
                         const std::string& status, const char* file, int line) {
   std::string where = fmt::format("{}:{}", file, line);

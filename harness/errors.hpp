@@ -5,6 +5,7 @@
 
 #include <stdexcept>  // std::runtime_error
 #include <string>     // std::string
+#include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb {
 
@@ -17,7 +18,8 @@ enum class ErrorKind {
   unsupported,  // the device cannot run this combination: status "skipped"
 };
 
-std::string_view to_string(ErrorKind);
+inline constexpr NameTable<ErrorKind, 6> kErrorKindNames{{{{ErrorKind::usage, "usage"}, {ErrorKind::runtime, "runtime"}, {ErrorKind::oom, "oom"}, {ErrorKind::hang, "hang"}, {ErrorKind::mismatch, "mismatch"}, {ErrorKind::unsupported, "unsupported"}}}};
+inline std::string_view to_string(ErrorKind v) { return kErrorKindNames.name(v); }
 
 class Error : public std::runtime_error {
  public:

@@ -13,15 +13,8 @@
 
 namespace sb {
 
-std::string_view to_string(ParamType t) {
-  switch (t) {
-    case ParamType::integer: return "int";
-    case ParamType::real: return "real";
-    case ParamType::choice: return "choice";
-    case ParamType::boolean: return "bool";
-    case ParamType::text: return "text";
-  }
-  return "?";
+void throw_bad_choice(const std::string& name, const std::string& value, const std::vector<std::string>& valid) {
+  throw UsageError(fmt::format("parameter {}: '{}' is not one of {}", name, value, fmt::join(valid, "|")));
 }
 
 std::string format_value(const ParamValue& v) {

@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
 
+#include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
+
 namespace sb {
 
 enum class ParamType { integer, real, choice, boolean, text };
@@ -44,6 +46,9 @@ std::string format_value(const ParamValue&);
 
 // One point of a sweep: every declared parameter with one value, in
 // declaration order.
+[[noreturn]] void throw_bad_choice(const std::string& name, const std::string& value,
+                                   const std::vector<std::string>& valid);
+
 class ParamSet {
  public:
   void set(const std::string& name, ParamValue v);
@@ -53,6 +58,15 @@ class ParamSet {
   double get_real(const std::string& name) const;
   bool get_bool(const std::string& name) const;
   const std::string& get_str(const std::string& name) const;
+  // A choice parameter read through the name table its choices came from.
+  // Throws UsageError (exit 2) naming the parameter when the value is not in
+  // the table: never an empty optional dereferenced, never a silent fallback.
+  template <class E, std::size_t N>
+  E get_choice(const std::string& name, const NameTable<E, N>& table) const {
+    const std::string& s = get_str(name);
+    if (auto v = table.parse(s)) return *v;
+    throw_bad_choice(name, s, table.names());
+  }
   nlohmann::ordered_json to_json() const;
   const std::vector<std::pair<std::string, ParamValue>>& items() const { return values_; }
 
@@ -82,6 +96,7 @@ Sweep expand_sweep(const std::vector<ParamSpec>& specs, const std::vector<std::s
 
 // "[16, 65536]" or "fp32|bf16" or "true|false": the valid range of a spec.
 std::string describe_range(const ParamSpec& spec);
-std::string_view to_string(ParamType);
+inline constexpr NameTable<ParamType, 5> kParamTypeNames{{{{ParamType::integer, "int"}, {ParamType::real, "real"}, {ParamType::choice, "choice"}, {ParamType::boolean, "bool"}, {ParamType::text, "text"}}}};
+inline std::string_view to_string(ParamType v) { return kParamTypeNames.name(v); }
 
 }  // namespace sb

@@ -16,38 +16,6 @@
 
 namespace sb {
 
-std::string_view to_string(Direction d) {
-  switch (d) {
-    case Direction::higher: return "higher";
-    case Direction::lower: return "lower";
-    case Direction::none: return "none";
-  }
-  return "none";
-}
-
-std::string_view to_string(Status s) {
-  switch (s) {
-    case Status::ok: return "ok";
-    case Status::skipped: return "skipped";
-    case Status::oom: return "oom";
-    case Status::hang: return "hang";
-    case Status::error: return "error";
-  }
-  return "error";
-}
-
-std::optional<Direction> parse_direction(std::string_view s) {
-  for (auto d : {Direction::higher, Direction::lower, Direction::none})
-    if (s == to_string(d)) return d;
-  return std::nullopt;
-}
-
-std::optional<Status> parse_status(std::string_view s) {
-  for (auto v : {Status::ok, Status::skipped, Status::oom, Status::hang, Status::error})
-    if (s == to_string(v)) return v;
-  return std::nullopt;
-}
-
 const Metric* Point::metric(const std::string& name) const {
   for (const auto& m : metrics)
     if (m.name == name) return &m;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
 
 #include "harness/stats.hpp"  // Stats
+#include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb {
 
@@ -17,10 +18,12 @@ inline constexpr int kResultSchemaVersion = 1;
 enum class Direction { higher, lower, none };  // which way is better
 enum class Status { ok, skipped, oom, hang, error };
 
-std::string_view to_string(Direction);
-std::string_view to_string(Status);
-std::optional<Direction> parse_direction(std::string_view);
-std::optional<Status> parse_status(std::string_view);
+inline constexpr NameTable<Direction, 3> kDirectionNames{{{{Direction::higher, "higher"}, {Direction::lower, "lower"}, {Direction::none, "none"}}}};
+inline std::string_view to_string(Direction v) { return kDirectionNames.name(v); }
+inline constexpr NameTable<Status, 5> kStatusNames{{{{Status::ok, "ok"}, {Status::skipped, "skipped"}, {Status::oom, "oom"}, {Status::hang, "hang"}, {Status::error, "error"}}}};
+inline std::string_view to_string(Status v) { return kStatusNames.name(v); }
+inline std::optional<Direction> parse_direction(std::string_view s) { return kDirectionNames.parse(s); }
+inline std::optional<Status> parse_status(std::string_view s) { return kStatusNames.parse(s); }
 
 struct Metric {
   std::string name;  // JSON key: "tflops", "speedup_vs_fp32"

@@ -54,17 +54,6 @@ void Sampler::loop() {
   }
 }
 
-std::string_view to_string(Pattern p) {
-  switch (p) {
-    case Pattern::healthy: return "healthy";
-    case Pattern::spiky: return "spiky";
-    case Pattern::steady_low: return "steady-low";
-    case Pattern::idle: return "idle";
-    case Pattern::stuck: return "stuck";
-  }
-  return "?";
-}
-
 Pattern classify(std::span<const double> u, bool progressed) {
   if (!progressed) return Pattern::stuck;
   if (u.empty()) return Pattern::idle;

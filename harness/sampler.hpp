@@ -13,6 +13,7 @@
 #include <vector>              // std::vector
 
 #include "harness/device.hpp"  // UtilProbe, UtilSample
+#include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb {
 
@@ -62,7 +63,8 @@ class Sampler {
 //               small batch, the wrong dtype or launch overhead
 //   stuck       the caller saw no step complete in the window (a hang)
 enum class Pattern { healthy, spiky, steady_low, idle, stuck };
-std::string_view to_string(Pattern);
+inline constexpr NameTable<Pattern, 5> kPatternNames{{{{Pattern::healthy, "healthy"}, {Pattern::spiky, "spiky"}, {Pattern::steady_low, "steady-low"}, {Pattern::idle, "idle"}, {Pattern::stuck, "stuck"}}}};
+inline std::string_view to_string(Pattern v) { return kPatternNames.name(v); }
 Pattern classify(std::span<const double> util, bool progressed = true);
 
 // One line of block characters (▁..█), at most width wide: a longer series

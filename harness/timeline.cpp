@@ -7,18 +7,6 @@ namespace sb {
 
 using json = nlohmann::ordered_json;
 
-std::string_view to_string(Phase p) {
-  switch (p) {
-    case Phase::load: return "load";
-    case Phase::wait: return "wait";
-    case Phase::h2d: return "h2d";
-    case Phase::compute: return "compute";
-    case Phase::collective: return "collective";
-    case Phase::idle: return "idle";
-  }
-  return "?";
-}
-
 double union_length(std::vector<std::pair<double, double>> v) {
   std::sort(v.begin(), v.end());
   double total = 0, cur0 = 0, cur1 = 0;

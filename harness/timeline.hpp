@@ -9,11 +9,13 @@
 #include <vector>  // std::vector
 
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
+#include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb {
 
 enum class Phase { load, wait, h2d, compute, collective, idle };
-std::string_view to_string(Phase);
+inline constexpr NameTable<Phase, 6> kPhaseNames{{{{Phase::load, "load"}, {Phase::wait, "wait"}, {Phase::h2d, "h2d"}, {Phase::compute, "compute"}, {Phase::collective, "collective"}, {Phase::idle, "idle"}}}};
+inline std::string_view to_string(Phase v) { return kPhaseNames.name(v); }
 
 // One interval on one lane. Lanes: "device", "train loop", "worker 0", ...
 struct Span {

@@ -4,7 +4,7 @@
 // forward+backward, by two implementations: `naive` materialises the S x S
 // score matrix (PyTorch's math path), the fused one does not (`flash`: tiled
 // online softmax on cpu; `cudnn`: cuDNN SDPA on cuda).
-// FLOPs (DESIGN.md): forward 4*B*H*S^2*D, halved for causal; forward+backward
+// FLOPs (docs/DESIGN.md): forward 4*B*H*S^2*D, halved for causal; forward+backward
 // = 3.5 x forward (the backward recomputes S, as flash does).
 // TFLOP/s = FLOPs / median time / 1e12. Every implementation's output and
 // gradients are checked against a double reference on a small shape first.
@@ -26,15 +26,18 @@ using json = nlohmann::ordered_json;
 
 double mib(std::size_t b) { return double(b) / double(1 << 20); }
 
+enum class Pass { fwd, fwd_bwd };
+constexpr NameTable<Pass, 2> kPassNames{{{{Pass::fwd, "fwd"}, {Pass::fwd_bwd, "fwd+bwd"}}}};
+
 class AttentionRun : public ScenarioRun {
  public:
   explicit AttentionRun(RunContext& ctx) : ctx_(ctx) {}
 
   Point run_point(const ParamSet& ps) override {
     Device& dev = ctx_.device;
-    const AttnImpl impl = *parse_attn_impl(ps.get_str("impl"));
-    const DType dt = *parse_dtype(ps.get_str("dtype"));
-    const bool bwd = ps.get_str("pass") == "fwd+bwd";
+    const AttnImpl impl = ps.get_choice("impl", kAttnImplNames);
+    const DType dt = ps.get_choice("dtype", kDTypeNames);
+    const bool bwd = ps.get_choice("pass", kPassNames) == Pass::fwd_bwd;
     AttnShape s;
     s.batch = ps.get_int("batch");
     s.heads = ps.get_int("heads");
@@ -190,11 +193,12 @@ const Scenario attention_scenario{
                   .quick_default = "128,256", .gpu_default = "2048,4096,8192,16384"},
         ParamSpec{.name = "impl", .type = ParamType::choice, .default_value = "naive,flash",
                   .help = "naive (materialises S x S), flash (tiled, cpu), cudnn (cuDNN SDPA, cuda)",
-                  .choices = {"naive", "flash", "cudnn"}, .gpu_default = "naive,cudnn"},
+                  .choices = kAttnImplNames.names(), .gpu_default = "naive,cudnn"},
         ParamSpec{.name = "dtype", .type = ParamType::choice, .default_value = "fp32",
-                  .help = "element type of Q, K, V", .choices = {"fp32", "bf16", "fp16"}, .gpu_default = "bf16"},
+                  .help = "element type of Q, K, V",
+                  .choices = kDTypeNames.names({DType::fp32, DType::bf16, DType::fp16}), .gpu_default = "bf16"},
         ParamSpec{.name = "pass", .type = ParamType::choice, .default_value = "fwd,fwd+bwd",
-                  .help = "forward only, or forward and backward", .choices = {"fwd", "fwd+bwd"}},
+                  .help = "forward only, or forward and backward", .choices = kPassNames.names()},
         ParamSpec{.name = "causal", .type = ParamType::boolean, .default_value = "false",
                   .help = "causal mask (decoder self-attention); FLOPs halve"},
         ParamSpec{.name = "batch", .type = ParamType::integer, .default_value = "1", .help = "batch size",

@@ -39,6 +39,12 @@
 namespace sb {
 namespace {
 
+// backend: auto picks nccl on a cuda device, mpi elsewhere (open_communicator).
+enum class Backend { automatic, mpi, nccl };
+constexpr NameTable<Backend, 3> kBackendNames{{{{Backend::automatic, "auto"}, {Backend::mpi, "mpi"}, {Backend::nccl, "nccl"}}}};
+enum class Check { off, fingerprint };
+constexpr NameTable<Check, 2> kCheckNames{{{{Check::off, "off"}, {Check::fingerprint, "fingerprint"}}}};
+
 using json = nlohmann::ordered_json;
 using clock_type = std::chrono::steady_clock;
 
@@ -58,16 +64,16 @@ struct Settings {
 
   static Settings from(const ParamSet& p) {
     Settings s;
-    s.backend = p.get_str("backend");
-    s.op = *parse_coll_op(p.get_str("op"));
-    s.dtype = *parse_comm_dtype(p.get_str("dtype"));
+    s.backend = std::string(kBackendNames.name(p.get_choice("backend", kBackendNames)));
+    s.op = p.get_choice("op", kCollOpNames);
+    s.dtype = p.get_choice("dtype", kCommDtypeNames);
     s.min_bytes = p.get_int("min_bytes");
     s.max_bytes = p.get_int("max_bytes");
     s.factor = p.get_int("factor");
     s.iters = static_cast<int>(p.get_int("iters"));
     s.warmup = static_cast<int>(p.get_int("warmup"));
     s.steps = static_cast<int>(p.get_int("steps"));
-    s.fingerprint = p.get_str("check") == "fingerprint";
+    s.fingerprint = p.get_choice("check", kCheckNames) == Check::fingerprint;
     s.mismatch = parse_mismatch(p.get_str("mismatch"));
     s.step_bytes = p.get_int("step_bytes");
     s.delay_ms = p.get_real("delay_ms");
@@ -490,30 +496,46 @@ const Scenario collective_scenario{
     kCollectiveCause,
     "nccl-tests-style busbw sweep with an exact check; injected mismatches caught by a watchdog with a flight recorder",
     {
-        {"backend", ParamType::choice, "auto", "mpi: host buffers; nccl: one GPU per rank (auto: nccl on cuda)", "", 0, 0,
-         {"auto", "mpi", "nccl"}},
-        {"op", ParamType::choice, "all_reduce", "the collective", "", 0, 0,
-         {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"}},
-        {"dtype", ParamType::choice, "fp32", "element type", "", 0, 0, {"fp32", "fp64", "bf16"}},
-        {"min_bytes", ParamType::integer, "1024", "smallest message (nccl-tests -b)", "bytes", 8, 1e12},
-        {"max_bytes", ParamType::integer, "16777216", "largest message (nccl-tests -e)", "bytes", 8, 1e12, {}, "262144",
-         "268435456"},
-        {"factor", ParamType::integer, "4", "size multiplier (nccl-tests -f)", "", 2, 1024, {}, "16"},
-        {"iters", ParamType::integer, "20", "timed calls per size (nccl-tests -n)", "", 1, 1e6, {}, "5", "", false},
-        {"warmup", ParamType::integer, "5", "untimed calls first (nccl-tests -w)", "", 0, 1e6, {}, "1", "", false},
-        {"check", ParamType::choice, "off", "fingerprint: ranks agree on each call before issuing it", "", 0, 0,
-         {"off", "fingerprint"}},
-        {"mismatch", ParamType::text, "none",
-         "KIND@STEP:RANK, KIND one of skip, order, count, dtype, root, straggler: injected in a step loop", "", 0, 0,
-         {}, "", "", true, &check_mismatch_text},
-        {"steps", ParamType::integer, "20", "steps of the mismatch loop (2 calls each)", "", 1, 1e6, {}, "10"},
-        {"step_bytes", ParamType::integer, "65536", "size of the step loop's main call", "bytes", 8, 1e10},
-        {"delay_ms", ParamType::real, "1000", "the straggler's sleep", "ms", 0, 3.6e6},
-        {"timeout_s", ParamType::real, "5", "watchdog: seconds without a completed collective", "s", 0.2, 3600, {}, "3"},
-        {"dump_dir", ParamType::text, "stallbench-dumps", "where each rank writes its flight-recorder dump", "", 0, 0,
-         {}, "", "", false},
-        {"ring", ParamType::integer, "2048", "flight-recorder entries per rank", "", 4, 1e7, {}, "", "", false},
-        {"seed", ParamType::integer, "1", "input data seed", "", 0, 1e15, {}, "", "", false},
+        ParamSpec{.name = "backend", .type = ParamType::choice, .default_value = "auto",
+                  .help = "mpi: host buffers; nccl: one GPU per rank (auto: nccl on cuda)",
+                  .choices = kBackendNames.names()},
+        ParamSpec{.name = "op", .type = ParamType::choice, .default_value = "all_reduce", .help = "the collective",
+                  .choices = kCollOpNames.names()},
+        ParamSpec{.name = "dtype", .type = ParamType::choice, .default_value = "fp32", .help = "element type",
+                  .choices = kCommDtypeNames.names({CommDtype::fp32, CommDtype::fp64, CommDtype::bf16})},
+        ParamSpec{.name = "min_bytes", .type = ParamType::integer, .default_value = "1024",
+                  .help = "smallest message (nccl-tests -b)", .unit = "bytes", .min = 8, .max = 1e12},
+        ParamSpec{.name = "max_bytes", .type = ParamType::integer, .default_value = "16777216",
+                  .help = "largest message (nccl-tests -e)", .unit = "bytes", .min = 8, .max = 1e12,
+                  .quick_default = "262144", .gpu_default = "268435456"},
+        ParamSpec{.name = "factor", .type = ParamType::integer, .default_value = "4",
+                  .help = "size multiplier (nccl-tests -f)", .min = 2, .max = 1024, .quick_default = "16"},
+        ParamSpec{.name = "iters", .type = ParamType::integer, .default_value = "20",
+                  .help = "timed calls per size (nccl-tests -n)", .min = 1, .max = 1e6, .quick_default = "5",
+                  .workload = false},
+        ParamSpec{.name = "warmup", .type = ParamType::integer, .default_value = "5",
+                  .help = "untimed calls first (nccl-tests -w)", .min = 0, .max = 1e6, .quick_default = "1",
+                  .workload = false},
+        ParamSpec{.name = "check", .type = ParamType::choice, .default_value = "off",
+                  .help = "fingerprint: ranks agree on each call before issuing it", .choices = kCheckNames.names()},
+        ParamSpec{.name = "mismatch", .type = ParamType::text, .default_value = "none",
+                  .help = "KIND@STEP:RANK, KIND one of skip, order, count, dtype, root, straggler: injected in a step loop",
+                  .check = &check_mismatch_text},
+        ParamSpec{.name = "steps", .type = ParamType::integer, .default_value = "20",
+                  .help = "steps of the mismatch loop (2 calls each)", .min = 1, .max = 1e6, .quick_default = "10"},
+        ParamSpec{.name = "step_bytes", .type = ParamType::integer, .default_value = "65536",
+                  .help = "size of the step loop's main call", .unit = "bytes", .min = 8, .max = 1e10},
+        ParamSpec{.name = "delay_ms", .type = ParamType::real, .default_value = "1000", .help = "the straggler's sleep",
+                  .unit = "ms", .min = 0, .max = 3.6e6},
+        ParamSpec{.name = "timeout_s", .type = ParamType::real, .default_value = "5",
+                  .help = "watchdog: seconds without a completed collective", .unit = "s", .min = 0.2, .max = 3600,
+                  .quick_default = "3"},
+        ParamSpec{.name = "dump_dir", .type = ParamType::text, .default_value = "stallbench-dumps",
+                  .help = "where each rank writes its flight-recorder dump", .workload = false},
+        ParamSpec{.name = "ring", .type = ParamType::integer, .default_value = "2048",
+                  .help = "flight-recorder entries per rank", .min = 4, .max = 1e7, .workload = false},
+        ParamSpec{.name = "seed", .type = ParamType::integer, .default_value = "1", .help = "input data seed", .min = 0,
+                  .max = 1e15, .workload = false},
     },
     [](RunContext& ctx) -> std::unique_ptr<ScenarioRun> { return std::make_unique<CollectiveRun>(ctx); },
     true,

@@ -50,6 +50,10 @@ StepKernel step_kernel(const Device& dev) {
   return {DType::fp32, 512};
 }
 
+// Host staging memory of a batch: page-locked (DMA straight from it) or pageable.
+enum class Pin { pinned, pageable };
+constexpr NameTable<Pin, 2> kPinNames{{{{Pin::pinned, "pinned"}, {Pin::pageable, "pageable"}}}};
+
 class DataloaderRun : public ScenarioRun {
  public:
   explicit DataloaderRun(RunContext& ctx) : ctx_(ctx) {}
@@ -65,15 +69,15 @@ class DataloaderRun : public ScenarioRun {
     cfg.batch = int(ps.get_int("batch"));
     cfg.sample_bytes = std::size_t(ps.get_int("sample_bytes"));
     cfg.decode_spread = ps.get_real("spread");
-    cfg.source = ps.get_str("source") == "file" ? loader::Source::file : loader::Source::memory;
-    cfg.read = ps.get_str("read") == "mmap" ? loader::ReadMode::mmap : loader::ReadMode::pread;
+    cfg.source = ps.get_choice("source", loader::kSourceNames);
+    cfg.read = ps.get_choice("read", loader::kReadModeNames);
     cfg.in_order = ps.get_bool("in_order");
     cfg.timeout = std::chrono::milliseconds(std::llround(ps.get_real("timeout_s") * 1e3));
     cfg.fault = loader::parse_fault(ps.get_str("fault"));
-    cfg.on_error = ps.get_str("on_error") == "skip" ? loader::OnError::skip : loader::OnError::stop;
+    cfg.on_error = ps.get_choice("on_error", loader::kOnErrorNames);
     cfg.num_batches = ps.get_int("steps");
     cfg.on_load = [&dev](bool begin) { begin ? dev.range_push("load") : dev.range_pop(); };
-    const bool pinned = ps.get_str("pin") == "pinned";
+    const bool pinned = ps.get_choice("pin", kPinNames) == Pin::pinned;
     cfg.alloc = [&dev, pinned](std::size_t bytes) {
       return dev.allocate(bytes, pinned ? MemKind::host_pinned : MemKind::host_pageable);
     };
@@ -326,12 +330,12 @@ const Scenario dataloader_scenario{
                   .help = "training steps (batches) per point", .unit = "steps", .min = 2, .max = 1000000,
                   .quick_default = "20"},
         ParamSpec{.name = "source", .type = ParamType::choice, .default_value = "memory",
-                  .help = "samples from memory, or from a dataset file written once", .choices = {"memory", "file"}},
+                  .help = "samples from memory, or from a dataset file written once", .choices = loader::kSourceNames.names()},
         ParamSpec{.name = "read", .type = ParamType::choice, .default_value = "pread",
-                  .help = "how source=file reads", .choices = {"pread", "mmap"}},
+                  .help = "how source=file reads", .choices = loader::kReadModeNames.names()},
         ParamSpec{.name = "pin", .type = ParamType::choice, .default_value = "pinned",
                   .help = "host staging memory: pinned (cudaHostAlloc) or pageable (malloc)",
-                  .choices = {"pinned", "pageable"}},
+                  .choices = kPinNames.names()},
         ParamSpec{.name = "in_order", .type = ParamType::boolean, .default_value = "true",
                   .help = "deliver batches in order (DataLoader default)"},
         ParamSpec{.name = "timeout_s", .type = ParamType::real, .default_value = "10",
@@ -341,7 +345,7 @@ const Scenario dataloader_scenario{
                   .help = "none | hang@N (sample N stalls its worker) | throw@N (sample N is corrupt)",
                   .check = [](const std::string& t) { (void)loader::parse_fault(t); }},
         ParamSpec{.name = "on_error", .type = ParamType::choice, .default_value = "stop",
-                  .help = "a corrupt sample stops the epoch, or is skipped", .choices = {"stop", "skip"}},
+                  .help = "a corrupt sample stops the epoch, or is skipped", .choices = loader::kOnErrorNames.names()},
     },
     [](RunContext& ctx) -> std::unique_ptr<ScenarioRun> { return std::make_unique<DataloaderRun>(ctx); },
 };

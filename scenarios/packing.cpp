@@ -13,7 +13,7 @@
 //     padding computed); packed rows use varlen attention over the segment
 //     boundaries (cu_seqlens), so no example attends to another; concat runs
 //     dense over whole rows: examples attend to each other (wrong for training).
-// Definitions (DESIGN.md): padding fraction = 1 - real tokens / computed
+// Definitions (docs/DESIGN.md): padding fraction = 1 - real tokens / computed
 // tokens; packing efficiency = real tokens / (rows * max_len). Effective
 // tokens/s counts real tokens only. The predicted speedup over pad-max is the
 // ratio of computed tokens per real token.
@@ -55,14 +55,14 @@ class PackingRun : public ScenarioRun {
 
   Point run_point(const ParamSet& ps) override {
     Device& dev = ctx_.device;
-    const auto strategy = *pk::parse_strategy(ps.get_str("strategy"));
-    const auto overflow = *pk::parse_overflow(ps.get_str("overflow"));
+    const auto strategy = ps.get_choice("strategy", pk::kStrategyNames);
+    const auto overflow = ps.get_choice("overflow", pk::kOverflowNames);
     const auto max_len = std::int32_t(ps.get_int("max_len"));
     const auto rows_per_batch = std::int32_t(ps.get_int("rows"));
     const std::int64_t d = ps.get_int("d_model"), heads = ps.get_int("heads");
     if (d % heads != 0) throw UsageError(fmt::format("d_model {} is not a multiple of heads {}", d, heads));
-    const DType dt = *parse_dtype(ps.get_str("dtype"));
-    const AttnImpl attn_impl = *parse_attn_impl(ps.get_str("attn"));
+    const DType dt = ps.get_choice("dtype", kDTypeNames);
+    const AttnImpl attn_impl = ps.get_choice("attn", kAttnImplNames);
     if (auto why = dev.attention_unsupported(attn_impl, dt)) throw UnsupportedError(*why);
 
     const std::vector<std::int32_t>& lengths = dataset(ps.get_str("lengths"), ps.get_int("sequences"), max_len);
@@ -247,7 +247,7 @@ const Scenario packing_scenario{
         ParamSpec{.name = "strategy", .type = ParamType::choice,
                   .default_value = "pad-max,pad-longest,bucket,pack-ffd,pack-bfd,concat",
                   .help = "how lengths become max_len rows",
-                  .choices = {"pad-max", "pad-longest", "bucket", "pack-ffd", "pack-bfd", "concat"}},
+                  .choices = packing::kStrategyNames.names()},
         ParamSpec{.name = "lengths", .type = ParamType::text, .default_value = "lognormal:256,1.0",
                   .help = "fixed:N | uniform:LO,HI | lognormal:MEAN,SIGMA | @FILE (lengths, or CSV length,count)",
                   .check = [](const std::string& t) { (void)packing::parse_lengths(t); }},
@@ -262,16 +262,16 @@ const Scenario packing_scenario{
         ParamSpec{.name = "window", .type = ParamType::integer, .default_value = "8",
                   .help = "bucket: sort within this many batches", .unit = "batches", .min = 1, .max = 1 << 20},
         ParamSpec{.name = "overflow", .type = ParamType::choice, .default_value = "split",
-                  .help = "sequences longer than max_len are split or dropped", .choices = {"split", "drop"}},
+                  .help = "sequences longer than max_len are split or dropped", .choices = packing::kOverflowNames.names()},
         ParamSpec{.name = "d_model", .type = ParamType::integer, .default_value = "128",
                   .help = "the layer's hidden size", .unit = "elements", .min = 16, .max = 65536,
                   .gpu_default = "2048"},
         ParamSpec{.name = "heads", .type = ParamType::integer, .default_value = "2", .help = "attention heads",
                   .unit = "heads", .min = 1, .max = 1024, .gpu_default = "16"},
         ParamSpec{.name = "dtype", .type = ParamType::choice, .default_value = "fp32", .help = "element type",
-                  .choices = {"fp32", "bf16", "fp16"}, .gpu_default = "bf16"},
+                  .choices = kDTypeNames.names({DType::fp32, DType::bf16, DType::fp16}), .gpu_default = "bf16"},
         ParamSpec{.name = "attn", .type = ParamType::choice, .default_value = "flash",
-                  .help = "attention implementation", .choices = {"naive", "flash", "cudnn"},
+                  .help = "attention implementation", .choices = kAttnImplNames.names(),
                   .gpu_default = "cudnn"},
         ParamSpec{.name = "batches", .type = ParamType::integer, .default_value = "4",
                   .help = "batches timed, spread evenly over the epoch", .unit = "batches", .min = 1,

@@ -44,7 +44,7 @@ class PrecisionRun : public ScenarioRun {
     if (s.m == 0) s.m = size;
     if (s.n == 0) s.n = size;
     if (s.k == 0) s.k = size;
-    const DType t = *parse_dtype(ps.get_str("dtype"));
+    const DType t = ps.get_choice("dtype", kDTypeNames);
     const std::string where = fmt::format("precision {}x{}x{} {}", s.m, s.n, s.k, to_string(t));
     Device& dev = ctx_.device;
     if (auto why = dev.gemm_unsupported(t)) throw UnsupportedError(*why);
@@ -59,7 +59,7 @@ class PrecisionRun : public ScenarioRun {
     ctx_.progress(where + ": allocate");
     auto op = dev.make_gemm(s, t, 42);  // nothing is allocated inside the timed region
     MeasureConfig cfg = with_min_trials(ctx_.measure, int(ps.get_int("trials")));
-    cfg.mode = *parse_timing_mode(ps.get_str("timing"));  // the choice list comes from the same names
+    cfg.mode = ps.get_choice("timing", kTimingModeNames);
     ctx_.progress(where + ": timing");
     const Measurement m = measure(dev, [&] { op->enqueue(); }, cfg);
 
@@ -167,18 +167,6 @@ class PrecisionRun : public ScenarioRun {
   std::map<DType, GemmCheck> checks_;
 };
 
-std::vector<std::string> timing_choices() {
-  std::vector<std::string> v;
-  for (TimingMode m : {TimingMode::warm, TimingMode::cold, TimingMode::hidden}) v.emplace_back(to_string(m));
-  return v;
-}
-
-std::vector<std::string> dtype_choices() {
-  std::vector<std::string> v;
-  for (DType t : all_dtypes()) v.emplace_back(to_string(t));
-  return v;
-}
-
 }  // namespace
 
 extern const Scenario precision_scenario;
@@ -207,13 +195,13 @@ const Scenario precision_scenario{
                   .type = ParamType::choice,
                   .default_value = "fp32,tf32,bf16,fp16,fp8_e4m3",
                   .help = "element type; a device without one records the point as skipped",
-                  .choices = dtype_choices()},
+                  .choices = kDTypeNames.names()},
         ParamSpec{.name = "timing",
                   .type = ParamType::choice,
                   .default_value = "warm",
                   .help = "warm: back to back on the same operands; cold: L2/LLC flushed before each GEMM; "
                           "hidden: a trial queued behind a held stream (no launch gaps)",
-                  .choices = timing_choices()},
+                  .choices = kTimingModeNames.names()},
         ParamSpec{.name = "trials",
                   .type = ParamType::integer,
                   .default_value = "10",

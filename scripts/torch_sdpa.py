@@ -5,7 +5,7 @@ shapes, timed with CUDA events, and a comparison with a stallbench result.
   torch_sdpa.py --seq 2048,4096,8192,16384 --batch 1 --heads 16 --head-dim 128 --json OUT
   torch_sdpa.py --compare STALLBENCH_ATTENTION.json TORCH.json
 
-FLOPs follow stallbench (DESIGN.md): forward 4*B*H*S^2*D, halved for causal;
+FLOPs follow stallbench (docs/DESIGN.md): forward 4*B*H*S^2*D, halved for causal;
 forward+backward 3.5x forward. The comparison prints, per seq_len and pass,
 stallbench's cudnn TFLOP/s, torch's and the ratio. It informs; it does not gate.
 """

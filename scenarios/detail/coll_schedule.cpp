@@ -20,18 +20,6 @@ bool parse_int(std::string_view s, int& out) {
 }
 }  // namespace
 
-std::string_view to_string(MismatchKind k) {
-  switch (k) {
-    case MismatchKind::skip: return "skip";
-    case MismatchKind::order: return "order";
-    case MismatchKind::count: return "count";
-    case MismatchKind::dtype: return "dtype";
-    case MismatchKind::root: return "root";
-    case MismatchKind::straggler: return "straggler";
-  }
-  return "?";
-}
-
 std::optional<Mismatch> parse_mismatch(const std::string& text) {
   if (text == "none" || text.empty()) return std::nullopt;
   const auto bad = [&](const std::string& why) {

@@ -18,11 +18,13 @@
 #include <vector>    // std::vector
 
 #include "harness/comm.hpp"  // CollCall
+#include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb {
 
 enum class MismatchKind { skip, order, count, dtype, root, straggler };
-std::string_view to_string(MismatchKind);
+inline constexpr NameTable<MismatchKind, 6> kMismatchKindNames{{{{MismatchKind::skip, "skip"}, {MismatchKind::order, "order"}, {MismatchKind::count, "count"}, {MismatchKind::dtype, "dtype"}, {MismatchKind::root, "root"}, {MismatchKind::straggler, "straggler"}}}};
+inline std::string_view to_string(MismatchKind v) { return kMismatchKindNames.name(v); }
 
 struct Mismatch {
   MismatchKind kind = MismatchKind::skip;

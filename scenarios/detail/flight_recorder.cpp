@@ -59,22 +59,6 @@ auto enum_field(const json& j, const char* key, Parse parse) {
 
 }  // namespace
 
-std::string_view to_string(CallState s) {
-  switch (s) {
-    case CallState::enqueued: return "enqueued";
-    case CallState::started: return "started";
-    case CallState::completed: return "completed";
-    case CallState::failed: return "failed";
-  }
-  return "?";
-}
-
-std::optional<CallState> parse_call_state(std::string_view s) {
-  for (auto v : {CallState::enqueued, CallState::started, CallState::completed, CallState::failed})
-    if (s == to_string(v)) return v;
-  return std::nullopt;
-}
-
 json to_json(const FlightEntry& e) {
   json j;
   j["seq"] = e.seq;

@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
 
 #include "harness/comm.hpp"  // CollCall
+#include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb {
 
@@ -40,8 +41,9 @@ inline constexpr const char* kFlightRecorderFormat = "stallbench-flight-recorder
 inline constexpr int kFlightRecorderVersion = 1;
 
 enum class CallState { enqueued, started, completed, failed };
-std::string_view to_string(CallState);
-std::optional<CallState> parse_call_state(std::string_view);
+inline constexpr NameTable<CallState, 4> kCallStateNames{{{{CallState::enqueued, "enqueued"}, {CallState::started, "started"}, {CallState::completed, "completed"}, {CallState::failed, "failed"}}}};
+inline std::string_view to_string(CallState v) { return kCallStateNames.name(v); }
+inline std::optional<CallState> parse_call_state(std::string_view s) { return kCallStateNames.parse(s); }
 
 struct FlightEntry {
   std::int64_t seq = 0;

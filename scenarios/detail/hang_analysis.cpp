@@ -19,18 +19,6 @@
 
 namespace sb {
 
-std::string_view to_string(DivergenceKind k) {
-  switch (k) {
-    case DivergenceKind::none: return "none";
-    case DivergenceKind::op: return "op";
-    case DivergenceKind::count: return "count";
-    case DivergenceKind::dtype: return "dtype";
-    case DivergenceKind::root: return "root";
-    case DivergenceKind::missing: return "missing";
-  }
-  return "?";
-}
-
 namespace {
 
 // A wait above this is worth a sentence in the summary; below it, arrival

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
 
 #include "scenarios/detail/flight_recorder.hpp"  // FlightEntry, DumpHeader
+#include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb {
 
@@ -42,7 +43,8 @@ enum class DivergenceKind {
   root,     // same op, count and dtype, different root
   missing,  // some ranks never issued this seq
 };
-std::string_view to_string(DivergenceKind);
+inline constexpr NameTable<DivergenceKind, 6> kDivergenceKindNames{{{{DivergenceKind::none, "none"}, {DivergenceKind::op, "op"}, {DivergenceKind::count, "count"}, {DivergenceKind::dtype, "dtype"}, {DivergenceKind::root, "root"}, {DivergenceKind::missing, "missing"}}}};
+inline std::string_view to_string(DivergenceKind v) { return kDivergenceKindNames.name(v); }
 
 struct HangReport {
   std::string dir;

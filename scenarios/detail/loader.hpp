@@ -30,6 +30,7 @@
 
 #include "harness/device.hpp"  // sb::Buffer: staging slots
 #include "harness/errors.hpp"  // sb::Error, HangError, UsageError
+#include "harness/names.hpp"  // NameTable: the choices of source, read and on_error
 
 namespace sb::loader {
 
@@ -46,6 +47,9 @@ std::string to_string(const Fault& f);  // inverse of parse_fault
 enum class OnError { stop, skip };
 enum class Source { memory, file };
 enum class ReadMode { pread, mmap };
+inline constexpr NameTable<OnError, 2> kOnErrorNames{{{{OnError::stop, "stop"}, {OnError::skip, "skip"}}}};
+inline constexpr NameTable<Source, 2> kSourceNames{{{{Source::memory, "memory"}, {Source::file, "file"}}}};
+inline constexpr NameTable<ReadMode, 2> kReadModeNames{{{{ReadMode::pread, "pread"}, {ReadMode::mmap, "mmap"}}}};
 
 struct Config {
   int workers = 0;              // 0: load inline in the caller's thread (DataLoader num_workers=0)

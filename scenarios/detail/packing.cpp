@@ -283,27 +283,6 @@ void add_to(PackGroup& g, std::int32_t len, std::int64_t k) {
 // ---- public ------------------------------------------------------------------
 
 
-namespace {
-constexpr Strategy kStrategies[] = {Strategy::pad_max, Strategy::pad_longest, Strategy::bucket,
-                                    Strategy::pack_ffd, Strategy::pack_bfd, Strategy::concat};
-constexpr std::string_view kStrategyNames[] = {"pad-max", "pad-longest", "bucket", "pack-ffd", "pack-bfd", "concat"};
-}  // namespace
-
-std::string_view to_string(Strategy s) { return kStrategyNames[static_cast<int>(s)]; }
-
-std::optional<Strategy> parse_strategy(std::string_view name) {
-  for (const Strategy s : kStrategies)
-    if (to_string(s) == name) return s;
-  return std::nullopt;
-}
-
-std::string_view to_string(Overflow o) { return o == Overflow::split ? "split" : "drop"; }
-
-std::optional<Overflow> parse_overflow(std::string_view name) {
-  if (name == "split") return Overflow::split;
-  if (name == "drop") return Overflow::drop;
-  return std::nullopt;
-}
 
 double Plan::padding_fraction() const {
   return computed_tokens > 0 ? 1.0 - double(real_tokens) / double(computed_tokens) : 0.0;

@@ -4,7 +4,7 @@
 // packing (per-sequence, varlen attention) and plain concatenation.
 //
 // A plan is pure host arithmetic; the scenario then runs its rows on a device
-// to turn the computed-token counts into tokens/s. Definitions (DESIGN.md):
+// to turn the computed-token counts into tokens/s. Definitions (docs/DESIGN.md):
 //   padding fraction   = 1 - real tokens / computed tokens
 //   packing efficiency = real tokens / (rows x max_len)
 //
@@ -20,16 +20,19 @@
 #include <vector>       // std::vector
 
 #include "scenarios/detail/lengths.hpp"  // LengthCount, LengthSpec, generate_lengths
+#include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb::packing {
 
 enum class Strategy { pad_max, pad_longest, bucket, pack_ffd, pack_bfd, concat };
 enum class Overflow { split, drop };
 
-std::string_view to_string(Strategy);  // "pad-max", "pad-longest", "bucket", "pack-ffd", "pack-bfd", "concat"
-std::optional<Strategy> parse_strategy(std::string_view);
-std::string_view to_string(Overflow);  // "split", "drop"
-std::optional<Overflow> parse_overflow(std::string_view);
+inline constexpr NameTable<Strategy, 6> kStrategyNames{{{{Strategy::pad_max, "pad-max"}, {Strategy::pad_longest, "pad-longest"}, {Strategy::bucket, "bucket"}, {Strategy::pack_ffd, "pack-ffd"}, {Strategy::pack_bfd, "pack-bfd"}, {Strategy::concat, "concat"}}}};
+inline std::string_view to_string(Strategy v) { return kStrategyNames.name(v); }
+inline std::optional<Strategy> parse_strategy(std::string_view s) { return kStrategyNames.parse(s); }
+inline constexpr NameTable<Overflow, 2> kOverflowNames{{{{Overflow::split, "split"}, {Overflow::drop, "drop"}}}};
+inline std::string_view to_string(Overflow v) { return kOverflowNames.name(v); }
+inline std::optional<Overflow> parse_overflow(std::string_view s) { return kOverflowNames.parse(s); }
 
 // A piece of sequence `seq` (index into the planner's input), tokens
 // [offset, offset + length) of it, placed in a row.

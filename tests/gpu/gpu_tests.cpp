@@ -17,6 +17,7 @@
 #include <utility>    // std::pair
 #include <vector>     // std::vector
 
+#include <cuda_runtime.h>  // cudaDeviceGetAttribute: the L2 size
 #include <fmt/format.h>   // fmt::format
 #include <gtest/gtest.h>  // TEST, TEST_P, GTEST_SKIP
 
@@ -25,6 +26,7 @@
 #include "harness/dtype.hpp"              // DType, round_to, unit_roundoff
 #include "harness/errors.hpp"             // Error, OutOfMemory, UsageError
 #include "harness/gemm_check.hpp"         // check_gemm: the pre-timing check the CLI runs
+#include "harness/measure.hpp"            // measure, MeasureConfig, TimingMode
 #include "kernels/cuda/cuda_backend.hpp"  // make_cuda_backend
 #include "tests/gpu/gpu_main.hpp"          // gpu_test_main: SKIP (77) without a device
 #include "kernels/cuda/fill.cuh"          // cuda_kernels::uniform_value
@@ -311,6 +313,54 @@ TEST(CudaDevice, WaitEventAfterGemmReturns) {
   // An event of another device is an error, not a crash.
   struct Foreign : Event {};
   EXPECT_THROW(dev->wait_event(std::make_shared<Foreign>(), kTimeout), Error);
+}
+
+// timing=hidden: the gate kernel holds the stream. An event recorded behind
+// it cannot complete before release (the 50 ms is a deadline, not a
+// measured time); after release it does, and the gate did not expire.
+TEST(CudaDevice, HeldStreamRunsNothingUntilReleased) {
+  auto dev = open_gpu();
+  auto gate = dev->hold_stream(std::chrono::seconds(30));
+  auto e = dev->record();
+  EXPECT_THROW(dev->wait_event(e, std::chrono::milliseconds(50)), HangError);
+  gate->release();
+  dev->wait_event(e, kTimeout);
+  dev->synchronize(kTimeout);
+  EXPECT_FALSE(gate->expired());
+  // A gate nobody releases lets go by itself at its deadline, and says so.
+  auto lapsed = dev->hold_stream(std::chrono::milliseconds(5));
+  dev->synchronize(kTimeout);
+  EXPECT_TRUE(lapsed->expired());
+  // A later gate is not confused by the lapsed one.
+  auto next = dev->hold_stream(std::chrono::seconds(30));
+  next->release();
+  dev->synchronize(kTimeout);
+  EXPECT_FALSE(next->expired());
+}
+
+// timing=cold: the flush is a memset of twice the L2, on the stream.
+TEST(CudaDevice, CacheFlushCoversTwiceTheL2) {
+  auto dev = open_gpu();
+  int l2 = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), cudaSuccess);
+  EXPECT_EQ(dev->flush_cache(), 2 * std::size_t(l2));
+  EXPECT_EQ(dev->flush_cache(), 2 * std::size_t(l2));  // one buffer, reused
+  dev->synchronize(kTimeout);
+}
+
+// The three timing modes on one GEMM: each gives a positive per-op time and
+// records its mode; cold records the bytes it flushed.
+TEST(CudaDevice, MeasureRunsInEveryTimingMode) {
+  auto dev = open_gpu();
+  auto op = dev->make_gemm({1024, 1024, 1024}, DType::bf16, 3);
+  for (TimingMode mode : {TimingMode::warm, TimingMode::cold, TimingMode::hidden}) {
+    MeasureConfig cfg = quick_measure_config();
+    cfg.mode = mode;
+    const Measurement m = measure(*dev, [&] { op->enqueue(); }, cfg);
+    EXPECT_EQ(m.mode, mode);
+    EXPECT_GT(m.ms.median, 0.0) << to_string(mode);
+    EXPECT_EQ(m.flush_bytes > 0, mode == TimingMode::cold) << to_string(mode);
+  }
 }
 
 TEST(CudaDevice, NvmlProbeReportsUtilizationInRange) {
@@ -601,7 +651,7 @@ TEST(CudaAttention, EventsTimeForwardAndBackward) {
     const double fwd_ms = dev->elapsed_ms(t0, t1), bwd_ms = dev->elapsed_ms(t1, t2);
     EXPECT_GT(fwd_ms, 0.0);
     EXPECT_GT(bwd_ms, 0.0);
-    // DESIGN.md: forward 4*B*H*S^2*D halved for causal; backward 2.5x forward.
+    // docs/DESIGN.md: forward 4*B*H*S^2*D halved for causal; backward 2.5x forward.
     const double f = s.fwd_flops();
     std::printf("  %s bf16 causal S=%lld: fwd %.3f ms (%.1f TFLOPS), bwd %.3f ms (%.1f TFLOPS), workspace %zu\n",
                 std::string(to_string(impl)).c_str(), (long long)s.seq, fwd_ms, f / (fwd_ms * 1e-3) / 1e12, bwd_ms,

@@ -56,8 +56,8 @@ def recheck_attention(doc):
         n = naive[key]
         check(close(m["speedup_vs_naive"]["value"], n["ms"]["value"] / m["ms"]["value"]),
               f"{q}: speedup_vs_naive is not naive ms / this ms")
-        check(close(m["memory_ratio_vs_naive"]["value"], n["workspace_mib"]["value"] / m["workspace_mib"]["value"]),
-              f"{q}: memory_ratio_vs_naive is not naive workspace / this workspace")
+        check(close(m["memory_ratio_vs_naive"]["value"], n["peak_mib"]["value"] / m["peak_mib"]["value"]),
+              f"{q}: memory_ratio_vs_naive is not naive peak memory / this peak memory")
 
 
 def recheck_packing(doc):
@@ -122,6 +122,15 @@ with tempfile.TemporaryDirectory() as tmp:
         check(fl["unit"] == "TFLOP/s" and fl["value"] > 0, "attention TFLOP/s")
         check(any("naive runs out of memory at S=1024" in f["summary"] for f in doc["findings"]),
               f"attention finding: {[f['summary'] for f in doc['findings']]}")
+
+    # Causal forward+backward: the 0.5 and 3.5 factors of the FLOP convention, rechecked.
+    out = os.path.join(tmp, "causal.json")
+    run(["attention", "--device", "cpu", "--quick", "-p", "seq_len=128", "-p", "heads=1", "-p", "impl=naive,flash",
+         "-p", "causal=true", "-p", "pass=fwd,fwd+bwd", "--json", out])
+    if check(os.path.exists(out), f"{out} was not written"):
+        doc = load(out)
+        check(len([p for p in doc["points"] if p["status"] == "ok"]) == 4, "causal: four ok points")
+        recheck_attention(doc)
 
     # Packing: the seeds' case (mean 256 tokens, max_len 2048) is ~87% padding under pad-max.
     out = os.path.join(tmp, "pack.json")

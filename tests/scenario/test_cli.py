@@ -36,6 +36,12 @@ def expect(args, code, must_say=(), stream="stderr"):
     return p
 
 
+# The harness watchdog (--timeout): a GEMM that makes no progress within it ends the run as a
+# hang, exit 4, naming where it stopped. On sim:h100 a 65536^3 fp32 GEMM is a 8 s modelled wait.
+expect(["run", "precision", "--device", "sim:h100", "-p", "size=65536", "-p", "dtype=fp32", "--timeout", "1",
+        "--json", os.path.join(tempfile.gettempdir(), f"sb-watchdog-{os.getpid()}.json")], 4,
+       ["watchdog: no progress for 1 s", "65536x65536x65536 fp32", "exit code 4 (hang)"])
+
 expect(["--help"], 0, ["list", "devices", "run", "compare", "analyze-hang", "exit codes"], "stdout")
 expect(["--version"], 0, ["stallbench 0.1.0"], "stdout")
 expect([], 2, ["A subcommand is required"])

@@ -415,7 +415,7 @@ TEST(CpuMemory, FlashWorkspaceIsLinearInS) {
   EXPECT_NEAR(n2 / n1, 4.0, 0.05);
 }
 
-// ---- FLOPs: the convention of DESIGN.md ----
+// ---- FLOPs: the convention of docs/DESIGN.md ----
 
 TEST(AttnShapeFlops, DenseCausalAndVarlen) {
   // 4*B*H*S^2*D: QK^T and PV, 2*S*S*D each.

@@ -1,7 +1,13 @@
+#include <set>
+
 #include <gtest/gtest.h>
 
 #include "harness/errors.hpp"
+#include "harness/comm.hpp"
+#include "harness/device.hpp"
+#include "harness/dtype.hpp"
 #include "harness/params.hpp"
+#include "harness/result.hpp"
 
 namespace sb {
 namespace {
@@ -99,6 +105,52 @@ TEST(Params, DescribeRange) {
   EXPECT_EQ(describe_range(specs()[0]), "[16, 4096]");
   EXPECT_EQ(describe_range(specs()[1]), "fp32|bf16");
   EXPECT_EQ(describe_range(specs()[3]), "true|false");
+}
+
+// A choice read through its enum's name table: a value outside the table is
+// a usage error naming the parameter and the valid names (the old
+// *parse_x(...) dereferenced an empty optional; == "file" ? ... fell back).
+TEST(Params, ChoiceReadThroughItsTable) {
+  ParamSet ps;
+  ps.set("dtype", std::string("bf16"));
+  EXPECT_EQ(ps.get_choice("dtype", kDTypeNames), DType::bf16);
+  ps.set("timing", std::string("lukewarm"));
+  try {
+    (void)ps.get_choice("timing", kTimingModeNames);
+    ADD_FAILURE() << "an unknown choice was accepted";
+  } catch (const UsageError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("timing"), std::string::npos) << m;
+    EXPECT_NE(m.find("lukewarm"), std::string::npos) << m;
+    EXPECT_NE(m.find("warm|cold|hidden"), std::string::npos) << m;
+  }
+}
+
+// Every table round-trips, names are unique, and a subset keeps its order.
+template <class E, std::size_t N>
+void expect_round_trip(const NameTable<E, N>& t) {
+  std::set<std::string> seen;
+  for (const auto& [v, n] : t.entries) {
+    EXPECT_EQ(t.name(v), n);
+    EXPECT_EQ(t.parse(n), v) << n;
+    EXPECT_TRUE(seen.insert(std::string(n)).second) << "duplicate name " << n;
+  }
+  EXPECT_EQ(t.names().size(), N);
+  EXPECT_FALSE(t.parse("").has_value());
+}
+
+TEST(NameTable, EveryHarnessTableRoundTrips) {
+  expect_round_trip(kDTypeNames);
+  expect_round_trip(kTimingModeNames);
+  expect_round_trip(kAttnImplNames);
+  expect_round_trip(kStatusNames);
+  expect_round_trip(kDirectionNames);
+  expect_round_trip(kParamTypeNames);
+  expect_round_trip(kCollOpNames);
+  expect_round_trip(kCommDtypeNames);
+  expect_round_trip(kReduceOpNames);
+  EXPECT_EQ(kDTypeNames.names({DType::bf16, DType::fp32}), (std::vector<std::string>{"bf16", "fp32"}));
+  EXPECT_EQ(parse_dtype("fp8"), DType::fp8_e4m3);  // the dtype parser's alias stays
 }
 
 }  // namespace
