@@ -24,13 +24,13 @@
 #include "harness/watchdog.hpp"     // Watchdog
 #include "kernels/backends.hpp"     // all_backends, open_device, open_process_group
 #include "scenarios/detail/hang_analysis.hpp"  // analyze_hang_dir
+#include "harness/exit_codes.hpp"  // kExit*
 
 namespace sb {
 namespace {
 
 using json = nlohmann::ordered_json;
 
-constexpr int kExitOk = 0, kExitFailure = 1, kExitUsage = 2;
 
 std::string utc_now() {
   const auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -201,6 +201,7 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
       r.meta = meta;
       r.scenario = sc->name;
       r.params = sweep.axes;
+      fill_causes(r, *sc);
       write_file_atomic(path, to_json(r).dump(2) + "\n");
       std::cout << "\n" << format_result_table(r) << fmt::format("\nresult: {}\n", path) << std::flush;
     };

@@ -12,10 +12,11 @@
 
 #include "harness/result.hpp"  // Direction
 #include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
+#include "harness/exit_codes.hpp"  // kExit*
 
 namespace sb {
 
-inline constexpr int kExitRegression = 3;
+
 
 enum class Verdict { better, same, worse, ceiling, not_comparable };
 inline constexpr NameTable<Verdict, 5> kVerdictNames{{{{Verdict::better, "better"}, {Verdict::same, "same"}, {Verdict::worse, "WORSE"}, {Verdict::ceiling, "of peak"}, {Verdict::not_comparable, "-"}}}};

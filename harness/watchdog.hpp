@@ -10,10 +10,11 @@
 #include <mutex>               // std::mutex
 #include <string>              // std::string
 #include <thread>              // std::thread
+#include "harness/exit_codes.hpp"  // kExit*
 
 namespace sb {
 
-inline constexpr int kExitHang = 4;
+
 
 class Watchdog {
  public:

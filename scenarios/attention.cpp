@@ -150,7 +150,7 @@ class AttentionRun : public ScenarioRun {
       summary += fmt::format("{}naive runs out of memory at S={}, where the fused kernel still runs",
                              summary.empty() ? "" : "; ", first_oom);
     if (summary.empty()) return;
-    r.findings.push_back({"attention without a fused kernel", summary,
+    r.findings.push_back({{}, summary,
                           best.seq > 0 ? std::optional<double>(best.speedup) : std::nullopt,
                           json{{"seq_len", best.seq},
                                {"impl", best.impl},

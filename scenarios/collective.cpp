@@ -458,7 +458,6 @@ void CollectiveRun::write_hang_result(const Settings& s, const HangReport& rep, 
   p.info["timeout_s"] = s.timeout_s;
   r.points.push_back(std::move(p));
   Finding f;
-  f.cause = kCollectiveCause;
   f.summary = rep.summary;
   f.evidence = json{{"dump_dir", s.dump_dir}, {"kind", to_string(rep.kind)}, {"pattern", rep.pattern},
                     {"seq", rep.seq}, {"step", rep.step}, {"culprits", rep.culprits}};

@@ -249,7 +249,7 @@ class DataloaderRun : public ScenarioRun {
       const double gain = sps(first_ok) / sps(worst);
       ev["fix"] = json{{"params", first_ok->params}, {"busy_pct", busy(first_ok)}, {"pattern", first_ok->info["pattern"]}};
       r.findings.push_back(
-          {"slow host dataloader",
+          {{},
            fmt::format("workers={} is the smallest worker count that keeps {} >= 90% busy ({:.0f}%, {}); "
                        "workers={} left it {:.0f}% busy ({}, load {} ms > train {} ms per step): {:.2f}x samples/s",
                        first_ok->params["workers"].get<int>(), dev, busy(first_ok),
@@ -258,14 +258,14 @@ class DataloaderRun : public ScenarioRun {
                        format_number(worst->metric("train_ms")->value), gain),
            gain, ev});
     } else if (!first_ok) {
-      r.findings.push_back({"slow host dataloader",
+      r.findings.push_back({{},
                             fmt::format("no worker count tried keeps {} >= 90% busy (best {:.0f}% at workers={}, "
                                         "{}); add workers (up to the free cores), cut decode cost, or pin memory",
                                         dev, busy(best), best->params["workers"].get<int>(),
                                         best->info["pattern"].get<std::string>()),
                             std::nullopt, ev});
     } else {
-      r.findings.push_back({"slow host dataloader",
+      r.findings.push_back({{},
                             fmt::format("the loader keeps {} >= 90% busy at every point tried", dev), std::nullopt,
                             ev});
     }

@@ -163,7 +163,7 @@ class PackingRun : public ScenarioRun {
     if (!best) return;
     const double sp = best->metric("speedup_vs_pad_max")->value;
     r.findings.push_back(
-        {"batches padded instead of packed",
+        {{},
          fmt::format("pad-max computes {:.0f}% padding; {} cuts it to {:.1f}% and runs {:.2f}x the real tokens/s "
                      "(predicted {:.2f}x from computed tokens, {:.2f}x from FLOPs: padded attention is quadratic)",
                      base->metric("padding_pct")->value, best->params.value("strategy", ""),

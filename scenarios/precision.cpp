@@ -119,7 +119,7 @@ class PrecisionRun : public ScenarioRun {
       if (flops >= b.flops) b = Best{sp, key(p), it->second, tf, flops};
     }
     if (fp32.empty()) {
-      r.findings.push_back({"fp32 where bf16 would do", "no fp32 point ran, so no gain over fp32 can be measured",
+      r.findings.push_back({{}, "no fp32 point ran, so no gain over fp32 can be measured",
                             std::nullopt, json::object()});
       return;
     }
@@ -132,7 +132,7 @@ class PrecisionRun : public ScenarioRun {
           why = " (bf16: " + p.reason + ")";
           break;
         }
-      r.findings.push_back({"fp32 where bf16 would do",
+      r.findings.push_back({{},
                             fmt::format("only fp32 ran on {}, so no gain over it can be measured here{}", dev, why),
                             std::nullopt, json::object()});
       return;
@@ -144,7 +144,7 @@ class PrecisionRun : public ScenarioRun {
       std::string extra;
       if (std::string(dt) == "tf32") extra = " (PyTorch: torch.backends.cuda.matmul.allow_tf32 = True; off by default since 1.12)";
       if (std::string(dt) == "fp8_e4m3") extra = " (needs scaling recipes, e.g. Transformer Engine)";
-      r.findings.push_back({"fp32 where bf16 would do",
+      r.findings.push_back({{},
                             fmt::format("fp32 -> {}: {:.1f}x on {} at {} ({} -> {} TFLOP/s){}", dt, b.speedup, dev,
                                         b.shape, format_number(b.fp32), format_number(b.other), extra),
                             b.speedup,

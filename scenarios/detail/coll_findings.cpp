@@ -42,7 +42,6 @@ void collective_findings(Result& r, int n) {
   for (const auto& [key, pr] : best) {
     const auto& [peak, first] = pr;
     Finding f;
-    f.cause = kCollectiveCause;
     if (n > 1)
       f.summary = fmt::format("healthy {} on {} ranks ({}): busbw peaks at {:.2f} GB/s at {}; {:.1f} us per call at {}",
                               key, n, peak->info.value("backend", "?"), peak->metric("busbw")->value,
@@ -73,7 +72,6 @@ void collective_findings(Result& r, int n) {
   }
   for (const auto& [key, v] : overhead) {
     Finding f;
-    f.cause = kCollectiveCause;
     f.summary = fmt::format("check=fingerprint on {} (a 16-byte all-reduce before each call): {}", key,
                             fmt::join(v.first, ", "));
     f.evidence = json{{"sizes", v.second}};
@@ -83,7 +81,6 @@ void collective_findings(Result& r, int n) {
     if (!p.info.contains("analysis")) continue;
     const json& a = p.info["analysis"];
     Finding f;
-    f.cause = kCollectiveCause;
     f.summary = a.value("summary", "");
     f.evidence = json{{"kind", a.value("kind", "")}, {"culprits", a.value("culprits", json::array())},
                       {"stall", a.value("stall", json::object())}};

@@ -23,10 +23,11 @@
 #include "harness/comm.hpp"                      // ProcessGroup, Communicator
 #include "scenarios/detail/flight_recorder.hpp"  // FlightRecorder, DumpHeader
 #include "scenarios/detail/hang_analysis.hpp"    // HangReport
+#include "harness/exit_codes.hpp"  // kExit*
 
 namespace sb {
 
-inline constexpr int kExitCollectiveError = 5;
+
 
 struct CollWatchdogConfig {
   double timeout_s = 5;

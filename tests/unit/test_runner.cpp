@@ -20,11 +20,15 @@ class ScriptedRun : public ScenarioRun {
     p.add({"x", 1.0, "ms", Direction::lower, std::nullopt, ""});
     return p;
   }
-  void analyze(Result& r) override { r.findings.push_back({"test", "analyzed", std::nullopt, {}}); }
+  // One finding leaves its cause to the runner, one names its own.
+  void analyze(Result& r) override {
+    r.findings.push_back({{}, "analyzed", std::nullopt, {}});
+    r.findings.push_back({"a cause of its own", "explicit", std::nullopt, {}});
+  }
 };
 
 Scenario scripted() {
-  return Scenario{"scripted", "test", "test",
+  return Scenario{"scripted", "the scripted cause", "test",
                   {ParamSpec{.name = "what", .type = ParamType::choice, .default_value = "ok",
                              .choices = {"ok", "oom", "skip", "wrong", "hang"}}},
                   [](RunContext&) -> std::unique_ptr<ScenarioRun> { return std::make_unique<ScriptedRun>(); }};
@@ -35,6 +39,13 @@ Result run(const std::string& sweep) {
   RunContext ctx{dev};
   const Scenario sc = scripted();
   return run_scenario(sc, ctx, RunOptions{{"what=" + sweep}, false}, nlohmann::ordered_json::object());
+}
+
+TEST(Runner, FindingsTakeTheScenariosCause) {
+  const Result r = run("ok");
+  ASSERT_EQ(r.findings.size(), 2u);
+  EXPECT_EQ(r.findings[0].cause, "the scripted cause");
+  EXPECT_EQ(r.findings[1].cause, "a cause of its own");
 }
 
 TEST(Runner, ErrorsBecomeStatusesWithReasons) {
