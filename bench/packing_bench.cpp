@@ -9,8 +9,8 @@
 
 #include <benchmark/benchmark.h>  // benchmark::State, RegisterBenchmark
 
-#include "scenarios/detail/lengths.hpp"  // parse_lengths, generate_lengths
-#include "scenarios/detail/packing.hpp"  // plan, Strategy
+#include "scenarios/packing/lengths.hpp"  // parse_lengths, generate_lengths
+#include "scenarios/packing/packers.hpp"  // plan, Strategy
 
 namespace {
 

@@ -38,7 +38,7 @@
 
 #include "harness/errors.hpp"                  // OutOfMemory, HangError, UsageError, ...
 #include "harness/gemm_check.hpp"              // gpu_gemm_shape_problem
-#include "harness/printer.hpp"                 // format_bytes
+#include "harness/units.hpp"                 // format_bytes
 #include "kernels/cuda/detail/check.hpp"       // SB_CUDA_CHECK, SB_CUBLAS_CHECK
 #include "kernels/cuda/detail/cuda_gemm.hpp"   // make_cublaslt_gemm, Owned handles, kSetupTimeout
 #include "kernels/cuda/detail/cudnn_sdpa.hpp"  // make_naive_attention, make_cudnn_attention, AttnContext

@@ -26,7 +26,7 @@
 #include "harness/errors.hpp"                     // OutOfMemory, UnsupportedError, UsageError
 #include "harness/expected.hpp"                   // load_expected_files
 #include "harness/gemm_check.hpp"                 // gpu_gemm_shape_problem
-#include "harness/printer.hpp"                    // format_bytes
+#include "harness/units.hpp"                    // format_bytes
 #include "kernels/cpu/detail/compute_stream.hpp"  // ComputeStream
 #include "kernels/cpu/detail/stream_device.hpp"   // StreamEvent, stream_elapsed_ms, StreamBusyProbe
 #include "kernels/sim/sim_model.hpp"              // SimModel, sim_gemm_time, sim_h2d_seconds

@@ -13,7 +13,7 @@
 #include "harness/errors.hpp"              // Error
 #include "tests/gpu/gpu_main.hpp"          // gpu_test_main: SKIP (77) without a device
 #include "kernels/cuda/nccl_comm.hpp"      // open_nccl_communicator
-#include "scenarios/detail/coll_data.hpp"  // fill_coll_input, count_coll_wrong
+#include "scenarios/collective/coll_data.hpp"  // fill_coll_input, count_coll_wrong
 
 namespace sb {
 namespace {

@@ -62,7 +62,7 @@ expect(["compare", "/nonexistent/a.json", "/nonexistent/b.json"], 2, ["cannot re
 expect(["run", "collective", "-p", "mismatch=skip@5"], 2, ["mismatch 'skip@5'", "KIND@STEP:RANK"])
 expect(["run", "collective", "-p", "mismatch=jump@5:1"], 2, ["unknown kind 'jump'", "straggler"])
 expect(["run", "collective", "-p", "mismatch=skip@-1:1"], 2, ["STEP is not an integer >= 0"])
-expect(["run", "collective", "-p", "op=allreduce"], 2, ["all_reduce|all_gather"])
+expect(["run", "collective", "-p", "op=allreduce"], 2, ["all_reduce|broadcast|reduce|all_gather"])
 # One process: rank 1 does not exist; the same exit 2 as under mpirun.
 expect(["run", "collective", "-p", "mismatch=skip@1:1"], 2, ["mismatch rank 1 does not exist", "mpirun -np N"])
 expect(["run", "collective", "-p", "min_bytes=4096", "-p", "max_bytes=1024"], 2, ["min_bytes 4096 is above max_bytes 1024"])

@@ -9,8 +9,8 @@
 #include "harness/comm.hpp"                    // CollCall, coll_counts, bus_factor
 #include "harness/dtype.hpp"                   // float_to_bf16_bits
 #include "harness/errors.hpp"                  // UsageError
-#include "scenarios/detail/coll_data.hpp"      // fill_coll_input, count_coll_wrong
-#include "scenarios/detail/coll_schedule.hpp"  // parse_mismatch, planned_calls
+#include "scenarios/collective/coll_data.hpp"      // fill_coll_input, count_coll_wrong
+#include "scenarios/collective/coll_schedule.hpp"  // parse_mismatch, planned_calls
 
 namespace sb {
 namespace {

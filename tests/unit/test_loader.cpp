@@ -16,7 +16,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "scenarios/detail/loader.hpp"
+#include "scenarios/dataloader/loader.hpp"
 
 namespace sb::loader {
 namespace {

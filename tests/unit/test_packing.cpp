@@ -23,7 +23,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"  // sb::UsageError
-#include "scenarios/detail/packing.hpp"
+#include "scenarios/packing/packers.hpp"
 
 namespace sb::packing {
 namespace {

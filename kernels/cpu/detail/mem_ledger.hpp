@@ -22,7 +22,7 @@
 
 #include "harness/device.hpp"  // Device::MemoryStats, Buffer
 #include "harness/errors.hpp"  // OutOfMemory
-#include "harness/printer.hpp" // format_bytes
+#include "harness/units.hpp" // format_bytes
 
 namespace sb::cpu {
 

@@ -1,4 +1,4 @@
-#include "scenarios/detail/packing.hpp"
+#include "scenarios/packing/packers.hpp"
 
 #include <algorithm>     // std::max, std::min, std::stable_sort
 #include <bit>           // std::countr_zero

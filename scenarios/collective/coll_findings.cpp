@@ -1,4 +1,4 @@
-#include "scenarios/detail/coll_findings.hpp"
+#include "scenarios/collective/coll_findings.hpp"
 
 #include <algorithm>  // std::find
 #include <map>        // std::map

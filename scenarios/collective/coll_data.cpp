@@ -1,4 +1,4 @@
-#include "scenarios/detail/coll_data.hpp"
+#include "scenarios/collective/coll_data.hpp"
 
 #include <algorithm>  // std::max
 #include <cstring>    // std::memcpy

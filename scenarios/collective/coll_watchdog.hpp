@@ -21,8 +21,8 @@
 #include <thread>              // std::thread
 
 #include "harness/comm.hpp"                      // ProcessGroup, Communicator
-#include "scenarios/detail/flight_recorder.hpp"  // FlightRecorder, DumpHeader
-#include "scenarios/detail/hang_analysis.hpp"    // HangReport
+#include "scenarios/collective/flight_recorder.hpp"  // FlightRecorder, DumpHeader
+#include "scenarios/collective/hang_analysis.hpp"    // HangReport
 #include "harness/exit_codes.hpp"  // kExit*
 
 namespace sb {

@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
 
-#include "scenarios/detail/flight_recorder.hpp"  // FlightEntry, DumpHeader
+#include "scenarios/collective/flight_recorder.hpp"  // FlightEntry, DumpHeader
 #include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb {

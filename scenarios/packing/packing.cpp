@@ -1,7 +1,7 @@
 // packing: short sequences padded to a long max_len.
 //
 // Workload: a dataset of sequence lengths is batched by a strategy into
-// max_len-token rows (scenarios/detail/packing.hpp: pad-max, pad-longest,
+// max_len-token rows (scenarios/packing/packers.hpp: pad-max, pad-longest,
 // bucket, first/best-fit-decreasing packing, naive concat), and the device
 // runs one transformer layer, forward and backward, over the computed tokens
 // of a sample of the batches:
@@ -27,7 +27,7 @@
 #include "harness/errors.hpp"            // UnsupportedError
 #include "harness/printer.hpp"           // format_number
 #include "harness/scenario.hpp"          // Scenario, ScenarioRun
-#include "scenarios/detail/packing.hpp"  // plan, generate_lengths
+#include "scenarios/packing/packers.hpp"  // plan, generate_lengths
 
 namespace sb {
 namespace {

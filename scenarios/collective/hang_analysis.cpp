@@ -2,7 +2,7 @@
 // seq, find the first seq where they disagree, decide which side is wrong and
 // say so in one line. Reading dumps from a directory and printing the report
 // live in hang_report.cpp.
-#include "scenarios/detail/hang_analysis.hpp"
+#include "scenarios/collective/hang_analysis.hpp"
 
 #include <algorithm>  // std::max, std::min, std::stable_sort, std::find_if, std::min_element
 #include <iterator>   // std::next

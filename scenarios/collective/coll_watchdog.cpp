@@ -1,4 +1,4 @@
-#include "scenarios/detail/coll_watchdog.hpp"
+#include "scenarios/collective/coll_watchdog.hpp"
 
 #include <fcntl.h>   // open
 #include <signal.h>  // sigaction, raise

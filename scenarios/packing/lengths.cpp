@@ -1,6 +1,6 @@
 // Sequence-length specs for the packing scenario: parsing (fixed, uniform,
 // lognormal, @FILE of lengths or a CSV histogram) and seeded generation.
-#include "scenarios/detail/lengths.hpp"
+#include "scenarios/packing/lengths.hpp"
 
 #include <algorithm>     // std::max, std::min, std::shuffle
 #include <cctype>        // std::isalpha

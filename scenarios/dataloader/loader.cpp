@@ -1,4 +1,4 @@
-#include "scenarios/detail/loader.hpp"
+#include "scenarios/dataloader/loader.hpp"
 
 #include <algorithm>   // std::min, std::max
 #include <bit>         // std::endian

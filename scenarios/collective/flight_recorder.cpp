@@ -1,4 +1,4 @@
-#include "scenarios/detail/flight_recorder.hpp"
+#include "scenarios/collective/flight_recorder.hpp"
 
 #include <algorithm>  // std::max, std::any_of
 

@@ -1,4 +1,4 @@
-#include "scenarios/detail/coll_schedule.hpp"
+#include "scenarios/collective/coll_schedule.hpp"
 
 #include <charconv>  // std::from_chars
 #include <utility>   // std::swap

@@ -3,11 +3,11 @@
 // Healthy mode (mismatch=none) is nccl-tests on the user's ranks: a sweep of
 // message sizes (min_bytes..max_bytes, ×factor) per op and dtype, each timed
 // over `iters` calls after `warmup`, with algbw and busbw (harness/comm.hpp
-// bus_factor) and an exact data check (detail/coll_data.hpp).
+// bus_factor) and an exact data check (coll_data.hpp).
 //
-// Mismatch mode runs a training-like step loop (detail/coll_schedule.hpp) in
+// Mismatch mode runs a training-like step loop (coll_schedule.hpp) in
 // which one rank issues a wrong call. A flight recorder on every rank keeps
-// its last calls; the watchdog (detail/coll_watchdog.hpp) catches the hang,
+// its last calls; the watchdog (coll_watchdog.hpp) catches the hang,
 // dumps every rank and ends the job; analyze-hang names the culprit. With
 // check=fingerprint, ranks agree on each call before issuing it, so the
 // mismatch is refused at the first bad call and nothing hangs.
@@ -29,12 +29,12 @@
 #include "harness/random.hpp"                   // splitmix64
 #include "harness/scenario.hpp"                 // Scenario
 #include "harness/watchdog.hpp"                 // kExitHang
-#include "scenarios/detail/coll_data.hpp"       // fill_coll_input, count_coll_wrong
-#include "scenarios/detail/coll_findings.hpp"   // collective_findings, bytes_text
-#include "scenarios/detail/coll_schedule.hpp"   // parse_mismatch, planned_calls
-#include "scenarios/detail/coll_watchdog.hpp"   // CollWatchdog
-#include "scenarios/detail/flight_recorder.hpp" // FlightRecorder
-#include "scenarios/detail/hang_analysis.hpp"   // analyze_hang_dir
+#include "scenarios/collective/coll_data.hpp"       // fill_coll_input, count_coll_wrong
+#include "scenarios/collective/coll_findings.hpp"   // collective_findings, bytes_text
+#include "scenarios/collective/coll_schedule.hpp"   // parse_mismatch, planned_calls
+#include "scenarios/collective/coll_watchdog.hpp"   // CollWatchdog
+#include "scenarios/collective/flight_recorder.hpp" // FlightRecorder
+#include "scenarios/collective/hang_analysis.hpp"   // analyze_hang_dir
 
 namespace sb {
 namespace {

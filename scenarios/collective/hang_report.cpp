@@ -1,7 +1,7 @@
 // The input and output of `stallbench analyze-hang`: reading flight-recorder
 // dumps (one file, or a directory holding several runs) and printing the
 // report as text or JSON. The analysis itself is in hang_analysis.cpp.
-#include "scenarios/detail/hang_analysis.hpp"
+#include "scenarios/collective/hang_analysis.hpp"
 
 #include <algorithm>     // std::sort, std::max
 #include <filesystem>    // std::filesystem: the dump directory

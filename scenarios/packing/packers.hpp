@@ -19,7 +19,7 @@
 #include <string_view>  // std::string_view
 #include <vector>       // std::vector
 
-#include "scenarios/detail/lengths.hpp"  // LengthCount, LengthSpec, generate_lengths
+#include "scenarios/packing/lengths.hpp"  // LengthCount, LengthSpec, generate_lengths
 #include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb::packing {

@@ -23,7 +23,7 @@
 #include "harness/timeline.hpp"     // chrome_trace
 #include "harness/watchdog.hpp"     // Watchdog
 #include "kernels/backends.hpp"     // all_backends, open_device, open_process_group
-#include "scenarios/detail/hang_analysis.hpp"  // analyze_hang_dir
+#include "scenarios/collective/hang_analysis.hpp"  // analyze_hang_dir
 #include "harness/exit_codes.hpp"  // kExit*
 
 namespace sb {
