@@ -201,7 +201,7 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
       r.meta = meta;
       r.scenario = sc->name;
       r.params = sweep.axes;
-      fill_causes(r, *sc);
+      finish_findings(r, *sc, meta.value("/device/simulated"_json_pointer, false));
       write_file_atomic(path, to_json(r).dump(2) + "\n");
       std::cout << "\n" << format_result_table(r) << fmt::format("\nresult: {}\n", path) << std::flush;
     };

@@ -11,6 +11,13 @@ void fill_causes(Result& r, const Scenario& sc) {
     if (f.cause.empty()) f.cause = sc.cause;
 }
 
+void finish_findings(Result& r, const Scenario& sc, bool simulated) {
+  fill_causes(r, sc);
+  // A simulated figure is never shown as measured, findings included.
+  if (simulated)
+    for (auto& f : r.findings) f.summary += " [simulated, not measured]";
+}
+
 Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
                     const nlohmann::ordered_json& meta,
                     const std::function<void(const Point&, const Result&)>& on_point) {
@@ -78,10 +85,7 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
   ctx.result_so_far = nullptr;
   ctx.progress(fmt::format("{}: analysis", sc.name));
   run->analyze(r);
-  fill_causes(r, sc);
-  // A simulated figure is never shown as measured, findings included.
-  if (ctx.device.info().simulated)
-    for (auto& f : r.findings) f.summary += " [simulated, not measured]";
+  finish_findings(r, sc, ctx.device.info().simulated);
   return r;
 }
 

@@ -27,6 +27,9 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
 // A finding's cause is its scenario's (Scenario::cause): scenarios leave it
 // empty and this fills it, so no cause string is written twice.
 void fill_causes(Result& r, const Scenario& sc);
+// What the runner does to the findings after Scenario's analysis: the causes,
+// and the simulated label on each summary when the device is simulated.
+void finish_findings(Result& r, const Scenario& sc, bool simulated);
 
 int run_exit_code(const Result& r);
 

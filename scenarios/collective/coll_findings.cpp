@@ -19,7 +19,10 @@ std::string bytes_text(std::int64_t b) {
   return fmt::format("{} B", b);
 }
 
-void collective_findings(Result& r, int n) {
+void collective_findings(Result& r) {
+  int n = 1;
+  for (const auto& p : r.points)
+    if (p.params.contains("ranks") && p.params["ranks"].is_number_integer()) n = std::max(n, p.params["ranks"].get<int>());
   // The message sizes are rows of their own (like nccl-tests' table): an axis.
   json sizes = json::array();
   for (const auto& p : r.points)

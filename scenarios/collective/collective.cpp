@@ -465,7 +465,7 @@ void CollectiveRun::write_hang_result(const Settings& s, const HangReport& rep, 
   ctx_.write_result_now(r);
 }
 
-void CollectiveRun::analyze(Result& r) { collective_findings(r, ctx_.group ? ctx_.group->size() : 1); }
+void CollectiveRun::analyze(Result& r) { collective_findings(r); }
 
 void check_mismatch_text(const std::string& v) { (void)parse_mismatch(v); }
 
