@@ -40,6 +40,14 @@ AttnReference attention_reference(const AttnShape& s, std::span<const float> q, 
 // Tolerances per dtype: {atol, rtol}.
 std::pair<double, double> attention_tolerance(DType);
 
+// The FLOPs a timed attention call is credited with (docs/DESIGN.md): the
+// forward's 4*B*H*S^2*D (halved for causal, summed per sequence for varlen),
+// times 3.5 for forward+backward (the backward recomputes S, as flash does).
+inline constexpr double kFwdBwdFlopsFactor = 3.5;
+inline double attention_flops(const AttnShape& s, bool backward) {
+  return s.fwd_flops() * (backward ? kFwdBwdFlopsFactor : 1.0);
+}
+
 // Makes the op, uploads random inputs from seed, runs forward (and backward),
 // downloads and compares. Throws what the device throws (UnsupportedError,
 // OutOfMemory, HangError).

@@ -82,7 +82,7 @@ class AttentionRun : public ScenarioRun {
         },
         cfg);
 
-    const double flops = s.fwd_flops() * (bwd ? 3.5 : 1.0);
+    const double flops = attention_flops(s, bwd);
     const Stats tf = rate_from_ms(m.ms, flops);  // TFLOP/s per trial
     Point p;
     p.add({"ms", m.ms.median, "ms", Direction::lower, m.ms, "median time of one pass"});

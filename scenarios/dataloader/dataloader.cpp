@@ -175,7 +175,7 @@ class DataloaderRun : public ScenarioRun {
     // start-up (first_batch_ms) is reported on its own, not mixed into the
     // steady state a user sees in nvidia-smi.
     const TimelineSummary sum = tl.summarize(first_batch_s, wall);
-    const double predicted = std::min(1.0, double(std::max(1, cfg.workers)) * T / std::max(Lb, 1e-12));
+    const double predicted = loader::predicted_busy(cfg.workers, T, Lb);
     std::vector<double> util;
     for (const auto& x : sampler.series())
       if (x.t_s + sampler_t0 >= first_batch_s) util.push_back(x.s.util);
@@ -206,7 +206,7 @@ class DataloaderRun : public ScenarioRun {
              fmt::format("{} host memory, {} per copy", pinned ? "pinned" : "pageable", batch_bytes)});
     p.info = json{{"pattern", to_string(pattern)},
                   {"sparkline", sparkline(util)},
-                  {"bottleneck", Lb / double(std::max(1, cfg.workers)) > T ? "loader" : "device"},
+                  {"bottleneck", loader::bottleneck(cfg.workers, T, Lb)},
                   {"decode_us", decode_us},
                   {"decode_us_derived", derived},
                   {"step_gemm", fmt::format("{} x {} {}^3", reps_, to_string(kernel_.dtype), kernel_.n)},

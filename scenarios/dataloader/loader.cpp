@@ -86,6 +86,14 @@ Config validated(Config c) {
 
 // ---- free functions -------------------------------------------------------
 
+double predicted_busy(int workers, double train_s, double load_s) {
+  return std::min(1.0, double(std::max(1, workers)) * train_s / std::max(load_s, 1e-12));
+}
+
+const char* bottleneck(int workers, double train_s, double load_s) {
+  return load_s / double(std::max(1, workers)) > train_s ? "loader" : "device";
+}
+
 Fault parse_fault(const std::string& text) {
   if (text == "none") return {};
   const auto fail = [&] {

@@ -42,6 +42,15 @@ struct Fault {
 // "none", "hang@N", "throw@N" (N = global sample index >= 0).
 // Throws sb::UsageError naming the valid forms.
 Fault parse_fault(const std::string& text);
+
+// The queueing model beside each measurement: with `workers` loaders each
+// needing load_s per batch and a device needing train_s per step, the device
+// is busy min(1, max(1, workers) * train / load) of the time (workers = 0
+// loads inline: one loader). Each worker needs a core of its own.
+double predicted_busy(int workers, double train_s, double load_s);
+// "loader" when one worker's share of a batch takes longer than a step
+// (load / max(1, workers) > train), else "device".
+const char* bottleneck(int workers, double train_s, double load_s);
 std::string to_string(const Fault& f);  // inverse of parse_fault
 
 enum class OnError { stop, skip };

@@ -417,6 +417,12 @@ TEST(CpuMemory, FlashWorkspaceIsLinearInS) {
 
 // ---- FLOPs: the convention of docs/DESIGN.md ----
 
+TEST(AttnShapeFlops, ForwardBackwardIsThreePointFiveForward) {
+  const AttnShape s = dense(2, 3, 100, 16, true);
+  EXPECT_DOUBLE_EQ(attention_flops(s, false), 2.0 * 2 * 3 * 100 * 100 * 16);
+  EXPECT_DOUBLE_EQ(attention_flops(s, true), 3.5 * 2.0 * 2 * 3 * 100 * 100 * 16);
+}
+
 TEST(AttnShapeFlops, DenseCausalAndVarlen) {
   // 4*B*H*S^2*D: QK^T and PV, 2*S*S*D each.
   EXPECT_DOUBLE_EQ(dense(2, 3, 100, 16).fwd_flops(), 4.0 * 2 * 3 * 100 * 100 * 16);

@@ -424,4 +424,21 @@ TEST(Loader, OnLoadHookBracketsEveryBatchLoad) {
 }
 
 }  // namespace
+
+namespace {
+
+// The queueing model and the bottleneck rule, exactly, at and around their edges.
+TEST(QueueingModel, PredictedBusyAndBottleneck) {
+  EXPECT_DOUBLE_EQ(predicted_busy(0, 0.020, 0.040), 0.5);   // inline loading: one loader
+  EXPECT_DOUBLE_EQ(predicted_busy(1, 0.020, 0.040), 0.5);
+  EXPECT_DOUBLE_EQ(predicted_busy(2, 0.020, 0.040), 1.0);   // two workers exactly keep up
+  EXPECT_DOUBLE_EQ(predicted_busy(3, 0.020, 0.040), 1.0);   // capped at 1
+  EXPECT_DOUBLE_EQ(predicted_busy(4, 0.010, 0.080), 0.5);
+  EXPECT_DOUBLE_EQ(predicted_busy(1, 0.020, 0.0), 1.0);     // free loading never starves the device
+  EXPECT_STREQ(bottleneck(1, 0.020, 0.040), "loader");
+  EXPECT_STREQ(bottleneck(2, 0.020, 0.040), "device");      // load / workers == train: not the loader
+  EXPECT_STREQ(bottleneck(0, 0.020, 0.019), "device");
+}
+
+}  // namespace
 }  // namespace sb::loader
