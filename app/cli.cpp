@@ -4,8 +4,11 @@
 //   3 compare: a metric is worse than --tolerance; 4 a hang was caught;
 //   5 collective: a rank's library failed a collective (a mismatch that
 //   errored instead of hanging); the job was ended after the dumps.
+#include <cerrno>    // errno, ERANGE
 #include <chrono>    // std::chrono::system_clock
+#include <cmath>     // std::isfinite
 #include <cstdio>    // std::fputs
+#include <cstdlib>   // std::strtod
 #include <ctime>     // std::gmtime
 #include <iostream>  // std::cout, std::cerr
 #include <thread>    // std::this_thread::sleep_for
@@ -45,6 +48,29 @@ std::string scenario_names() {
   std::vector<std::string> v;
   for (const Scenario* s : all_scenarios()) v.push_back(s->name);
   return fmt::format("{}", fmt::join(v, ", "));
+}
+
+// An empty path would silently become the default file name.
+CLI::Validator non_empty_path() {
+  return CLI::Validator([](std::string& text) { return text.empty() ? std::string("the path is empty") : std::string(); },
+                        "PATH");
+}
+
+// CLI::Range lets NaN through (every comparison with NaN is false): a NaN
+// --tolerance once disabled the regression gate. A number here must be finite
+// and in [lo, hi].
+CLI::Validator finite_range(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v))
+          return fmt::format("'{}' is not a finite number", text);
+        if (v < lo || v > hi) return fmt::format("{} is outside [{}, {}]", text, lo, hi);
+        return std::string();
+      },
+      fmt::format("FLOAT in [{} - {}]", lo, hi));
 }
 
 int cmd_list(bool names_only, bool as_json) {
@@ -141,6 +167,9 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   // Validate parameters before touching any device.
   const Sweep sweep = expand_sweep(sc->params, a.params, SweepProfile{a.quick, false});
   const DeviceSpec spec = parse_device_spec(a.device);
+  if (!a.trace_path.empty() && !a.json_path.empty() && a.json_path != "-" && a.trace_path == a.json_path)
+    throw UsageError(fmt::format("--json and --trace name the same file ({}): one would replace the other",
+                                 a.json_path));
 
   // Ranks first: every rank of an mpirun/srun launch runs this same command;
   // rank 0 alone prints and writes the result.
@@ -290,17 +319,19 @@ int main_impl(int argc, char** argv) {
                   "auto | cpu | cuda:N | sim:<gpu> (auto: cuda:0 if a GPU answers, else cpu; sim: a simulated GPU "
                   "from results/expected, e.g. sim:h100)")
       ->capture_default_str();
-  run->add_option("--json", ra.json_path, "result JSON path, or - for stdout (default: stallbench-<scenario>.json)");
+  run->add_option("--json", ra.json_path, "result JSON path, or - for stdout (default: stallbench-<scenario>.json)")
+      ->check(non_empty_path());
   run->add_option("--trace", ra.trace_path,
-                  "write the step timeline as Chrome trace-event JSON (open in Perfetto or chrome://tracing)");
+                  "write the step timeline as Chrome trace-event JSON (open in Perfetto or chrome://tracing)")
+      ->check(non_empty_path());
   run->add_flag("--quick", ra.quick, "small sizes and a short time budget: a smoke run, not for publishing");
   run->add_option("--timeout", ra.timeout_s, "seconds without progress before the run is ended as a hang (exit 4)")
       ->capture_default_str()
-      ->check(CLI::Range(1.0, 86400.0));
+      ->check(finite_range(1.0, 86400.0));
   run->add_option("--budget", ra.budget_s, "seconds of timed trials per point (default 2, --quick 0.2)")
-      ->check(CLI::Range(0.001, 3600.0));
+      ->check(finite_range(0.001, 3600.0));
   run->add_option("--noise", ra.noise, "stop a point's trials once their relative stddev is below this (default 0.02)")
-      ->check(CLI::Range(0.0001, 1.0));
+      ->check(finite_range(0.0001, 1.0));
 
   std::string ca, cb;
   double tolerance = 0.05;
@@ -309,7 +340,7 @@ int main_impl(int argc, char** argv) {
   cmp->add_option("B", cb, "a result JSON, or results/expected/<hardware>.json")->required();
   auto* tol_opt = cmp->add_option("--tolerance", tolerance,
                                   "fraction, e.g. 0.1: exit 3 when a measured metric is worse than B by more")
-                      ->check(CLI::Range(0.0, 10.0));
+                      ->check(finite_range(0.0, 10.0));
 
   std::string hang_dir;
   bool hang_json = false;
@@ -327,6 +358,19 @@ int main_impl(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    // A first word that is no command ("stallbench frobnicate"): name it, and the commands.
+    if (argc > 1 && argv[1][0] != '-') {
+      const std::string word = argv[1];
+      bool known = false;
+      for (const auto* sub : app.get_subcommands([](CLI::App*) { return true; })) known |= sub->get_name() == word;
+      if (!known) {
+        std::vector<std::string> names;
+        for (const auto* sub : app.get_subcommands([](CLI::App*) { return true; })) names.push_back(sub->get_name());
+        std::cerr << fmt::format("stallbench: unknown command '{}'; valid: {}\n", word, fmt::join(names, ", "));
+        std::cerr << "run 'stallbench --help' for usage\n";
+        return kExitUsage;
+      }
+    }
     std::cerr << "stallbench: " << e.what() << "\n";
     std::cerr << "run 'stallbench --help' (or 'stallbench <command> --help') for usage\n";
     return kExitUsage;

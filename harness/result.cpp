@@ -3,7 +3,6 @@
 #include <cerrno>    // errno
 #include <cstdio>    // std::fopen, std::fwrite, std::fflush, std::rename
 #include <cstring>   // std::strerror
-#include <fstream>   // std::ifstream
 #include <iostream>  // std::cout
 #include <sstream>   // std::stringstream
 
@@ -13,6 +12,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"  // UsageError, Error
+#include "harness/files.hpp"   // read_regular_file
 
 namespace sb {
 
@@ -176,12 +176,9 @@ void write_file_atomic(const std::string& path, const std::string& text) {
 }
 
 json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_regular_file(path, "JSON file");
   try {
-    return json::parse(ss.str());
+    return json::parse(text);
   } catch (const json::parse_error& e) {
     throw UsageError(fmt::format("{} is not valid JSON: {}", path, e.what()));
   }

@@ -8,7 +8,7 @@
 #include <charconv>      // std::from_chars
 #include <cmath>         // std::exp, std::log, std::sqrt, std::cos
 #include <cstring>       // std::strerror
-#include <fstream>       // std::ifstream
+#include <sstream>       // std::istringstream
 #include <limits>        // std::numeric_limits
 #include <numbers>       // std::numbers::pi
 #include <optional>      // std::optional
@@ -18,6 +18,7 @@
 
 #include "harness/errors.hpp"  // sb::UsageError
 #include "harness/random.hpp"  // counter_hash
+#include "harness/files.hpp"   // read_regular_file
 
 namespace sb::packing {
 
@@ -65,9 +66,11 @@ std::optional<std::int32_t> length_field(std::string_view s) {
 // CSV histogram (and a first line whose length field is not a number is its
 // header); every later line must then have the same shape.
 void read_length_file(const std::string& path, LengthSpec& out) {
-  std::ifstream in(path);
-  if (!in)
-    throw UsageError(fmt::format("cannot open lengths file '{}': {}", path, std::strerror(errno)));
+  // A regular file only (a FIFO or /dev/zero would block or never end), and
+  // at most kMaxInputBytes: work is bounded by the data actually present.
+  std::string text = read_regular_file(path, "lengths file");
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte-order mark (spreadsheets write one)
+  std::istringstream in(std::move(text));
   enum class Shape { unknown, per_line, csv } shape = Shape::unknown;
   std::int64_t total = 0;
   std::string raw;

@@ -60,7 +60,6 @@ class PackingRun : public ScenarioRun {
     const auto max_len = std::int32_t(ps.get_int("max_len"));
     const auto rows_per_batch = std::int32_t(ps.get_int("rows"));
     const std::int64_t d = ps.get_int("d_model"), heads = ps.get_int("heads");
-    if (d % heads != 0) throw UsageError(fmt::format("d_model {} is not a multiple of heads {}", d, heads));
     const DType dt = ps.get_choice("dtype", kDTypeNames);
     const AttnImpl attn_impl = ps.get_choice("attn", kAttnImplNames);
     if (auto why = dev.attention_unsupported(attn_impl, dt)) throw UnsupportedError(*why);
@@ -68,6 +67,10 @@ class PackingRun : public ScenarioRun {
     const std::vector<std::int32_t>& lengths = dataset(ps.get_str("lengths"), ps.get_int("sequences"), max_len);
     const pk::Plan plan = pk::plan(lengths, strategy, max_len, rows_per_batch, std::int32_t(ps.get_int("window")),
                                    overflow);
+    if (plan.real_tokens == 0)  // e.g. a length distribution wholly over max_len with overflow=drop
+      throw MismatchError(fmt::format("no token is left to measure: all {} sequences were dropped (longer than "
+                                      "max_len={} with overflow=drop)",
+                                      lengths.size(), max_len));
     const std::int64_t n_rows = std::int64_t(plan.rows.size());
     const std::int64_t n_batches = (n_rows + rows_per_batch - 1) / rows_per_batch;
 
@@ -238,6 +241,26 @@ class PackingRun : public ScenarioRun {
 
 }  // namespace
 
+// Combinations that would measure nothing are refused before any point runs
+// (exit 2), rather than run as all-zero "ok" points with NaN ratios.
+void validate_packing_point(const ParamSet& ps, const RunContext&) {
+  if (ps.get_int("d_model") % ps.get_int("heads") != 0)
+    throw UsageError(fmt::format("d_model {} is not a multiple of heads {}", ps.get_int("d_model"), ps.get_int("heads")));
+  const std::string& lengths = ps.get_str("lengths");
+  const bool from_file = !lengths.empty() && lengths.front() == '@';
+  if (!from_file && ps.get_int("sequences") == 0)
+    throw UsageError(fmt::format("sequences=0 means every length of a file; lengths={} generates lengths, so give "
+                                 "sequences >= 1",
+                                 lengths));
+  if (!from_file && ps.get_choice("overflow", pk::kOverflowNames) == pk::Overflow::drop) {
+    const pk::LengthSpec spec = pk::parse_lengths(lengths);  // no file: cheap
+    if (spec.kind == pk::LengthSpec::Kind::fixed && spec.lo > ps.get_int("max_len"))
+      throw UsageError(fmt::format("lengths={} with max_len={} and overflow=drop drops every sequence: nothing would "
+                                   "be measured (use overflow=split, or a larger max_len)",
+                                   lengths, ps.get_int("max_len")));
+  }
+}
+
 extern const Scenario packing_scenario;
 const Scenario packing_scenario{
     "packing",
@@ -280,6 +303,8 @@ const Scenario packing_scenario{
                   .unit = "trials", .min = 1, .max = 100000, .workload = false},
     },
     [](RunContext& ctx) -> std::unique_ptr<ScenarioRun> { return std::make_unique<PackingRun>(ctx); },
+    false,
+    &validate_packing_point,
 };
 
 }  // namespace sb

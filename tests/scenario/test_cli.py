@@ -45,7 +45,7 @@ expect(["run", "precision", "--device", "sim:h100", "-p", "size=65536", "-p", "d
 expect(["--help"], 0, ["list", "devices", "run", "compare", "analyze-hang", "exit codes"], "stdout")
 expect(["--version"], 0, ["stallbench 0.1.0"], "stdout")
 expect([], 2, ["A subcommand is required"])
-expect(["frobnicate"], 2)
+expect(["frobnicate"], 2, ["unknown command 'frobnicate'", "valid: list, devices, run, compare, analyze-hang"])
 expect(["run"], 2, ["scenario is required"])
 expect(["run", "nosuch"], 2, ["unknown scenario 'nosuch'", "valid: precision"])
 expect(["run", "precision", "-p", "sise=64"], 2, ["unknown parameter 'sise'", "valid keys: size, m, n, k, dtype, timing, trials"])
@@ -112,6 +112,38 @@ with tempfile.TemporaryDirectory() as tmp:
                 failures.append("--json - did not write a result to stdout")
         except json.JSONDecodeError as e:
             failures.append(f"--json - stdout is not JSON: {e}")
+
+# Hostile inputs (issue #24): numbers that are not finite, inputs that are not files, and
+# parameter combinations that would measure nothing are exit 2 with the reason, at once.
+for opt, val in (("--timeout", "nan"), ("--budget", "inf"), ("--noise", "-1"), ("--budget", "nan")):
+    expect(["run", "precision", "--quick", opt, val], 2, [opt])
+expect(["run", "precision", "--quick", "--json", ""], 2, ["--json"])
+expect(["run", "dataloader", "--quick", "--json", "same.json", "--trace", "same.json"], 2, ["name the same file"])
+with tempfile.TemporaryDirectory() as tmp:
+    good = os.path.join(tmp, "good.json")
+    run("run", "precision", "--device", "cpu", "--quick", "-p", "size=32", "-p", "dtype=fp32", "--json", good)
+    expect(["compare", good, good, "--tolerance", "nan"], 2, ["--tolerance", "not a finite number"])
+    fifo = os.path.join(tmp, "fifo")
+    os.mkfifo(fifo)
+    # Each would block forever on a FIFO with no writer: refused by what it is, at once.
+    expect(["run", "packing", "--quick", "-p", f"lengths=@{fifo}"], 2, ["is not a regular file (a FIFO)"])
+    expect(["compare", fifo, good], 2, ["is not a regular file (a FIFO)"])
+    expect(["compare", tmp, good], 2, ["is a directory"])
+    expect(["run", "packing", "--quick", "-p", "lengths=@/dev/zero"], 2, ["a character device"])
+    expect(["analyze-hang", fifo], 2)
+    # A CSV histogram with a byte-order mark (spreadsheets write one) is read.
+    bom = os.path.join(tmp, "bom.csv")
+    with open(bom, "wb") as f:
+        f.write(b"\xef\xbb\xbflength,count\n100,30\n300,10\n")
+    out = os.path.join(tmp, "bom.json")
+    expect(["run", "packing", "--quick", "-p", f"lengths=@{bom}", "-p", "sequences=0", "-p", "strategy=pad-max",
+            "-p", "d_model=64", "--json", out], 0)
+    if os.path.exists(out) and json.load(open(out))["points"][0]["info"]["real_tokens"] != 100 * 30 + 300 * 10:
+        failures.append("the BOM-prefixed CSV was not read as 30 x 100 + 10 x 300 tokens")
+expect(["run", "packing", "--quick", "-p", "sequences=0"], 2, ["sequences=0 means every length of a file"])
+expect(["run", "packing", "--quick", "-p", "lengths=fixed:100", "-p", "max_len=8", "-p", "overflow=drop"], 2,
+       ["drops every sequence"])
+expect(["run", "packing", "--quick", "-p", "d_model=100", "-p", "heads=3"], 2, ["d_model 100 is not a multiple of heads 3"])
 
 if failures:
     print("\n".join(failures))

@@ -1,0 +1,60 @@
+#include "harness/files.hpp"
+
+#include <fcntl.h>     // open, O_RDONLY, O_NONBLOCK, O_CLOEXEC
+#include <sys/stat.h>  // fstat, S_ISREG, S_ISDIR, S_ISFIFO
+#include <unistd.h>    // read, close
+
+#include <cerrno>   // errno, EINTR
+#include <cstring>  // std::strerror
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"  // UsageError
+#include "harness/units.hpp"   // format_bytes
+
+namespace sb {
+
+std::string read_regular_file(const std::string& path, const std::string& what, std::size_t max_bytes) {
+  if (path.empty()) throw UsageError(fmt::format("the {} path is empty", what));
+  // O_NONBLOCK: opening a FIFO with no writer returns at once instead of
+  // waiting for one; fstat then says what the path is.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw UsageError(fmt::format("cannot read {} ({}): {}", path, what, std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw UsageError(fmt::format("cannot stat {} '{}': {}", what, path, std::strerror(errno)));
+  if (S_ISDIR(st.st_mode)) throw UsageError(fmt::format("{} '{}' is a directory, not a file", what, path));
+  if (!S_ISREG(st.st_mode))
+    throw UsageError(fmt::format("{} '{}' is not a regular file ({}): only files are read", what, path,
+                                 S_ISFIFO(st.st_mode)   ? "a FIFO"
+                                 : S_ISCHR(st.st_mode)  ? "a character device"
+                                 : S_ISBLK(st.st_mode)  ? "a block device"
+                                 : S_ISSOCK(st.st_mode) ? "a socket"
+                                                        : "not a file"));
+  if (std::size_t(st.st_size) > max_bytes)
+    throw UsageError(fmt::format("{} '{}' is {}, over the {} limit on an input file", what, path,
+                                 format_bytes(double(st.st_size)), format_bytes(double(max_bytes))));
+  std::string out(std::size_t(st.st_size), '\0');
+  std::size_t got = 0;
+  // Read what is there; a file that grows meanwhile is read up to the cap.
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw UsageError(fmt::format("cannot read {} '{}': {}", what, path, std::strerror(errno)));
+    if (n == 0) break;
+    if (got + std::size_t(n) > max_bytes)
+      throw UsageError(fmt::format("{} '{}' grew past the {} limit on an input file while being read", what, path,
+                                   format_bytes(double(max_bytes))));
+    if (got + std::size_t(n) > out.size()) out.resize(got + std::size_t(n));
+    std::memcpy(out.data() + got, buf, std::size_t(n));
+    got += std::size_t(n);
+  }
+  out.resize(got);
+  return out;
+}
+
+}  // namespace sb

@@ -1,0 +1,21 @@
+// Reading a user's input file without ever blocking or running out of memory:
+// only a regular file is read (a FIFO, a device such as /dev/zero, a socket or
+// a directory is refused at once, by what it is), and never more than a cap.
+#pragma once
+
+#include <cstddef>  // std::size_t
+#include <string>   // std::string
+
+namespace sb {
+
+// Inputs are results, expected-numbers files, hang dumps and length lists:
+// the largest real ones are tens of MiB.
+inline constexpr std::size_t kMaxInputBytes = std::size_t(256) << 20;
+
+// The whole file. Throws UsageError (exit 2) naming the path and `what` it
+// was to be ("result JSON", "lengths file") when it cannot be opened, is not
+// a regular file, or is larger than max_bytes (the limit named).
+std::string read_regular_file(const std::string& path, const std::string& what,
+                              std::size_t max_bytes = kMaxInputBytes);
+
+}  // namespace sb
