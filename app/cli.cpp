@@ -4,12 +4,15 @@
 //   3 compare: a metric is worse than --tolerance; 4 a hang was caught;
 //   5 collective: a rank's library failed a collective (a mismatch that
 //   errored instead of hanging); the job was ended after the dumps.
+#include <unistd.h>  // getpid
+
 #include <cerrno>    // errno, ERANGE
 #include <chrono>    // std::chrono::system_clock
 #include <cmath>     // std::isfinite
 #include <cstdio>    // std::fputs
 #include <cstdlib>   // std::strtod
 #include <ctime>     // std::gmtime
+#include <filesystem>  // std::filesystem::temp_directory_path
 #include <iostream>  // std::cout, std::cerr
 #include <thread>    // std::this_thread::sleep_for
 
@@ -20,6 +23,7 @@
 #include "harness/compare.hpp"      // compare_docs
 #include "harness/errors.hpp"       // Error, UsageError
 #include "harness/expected.hpp"     // match_expected
+#include "harness/files.hpp"        // check_writable_target
 #include "harness/fingerprint.hpp"  // machine_fingerprint, build_info
 #include "harness/printer.hpp"      // format_result_table
 #include "harness/runner.hpp"       // run_scenario
@@ -216,6 +220,11 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
                          {"min_trial_ms", ctx.measure.min_trial_ms},
                          {"timing", di.kind == DeviceKind::cuda ? "cuda events" : "compute-thread steady_clock"}};
   const std::string path = a.json_path.empty() ? fmt::format("stallbench-{}.json", sc->name) : a.json_path;
+  // Where the results go is checked before anything is measured.
+  if (lead) {
+    check_writable_target(path, "--json");
+    if (!a.trace_path.empty()) check_writable_target(a.trace_path, "--trace");
+  }
   std::string ranks_text;
   if (group) {
     meta["ranks"] = json{{"size", group->size()}, {"launcher", group->launcher()}, {"mpi", group->library()},
@@ -258,7 +267,23 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   }
   if (!lead) return run_exit_code(r);
   const std::string table = format_result_table(r);
-  write_file_atomic(path, to_json(r).dump(2) + "\n");
+  try {
+    write_file_atomic(path, to_json(r).dump(2) + "\n");
+  } catch (const Error& e) {
+    // A late failure (disk full, the directory removed): the measurements
+    // are not lost. The table goes to the terminal and the JSON to a
+    // fallback file beside the temporary directory; the run still fails.
+    std::cerr << "\n" << table << fmt::format("\nstallbench: {}\n", e.what());
+    const std::string fallback = (std::filesystem::temp_directory_path() /
+                                  fmt::format("stallbench-{}-{}.json", sc->name, ::getpid())).string();
+    try {
+      write_file_atomic(fallback, to_json(r).dump(2) + "\n");
+      std::cerr << fmt::format("stallbench: the result was saved to {} instead\n", fallback);
+    } catch (const Error& e2) {
+      std::cerr << fmt::format("stallbench: and not to {} either: {}\n", fallback, e2.what());
+    }
+    return kExitFailure;
+  }
   if (!a.trace_path.empty()) {
     if (trace.empty())
       std::cerr << fmt::format("stallbench: {} records no step timeline; no trace written\n", sc->name);

@@ -2,7 +2,7 @@
 
 #include <fcntl.h>     // open, O_RDONLY, O_NONBLOCK, O_CLOEXEC
 #include <sys/stat.h>  // fstat, S_ISREG, S_ISDIR, S_ISFIFO
-#include <unistd.h>    // read, close
+#include <unistd.h>    // read, close, access
 
 #include <cerrno>   // errno, EINTR
 #include <cstring>  // std::strerror
@@ -55,6 +55,27 @@ std::string read_regular_file(const std::string& path, const std::string& what, 
   }
   out.resize(got);
   return out;
+}
+
+void check_writable_target(const std::string& path, const std::string& what) {
+  if (path == "-") return;
+  if (path.empty()) throw UsageError(fmt::format("the {} path is empty", what));
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) throw UsageError(fmt::format("{} '{}' is a directory; give a file path", what, path));
+    if (!S_ISREG(st.st_mode))
+      throw UsageError(fmt::format("{} '{}' exists and is not a regular file ({}); results are written atomically, "
+                                   "which would replace it: give a file path, or - for stdout",
+                                   what, path, S_ISLNK(st.st_mode) ? "a symbolic link" : "a device, FIFO or socket"));
+  }
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat dst {};
+  if (::stat(dir.c_str(), &dst) != 0)
+    throw UsageError(fmt::format("{} '{}': its directory '{}' does not exist", what, path, dir));
+  if (!S_ISDIR(dst.st_mode)) throw UsageError(fmt::format("{} '{}': '{}' is not a directory", what, path, dir));
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw UsageError(fmt::format("{} '{}': cannot write in '{}': {}", what, path, dir, std::strerror(errno)));
 }
 
 }  // namespace sb

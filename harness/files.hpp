@@ -18,4 +18,11 @@ inline constexpr std::size_t kMaxInputBytes = std::size_t(256) << 20;
 std::string read_regular_file(const std::string& path, const std::string& what,
                               std::size_t max_bytes = kMaxInputBytes);
 
+// Throws UsageError (exit 2), before anything runs, when `path` cannot take
+// an atomic write (a new file renamed into place): its directory is missing,
+// not a directory or not writable (a read-only filesystem too), or the path
+// is a directory, a symlink or another non-regular file, which the rename
+// would replace (a link to /dev/stdout, /dev/null itself). "-" is stdout.
+void check_writable_target(const std::string& path, const std::string& what);
+
 }  // namespace sb

@@ -147,6 +147,12 @@ Result result_from_json(const json& j) {
 void write_file_atomic(const std::string& path, const std::string& text) {
   if (path == "-") {
     std::cout << text << std::flush;
+    // stdout closed or full (`--json - >&-`): the result is lost, and that is
+    // a failure, never exit 0.
+    if (!std::cout) {
+      std::cout.clear();
+      throw Error(ErrorKind::runtime, "cannot write the result to stdout (closed, or the disk is full)");
+    }
     return;
   }
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());

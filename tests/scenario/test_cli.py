@@ -5,6 +5,7 @@ Also --help, --version, list, devices and compare's exit codes.
 usage: test_cli.py STALLBENCH
 """
 import json
+import re
 import os
 import subprocess
 import sys
@@ -131,6 +132,24 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(["compare", tmp, good], 2, ["is a directory"])
     expect(["run", "packing", "--quick", "-p", "lengths=@/dev/zero"], 2, ["a character device"])
     expect(["analyze-hang", fifo], 2)
+    # Where results go is checked before anything runs; nothing is renamed over a link or a device.
+    small = ["run", "precision", "--device", "cpu", "--quick", "-p", "size=32", "-p", "dtype=fp32", "--json"]
+    link = os.path.join(tmp, "link.json")
+    os.symlink("/dev/null", link)
+    expect(small + [link], 2, ["is not a regular file (a symbolic link)"])
+    if not os.path.islink(link):
+        failures.append("--json onto a symlink replaced the link")
+    expect(small + [fifo], 2, ["is not a regular file"])
+    expect(small + [os.path.join(tmp, "no", "such", "dir.json")], 2, ["does not exist"])
+    expect(small + [tmp], 2, ["is a directory"])
+    # stdout closed: the result cannot be written there, so the run fails (exit 1) and saves it elsewhere.
+    p = subprocess.run([EXE] + small + ["-"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
+                       pass_fds=(), close_fds=True, preexec_fn=lambda: os.close(1))
+    if p.returncode != 1 or "cannot write the result to stdout" not in p.stderr or "saved to" not in p.stderr:
+        failures.append(f"--json - with stdout closed: exit {p.returncode}, want 1 and a fallback: {p.stderr[-300:]}")
+    for saved in re.findall(r"saved to (\S+) instead", p.stderr):
+        if os.path.isfile(saved):
+            os.remove(saved)
     # A CSV histogram with a byte-order mark (spreadsheets write one) is read.
     bom = os.path.join(tmp, "bom.csv")
     with open(bom, "wb") as f:
