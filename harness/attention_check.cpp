@@ -5,7 +5,8 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "harness/errors.hpp"  // UsageError
+#include "harness/errors.hpp"  // UsageError, OutOfMemory
+#include "harness/units.hpp"   // format_bytes
 #include "harness/random.hpp"  // uniform_pm1
 
 namespace sb {
@@ -182,6 +183,19 @@ AttnCheck check_attention(Device& dev, const AttnShape& s, AttnImpl impl, DType 
   }
   r.ok = r.wrong == 0;
   return r;
+}
+
+void check_attention_size(const AttnShape& s) {
+  // long double: exact enough, and no wrap, for any int64 dimensions.
+  const long double tensors = 8.0L * (long double)s.batch * (long double)s.heads * (long double)s.seq *
+                              (long double)s.head_dim * 4.0L;  // Q K V O dO dQ dK dV, fp32
+  const long double scores = 3.0L * (long double)s.batch * (long double)s.heads * (long double)s.seq *
+                             (long double)s.seq * 4.0L;  // S, P, dS
+  const long double need = tensors + scores;
+  if (need > (long double)(1ULL << 60))
+    throw OutOfMemory(fmt::format("attention B={} H={} S={} D={} needs about {} for its tensors and S x S scores "
+                                  "(B*H*S*S): more than any device has",
+                                  s.batch, s.heads, s.seq, s.head_dim, format_bytes(double(need))));
 }
 
 }  // namespace sb

@@ -40,6 +40,12 @@ AttnReference attention_reference(const AttnShape& s, std::span<const float> q, 
 // Tolerances per dtype: {atol, rtol}.
 std::pair<double, double> attention_tolerance(DType);
 
+// Throws OutOfMemory naming the bytes when the shape's tensors or its S x S
+// scores (as naive attention holds them) pass 2^60 bytes: arithmetic in
+// 64-bit integers would wrap (B=4096 H=1024 S=2^20 once read "0 B"), and no
+// device has that much memory.
+void check_attention_size(const AttnShape& s);
+
 // The FLOPs a timed attention call is credited with (docs/DESIGN.md): the
 // forward's 4*B*H*S^2*D (halved for causal, summed per sequence for varlen),
 // times 3.5 for forward+backward (the backward recomputes S, as flash does).

@@ -88,8 +88,9 @@ Result result_from_json(const json& j) {
   Result r;
   if (!j.is_object()) bad("document", "is not a JSON object");
   if (j.value("kind", "") != "result") bad("document", "has no \"kind\": \"result\"");
-  const int version = need(j, "schema_version", json::value_t::number_unsigned, "document").get<int>();
-  if (version != kResultSchemaVersion)
+  // Read wide, then compared: 4294967297 must not narrow to 1.
+  const std::uint64_t version = need(j, "schema_version", json::value_t::number_unsigned, "document").get<std::uint64_t>();
+  if (version != std::uint64_t(kResultSchemaVersion))
     bad("document", fmt::format("has schema_version {}, this stallbench reads {}", version, kResultSchemaVersion));
   r.meta = need(j, "meta", json::value_t::object, "document");
   r.scenario = need(j, "scenario", json::value_t::string, "document").get<std::string>();

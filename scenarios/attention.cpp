@@ -182,6 +182,13 @@ class AttentionRun : public ScenarioRun {
 
 }  // namespace
 
+// A memory cap so small it rounds to no bytes would silently mean "no cap".
+void validate_attention_point(const ParamSet& ps, const RunContext&) {
+  const double gb = ps.get_real("mem_limit_gb");
+  if (gb > 0 && gb * 1e9 < double(1 << 20))
+    throw UsageError(fmt::format("mem_limit_gb={:g} is under 1 MiB (0 means no cap)", gb));
+}
+
 extern const Scenario attention_scenario;
 const Scenario attention_scenario{
     "attention",
@@ -215,6 +222,8 @@ const Scenario attention_scenario{
                   .workload = false},
     },
     [](RunContext& ctx) -> std::unique_ptr<ScenarioRun> { return std::make_unique<AttentionRun>(ctx); },
+    false,
+    &validate_attention_point,
 };
 
 }  // namespace sb

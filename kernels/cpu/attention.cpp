@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
+#include "harness/attention_check.hpp"  // check_attention_size
 #include "harness/errors.hpp"  // UsageError, UnsupportedError
 #include "harness/random.hpp"  // uniform_pm1
 
@@ -20,6 +21,7 @@ std::vector<AttnSeq> attn_sequences(const AttnShape& s) {
                                  s.heads, s.seq, s.head_dim));
   if (!(s.scale >= 0) || !std::isfinite(s.scale))
     throw UsageError(fmt::format("attention scale {} must be finite and >= 0 (0 = 1/sqrt(head_dim))", s.scale));
+  check_attention_size(s);
   std::vector<AttnSeq> out;
   if (!s.varlen()) {
     for (std::int64_t b = 0; b < s.batch; ++b) out.push_back({b, 0, s.seq});

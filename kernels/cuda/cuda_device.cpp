@@ -37,6 +37,7 @@
 #endif
 
 #include "harness/errors.hpp"                  // OutOfMemory, HangError, UsageError, ...
+#include "harness/attention_check.hpp"         // check_attention_size
 #include "harness/gemm_check.hpp"              // gpu_gemm_shape_problem
 #include "harness/units.hpp"                 // format_bytes
 #include "kernels/cuda/detail/check.hpp"       // SB_CUDA_CHECK, SB_CUBLAS_CHECK
@@ -552,6 +553,7 @@ std::unique_ptr<GemmOp> CudaDevice::make_gemm(GemmShape shape, DType dtype, std:
 std::unique_ptr<AttentionOp> CudaDevice::make_attention(const AttnShape& shape, AttnImpl impl, DType dtype,
                                                        std::uint64_t seed) {
   if (auto why = attention_unsupported(impl, dtype)) throw UnsupportedError(*why);
+  check_attention_size(shape);  // OutOfMemory naming the bytes, before any size arithmetic can wrap
   switch (impl) {
     case AttnImpl::naive: return cuda_detail::make_naive_attention(attn_context(), cublas(), shape, dtype, seed);
     case AttnImpl::cudnn:

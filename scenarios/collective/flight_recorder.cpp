@@ -23,11 +23,20 @@ const json& field(const json& j, const char* key, std::string_view what) {
   return *it;
 }
 
+constexpr std::int64_t kMaxInt32 = 2147483647;
+
 std::int64_t int_field(const json& j, const char* key, std::string_view what) {
   const json& v = field(j, key, what);
   if (!v.is_number_integer())
     throw UsageError(fmt::format("{}: field '{}' must be an integer, got {}", what, key, v.dump()));
   return v.get<std::int64_t>();
+}
+
+std::int64_t int_field_in(const json& j, const char* key, std::int64_t lo, std::int64_t hi, std::string_view what) {
+  const std::int64_t v = int_field(j, key, what);
+  if (v < lo || v > hi)
+    throw UsageError(fmt::format("{}: field '{}' is {}, outside {}..{}", what, key, v, lo, hi));
+  return v;
 }
 
 std::string string_field(const json& j, const char* key, std::string_view what) {
@@ -81,12 +90,12 @@ json to_json(const FlightEntry& e) {
 FlightEntry flight_entry_from_json(const json& j) {
   FlightEntry e;
   e.seq = int_field(j, "seq");
-  e.step = static_cast<int>(int_field(j, "step"));
-  e.call_index = static_cast<int>(int_field(j, "call"));
+  e.step = static_cast<int>(int_field_in(j, "step", -1, kMaxInt32));
+  e.call_index = static_cast<int>(int_field_in(j, "call", -1, kMaxInt32));
   e.call.op = enum_field(j, "op", parse_coll_op);
   e.call.count = int_field(j, "count");
   e.call.dtype = enum_field(j, "dtype", parse_comm_dtype);
-  e.call.root = static_cast<int>(int_field(j, "root"));
+  e.call.root = static_cast<int>(int_field_in(j, "root", -1, kMaxInt32));
   e.call.reduce = enum_field(j, "reduce", parse_reduce_op);
   e.state = enum_field(j, "state", parse_call_state);
   e.t_enqueue_us = int_field(j, "t_enqueue_us");

@@ -78,6 +78,10 @@ namespace dump_json {
 const nlohmann::ordered_json& field(const nlohmann::ordered_json& j, const char* key,
                                     std::string_view what = "flight-recorder entry");
 std::int64_t int_field(const nlohmann::ordered_json& j, const char* key, std::string_view what = "flight-recorder entry");
+// The same, refused (UsageError naming the field) outside [lo, hi]: nothing
+// read from a file is narrowed or trusted to bound a loop unchecked.
+std::int64_t int_field_in(const nlohmann::ordered_json& j, const char* key, std::int64_t lo, std::int64_t hi,
+                          std::string_view what = "flight-recorder entry");
 std::string string_field(const nlohmann::ordered_json& j, const char* key,
                          std::string_view what = "flight-recorder entry");
 double number_field(const nlohmann::ordered_json& j, const char* key, std::string_view what = "flight-recorder entry");

@@ -21,6 +21,9 @@ namespace {
 using json = nlohmann::ordered_json;
 
 constexpr std::string_view kDump = "flight-recorder dump";
+// More ranks than any job has run (the largest known are ~100k GPUs): a
+// larger size in a dump is damage, not a job.
+constexpr std::int64_t kMaxDumpRanks = 1 << 20;
 
 [[noreturn]] void bad_dump(const std::string& what) { throw UsageError(fmt::format("{}: {}", kDump, what)); }
 
@@ -48,9 +51,11 @@ RankDump rank_dump_from_json(const json& j) {
   RankDump d;
   DumpHeader& h = d.header;
   h.run_id = dump_json::string_field(j, "run_id", kDump);
-  h.rank = static_cast<int>(dump_json::int_field(j, "rank", kDump));
-  h.size = static_cast<int>(dump_json::int_field(j, "size", kDump));
-  h.local_rank = static_cast<int>(dump_json::int_field(j, "local_rank", kDump));
+  // Ranges first: a size read from a file bounds loops and tables, and
+  // 4294967297 must not narrow to rank 1.
+  h.size = static_cast<int>(dump_json::int_field_in(j, "size", 1, kMaxDumpRanks, kDump));
+  h.rank = static_cast<int>(dump_json::int_field_in(j, "rank", 0, h.size - 1, kDump));
+  h.local_rank = static_cast<int>(dump_json::int_field_in(j, "local_rank", 0, h.size - 1, kDump));
   h.host = dump_json::string_field(j, "host", kDump);
   h.pid = static_cast<long>(dump_json::int_field(j, "pid", kDump));
   h.backend = dump_json::string_field(j, "backend", kDump);
@@ -75,6 +80,16 @@ RankDump rank_dump_from_json(const json& j) {
   }
   std::stable_sort(d.entries.begin(), d.entries.end(),
                    [](const FlightEntry& a, const FlightEntry& b) { return a.seq < b.seq; });
+  // The counters must agree with the entries present: the analysis walks
+  // sequence numbers, and its work must be bounded by the data in the file.
+  const std::int64_t newest = d.entries.empty() ? -1 : d.entries.back().seq;
+  if (d.last_enqueued_seq < -1 || (!d.entries.empty() && d.last_enqueued_seq != newest) ||
+      (d.entries.empty() && d.last_enqueued_seq > d.dropped - 1))
+    bad_dump(fmt::format("last_enqueued_seq {} does not match its entries (newest seq {}, {} dropped)",
+                         d.last_enqueued_seq, newest, d.dropped));
+  if (d.last_completed_seq < -1 || d.last_completed_seq > d.last_enqueued_seq)
+    bad_dump(fmt::format("last_completed_seq {} is outside -1..last_enqueued_seq {}", d.last_completed_seq,
+                         d.last_enqueued_seq));
   return d;
 }
 

@@ -299,6 +299,17 @@ class DataloaderRun : public ScenarioRun {
 
 }  // namespace
 
+// A fault at a sample the epoch never reaches would never fire, and the run
+// would say nothing of it.
+void validate_dataloader_point(const ParamSet& ps, const RunContext&) {
+  const loader::Fault f = loader::parse_fault(ps.get_str("fault"));
+  const std::int64_t samples = ps.get_int("steps") * ps.get_int("batch");
+  if (f.kind != loader::Fault::Kind::none && f.sample >= samples)
+    throw UsageError(fmt::format("fault={}: sample {} does not exist; the epoch has steps x batch = {} samples "
+                                 "(0..{})",
+                                 ps.get_str("fault"), f.sample, samples, samples - 1));
+}
+
 extern const Scenario dataloader_scenario;
 const Scenario dataloader_scenario{
     "dataloader",
@@ -348,6 +359,8 @@ const Scenario dataloader_scenario{
                   .help = "a corrupt sample stops the epoch, or is skipped", .choices = loader::kOnErrorNames.names()},
     },
     [](RunContext& ctx) -> std::unique_ptr<ScenarioRun> { return std::make_unique<DataloaderRun>(ctx); },
+    false,
+    &validate_dataloader_point,
 };
 
 }  // namespace sb

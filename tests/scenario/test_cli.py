@@ -160,6 +160,25 @@ with tempfile.TemporaryDirectory() as tmp:
     if os.path.exists(out) and json.load(open(out))["points"][0]["info"]["real_tokens"] != 100 * 30 + 300 * 10:
         failures.append("the BOM-prefixed CSV was not read as 30 x 100 + 10 x 300 tokens")
 expect(["run", "packing", "--quick", "-p", "sequences=0"], 2, ["sequences=0 means every length of a file"])
+# Silent no-ops and wrong figures: a fault that cannot fire, a cap that rounds to none, a size that wraps.
+expect(["run", "dataloader", "--quick", "-p", "fault=hang@100000", "-p", "steps=2", "-p", "batch=8"], 2,
+       ["sample 100000 does not exist", "steps x batch = 16 samples"])
+expect(["run", "attention", "--quick", "-p", "mem_limit_gb=1e-10"], 2, ["mem_limit_gb=1e-10 is under 1 MiB"])
+with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "huge.json")
+    expect(["run", "attention", "--device", "cpu", "--quick", "-p", "batch=4096", "-p", "heads=1024",
+            "-p", "seq_len=1048576", "-p", "impl=naive", "-p", "pass=fwd", "--json", out], 0)
+    if os.path.exists(out):
+        pt = json.load(open(out))["points"][0]
+        if pt["status"] != "oom" or "PiB" not in pt.get("reason", ""):
+            failures.append(f"a wrapping attention size: {pt['status']} {pt.get('reason')}, want oom naming PiB")
+    good = os.path.join(tmp, "good.json")
+    run("run", "precision", "--device", "cpu", "--quick", "-p", "size=32", "-p", "dtype=fp32", "--json", good)
+    doc = json.load(open(good))
+    doc["schema_version"] = 4294967297  # once narrowed to 1 and accepted
+    bad = os.path.join(tmp, "bad.json")
+    json.dump(doc, open(bad, "w"))
+    expect(["compare", bad, good], 2, ["schema_version 4294967297"])
 expect(["run", "packing", "--quick", "-p", "lengths=fixed:100", "-p", "max_len=8", "-p", "overflow=drop"], 2,
        ["drops every sequence"])
 expect(["run", "packing", "--quick", "-p", "d_model=100", "-p", "heads=3"], 2, ["d_model 100 is not a multiple of heads 3"])

@@ -703,7 +703,23 @@ TEST(DumpParsing, BadDumpsAreUsageErrors) {
   expect_error(j, "version 2");
   j = good;
   j["rank"] = 5;
-  expect_error(j, "rank 5 is outside 0..1");
+  expect_error(j, "field 'rank' is 5, outside 0..1");
+  // Wide integers are range-checked, never narrowed (4294967297 once read as rank 1).
+  j = good;
+  j["rank"] = 4294967297LL;
+  expect_error(j, "field 'rank' is 4294967297");
+  j = good;
+  j["size"] = 2000000000;  // once a bad_alloc, and 5000000 a 341 MB report
+  expect_error(j, "field 'size' is 2000000000, outside 1..1048576");
+  j = good;
+  j["last_enqueued_seq"] = 9000000000000000000LL;  // once a loop over every sequence number
+  expect_error(j, "last_enqueued_seq 9000000000000000000 does not match its entries");
+  j = good;
+  j["last_completed_seq"] = 3;
+  expect_error(j, "last_completed_seq 3 is outside");
+  j = good;
+  j["entries"][0]["step"] = 4294967297LL;
+  expect_error(j, "field 'step' is 4294967297");
   j = good;
   j["size"] = "two";
   expect_error(j, "'size' must be an integer");
