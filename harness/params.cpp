@@ -13,6 +13,18 @@
 
 namespace sb {
 
+ParamSpec trials_param(std::string default_value, std::string quick_default) {
+  return ParamSpec{.name = "trials",
+                   .type = ParamType::integer,
+                   .default_value = std::move(default_value),
+                   .help = "minimum timed trials; more run until noise < --noise or the --budget is spent",
+                   .unit = "trials",
+                   .min = 1,
+                   .max = 100000,
+                   .quick_default = std::move(quick_default),
+                   .workload = false};
+}
+
 void throw_bad_choice(const std::string& name, const std::string& value, const std::vector<std::string>& valid) {
   throw UsageError(fmt::format("parameter {}: '{}' is not one of {}", name, value, fmt::join(valid, "|")));
 }

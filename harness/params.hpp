@@ -46,6 +46,11 @@ std::string format_value(const ParamValue&);
 
 // One point of a sweep: every declared parameter with one value, in
 // declaration order.
+// The one `trials` parameter every measured scenario takes: the minimum
+// number of timed trials (more run until the noise is low or the budget is
+// spent). Measurement-only: compare matches points without it.
+ParamSpec trials_param(std::string default_value, std::string quick_default = "");
+
 [[noreturn]] void throw_bad_choice(const std::string& name, const std::string& value,
                                    const std::vector<std::string>& valid);
 

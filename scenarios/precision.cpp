@@ -202,15 +202,7 @@ const Scenario precision_scenario{
                   .help = "warm: back to back on the same operands; cold: L2/LLC flushed before each GEMM; "
                           "hidden: a trial queued behind a held stream (no launch gaps)",
                   .choices = kTimingModeNames.names()},
-        ParamSpec{.name = "trials",
-                  .type = ParamType::integer,
-                  .default_value = "10",
-                  .help = "minimum timed trials; more run until noise < 2% or the time budget is spent",
-                  .unit = "trials",
-                  .min = 1,
-                  .max = 100000,
-                  .quick_default = "3",
-                  .workload = false},
+        trials_param("10", "3"),
     },
     [](RunContext& ctx) -> std::unique_ptr<ScenarioRun> { return std::make_unique<PrecisionRun>(ctx); },
 };
