@@ -43,6 +43,16 @@ void ComputeStream::wait_for(std::uint64_t target, std::chrono::milliseconds tim
                                 queue_.size()));
 }
 
+void ComputeStream::abandon_queued() {
+  std::deque<Item> dropped;  // destroyed outside the lock: their captures may be large
+  {
+    std::lock_guard lk(mu_);
+    dropped.swap(queue_);
+    completed_ += dropped.size();
+  }
+  cv_done_.notify_all();
+}
+
 void ComputeStream::synchronize(std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
   wait_for(submitted_, timeout, lk);

@@ -10,7 +10,9 @@
 #include "kernels/cpu/cpu_backend.hpp"
 
 #include <cstring>  // std::memcpy
+#include <memory>   // std::make_shared: the work items share what they execute
 #include <mutex>    // std::once_flag
+#include <unordered_map>  // std::unordered_map: oneDNN execute args
 
 #include <oneapi/dnnl/dnnl.hpp>  // dnnl::matmul, dnnl::reorder, dnnl::memory
 
@@ -100,11 +102,17 @@ class CpuGemm : public GemmOp {
   DType c_dtype() const override { return DType::fp32; }
   std::string impl() const override { return pd_.impl_info_str(); }
 
+  // The work item holds what it executes (oneDNN handles are reference
+  // counted), never `this`: after a timed-out wait the op may be destroyed
+  // while its GEMM still runs on the stream. The operands' memory is then
+  // kept by the ledger (MemLedger::keep_freed_blocks).
   void enqueue() override {
-    cs_.enqueue(label_, [this] {
-      SB_DNNL_CHECK(prim_.execute(
-          strm_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, c_}, {DNNL_ARG_SCRATCHPAD, sp_}}));
-      SB_DNNL_CHECK(strm_.wait());
+    if (!exec_)
+      exec_ = std::make_shared<Exec>(Exec{strm_, prim_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, w_},
+                                                         {DNNL_ARG_DST, c_}, {DNNL_ARG_SCRATCHPAD, sp_}}});
+    cs_.enqueue(label_, [e = exec_] {
+      SB_DNNL_CHECK(e->prim.execute(e->strm, e->args));
+      SB_DNNL_CHECK(e->strm.wait());
     });
   }
 
@@ -141,6 +149,12 @@ class CpuGemm : public GemmOp {
   cpu::LedgerBlock a_buf_, w_buf_, c_buf_, sp_buf_;  // before the memories that view them
   dnnl::memory a_, w_, c_, sp_;
   std::string label_;
+  struct Exec {
+    dnnl::stream strm;
+    dnnl::matmul prim;
+    std::unordered_map<int, dnnl::memory> args;
+  };
+  std::shared_ptr<Exec> exec_;  // made at the first enqueue, shared with every work item
 };
 
 class CpuDevice : public Device {
@@ -234,11 +248,31 @@ class CpuDevice : public Device {
 
   EventPtr record() override { return cpu::record_event(cs_); }
   double elapsed_ms(const EventPtr& a, const EventPtr& b) override { return cpu::stream_elapsed_ms(a, b); }
-  void synchronize(std::chrono::milliseconds timeout) override { cs_.synchronize(timeout); }
+  // A wait that times out leaves an operation running, and more queued, on
+  // buffers that unwinding is about to free: keep every freed block from now
+  // on and drop what has not started, then report the hang.
+  void synchronize(std::chrono::milliseconds timeout) override {
+    try {
+      cs_.synchronize(timeout);
+    } catch (const HangError&) {
+      on_stream_hang();
+      throw;
+    }
+  }
   void wait_event(const EventPtr& e, std::chrono::milliseconds timeout) override {
-    cs_.wait_done(cpu::as_stream_event(e).seq, timeout);
+    try {
+      cs_.wait_done(cpu::as_stream_event(e).seq, timeout);
+    } catch (const HangError&) {
+      on_stream_hang();
+      throw;
+    }
   }
   std::unique_ptr<UtilProbe> utilization_probe() override { return std::make_unique<cpu::StreamBusyProbe>(cs_); }
+
+  void on_stream_hang() {
+    ledger_->keep_freed_blocks();
+    cs_.abandon_queued();
+  }
 
  private:
   DeviceInfo info_;

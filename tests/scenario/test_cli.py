@@ -43,6 +43,12 @@ expect(["run", "precision", "--device", "sim:h100", "-p", "size=65536", "-p", "d
         "--json", os.path.join(tempfile.gettempdir(), f"sb-watchdog-{os.getpid()}.json")], 4,
        ["watchdog: no progress for 1 s", "65536x65536x65536 fp32", "exit code 4 (hang)"])
 
+# A real hang on the cpu device (a GEMM far longer than --timeout): reported as a hang, exit 4,
+# never a crash (unwinding once freed the operands under the running GEMM).
+with tempfile.TemporaryDirectory() as tmp:
+    expect(["run", "precision", "--device", "cpu", "-p", "size=8192", "-p", "dtype=fp32", "--timeout", "1",
+            "--json", os.path.join(tmp, "h.json")], 4, ["exit code 4 (hang)"])
+
 expect(["--help"], 0, ["list", "devices", "run", "compare", "analyze-hang", "exit codes"], "stdout")
 expect(["--version"], 0, ["stallbench 0.1.0"], "stdout")
 expect([], 2, ["A subcommand is required"])

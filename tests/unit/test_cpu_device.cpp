@@ -124,6 +124,23 @@ TEST(CpuDevice, CacheFlushWritesTwiceTheLastLevelCache) {
   dev->synchronize(std::chrono::seconds(30));
 }
 
+// A wait that times out while GEMMs still run (one running, more queued):
+// the op's operands are freed by unwinding right after. They must not be
+// returned while a GEMM may still write them (ASan would see a
+// heap-use-after-free), and the queued GEMMs are dropped, so the device's
+// destruction waits only for the one running.
+TEST(CpuDevice, AHungWaitNeverFreesMemoryAnOpStillUses) {
+  auto dev = cpu();
+  {
+    auto op = dev->make_gemm({1024, 1024, 1024}, DType::fp32, 1);  // tens of ms each on any CPU
+    for (int i = 0; i < 50; ++i) op->enqueue();
+    EXPECT_THROW(dev->synchronize(std::chrono::milliseconds(1)), HangError);
+  }  // the op and its buffers go while a GEMM is running
+  const auto t0 = std::chrono::steady_clock::now();
+  dev.reset();  // joins the stream: the running GEMM only, not the 49 queued
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
+}
+
 TEST(ComputeStream, SynchronizeHasADeadlineAndNamesTheStuckItem) {
   // The item cannot finish before the test lets it go, so the short deadline
   // must pass first, however loaded the machine (no race on sleep lengths).

@@ -31,6 +31,10 @@ class ComputeStream {
   void synchronize(std::chrono::milliseconds timeout);
   // Waits until item `seq` has run; HangError on timeout.
   void wait_done(std::uint64_t seq, std::chrono::milliseconds timeout);
+  // Drops the items not yet started (the one running goes on): after a hang
+  // they would only prolong the wait of the destructor, which joins the
+  // thread. Their sequence numbers count as completed.
+  void abandon_queued();
   // True while a work item runs.
   bool busy() const { return busy_since_ns_.load(std::memory_order_acquire) != 0; }
   // Total time spent inside work items, including the one running now.

@@ -9,6 +9,8 @@
 // succeeds and the process is killed later, when the pages are touched.
 #pragma once
 
+#include <atomic>  // std::atomic: keep_freed_
+
 #include <cstddef>   // std::size_t
 #include <cstdlib>   // std::aligned_alloc, std::free
 #include <fstream>   // std::ifstream: /proc/meminfo
@@ -100,6 +102,13 @@ class MemLedger : public std::enable_shared_from_this<MemLedger> {
     return LedgerBlock(shared_from_this(), p, rounded);
   }
 
+  // After a wait on the device's stream timed out, an operation may still be
+  // running (or queued) on blocks its owner is about to free while
+  // unwinding. From then on a freed block is kept, not returned: a bounded
+  // leak for a run that is ending, instead of a write into freed memory.
+  void keep_freed_blocks() { keep_freed_.store(true, std::memory_order_release); }
+  bool keeps_freed_blocks() const { return keep_freed_.load(std::memory_order_acquire); }
+
   void release(std::size_t bytes) {
     std::lock_guard lk(mu_);
     in_use_ -= std::min(bytes, in_use_);
@@ -133,12 +142,13 @@ class MemLedger : public std::enable_shared_from_this<MemLedger> {
   }
 
   std::string device_;
+  std::atomic<bool> keep_freed_{false};
   mutable std::mutex mu_;
   std::size_t in_use_ = 0, peak_ = 0, limit_ = 0;
 };
 
 inline LedgerBlock::~LedgerBlock() {
-  if (p_) {
+  if (p_ && !ledger_->keeps_freed_blocks()) {
     std::free(p_);
     ledger_->release(bytes_);
   }
