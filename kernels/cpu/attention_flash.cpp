@@ -200,6 +200,7 @@ void load_transposed(float* dst, const T* src, std::int64_t rows, std::int64_t D
 
 class FlashAttention final : public CpuAttention {
  public:
+  ~FlashAttention() override { finish_running_work(); }
   FlashAttention(const AttnEnv& env, const AttnShape& s, DType t, std::uint64_t seed, int threads, std::size_t rows,
                  std::int64_t max_len)
       : CpuAttention(env, s, AttnImpl::flash, t, seed, workspace(s, threads, rows, max_len),

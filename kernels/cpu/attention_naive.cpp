@@ -158,6 +158,7 @@ float dot_row(const T* a, const float* b, std::int64_t n) {
 
 class NaiveAttention final : public CpuAttention {
  public:
+  ~NaiveAttention() override { finish_running_work(); }
   NaiveAttention(const AttnEnv& env, const AttnShape& s, DType t, std::uint64_t seed, NaivePlan p)
       : CpuAttention(env, s, AttnImpl::naive, t, seed, p.workspace, p.what), plan_(std::move(p)),
         strm_(SB_DNNL_CHECK(dnnl::stream(env.eng))) {

@@ -53,6 +53,11 @@ void ComputeStream::abandon_queued() {
   cv_done_.notify_all();
 }
 
+void ComputeStream::drain(std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  cv_done_.wait_for(lk, timeout, [&] { return completed_ >= submitted_; });
+}
+
 void ComputeStream::synchronize(std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
   wait_for(submitted_, timeout, lk);

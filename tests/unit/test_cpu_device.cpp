@@ -141,6 +141,26 @@ TEST(CpuDevice, AHungWaitNeverFreesMemoryAnOpStillUses) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
 }
 
+// The same for attention, whose work items run the op's own members.
+TEST(CpuDevice, AHungWaitNeverDestroysAnAttentionOpUnderItsWork) {
+  auto dev = cpu();
+  for (AttnImpl impl : {AttnImpl::naive, AttnImpl::flash}) {
+    AttnShape s;
+    s.batch = 1;
+    s.heads = 4;
+    s.seq = 1024;
+    s.head_dim = 64;
+    {
+      auto op = dev->make_attention(s, impl, DType::fp32, 1);
+      for (int i = 0; i < 20; ++i) {
+        op->forward();
+        op->backward();
+      }
+      EXPECT_THROW(dev->synchronize(std::chrono::milliseconds(1)), HangError) << to_string(impl);
+    }  // destroyed after its running item ends, never under it
+  }
+}
+
 TEST(ComputeStream, SynchronizeHasADeadlineAndNamesTheStuckItem) {
   // The item cannot finish before the test lets it go, so the short deadline
   // must pass first, however loaded the machine (no race on sleep lengths).

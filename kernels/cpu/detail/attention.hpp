@@ -122,6 +122,13 @@ class CpuAttention : public AttentionOp {
   // Run on the compute thread.
   virtual void run_forward() = 0;
   virtual void run_backward() = 0;
+  // Every derived destructor calls this first: after a timed-out wait the
+  // op's work item may still be running on the stream (the queued ones were
+  // dropped), and it uses this object's members; wait it out before any
+  // member goes. A no-op unless a hang happened.
+  void finish_running_work() {
+    if (env_.ledger->keeps_freed_blocks()) env_.cs.drain(std::chrono::hours(1));
+  }
   // Workspace the derived op allocates, accounted under this op's label.
   LedgerBlock alloc_workspace(std::size_t bytes, const char* name);
   bool bf16() const { return dtype_ == DType::bf16; }

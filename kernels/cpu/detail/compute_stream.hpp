@@ -35,6 +35,10 @@ class ComputeStream {
   // they would only prolong the wait of the destructor, which joins the
   // thread. Their sequence numbers count as completed.
   void abandon_queued();
+  // Waits, at most `timeout`, until nothing runs or is queued; never throws.
+  // After a hang an op's destructor uses it so that nothing it owns is freed
+  // under its running work item (the harness watchdog bounds the process).
+  void drain(std::chrono::milliseconds timeout);
   // True while a work item runs.
   bool busy() const { return busy_since_ns_.load(std::memory_order_acquire) != 0; }
   // Total time spent inside work items, including the one running now.
