@@ -6,6 +6,7 @@
 //   errored instead of hanging); the job was ended after the dumps.
 #include <unistd.h>  // getpid
 
+#include <algorithm>  // std::find
 #include <cerrno>    // errno, ERANGE
 #include <chrono>    // std::chrono::system_clock
 #include <cmath>     // std::isfinite
@@ -386,11 +387,9 @@ int main_impl(int argc, char** argv) {
     // A first word that is no command ("stallbench frobnicate"): name it, and the commands.
     if (argc > 1 && argv[1][0] != '-') {
       const std::string word = argv[1];
-      bool known = false;
-      for (const auto* sub : app.get_subcommands([](CLI::App*) { return true; })) known |= sub->get_name() == word;
-      if (!known) {
-        std::vector<std::string> names;
-        for (const auto* sub : app.get_subcommands([](CLI::App*) { return true; })) names.push_back(sub->get_name());
+      std::vector<std::string> names;
+      for (const auto* sub : app.get_subcommands([](CLI::App*) { return true; })) names.push_back(sub->get_name());
+      if (std::find(names.begin(), names.end(), word) == names.end()) {
         std::cerr << fmt::format("stallbench: unknown command '{}'; valid: {}\n", word, fmt::join(names, ", "));
         std::cerr << "run 'stallbench --help' for usage\n";
         return kExitUsage;

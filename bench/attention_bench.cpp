@@ -7,12 +7,11 @@
 // Sizes: S=128 is the smoke test (`meson test --suite bench-smoke`).
 #include <string>  // std::string
 
-#include <cstdio>  // std::fprintf
-
 #include <benchmark/benchmark.h>  // benchmark::State, RegisterBenchmark
 
 #include "harness/device.hpp"    // Device, AttentionOp
 #include "kernels/backends.hpp"  // all_backends
+#include "bench/bench_run.hpp"  // run_selected_benchmarks
 
 namespace {
 
@@ -73,11 +72,5 @@ int main(int argc, char** argv) {
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-  // A filter that matches nothing is a failure, not a vacuous pass of the smoke test.
-  if (benchmark::RunSpecifiedBenchmarks() == 0) {
-    std::fprintf(stderr, "no benchmark matched the filter\n");
-    return 1;
-  }
-  benchmark::Shutdown();
-  return 0;
+  return sb::run_selected_benchmarks();
 }

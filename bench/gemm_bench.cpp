@@ -19,6 +19,7 @@
 #include "harness/device.hpp"           // Device, GemmOp
 #include "harness/random.hpp"           // uniform_pm1
 #include "kernels/backends.hpp"         // all_backends
+#include "bench/bench_run.hpp"  // run_selected_benchmarks
 
 namespace {
 
@@ -142,11 +143,5 @@ int main(int argc, char** argv) {
   // Colour only on a terminal: logs and meson's test output stay plain.
   RatioReporter rep(isatty(STDOUT_FILENO) ? benchmark::ConsoleReporter::OO_ColorTabular
                                           : benchmark::ConsoleReporter::OO_Tabular);
-  // A filter that matches nothing is a failure, not a vacuous pass of the smoke test.
-  if (benchmark::RunSpecifiedBenchmarks(&rep) == 0) {
-    std::fprintf(stderr, "no benchmark matched the filter\n");
-    return 1;
-  }
-  benchmark::Shutdown();
-  return 0;
+  return sb::run_selected_benchmarks(&rep);
 }

@@ -5,12 +5,11 @@
 #include <string>   // std::string
 #include <vector>   // std::vector
 
-#include <cstdio>  // std::fprintf
-
 #include <benchmark/benchmark.h>  // benchmark::State, RegisterBenchmark
 
 #include "scenarios/packing/lengths.hpp"  // parse_lengths, generate_lengths
 #include "scenarios/packing/packers.hpp"  // plan, Strategy
+#include "bench/bench_run.hpp"  // run_selected_benchmarks
 
 namespace {
 
@@ -46,11 +45,5 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-  // A filter that matches nothing is a failure, not a vacuous pass of the smoke test.
-  if (benchmark::RunSpecifiedBenchmarks() == 0) {
-    std::fprintf(stderr, "no benchmark matched the filter\n");
-    return 1;
-  }
-  benchmark::Shutdown();
-  return 0;
+  return sb::run_selected_benchmarks();
 }

@@ -4,8 +4,9 @@
 #include <sys/stat.h>  // fstat, S_ISREG, S_ISDIR, S_ISFIFO
 #include <unistd.h>    // read, close, access
 
-#include <cerrno>   // errno, EINTR
-#include <cstring>  // std::strerror
+#include <algorithm>  // std::min
+#include <cerrno>     // errno, EINTR
+#include <cstring>    // std::strerror
 
 #include <fmt/format.h>  // fmt::format
 
@@ -37,20 +38,21 @@ std::string read_regular_file(const std::string& path, const std::string& what, 
   if (std::size_t(st.st_size) > max_bytes)
     throw UsageError(fmt::format("{} '{}' is {}, over the {} limit on an input file", what, path,
                                  format_bytes(double(st.st_size)), format_bytes(double(max_bytes))));
-  std::string out(std::size_t(st.st_size), '\0');
+  // Read straight into the result; a file that grows meanwhile is read up
+  // to the cap (one byte past it is enough to know).
+  std::string out(std::min(std::size_t(st.st_size), max_bytes) + 1, '\0');
   std::size_t got = 0;
-  // Read what is there; a file that grows meanwhile is read up to the cap.
-  char buf[1 << 16];
   for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (got == out.size()) {
+      if (got > max_bytes)
+        throw UsageError(fmt::format("{} '{}' grew past the {} limit on an input file while being read", what,
+                                     path, format_bytes(double(max_bytes))));
+      out.resize(std::min(2 * out.size(), max_bytes + 1));
+    }
+    const ssize_t n = ::read(fd, out.data() + got, out.size() - got);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw UsageError(fmt::format("cannot read {} '{}': {}", what, path, std::strerror(errno)));
     if (n == 0) break;
-    if (got + std::size_t(n) > max_bytes)
-      throw UsageError(fmt::format("{} '{}' grew past the {} limit on an input file while being read", what, path,
-                                   format_bytes(double(max_bytes))));
-    if (got + std::size_t(n) > out.size()) out.resize(got + std::size_t(n));
-    std::memcpy(out.data() + got, buf, std::size_t(n));
     got += std::size_t(n);
   }
   out.resize(got);

@@ -6,16 +6,12 @@
 
 namespace sb {
 
-void fill_causes(Result& r, const Scenario& sc) {
-  for (auto& f : r.findings)
-    if (f.cause.empty()) f.cause = sc.cause;
-}
-
 void finish_findings(Result& r, const Scenario& sc, bool simulated) {
-  fill_causes(r, sc);
-  // A simulated figure is never shown as measured, findings included.
-  if (simulated)
-    for (auto& f : r.findings) f.summary += " [simulated, not measured]";
+  for (auto& f : r.findings) {
+    if (f.cause.empty()) f.cause = sc.cause;
+    // A simulated figure is never shown as measured, findings included.
+    if (simulated) f.summary += " [simulated, not measured]";
+  }
 }
 
 Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,

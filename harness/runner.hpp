@@ -24,11 +24,10 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
 
 // Exit status of a finished run: 0 when every point is ok, skipped or oom;
 // 4 when a point hung; 1 when a point failed (error).
-// A finding's cause is its scenario's (Scenario::cause): scenarios leave it
-// empty and this fills it, so no cause string is written twice.
-void fill_causes(Result& r, const Scenario& sc);
-// What the runner does to the findings after Scenario's analysis: the causes,
-// and the simulated label on each summary when the device is simulated.
+// What the runner does to the findings after Scenario's analysis: a finding
+// left without a cause gets its scenario's (Scenario::cause, so no cause
+// string is written twice), and each summary the simulated label when the
+// device is simulated.
 void finish_findings(Result& r, const Scenario& sc, bool simulated);
 
 int run_exit_code(const Result& r);

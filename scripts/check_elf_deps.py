@@ -79,7 +79,11 @@ def main(argv):
     it = iter(argv)
     for a in it:
         if a == "--provided":
-            provided_dirs.append(next(it, None) or sys.exit("--provided needs a directory"))
+            d = next(it, None)
+            if not d:
+                print("check_elf_deps: --provided needs a directory", file=sys.stderr)
+                return 2
+            provided_dirs.append(d)
         elif a in ("-h", "--help"):
             print(__doc__)
             return 0

@@ -119,6 +119,24 @@ std::string check_gemm(const GemmOp& op, const std::vector<float>& a, const std:
                      s.m * s.n, to_string(op.dtype()), s.m, s.n, s.k, op.impl(), report);
 }
 
+// Uploads host operands in [-1, 1] rounded to the op's dtype (so the device
+// stores exactly these), runs the GEMM once and checks C against the host
+// reference. "" or a report of the first mismatches.
+std::string run_uploaded(Device& dev, GemmOp& op, std::uint64_t seed) {
+  const GemmShape shape = op.shape();
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> a(std::size_t(shape.m * shape.k)), w(std::size_t(shape.n * shape.k));
+  for (float& x : a) x = round_to(op.dtype(), u(rng));
+  for (float& x : w) x = round_to(op.dtype(), u(rng));
+  op.upload(a, w);
+  op.enqueue();
+  dev.synchronize(kTimeout);
+  std::vector<float> c(std::size_t(shape.m * shape.n));
+  op.download_c(c);
+  return check_gemm(op, a, w, c);
+}
+
 class GemmTest : public testing::TestWithParam<GemmCase> {};
 
 // Host operands, uploaded: checks the GEMM layout, types and conversions.
@@ -130,18 +148,7 @@ TEST_P(GemmTest, UploadedOperandsMatchHostReference) {
   EXPECT_EQ(op->dtype(), dtype);
   EXPECT_EQ(op->impl().rfind("cublasLt algo ", 0), 0u) << op->impl();
 
-  // Values in [-1, 1] rounded to the dtype, so the device stores exactly these.
-  std::mt19937_64 rng(42);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> a(std::size_t(shape.m * shape.k)), w(std::size_t(shape.n * shape.k));
-  for (float& x : a) x = round_to(dtype, u(rng));
-  for (float& x : w) x = round_to(dtype, u(rng));
-  op->upload(a, w);
-  op->enqueue();
-  dev->synchronize(kTimeout);
-  std::vector<float> c(std::size_t(shape.m * shape.n));
-  op->download_c(c);
-  const std::string report = check_gemm(*op, a, w, c);
+  const std::string report = run_uploaded(*dev, *op, 42);
   EXPECT_TRUE(report.empty()) << report;
 }
 
@@ -200,18 +207,9 @@ TEST(CudaGemm, Fp8ScalesSurviveTheirHostSource) {
     ops.push_back(dev->make_gemm(shape, DType::fp8_e4m3, 100 + std::uint64_t(i)));
     EXPECT_NE(scribble_stack(1e30f * float(i + 1)), 0.0f);
   }
-  std::mt19937_64 rng(7);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uint64_t seed = 7;
   for (auto& op : ops) {
-    std::vector<float> a(std::size_t(shape.m * shape.k)), w(std::size_t(shape.n * shape.k));
-    for (float& x : a) x = round_to(DType::fp8_e4m3, u(rng));
-    for (float& x : w) x = round_to(DType::fp8_e4m3, u(rng));
-    op->upload(a, w);
-    op->enqueue();
-    dev->synchronize(kTimeout);
-    std::vector<float> c(std::size_t(shape.m * shape.n));
-    op->download_c(c);
-    const std::string report = check_gemm(*op, a, w, c);
+    const std::string report = run_uploaded(*dev, *op, seed++);
     EXPECT_TRUE(report.empty()) << report;
   }
 }

@@ -96,8 +96,9 @@ TEST(Findings, EveryPublishedResultIsReanalyzedIdentically) {
       EXPECT_EQ(r.findings[i].summary, want.findings[i].summary);
       EXPECT_EQ(r.findings[i].cause, sc->cause);
       EXPECT_EQ(r.findings[i].speedup.has_value(), want.findings[i].speedup.has_value());
-      if (r.findings[i].speedup && want.findings[i].speedup)
+      if (r.findings[i].speedup && want.findings[i].speedup) {
         EXPECT_NEAR(*r.findings[i].speedup, *want.findings[i].speedup, 1e-9 * std::fabs(*want.findings[i].speedup));
+      }
     }
   }
   // Every scenario with published results was reanalyzed.

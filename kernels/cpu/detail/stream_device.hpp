@@ -10,7 +10,6 @@
 #include <cstddef>             // std::size_t
 #include <memory>              // std::make_shared
 #include <mutex>               // std::mutex
-#include <vector>              // std::vector
 
 #include "harness/device.hpp"                     // Event, UtilProbe
 #include "harness/errors.hpp"                     // Error
