@@ -65,10 +65,7 @@ std::optional<std::int32_t> length_field(std::string_view s) {
 // Reads "@FILE". The first data line decides the format: a comma makes it a
 // CSV histogram (and a first line whose length field is not a number is its
 // header); every later line must then have the same shape.
-void read_length_file(const std::string& path, LengthSpec& out) {
-  // A regular file only (a FIFO or /dev/zero would block or never end), and
-  // at most kMaxInputBytes: work is bounded by the data actually present.
-  std::string text = read_regular_file(path, "lengths file");
+void parse_length_text(std::string text, const std::string& path, LengthSpec& out) {
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte-order mark (spreadsheets write one)
   std::istringstream in(std::move(text));
   enum class Shape { unknown, per_line, csv } shape = Shape::unknown;
@@ -108,6 +105,12 @@ void read_length_file(const std::string& path, LengthSpec& out) {
   if (in.bad()) throw UsageError(fmt::format("cannot read lengths file '{}'", path));
   if (total == 0) throw UsageError(fmt::format("lengths file '{}' holds no lengths", path));
   out.kind = shape == Shape::csv ? LengthSpec::Kind::file_histogram : LengthSpec::Kind::file_lengths;
+}
+
+void read_length_file(const std::string& path, LengthSpec& out) {
+  // A regular file only (a FIFO or /dev/zero would block or never end), and
+  // at most kMaxInputBytes: work is bounded by the data actually present.
+  parse_length_text(read_regular_file(path, "lengths file"), path, out);
 }
 
 // ---- counter-based random numbers: value(seed, index), so runs repeat -------
@@ -161,6 +164,13 @@ LengthSpec parse_lengths(const std::string& spec) {
   } else {
     throw fail(fmt::format("unknown distribution '{}'", word));
   }
+  return out;
+}
+
+LengthSpec parse_length_file_text(std::string text, const std::string& path) {
+  LengthSpec out;
+  out.text = "@" + path;
+  parse_length_text(std::move(text), path, out);
   return out;
 }
 

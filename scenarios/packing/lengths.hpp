@@ -35,6 +35,9 @@ struct LengthSpec {
 // Throws sb::UsageError naming the valid forms; for files, the path and the
 // 1-based line number of the bad line (or that the file cannot be read).
 LengthSpec parse_lengths(const std::string& spec);
+// What parse_lengths("@" + path) does with the file's contents, once read
+// (the fuzz target calls it on bytes in memory).
+LengthSpec parse_length_file_text(std::string text, const std::string& path);
 
 // n lengths from the spec, a pure function of (spec, n, seed): runs repeat.
 // Values are clipped to [1, cap] (cap <= 0: no upper clip). The scenario
