@@ -39,6 +39,7 @@
 #include "harness/errors.hpp"                  // OutOfMemory, HangError, UsageError, ...
 #include "harness/attention_check.hpp"         // check_attention_size
 #include "harness/gemm_check.hpp"              // gpu_gemm_shape_problem
+#include "harness/host_memory.hpp"             // reserve_host_memory: host buffers
 #include "harness/units.hpp"                 // format_bytes
 #include "kernels/cuda/detail/check.hpp"       // SB_CUDA_CHECK, SB_CUBLAS_CHECK
 #include "kernels/cuda/detail/cuda_gemm.hpp"   // make_cublaslt_gemm, Owned handles, kSetupTimeout
@@ -298,16 +299,20 @@ class CudaDevice final : public Device {
       }
       case MemKind::host_pinned: {
         bind();
+        auto host = std::make_shared<HostReservation>(
+            reserve_host_memory(bytes, fmt::format("{}: a pinned host buffer", info_.id)));
         const cudaError_t s = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
         if (s != cudaSuccess) fail_alloc(s, "cudaHostAlloc", bytes, kind);
-        return Buffer(p, bytes, kind, [](void* q) { (void)cudaFreeHost(q); });
+        return Buffer(p, bytes, kind, [host](void* q) { (void)cudaFreeHost(q); });
       }
       case MemKind::host_pageable: {
+        auto host = std::make_shared<HostReservation>(
+            reserve_host_memory(bytes, fmt::format("{}: a pageable host buffer", info_.id)));
         p = std::malloc(bytes == 0 ? 1 : bytes);
         if (p == nullptr)
           throw OutOfMemory(fmt::format("{}: out of memory: malloc of {} bytes ({}) failed",
                                         info_.id, bytes, format_bytes(double(bytes))));
-        return Buffer(p, bytes, kind, [](void* q) { std::free(q); });
+        return Buffer(p, bytes, kind, [host](void* q) { std::free(q); });
       }
     }
     throw Error(ErrorKind::runtime, fmt::format("{}: allocate: unknown MemKind", info_.id));

@@ -26,6 +26,7 @@
 #include "harness/errors.hpp"                     // OutOfMemory, UnsupportedError, UsageError
 #include "harness/expected.hpp"                   // load_expected_files
 #include "harness/gemm_check.hpp"                 // gpu_gemm_shape_problem
+#include "harness/host_memory.hpp"              // reserve_host_memory: simulated buffers are host memory
 #include "harness/units.hpp"                    // format_bytes
 #include "kernels/cpu/detail/compute_stream.hpp"  // ComputeStream
 #include "kernels/cpu/detail/stream_device.hpp"   // StreamEvent, stream_elapsed_ms, StreamBusyProbe
@@ -171,12 +172,15 @@ class SimDevice final : public Device {
     auto r = kind == MemKind::device ? std::make_shared<Reservation>(reserve(bytes, "a device allocation"))
                                      : std::shared_ptr<Reservation>();
     const std::size_t rounded = (bytes + 63) / 64 * 64;
+    // Simulated device buffers are real host memory too.
+    auto host = std::make_shared<HostReservation>(reserve_host_memory(
+        rounded, fmt::format("{}: a simulated {} buffer", info_.id, kind == MemKind::device ? "device" : "host")));
     void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
     if (!p && rounded)
       throw OutOfMemory(fmt::format("{}: out of host memory: {} bytes ({}) for a simulated {} buffer", info_.id,
                                     bytes, format_bytes(double(bytes)),
                                     kind == MemKind::device ? "device" : "host"));
-    return Buffer(p, bytes, kind, [r](void* q) { std::free(q); });  // r released with the buffer
+    return Buffer(p, bytes, kind, [r, host](void* q) { std::free(q); });  // r and host released with the buffer
   }
 
   void copy_h2d(Buffer& dst, const Buffer& src, std::size_t bytes) override {

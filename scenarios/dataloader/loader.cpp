@@ -17,7 +17,9 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "harness/random.hpp"  // splitmix64, uniform_pm1
+#include "harness/host_memory.hpp"  // check_host_memory, reserve_host_memory: the batch slots
+#include "harness/random.hpp"       // splitmix64, uniform_pm1
+#include "harness/units.hpp"        // format_bytes
 
 namespace sb::loader {
 
@@ -242,12 +244,22 @@ Loader::Loader(Config cfg) : cfg_(validated(std::move(cfg))) {
     // Calibrate before any worker runs, so the measurement has the CPU to itself.
     if (cfg_.decode_us > 0) iters_per_us_ = decode_iters_per_us();
 
+    // All slots at once first, so a configuration that cannot fit (64 workers
+    // x prefetch 64 of large batches) is refused before any is allocated.
+    const std::uint64_t all_slots = std::uint64_t(n_slots) * slot_bytes_;
+    if (slot_bytes_ != 0 && all_slots / slot_bytes_ != std::uint64_t(n_slots))
+      throw OutOfMemory(fmt::format("loader: {} slots of {} bytes overflow 64 bits", n_slots, slot_bytes_));
+    check_host_memory(all_slots, fmt::format("loader: {} batch slots of {} ({} workers x prefetch {}, batch {} x {})",
+                                             n_slots, format_bytes(double(slot_bytes_)), cfg_.workers,
+                                             cfg_.prefetch, cfg_.batch, format_bytes(double(cfg_.sample_bytes))));
     for (int i = 0; i < n_slots; ++i) {
       if (cfg_.alloc) {
         slots_.push_back(cfg_.alloc(slot_bytes_));
       } else {
+        auto host = std::make_shared<HostReservation>(
+            reserve_host_memory(slot_bytes_, fmt::format("loader: batch slot {} of {}", i + 1, n_slots)));
         slots_.emplace_back(new std::byte[slot_bytes_], slot_bytes_, MemKind::host_pageable,
-                            [](void* p) { delete[] static_cast<std::byte*>(p); });
+                            [host](void* p) { delete[] static_cast<std::byte*>(p); });
       }
       if (!slots_.back().data() || slots_.back().bytes() < slot_bytes_)
         throw Error(ErrorKind::runtime, fmt::format("loader: alloc returned {} bytes for a {}-byte slot",

@@ -25,6 +25,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"            // UnsupportedError
+#include "harness/host_memory.hpp"       // reserve_host_memory: lengths and plan
 #include "harness/printer.hpp"           // format_number
 #include "harness/scenario.hpp"          // Scenario, ScenarioRun
 #include "scenarios/packing/packers.hpp"  // plan, generate_lengths
@@ -65,6 +66,12 @@ class PackingRun : public ScenarioRun {
     if (auto why = dev.attention_unsupported(attn_impl, dt)) throw UnsupportedError(*why);
 
     const std::vector<std::int32_t>& lengths = dataset(ps.get_str("lengths"), ps.get_int("sequences"), max_len);
+    // The plan's rows, held for the point: about a segment (16 B) and a row
+    // (a vector and its block, ~56 B) per sequence, refused up front (oom)
+    // rather than killed half-way under a memory limit.
+    const HostReservation plan_memory = reserve_host_memory(
+        std::uint64_t(lengths.size()) * 72, fmt::format("packing {}: the plan of {} sequences (about 72 B each)",
+                                                        to_string(strategy), lengths.size()));
     const pk::Plan plan = pk::plan(lengths, strategy, max_len, rows_per_batch, std::int32_t(ps.get_int("window")),
                                    overflow);
     if (plan.real_tokens == 0)  // e.g. a length distribution wholly over max_len with overflow=drop
@@ -228,6 +235,15 @@ class PackingRun : public ScenarioRun {
     auto key = std::make_tuple(text, sequences, max_len);
     if (!lengths_ || lengths_key_ != key) {
       const pk::LengthSpec spec = pk::parse_lengths(text);
+      lengths_.reset();
+      lengths_memory_ = {};
+      // 4 bytes a sequence: the count asked, else the file's own.
+      std::uint64_t count = std::uint64_t(sequences);
+      if (sequences == 0 && spec.kind == pk::LengthSpec::Kind::file_lengths) count = spec.lengths.size();
+      if (sequences == 0 && spec.kind == pk::LengthSpec::Kind::file_histogram)
+        for (const auto& hc : spec.histogram) count += std::uint64_t(hc.count);
+      lengths_memory_ = reserve_host_memory(count * sizeof(std::int32_t),
+                                            fmt::format("packing: the lengths of {} sequences", count));
       lengths_ = pk::generate_lengths(spec, sequences, 1234, 4 * max_len);
       lengths_key_ = std::move(key);
     }
@@ -236,6 +252,7 @@ class PackingRun : public ScenarioRun {
 
   RunContext& ctx_;
   std::optional<std::vector<std::int32_t>> lengths_;
+  HostReservation lengths_memory_;  // lengths_'s bytes in the host-memory budget
   std::tuple<std::string, std::int64_t, std::int32_t> lengths_key_;
 };
 

@@ -4,40 +4,29 @@
 // limit makes the host behave like a smaller device: a request past it
 // throws OutOfMemory naming the bytes, never crashes.
 //
-// With no limit set, a request larger than the memory the kernel reports as
-// available (MemAvailable) is refused as well: on Linux a huge malloc
-// succeeds and the process is killed later, when the pages are touched.
+// Every block is also reserved against the process's host-memory budget
+// (harness/host_memory.hpp: MemAvailable, the memory cgroups' limits,
+// RLIMIT_AS), limit or no limit: on Linux a huge malloc succeeds and the
+// process is killed later, when the pages are touched.
 #pragma once
 
 #include <atomic>  // std::atomic: keep_freed_
 
 #include <cstddef>   // std::size_t
 #include <cstdlib>   // std::aligned_alloc, std::free
-#include <fstream>   // std::ifstream: /proc/meminfo
 #include <memory>    // std::shared_ptr, std::enable_shared_from_this
 #include <mutex>     // std::mutex
-#include <optional>  // std::optional
 #include <string>    // std::string
 #include <utility>   // std::exchange
 
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/device.hpp"  // Device::MemoryStats, Buffer
-#include "harness/errors.hpp"  // OutOfMemory
-#include "harness/units.hpp" // format_bytes
+#include "harness/errors.hpp"       // OutOfMemory
+#include "harness/host_memory.hpp"  // reserve_host_memory, check_host_memory
+#include "harness/units.hpp"        // format_bytes
 
 namespace sb::cpu {
-
-// MemAvailable from /proc/meminfo; nullopt where it cannot be read.
-inline std::optional<std::size_t> host_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  std::size_t kib = 0;
-  std::string unit;
-  while (f >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return std::nullopt;
-}
 
 class MemLedger;
 
@@ -45,15 +34,17 @@ class MemLedger;
 class LedgerBlock {
  public:
   LedgerBlock() = default;
-  LedgerBlock(std::shared_ptr<MemLedger> l, void* p, std::size_t bytes)
-      : ledger_(std::move(l)), p_(p), bytes_(bytes) {}
+  LedgerBlock(std::shared_ptr<MemLedger> l, void* p, std::size_t bytes, HostReservation host)
+      : ledger_(std::move(l)), p_(p), bytes_(bytes), host_(std::move(host)) {}
   LedgerBlock(LedgerBlock&& o) noexcept
-      : ledger_(std::move(o.ledger_)), p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+      : ledger_(std::move(o.ledger_)), p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)),
+        host_(std::move(o.host_)) {}
   LedgerBlock& operator=(LedgerBlock&& o) noexcept {
     LedgerBlock tmp(std::move(o));
     std::swap(ledger_, tmp.ledger_);
     std::swap(p_, tmp.p_);
     std::swap(bytes_, tmp.bytes_);
+    std::swap(host_, tmp.host_);
     return *this;
   }
   LedgerBlock(const LedgerBlock&) = delete;
@@ -70,6 +61,7 @@ class LedgerBlock {
   std::shared_ptr<MemLedger> ledger_;
   void* p_ = nullptr;
   std::size_t bytes_ = 0;
+  HostReservation host_;  // the same bytes in the process's host-memory budget
 };
 
 class MemLedger : public std::enable_shared_from_this<MemLedger> {
@@ -79,8 +71,11 @@ class MemLedger : public std::enable_shared_from_this<MemLedger> {
   // Throws OutOfMemory when `bytes` more would not fit; `what` names the
   // request and how its size arises ("naive attention ... (S = B*H*S*S fp32 ...)").
   void require(std::size_t bytes, const std::string& what) const {
-    std::lock_guard lk(mu_);
-    require_locked(bytes, what);
+    {
+      std::lock_guard lk(mu_);
+      require_locked(bytes, what);
+    }
+    check_host_memory(bytes, fmt::format("{}: {}", device_, what));
   }
 
   // Checks, allocates and accounts. Size 0 gives an empty block.
@@ -93,13 +88,20 @@ class MemLedger : public std::enable_shared_from_this<MemLedger> {
       in_use_ += rounded;  // reserved before the call, so two threads cannot both pass the limit
       peak_ = std::max(peak_, in_use_);
     }
+    HostReservation host;
+    try {
+      host = reserve_host_memory(rounded, fmt::format("{}: {}", device_, what));
+    } catch (...) {
+      release(rounded);
+      throw;
+    }
     void* p = std::aligned_alloc(64, rounded);
     if (!p) {
       release(rounded);
       throw OutOfMemory(fmt::format("{}: {} needs {} and the allocator refused it", device_, what,
                                     format_bytes(bytes)));
     }
-    return LedgerBlock(shared_from_this(), p, rounded);
+    return LedgerBlock(shared_from_this(), p, rounded, std::move(host));
   }
 
   // After a wait on the device's stream timed out, an operation may still be
@@ -133,12 +135,7 @@ class MemLedger : public std::enable_shared_from_this<MemLedger> {
       if (bytes > limit_ || in_use_ > limit_ - bytes)
         throw OutOfMemory(fmt::format("{}: {} needs {} but the memory limit is {} ({} already in use)", device_,
                                       what, format_bytes(bytes), format_bytes(limit_), format_bytes(in_use_)));
-      return;
     }
-    const auto avail = host_available_bytes();
-    if (avail && bytes > *avail)
-      throw OutOfMemory(fmt::format("{}: {} needs {} but the host has only {} available (no memory limit set)",
-                                    device_, what, format_bytes(bytes), format_bytes(*avail)));
   }
 
   std::string device_;

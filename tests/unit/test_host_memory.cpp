@@ -1,0 +1,175 @@
+// The host-memory budget: bounds read from /proc and the memory cgroups (v1
+// and v2, ancestors included, inside a cgroup namespace too), and the
+// cumulative reservation that refuses with OutOfMemory. Each test builds a
+// fake /proc/self and /sys/fs/cgroup tree; the real-cgroup test is
+// tests/scenario/test_memory_cgroup.py.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "harness/errors.hpp"
+#include "harness/host_memory.hpp"
+
+namespace sb {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr std::uint64_t MiB = std::uint64_t(1) << 20;
+
+class FakeHost : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("sb_host_memory_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "proc_self");
+    fs::create_directories(dir_ / "cg");
+    paths_.proc_self = (dir_ / "proc_self").string();
+    paths_.meminfo = (dir_ / "meminfo").string();
+    paths_.cgroup_root = (dir_ / "cg").string();
+    paths_.use_rlimit = false;
+    write("meminfo", "MemTotal: 25165824 kB\nMemFree: 1000 kB\nMemAvailable: 20971520 kB\n");  // 20 GiB
+    write("proc_self/statm", "1000 100 0 0 0 0 0\n");
+  }
+  void TearDown() override {
+    set_host_memory_paths_for_testing(nullptr);
+    fs::remove_all(dir_);
+  }
+  void write(const fs::path& rel, const std::string& text) {
+    fs::create_directories((dir_ / rel).parent_path());
+    std::ofstream(dir_ / rel) << text;
+  }
+  // A v1 memory cgroup at cg/memory/<rel>.
+  void v1(const std::string& rel, std::uint64_t limit, std::uint64_t usage, std::uint64_t inactive = 0) {
+    const fs::path d = fs::path("cg/memory") / rel;
+    write(d / "memory.limit_in_bytes", std::to_string(limit) + "\n");
+    write(d / "memory.usage_in_bytes", std::to_string(usage) + "\n");
+    write(d / "memory.stat", "cache 0\nrss 0\ntotal_inactive_file " + std::to_string(inactive) + "\n");
+  }
+  fs::path dir_;
+  HostMemoryPaths paths_;
+};
+
+TEST_F(FakeHost, MemAvailableAloneIsTheBoundWithoutACgroup) {
+  write("proc_self/cgroup", "0::/\n");
+  const HostMemory m = read_host_memory(paths_);
+  ASSERT_TRUE(m.mem_available);
+  EXPECT_EQ(*m.mem_available, 20 * 1024 * MiB);
+  ASSERT_EQ(m.bounds.size(), 1u);
+  EXPECT_EQ(m.rss, 100u * std::uint64_t(::sysconf(_SC_PAGESIZE)));
+}
+
+TEST_F(FakeHost, CgroupV1LimitLessItsUnreclaimableUsage) {
+  write("proc_self/cgroup", "5:cpu:/\n4:memory:/job/step\n0::/\n");
+  fs::create_directories(dir_ / "cg/memory");
+  v1("job/step", 1024 * MiB, 400 * MiB, 100 * MiB);  // 300 MiB really used
+  const auto t = read_host_memory(paths_).tightest();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->available, 724 * MiB);
+  EXPECT_NE(t->what.find("cgroup v1"), std::string::npos) << t->what;
+  EXPECT_NE(t->what.find("job/step"), std::string::npos) << t->what;
+}
+
+TEST_F(FakeHost, AParentCgroupsLimitHoldsForItsChildren) {
+  write("proc_self/cgroup", "4:memory:/job/step\n");
+  v1("job/step", std::uint64_t(9223372036854771712ULL), 100 * MiB);  // the child: no limit
+  v1("job", 512 * MiB, 200 * MiB);
+  v1("", std::uint64_t(9223372036854771712ULL), 4096 * MiB);  // the root: no limit
+  const auto t = read_host_memory(paths_).tightest();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->available, 312 * MiB);
+  EXPECT_NE(t->what.find("/job:"), std::string::npos) << t->what;
+}
+
+TEST_F(FakeHost, CgroupV2MaxAndCurrent) {
+  write("proc_self/cgroup", "0::/user.slice/job\n");
+  write("cg/cgroup.controllers", "cpu memory pids\n");
+  write("cg/user.slice/job/memory.max", "2147483648\n");
+  write("cg/user.slice/job/memory.current", "1073741824\n");
+  write("cg/user.slice/job/memory.stat", "anon 1\ninactive_file 268435456\n");
+  write("cg/user.slice/memory.max", "max\n");
+  write("cg/user.slice/memory.current", "1\n");
+  const auto t = read_host_memory(paths_).tightest();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->available, 1280 * MiB);  // 2 GiB - (1 GiB - 256 MiB)
+  EXPECT_NE(t->what.find("cgroup v2"), std::string::npos) << t->what;
+}
+
+TEST_F(FakeHost, InsideACgroupNamespaceTheMountIsOurCgroup) {
+  // /proc/self/cgroup names a path the namespace's mount does not show.
+  write("proc_self/cgroup", "0::/../../outside/job\n");
+  write("cg/cgroup.controllers", "memory\n");
+  write("cg/memory.max", "1073741824\n");
+  write("cg/memory.current", "0\n");
+  const auto t = read_host_memory(paths_).tightest();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->available, 1024 * MiB);
+}
+
+TEST_F(FakeHost, MissingFilesGiveNoBoundAndNoError) {
+  fs::remove(dir_ / "meminfo");
+  fs::remove(dir_ / "proc_self/statm");
+  const HostMemory m = read_host_memory(paths_);
+  EXPECT_FALSE(m.mem_available);
+  EXPECT_TRUE(m.bounds.empty());
+  set_host_memory_paths_for_testing(&paths_);
+  EXPECT_NO_THROW(reserve_host_memory(std::uint64_t(1) << 50, "anything"));
+}
+
+TEST_F(FakeHost, ReservationsAreCumulativeAndReturnedOnDestruction) {
+  write("proc_self/cgroup", "4:memory:/job\n");
+  v1("job", 1024 * MiB, 0);
+  set_host_memory_paths_for_testing(&paths_);
+  ASSERT_EQ(host_memory_reserved(), 0u);
+  {
+    // 1 GiB less the 64 MiB kept back: 960 MiB usable.
+    HostReservation a = reserve_host_memory(400 * MiB, "first");
+    HostReservation b = reserve_host_memory(400 * MiB, "second");
+    EXPECT_EQ(host_memory_reserved(), 800 * MiB);
+    // Each fits alone; the third does not fit with the first two.
+    try {
+      reserve_host_memory(400 * MiB, "the third block");
+      FAIL() << "a third 400 MiB fitted into 960 MiB";
+    } catch (const OutOfMemory& e) {
+      const std::string w = e.what();
+      EXPECT_NE(w.find("the third block"), std::string::npos) << w;
+      EXPECT_NE(w.find("needs 400.0 MiB"), std::string::npos) << w;
+      EXPECT_NE(w.find("800.0 MiB of it is reserved"), std::string::npos) << w;
+      EXPECT_NE(w.find("cgroup v1"), std::string::npos) << w;
+    }
+    EXPECT_EQ(host_memory_reserved(), 800 * MiB);  // a refusal reserves nothing
+    HostReservation moved = std::move(a);
+    EXPECT_EQ(host_memory_reserved(), 800 * MiB);
+  }
+  EXPECT_EQ(host_memory_reserved(), 0u);
+  EXPECT_NO_THROW(reserve_host_memory(900 * MiB, "after release"));
+  EXPECT_THROW(check_host_memory(961 * MiB, "over the usable"), OutOfMemory);
+}
+
+TEST_F(FakeHost, TouchedReservationsAreNotCountedTwice) {
+  // Once the reserved pages are touched they show in the cgroup's usage; the
+  // growth of the resident set says so, and the budget does not count them again.
+  write("proc_self/cgroup", "4:memory:/job\n");
+  v1("job", 1024 * MiB, 0);
+  set_host_memory_paths_for_testing(&paths_);
+  HostReservation a = reserve_host_memory(600 * MiB, "first");
+  const std::uint64_t page = std::uint64_t(::sysconf(_SC_PAGESIZE));
+  write("proc_self/statm", "1000 " + std::to_string(100 + 600 * MiB / page) + " 0 0 0 0 0\n");
+  v1("job", 1024 * MiB, 600 * MiB);
+  EXPECT_NO_THROW(reserve_host_memory(300 * MiB, "second, after the first was touched"));
+  EXPECT_THROW(reserve_host_memory(400 * MiB, "too much"), OutOfMemory);
+}
+
+TEST(HostMemory, TheRealMachineHasABound) {
+  // On Linux MemAvailable is always there.
+  const HostMemory m = read_host_memory();
+  ASSERT_TRUE(m.mem_available);
+  EXPECT_GT(*m.mem_available, 0u);
+  EXPECT_GT(m.rss, 0u);
+  EXPECT_THROW(reserve_host_memory(std::uint64_t(1) << 60, "an exabyte"), OutOfMemory);
+}
+
+}  // namespace
+}  // namespace sb
