@@ -29,9 +29,12 @@
 #include "harness/printer.hpp"      // format_result_table
 #include "harness/runner.hpp"       // run_scenario
 #include "harness/timeline.hpp"     // chrome_trace
+#include "harness/temp_files.hpp"   // install_temp_file_cleanup
+#include "harness/units.hpp"        // format_bytes
 #include "harness/watchdog.hpp"     // Watchdog
 #include "kernels/backends.hpp"     // all_backends, open_device, open_process_group
 #include "scenarios/collective/hang_analysis.hpp"  // analyze_hang_dir
+#include "scenarios/dataloader/dataset_file.hpp"   // dataset_cache_dir, clean_dataset_cache
 #include "harness/exit_codes.hpp"  // kExit*
 
 namespace sb {
@@ -319,6 +322,21 @@ int cmd_compare(const std::string& a, const std::string& b, double tolerance, bo
   return kExitOk;
 }
 
+// The dataset files that `run dataloader -p source=file` caches under
+// $TMPDIR/stallbench-<uid>, and the temporary files of runs that were killed.
+int cmd_clean(bool dry_run) {
+  const std::string dir = loader::dataset_cache_dir();
+  const auto removed = loader::clean_dataset_cache(dir, dry_run);
+  std::uint64_t total = 0;
+  for (const auto& r : removed) {
+    std::cout << fmt::format("{} {} ({})\n", dry_run ? "would remove" : "removed", r.path, format_bytes(double(r.bytes)));
+    total += r.bytes;
+  }
+  std::cout << fmt::format("{} file(s), {} {} in {}\n", removed.size(), format_bytes(double(total)),
+                           dry_run ? "to free" : "freed", dir);
+  return kExitOk;
+}
+
 int main_impl(int argc, char** argv) {
   CLI::App app{"stallbench: reproduce, one by one, the causes that make a fine-tuning job slow or stuck,\n"
                "measure them on this machine, and compare with expected numbers for the hardware."};
@@ -375,6 +393,10 @@ int main_impl(int argc, char** argv) {
   hang->add_option("DIR", hang_dir, "the dump_dir of the run (one rank-N.json per rank)")->required();
   hang->add_flag("--json", hang_json, "the report as JSON");
 
+  bool clean_dry = false;
+  auto* clean = app.add_subcommand("clean", "remove the cached dataset files (source=file) and what killed runs left");
+  clean->add_flag("--dry-run", clean_dry, "list what would be removed");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -405,6 +427,7 @@ int main_impl(int argc, char** argv) {
   if (*run) return cmd_run(ra, &argc, &argv);
   if (*hang) return cmd_analyze_hang(hang_dir, hang_json);
   if (*cmp) return cmd_compare(ca, cb, tolerance, tol_opt->count() > 0);
+  if (*clean) return cmd_clean(clean_dry);
   return kExitUsage;
 }
 
@@ -412,6 +435,7 @@ int main_impl(int argc, char** argv) {
 }  // namespace sb
 
 int main(int argc, char** argv) {
+  sb::install_temp_file_cleanup();  // a signal never leaves a half-written file behind
   try {
     return sb::main_impl(argc, argv);
   } catch (const sb::UsageError& e) {

@@ -15,10 +15,9 @@
 //   predicted utilization = min(1, S / D) = min(1, max(1, workers) * T / L)
 #include <algorithm>   // std::max, std::min
 #include <cmath>       // std::llround
-#include <filesystem>  // std::filesystem::temp_directory_path
+#include <optional>    // std::optional: the dataset file, when source=file
 #include <numeric>     // std::accumulate
 
-#include <unistd.h>  // getuid
 
 #include <fmt/format.h>  // fmt::format
 
@@ -87,13 +86,13 @@ class DataloaderRun : public ScenarioRun {
     const bool derived = decode_us <= 0;
     if (derived) decode_us = step_s_ / ps.get_real("supply") / cfg.batch * 1e6;
     cfg.decode_us = decode_us;
+    std::optional<loader::DatasetWrite> dataset;
     if (cfg.source == loader::Source::file) {
-      ctx_.progress("dataloader: writing the dataset file");
-      const auto dir = std::filesystem::temp_directory_path() / fmt::format("stallbench-{}", ::getuid());
-      std::filesystem::create_directories(dir);
-      cfg.file_path = loader::write_dataset_file(
-          (dir / fmt::format("dataset-{}x{}.bin", cfg.num_batches * cfg.batch, cfg.sample_bytes)).string(),
-          cfg.num_batches * cfg.batch, cfg.sample_bytes, cfg.seed);
+      ctx_.progress("dataloader: checking or writing the dataset file");
+      const std::int64_t n_samples = cfg.num_batches * cfg.batch;
+      dataset = loader::write_dataset_file(loader::dataset_cache_path(n_samples, cfg.sample_bytes, cfg.seed),
+                                           n_samples, cfg.sample_bytes, cfg.seed);
+      cfg.file_path = dataset->path;
     }
 
     const std::size_t batch_bytes = std::size_t(cfg.batch) * cfg.sample_bytes;
@@ -219,6 +218,14 @@ class DataloaderRun : public ScenarioRun {
                   {"util_source", sampler.source()},
                   {"util_series", util}};
     if (sim) p.info["note"] = "simulated device: its step times are modelled, not measured";
+    if (dataset) {
+      // A cache kept for the next run: say where, and how it is removed.
+      p.info["dataset_file"] = dataset->path;
+      p.info["dataset_file_cache"] = dataset->how == loader::DatasetWrite::How::reused    ? "reused"
+                                     : dataset->how == loader::DatasetWrite::How::written ? "written"
+                                                                                          : "rewritten: " + dataset->why;
+      p.info["dataset_file_cleanup"] = "stallbench clean";
+    }
     if (ctx_.trace)
       ctx_.trace->push_back(TraceProcess{
           fmt::format("dataloader workers={} prefetch={} pin={}", cfg.workers, cfg.prefetch, ps.get_str("pin")),
@@ -302,6 +309,8 @@ class DataloaderRun : public ScenarioRun {
 // A fault at a sample the epoch never reaches would never fire, and the run
 // would say nothing of it.
 void validate_dataloader_point(const ParamSet& ps, const RunContext&) {
+  // source=file writes under TMPDIR: a missing one is bad input, found now.
+  if (ps.get_choice("source", loader::kSourceNames) == loader::Source::file) (void)loader::dataset_cache_dir();
   const loader::Fault f = loader::parse_fault(ps.get_str("fault"));
   const std::int64_t samples = ps.get_int("steps") * ps.get_int("batch");
   if (f.kind != loader::Fault::Kind::none && f.sample >= samples)

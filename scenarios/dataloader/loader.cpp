@@ -5,12 +5,13 @@
 #include <cerrno>      // errno
 #include <charconv>    // std::from_chars
 #include <cstring>     // std::memcpy, std::strerror
-#include <filesystem>  // std::filesystem: dataset file
-#include <fstream>     // std::ofstream
 #include <limits>      // std::numeric_limits
+#include <mutex>       // std::once_flag
 #include <stdexcept>   // std::runtime_error: a failed sample inside a worker
 
 #include <fcntl.h>     // open
+#include <setjmp.h>    // sigsetjmp, siglongjmp: a guarded read from a mapping
+#include <signal.h>    // sigaction: SIGBUS
 #include <sys/mman.h>  // mmap, munmap
 #include <sys/stat.h>  // fstat
 #include <unistd.h>    // pread, close, getpid
@@ -26,6 +27,59 @@ namespace sb::loader {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// ---- reads through a mapping that may shrink under them ----
+// A mapped file truncated during a run (another process rewrote or cut it)
+// raises SIGBUS on the next read past its new end. The read is guarded: a
+// SIGBUS inside the guarded range jumps back to the guard, which reports a
+// DatasetFileError (a point error), not a crash. Any other SIGBUS goes to
+// the handler that was there before.
+// volatile, and fenced below: the compiler knows memcpy reads none of them
+// and would otherwise drop the stores around it as dead.
+thread_local sigjmp_buf* volatile t_bus_jump = nullptr;
+thread_local const std::byte* volatile t_bus_lo = nullptr;
+thread_local const std::byte* volatile t_bus_hi = nullptr;
+struct sigaction g_previous_bus {};
+
+extern "C" void on_mapping_fault(int sig, siginfo_t* info, void* uctx) {
+  const auto* at = static_cast<const std::byte*>(info->si_addr);
+  if (t_bus_jump && at >= t_bus_lo && at < t_bus_hi) siglongjmp(*t_bus_jump, 1);
+  // Not ours: the previous disposition, for this and every later SIGBUS.
+  if (g_previous_bus.sa_flags & SA_SIGINFO) {
+    g_previous_bus.sa_sigaction(sig, info, uctx);
+    return;
+  }
+  sigaction(SIGBUS, &g_previous_bus, nullptr);  // returning re-runs the faulting access under it
+}
+
+void install_mapping_fault_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_mapping_fault;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &g_previous_bus);
+  });
+}
+
+// memcpy from a mapping; false when the copy raised SIGBUS inside [lo, hi).
+bool copy_from_mapping(std::byte* dst, const std::byte* src, std::size_t n, const std::byte* lo,
+                       const std::byte* hi) {
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 1) != 0) {  // 1: the mask is restored (SIGBUS was blocked in the handler)
+    t_bus_jump = nullptr;
+    return false;
+  }
+  t_bus_lo = lo;
+  t_bus_hi = hi;
+  t_bus_jump = &jump;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(dst, src, n);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_bus_jump = nullptr;
+  return true;
+}
 
 void store_le64(std::byte* out, std::uint64_t v, std::size_t n) {
   if constexpr (std::endian::native == std::endian::little) {
@@ -170,47 +224,6 @@ double sample_decode_us(double decode_us, double spread, std::uint64_t seed, std
   return std::max(0.0, decode_us * (1.0 + spread * u));
 }
 
-std::string write_dataset_file(const std::string& path, std::int64_t n_samples,
-                               std::size_t sample_bytes, std::uint64_t seed) {
-  namespace fs = std::filesystem;
-  if (n_samples < 0 || sample_bytes < 16)
-    throw UsageError(fmt::format("write_dataset_file: n_samples must be >= 0 and sample_bytes >= 16, "
-                                 "got {} and {}", n_samples, sample_bytes));
-  const std::uintmax_t need = std::uintmax_t(n_samples) * sample_bytes;
-  std::error_code ec;
-  if (fs::is_regular_file(path, ec) && fs::file_size(path, ec) == need && !ec) return path;
-
-  // A unique temp name per writer, so concurrent writers never share one;
-  // the rename makes the complete file appear at once.
-  static std::atomic<int> counter{0};
-  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter.fetch_add(1));
-  const auto fail = [&](const std::string& why) {
-    fs::remove(tmp, ec);
-    return Error(ErrorKind::runtime, fmt::format("cannot write dataset file {}: {}", path, why));
-  };
-  if (const fs::path parent = fs::path(path).parent_path(); !parent.empty())
-    fs::create_directories(parent, ec);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw fail(std::strerror(errno));
-    // About 1 MiB per write.
-    const std::int64_t per_chunk = std::max<std::int64_t>(1, std::int64_t((1 << 20) / sample_bytes));
-    std::vector<std::byte> chunk(std::size_t(per_chunk) * sample_bytes);
-    for (std::int64_t s = 0; s < n_samples; s += per_chunk) {
-      const std::int64_t n = std::min(per_chunk, n_samples - s);
-      for (std::int64_t k = 0; k < n; ++k)
-        fill_sample(seed, s + k, chunk.data() + std::size_t(k) * sample_bytes, sample_bytes);
-      out.write(reinterpret_cast<const char*>(chunk.data()), std::streamsize(std::size_t(n) * sample_bytes));
-      if (!out) throw fail(std::strerror(errno));
-    }
-    out.close();
-    if (!out) throw fail(std::strerror(errno));
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) throw fail(ec.message());
-  return path;
-}
-
 // ---- Loader ---------------------------------------------------------------
 
 Loader::Loader(Config cfg) : cfg_(validated(std::move(cfg))) {
@@ -220,25 +233,30 @@ Loader::Loader(Config cfg) : cfg_(validated(std::move(cfg))) {
     slot_bytes_ = std::size_t(cfg_.batch) * cfg_.sample_bytes;
 
     if (cfg_.source == Source::file) {
+      std::string why;
+      const auto hdr = check_dataset_file(cfg_.file_path, 0, &why);
+      if (!hdr)
+        throw UsageError(fmt::format("loader: {} is not a usable dataset file: {} (make it with write_dataset_file)",
+                                     cfg_.file_path, why));
+      if (hdr->sample_bytes != cfg_.sample_bytes || std::uintmax_t(hdr->n_samples) <
+                                                        std::uintmax_t(cfg_.num_batches) * std::uintmax_t(cfg_.batch))
+        throw UsageError(fmt::format(
+            "loader: dataset file {} holds {} samples of {} bytes; {} batches of {} samples of {} bytes need {} "
+            "samples of {} bytes (make it with write_dataset_file)", cfg_.file_path, hdr->n_samples,
+            hdr->sample_bytes, cfg_.num_batches, cfg_.batch, cfg_.sample_bytes, cfg_.num_batches * cfg_.batch,
+            cfg_.sample_bytes));
       fd_ = ::open(cfg_.file_path.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd_ < 0)
         throw UsageError(fmt::format("loader: cannot open dataset file {}: {}", cfg_.file_path,
                                      std::strerror(errno)));
-      struct stat st {};
-      if (::fstat(fd_, &st) != 0)
-        throw Error(ErrorKind::runtime, fmt::format("loader: fstat {}: {}", cfg_.file_path, std::strerror(errno)));
-      const std::uintmax_t need = std::uintmax_t(cfg_.num_batches) * slot_bytes_;
-      if (std::uintmax_t(st.st_size) < need)
-        throw UsageError(fmt::format(
-            "loader: dataset file {} holds {} bytes; {} batches of {} samples of {} bytes need {} "
-            "(make it with write_dataset_file)", cfg_.file_path, st.st_size, cfg_.num_batches,
-            cfg_.batch, cfg_.sample_bytes, need));
-      if (cfg_.read == ReadMode::mmap && need > 0) {
+      const std::size_t need = kDatasetHeaderBytes + std::size_t(cfg_.num_batches) * slot_bytes_;
+      if (cfg_.read == ReadMode::mmap && cfg_.num_batches > 0) {
         void* m = ::mmap(nullptr, need, PROT_READ, MAP_PRIVATE, fd_, 0);
         if (m == MAP_FAILED)
           throw Error(ErrorKind::runtime, fmt::format("loader: mmap {}: {}", cfg_.file_path, std::strerror(errno)));
         map_ = static_cast<const std::byte*>(m);
         map_bytes_ = need;
+        install_mapping_fault_handler();
       }
     }
     // Calibrate before any worker runs, so the measurement has the CPU to itself.
@@ -309,19 +327,31 @@ void Loader::read_sample(std::int64_t s, std::byte* dst) const {
   const std::size_t n = cfg_.sample_bytes;
   if (cfg_.source == Source::memory) {
     fill_sample(cfg_.seed, s, dst, n);
-  } else if (map_) {
-    std::memcpy(dst, map_ + std::size_t(s) * n, n);
+    return;
+  }
+  const std::size_t at = kDatasetHeaderBytes + std::size_t(s) * n;
+  if (map_) {
+    if (!copy_from_mapping(dst, map_ + at, n, map_, map_ + map_bytes_))
+      throw DatasetFileError(fmt::format("reading sample {} of {} through its mapping raised SIGBUS at offset {}: "
+                                         "the file was truncated or removed during the run",
+                                         s, cfg_.file_path, at));
   } else {
-    const off_t base = off_t(std::size_t(s) * n);
     for (std::size_t got = 0; got < n;) {
-      const ssize_t r = ::pread(fd_, dst + got, n - got, base + off_t(got));
+      const ssize_t r = ::pread(fd_, dst + got, n - got, off_t(at + got));
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0)
-        throw std::runtime_error(fmt::format("pread {} at offset {}: {}", cfg_.file_path, base + off_t(got),
-                                             r == 0 ? "unexpected end of file" : std::strerror(errno)));
+        throw DatasetFileError(fmt::format("pread {} at offset {}: {}", cfg_.file_path, at + got,
+                                           r == 0 ? "unexpected end of file (truncated during the run?)"
+                                                  : std::strerror(errno)));
       got += std::size_t(r);
     }
   }
+  // Bytes 0..7 of every stored sample carry its index.
+  std::uint64_t index = 0;
+  for (int i = 0; i < 8; ++i) index |= std::uint64_t(std::to_integer<unsigned char>(dst[i])) << (8 * i);
+  if (index != std::uint64_t(s))
+    throw DatasetFileError(fmt::format("sample {} of {} (offset {}) holds index {}: the file changed or is corrupt",
+                                       s, cfg_.file_path, at, index));
 }
 
 bool Loader::decode_sample(std::int64_t s, std::byte* p) const {
@@ -375,7 +405,8 @@ Loader::Outcome Loader::load_batch(std::int64_t b, int worker, std::byte* dst, D
       read_sample(s, dst + off);
       if (cfg_.decode_us > 0 && !decode_sample(s, dst + off)) return Outcome::stopped;
     } catch (const std::exception& e) {
-      if (cfg_.on_error == OnError::skip) {
+      // A fault of the file itself is never one sample to skip.
+      if (cfg_.on_error == OnError::skip && !dynamic_cast<const DatasetFileError*>(&e)) {
         skipped_.fetch_add(1);
         continue;  // left out; later samples pack down into its place
       }

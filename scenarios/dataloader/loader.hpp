@@ -31,6 +31,7 @@
 #include "harness/device.hpp"  // sb::Buffer: staging slots
 #include "harness/errors.hpp"  // sb::Error, HangError, UsageError
 #include "harness/names.hpp"  // NameTable: the choices of source, read and on_error
+#include "scenarios/dataloader/dataset_file.hpp"  // the file behind source=file
 
 namespace sb::loader {
 
@@ -69,7 +70,7 @@ struct Config {
   double decode_spread = 0;     // per-sample cost uniform in +-spread*decode_us, from (seed, sample); 0..1
   Source source = Source::memory;
   ReadMode read = ReadMode::pread;
-  std::string file_path;        // for Source::file: a dataset file made by write_dataset_file
+  std::string file_path;        // for Source::file: a dataset file made by write_dataset_file (dataset_file.hpp)
   bool in_order = true;         // deliver batches in index order (DataLoader's default); false: as they finish
   std::chrono::milliseconds timeout{10000};  // DataLoader's `timeout`: the longest next() waits for a batch
   Fault fault;
@@ -193,10 +194,5 @@ double sample_decode_us(double decode_us, double spread, std::uint64_t seed, std
 // (little-endian int64), the rest from splitmix64 of (seed, index). Checks
 // regenerate expected bytes from it.
 void fill_sample(std::uint64_t seed, std::int64_t index, std::byte* out, std::size_t bytes);
-// Writes n_samples * sample_bytes of fill_sample content to path (temp file +
-// rename), unless a file of exactly that size already exists. Returns the path.
-// Throws sb::Error (runtime) when the file cannot be written.
-std::string write_dataset_file(const std::string& path, std::int64_t n_samples,
-                               std::size_t sample_bytes, std::uint64_t seed);
 
 }  // namespace sb::loader

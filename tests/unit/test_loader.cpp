@@ -9,6 +9,8 @@
 #include <chrono>      // std::chrono
 #include <cstring>     // std::memcmp, std::memcpy
 #include <filesystem>  // temp dataset files
+#include <fstream>     // spoiling a dataset file
+#include <functional>  // std::function
 #include <set>         // std::set
 #include <vector>      // std::vector
 
@@ -127,27 +129,145 @@ TEST(Loader, FileSourceWithPreadAndMmap) {
       c.sample_bytes = 100;  // not a multiple of 8: a partial last word
       c.source = Source::file;
       c.read = mode;
-      c.file_path = write_dataset_file((dir / "data.bin").string(), 13 * 4, c.sample_bytes, file_seed);
-      EXPECT_EQ(std::filesystem::file_size(c.file_path), 13u * 4 * 100);
+      c.file_path = write_dataset_file((dir / "data.bin").string(), 13 * 4, c.sample_bytes, file_seed).path;
+      EXPECT_EQ(std::filesystem::file_size(c.file_path), kDatasetHeaderBytes + 13u * 4 * 100);
       Loader l(c);
       EXPECT_EQ(drain(l, file_seed).size(), 13u);
     }
   }
-  // A file of the right size is kept, not rewritten.
+  // A file that checks is kept, not rewritten.
   const auto p = dir / "data.bin";
   const auto t = std::filesystem::last_write_time(p);
-  write_dataset_file(p.string(), 13 * 4, 100, file_seed);
+  EXPECT_EQ(write_dataset_file(p.string(), 13 * 4, 100, file_seed).how, DatasetWrite::How::reused);
   EXPECT_EQ(std::filesystem::last_write_time(p), t);
-  // Too small for the epoch: a usage error that names the size needed.
+  // Too small for the epoch: a usage error that names what is needed.
   Config c = small(2, 2);
   c.source = Source::file;
-  c.file_path = write_dataset_file((dir / "short.bin").string(), 3, c.sample_bytes, file_seed);
+  c.file_path = write_dataset_file((dir / "short.bin").string(), 3, c.sample_bytes, file_seed).path;
   try {
     Loader l(c);
     FAIL() << "short file accepted";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("need 3328"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("need 52 samples of 64 bytes"), std::string::npos) << e.what();
   }
+  std::filesystem::remove_all(dir);
+}
+
+// Overwrites `bytes` at `offset` of `path` with `fill`.
+void scribble(const std::filesystem::path& path, std::uintmax_t offset, std::size_t bytes, char fill) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(std::streamoff(offset));
+  const std::string junk(bytes, fill);
+  f.write(junk.data(), std::streamsize(junk.size()));
+}
+
+TEST(DatasetFile, ANonMatchingOrCorruptCacheIsRewrittenNeverTrusted) {
+  const auto dir = temp_dir("cache");
+  const auto p = dir / "d.bin";
+  const std::uintmax_t size = kDatasetHeaderBytes + 40u * 64;
+  EXPECT_EQ(write_dataset_file(p.string(), 40, 64, 5).how, DatasetWrite::How::written);
+  struct Case {
+    const char* name;
+    std::function<void()> spoil;
+    const char* why;
+  };
+  const std::vector<Case> cases = {
+      {"zeroed whole", [&] { scribble(p, 0, std::size_t(size), '\0'); }, "no stallbench dataset header"},
+      {"zeroed samples, header kept", [&] { scribble(p, kDatasetHeaderBytes, 40 * 64, '\0'); },
+       "does not hold its generated content"},
+      {"one byte of the last sample", [&] { scribble(p, size - 1, 1, 'x'); }, "sample 39 does not hold"},
+      {"a header field changed", [&] { scribble(p, 8 + 8 * 4, 1, '\7'); }, "checksum"},
+      {"truncated", [&] { std::filesystem::resize_file(p, size - 64); }, "header says 40 samples"},
+      {"another seed", [&] { write_dataset_file(p.string(), 40, 64, 6); }, "seed 6"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    ASSERT_EQ(write_dataset_file(p.string(), 40, 64, 5).how, DatasetWrite::How::reused);  // sound before
+    c.spoil();
+    const DatasetWrite w = write_dataset_file(p.string(), 40, 64, 5);
+    EXPECT_EQ(w.how, DatasetWrite::How::rewritten);
+    EXPECT_NE(w.why.find(c.why), std::string::npos) << w.why;
+    std::string problem;
+    EXPECT_TRUE(check_dataset_file(p.string(), 40, &problem)) << problem;  // every sample sound again
+  }
+  // A file with no header at all is refused by the loader, by name.
+  std::ofstream(dir / "raw.bin") << std::string(8192, '\0');
+  Config c = small(0, 1);
+  c.source = Source::file;
+  c.file_path = (dir / "raw.bin").string();
+  try {
+    Loader l(c);
+    FAIL() << "a headerless file accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a usable dataset file"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DatasetFile, ASampleChangedDuringTheRunStopsTheEpochEvenWithSkip) {
+  const auto dir = temp_dir("changed");
+  for (ReadMode mode : {ReadMode::pread, ReadMode::mmap}) {
+    SCOPED_TRACE(mode == ReadMode::mmap ? "mmap" : "pread");
+    Config c = small(0, 1);
+    c.source = Source::file;
+    c.read = mode;
+    c.on_error = OnError::skip;  // skips bad samples, never a bad file
+    c.file_path = write_dataset_file((dir / "d.bin").string(), 13 * 4, c.sample_bytes, 3).path;
+    Loader l(c);
+    scribble(c.file_path, kDatasetHeaderBytes + 9 * 64, 8, '\0');  // sample 9's index word, after the checks
+    int batches = 0;
+    try {
+      while (auto b = l.next()) {
+        ++batches;
+        l.release(*b);
+      }
+      FAIL() << "a changed sample went unnoticed";
+    } catch (const SampleError& e) {
+      EXPECT_NE(std::string(e.what()).find("sample 9"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("holds index 0"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(batches, 2);  // samples 0..7; batch 2 holds sample 9
+    EXPECT_EQ(l.skipped(), 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DatasetFile, AMappedFileTruncatedDuringTheRunIsAnErrorNotSigbus) {
+  const auto dir = temp_dir("truncated");
+  Config c = small(2, 2);
+  c.source = Source::file;
+  c.read = ReadMode::mmap;
+  c.sample_bytes = 8192;  // whole pages, so the cut leaves later samples unmapped
+  c.file_path = write_dataset_file((dir / "d.bin").string(), 13 * 4, c.sample_bytes, 3).path;
+  Loader l(c);
+  std::filesystem::resize_file(c.file_path, kDatasetHeaderBytes + 8192);  // one sample left
+  try {
+    while (auto b = l.next()) l.release(*b);
+    FAIL() << "reads past the end of a truncated mapping succeeded";
+  } catch (const SampleError& e) {
+    EXPECT_NE(std::string(e.what()).find("SIGBUS"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DatasetFile, CleanRemovesDatasetsAndDeadWritersTempFilesOnly) {
+  const auto dir = temp_dir("clean");
+  write_dataset_file((dir / "dataset-4x64-seed1.bin").string(), 4, 64, 1);
+  std::ofstream(dir / "dataset-4x64-seed1.bin.tmp.999999999.0") << "left by a killed run";
+  const std::string live = fmt::format("dataset-9x64-seed1.bin.tmp.{}.0", ::getpid());
+  std::ofstream(dir / live) << "being written";
+  std::ofstream(dir / "notes.txt") << "not ours";
+  const auto dry = clean_dataset_cache(dir.string(), true);
+  ASSERT_EQ(dry.size(), 2u);
+  EXPECT_TRUE(std::filesystem::exists(dir / "dataset-4x64-seed1.bin"));
+  const auto gone = clean_dataset_cache(dir.string(), false);
+  ASSERT_EQ(gone.size(), 2u);
+  EXPECT_EQ(gone[0].bytes, kDatasetHeaderBytes + 4 * 64);
+  EXPECT_FALSE(std::filesystem::exists(dir / "dataset-4x64-seed1.bin"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "dataset-4x64-seed1.bin.tmp.999999999.0"));
+  EXPECT_TRUE(std::filesystem::exists(dir / live));
+  EXPECT_TRUE(std::filesystem::exists(dir / "notes.txt"));
   std::filesystem::remove_all(dir);
 }
 

@@ -1,0 +1,86 @@
+// Temporary files registered with TempFileGuard are removed when a signal
+// ends the process, and the process still ends by that signal. Each case
+// forks: the child registers, then is signalled; the parent checks.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "harness/temp_files.hpp"
+
+namespace sb {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path scratch(const std::string& name) {
+  return fs::temp_directory_path() / ("sb_temp_files_" + std::to_string(::getpid()) + "_" + name);
+}
+
+TEST(TempFiles, GuardRegistersWhileItLives) {
+  const int before = registered_temp_files();
+  {
+    TempFileGuard a("/tmp/x.tmp.1");
+    TempFileGuard b("/tmp/y.tmp.1");
+    EXPECT_EQ(registered_temp_files(), before + 2);
+  }
+  EXPECT_EQ(registered_temp_files(), before);
+}
+
+class SignalCleanup : public ::testing::TestWithParam<int> {};
+
+TEST_P(SignalCleanup, RemovesRegisteredFilesAndEndsByTheSameSignal) {
+  const int sig = GetParam();
+  const fs::path kept = scratch("kept"), doomed = scratch("doomed." + std::to_string(sig));
+  std::ofstream(kept) << "not registered";
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    install_temp_file_cleanup();
+    std::ofstream(doomed) << "half written";
+    TempFileGuard g(doomed.string());
+    (void)!::write(ready[1], "r", 1);
+    for (;;) ::pause();  // the parent's signal ends this
+  }
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_TRUE(fs::exists(doomed));
+  ASSERT_EQ(::kill(child, sig), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status)) << "status " << status;
+  if (WIFSIGNALED(status)) EXPECT_EQ(WTERMSIG(status), sig);
+  EXPECT_FALSE(fs::exists(doomed)) << "left behind by signal " << sig;
+  EXPECT_TRUE(fs::exists(kept));
+  fs::remove(kept);
+  fs::remove(doomed);
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, SignalCleanup, ::testing::Values(SIGINT, SIGTERM, SIGHUP));
+
+TEST(TempFiles, AnIgnoredSignalStaysIgnored) {
+  // nohup sets SIGHUP to SIG_IGN; the cleanup must not turn it back on.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::signal(SIGHUP, SIG_IGN);
+    install_temp_file_cleanup();
+    ::raise(SIGHUP);
+    ::_exit(7);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 7);
+}
+
+}  // namespace
+}  // namespace sb
