@@ -15,6 +15,9 @@
 #include <ctime>     // std::gmtime
 #include <filesystem>  // std::filesystem::temp_directory_path
 #include <iostream>  // std::cout, std::cerr
+#include <memory>    // std::make_shared: what the watchdog saves
+#include <mutex>     // std::mutex
+#include <optional>  // std::optional
 #include <thread>    // std::this_thread::sleep_for
 
 #include <CLI/CLI.hpp>    // CLI::App
@@ -198,6 +201,7 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   const CpuInfo cpu = read_cpu_info();
   ctx.expected = match_expected(dev->info(), cpu.isa, cpu.logical_cores);
   ctx.progress = [&wd](const std::string& where) { wd.progress(where); };
+  ctx.measure.heartbeat = [&wd] { wd.beat(); };
   std::vector<TraceProcess> trace;
   if (!a.trace_path.empty()) ctx.trace = &trace;
 
@@ -252,10 +256,54 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   if (lead)
     std::cerr << fmt::format("stallbench: {} on {} ({}){}{}\n", sc->name, di.id, di.name, ranks_text,
                              ctx.expected ? " — expected numbers: " + ctx.expected->id() : "");
+  // What the watchdog saves if it fires: the points done so far and the one
+  // running, as `hang`. The main thread holds the lock only to copy a point.
+  struct Live {
+    std::mutex mu;
+    std::vector<Point> done;
+    std::optional<nlohmann::ordered_json> running;
+    // Held by whichever writes the result; once the main thread has the
+    // whole result it writes it, and a late watchdog writes nothing.
+    std::mutex write_mu;
+    bool main_writes = false;
+  };
+  auto live = std::make_shared<Live>();
+  if (lead)
+    wd.on_fire([live, &meta, &sweep, sc, path](const std::string& what) {
+      std::lock_guard wl(live->write_mu);
+      if (live->main_writes) return;
+      Result r;
+      {
+        std::lock_guard lk(live->mu);
+        r.points = live->done;
+        if (live->running) {
+          Point p;
+          p.params = *live->running;
+          p.status = Status::hang;
+          p.reason = "watchdog: " + what;
+          r.points.push_back(std::move(p));
+        }
+      }
+      r.meta = meta;
+      r.meta["watchdog"] = what;
+      r.scenario = sc->name;
+      r.params = sweep.axes;
+      finish_findings(r, *sc, meta.value("/device/simulated"_json_pointer, false));
+      write_file_atomic(path, to_json(r).dump(2) + "\n");
+      std::cerr << "\n" << format_result_table(r) << fmt::format("\nresult (up to the hang): {}\n", path);
+    });
+  RunOptions opts{a.params, a.quick};
+  opts.on_point_start = [live](const ParamSet& ps) {
+    std::lock_guard lk(live->mu);
+    live->running = ps.to_json();
+  };
   Result r;
   try {
-    r = run_scenario(*sc, ctx, RunOptions{a.params, a.quick}, meta, [lead](const Point& p, const Result& so_far) {
+    r = run_scenario(*sc, ctx, opts, meta, [lead, live](const Point& p, const Result& so_far) {
       if (lead) std::cerr << "  " << format_point_line(p, so_far.params) << "\n";
+      std::lock_guard lk(live->mu);
+      live->done.push_back(p);
+      live->running.reset();
     });
   } catch (const Error& e) {
     // With ranks, a clean MPI_Finalize needs every rank there: end the job.
@@ -269,6 +317,10 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
                              e.what());
     group->abort(code);
   }
+  // From here on this thread writes the whole result; a watchdog firing now
+  // waits for it (within its grace) and adds nothing.
+  std::unique_lock result_writer(live->write_mu);
+  live->main_writes = true;
   if (!lead) return run_exit_code(r);
   const std::string table = format_result_table(r);
   try {

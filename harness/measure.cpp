@@ -110,6 +110,7 @@ Measurement measure(Device& dev, const std::function<void()>& enqueue_one,
     const double ms = time_trial(dev, enqueue_one, m.reps_per_trial, cfg, events);
     spent_ms += ms;
     per_op.push_back(ms / m.reps_per_trial);
+    if (cfg.heartbeat) cfg.heartbeat();
     if (int(per_op.size()) < cfg.min_trials) continue;
     if (summarize(per_op).stdrel < cfg.max_noise) {
       m.converged = true;

@@ -22,6 +22,9 @@ struct MeasureConfig {
   double min_trial_ms = 1.0;  // ops are batched so one trial lasts at least this
   std::chrono::milliseconds sync_timeout{120000};  // deadline of every wait
   TimingMode mode = TimingMode::warm;              // cache and launch treatment (device.hpp)
+  // Called after each trial, outside its timing: tells the watchdog that
+  // a long measurement is progress, not a hang (the CLI sets it).
+  std::function<void()> heartbeat;
 };
 
 // Ops per timed trial at most, per mode: cold times each op alone between its

@@ -47,6 +47,7 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
       got.push_back(failed_point(ps, Status::skipped, "not run: an earlier point hung"));
     } else {
       try {
+        if (opts.on_point_start) opts.on_point_start(ps);
         got = run->run_points(ps);
         for (auto& p : got) {
           nlohmann::ordered_json params = ps.to_json();

@@ -12,6 +12,9 @@ namespace sb {
 struct RunOptions {
   std::vector<std::string> assignments;  // "-p key=v1,v2" texts
   bool quick = false;
+  // Called before each point runs, with its parameters (the CLI keeps them,
+  // so a watchdog that fires mid-point can name the point that hung).
+  std::function<void(const ParamSet&)> on_point_start;
 };
 
 // Expands the sweep (throws UsageError before any work), runs every point,

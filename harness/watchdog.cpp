@@ -1,7 +1,10 @@
 #include "harness/watchdog.hpp"
 
 #include <cstdio>   // std::fprintf
+#include <future>   // std::promise: the grace for on_fire
 #include <unistd.h> // _exit
+
+#include <fmt/format.h>  // fmt::format
 
 namespace sb {
 
@@ -24,16 +27,44 @@ void Watchdog::progress(const std::string& where) {
   last_ = std::chrono::steady_clock::now();
 }
 
+void Watchdog::beat() {
+  std::lock_guard lk(mu_);
+  last_ = std::chrono::steady_clock::now();
+}
+
+void Watchdog::on_fire(std::function<void(const std::string&)> f) {
+  std::lock_guard lk(mu_);
+  on_fire_ = std::move(f);
+}
+
 void Watchdog::loop() {
   std::unique_lock lk(mu_);
   while (!stop_) {
     const auto deadline = last_ + limit_;
     if (std::chrono::steady_clock::now() >= deadline) {
-      std::fprintf(stderr,
-                   "stallbench: watchdog: no progress for %lld s; last at: %s\n"
-                   "stallbench: ending the run with exit code %d (hang)\n",
-                   static_cast<long long>(limit_.count()), where_.c_str(), kExitHang);
+      const std::string what = fmt::format("no progress for {} s; last at: {}", limit_.count(), where_);
+      std::fprintf(stderr, "stallbench: watchdog: %s\nstallbench: ending the run with exit code %d (hang)\n",
+                   what.c_str(), kExitHang);
       std::fflush(stderr);
+      if (auto f = on_fire_) {
+        lk.unlock();
+        // On its own thread, so a write that blocks cannot stop the exit.
+        auto done = std::make_shared<std::promise<void>>();
+        auto finished = done->get_future();
+        std::thread([f, what, done] {
+          try {
+            f(what);
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "stallbench: watchdog: could not save the result: %s\n", e.what());
+          }
+          done->set_value();
+        }).detach();
+        if (finished.wait_for(kFireGrace) != std::future_status::ready)
+          std::fprintf(stderr, "stallbench: watchdog: saving the result took over %lld s; exiting without it\n",
+                       static_cast<long long>(kFireGrace.count()));
+        std::fflush(stdout);
+        std::fflush(stderr);
+      }
       _exit(kExitHang);
     }
     cv_.wait_until(lk, deadline);

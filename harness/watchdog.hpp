@@ -7,14 +7,13 @@
 
 #include <chrono>              // std::chrono
 #include <condition_variable>  // std::condition_variable
+#include <functional>          // std::function: on_fire
 #include <mutex>               // std::mutex
 #include <string>              // std::string
 #include <thread>              // std::thread
 #include "harness/exit_codes.hpp"  // kExit*
 
 namespace sb {
-
-
 
 class Watchdog {
  public:
@@ -25,6 +24,14 @@ class Watchdog {
   Watchdog& operator=(const Watchdog&) = delete;
   // Record progress: resets the deadline and names where the run is.
   void progress(const std::string& where);
+  // Resets the deadline, keeping where the run is (a timed trial ended).
+  void beat();
+  // Called on the watchdog's thread when it fires, with what it reports
+  // ("no progress for 5 s; last at: ..."), before the process ends: the CLI
+  // writes what was measured so far. It gets kFireGrace to finish; the
+  // process ends with exit 4 either way.
+  void on_fire(std::function<void(const std::string&)> f);
+  static constexpr std::chrono::seconds kFireGrace{10};
 
  private:
   void loop();
@@ -32,6 +39,7 @@ class Watchdog {
   std::mutex mu_;
   std::condition_variable cv_;
   std::string where_ = "start";
+  std::function<void(const std::string&)> on_fire_;
   std::chrono::steady_clock::time_point last_;
   bool stop_ = false;
   std::thread thread_;

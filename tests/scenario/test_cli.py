@@ -39,9 +39,19 @@ def expect(args, code, must_say=(), stream="stderr"):
 
 # The harness watchdog (--timeout): a GEMM that makes no progress within it ends the run as a
 # hang, exit 4, naming where it stopped. On sim:h100 a 65536^3 fp32 GEMM is a 8 s modelled wait.
-expect(["run", "precision", "--device", "sim:h100", "-p", "size=65536", "-p", "dtype=fp32", "--timeout", "1",
-        "--json", os.path.join(tempfile.gettempdir(), f"sb-watchdog-{os.getpid()}.json")], 4,
-       ["watchdog: no progress for 1 s", "65536x65536x65536 fp32", "exit code 4 (hang)"])
+# What was measured before the hang is saved: the points done, and the one that hung as `hang`.
+with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "wd.json")
+    expect(["run", "precision", "--device", "sim:h100", "-p", "size=256,65536", "-p", "dtype=fp32", "--timeout", "1",
+            "--json", out], 4, ["watchdog: no progress for 1 s", "65536x65536x65536 fp32", "exit code 4 (hang)"])
+    try:
+        with open(out) as f:
+            doc = json.load(f)
+        got = [(p["params"].get("size"), p["status"]) for p in doc["points"]]
+        if got != [(256, "ok"), (65536, "hang")] or "watchdog: no progress" not in doc["points"][-1].get("reason", ""):
+            failures.append(f"watchdog result: points {got}, reason {doc['points'][-1].get('reason')!r}")
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        failures.append(f"watchdog: no usable result JSON after the hang: {e}")
 
 # A real hang on the cpu device (a GEMM far longer than --timeout): reported as a hang, exit 4,
 # never a crash (unwinding once freed the operands under the running GEMM).
