@@ -16,6 +16,7 @@
 
 #include "harness/attention_check.hpp"  // check_attention
 #include "harness/errors.hpp"           // MismatchError, UnsupportedError, OutOfMemory
+#include "harness/point_metrics.hpp"    // add_time_and_rate, measurement_info, against_baseline
 #include "harness/printer.hpp"          // format_number
 #include "harness/scenario.hpp"         // Scenario, ScenarioRun
 
@@ -29,23 +30,47 @@ double mib(std::size_t b) { return double(b) / double(1 << 20); }
 enum class Pass { fwd, fwd_bwd };
 constexpr NameTable<Pass, 2> kPassNames{{{{Pass::fwd, "fwd"}, {Pass::fwd_bwd, "fwd+bwd"}}}};
 
+// Everything a point is, read once from its parameters.
+struct Settings {
+  AttnImpl impl = AttnImpl::naive;
+  DType dtype = DType::fp32;
+  bool backward = false;
+  AttnShape shape;
+  double mem_limit_gb = 0;
+  int trials = 0;
+
+  static Settings from(const ParamSet& ps) {
+    Settings st;
+    st.impl = ps.get_choice("impl", kAttnImplNames);
+    st.dtype = ps.get_choice("dtype", kDTypeNames);
+    st.backward = ps.get_choice("pass", kPassNames) == Pass::fwd_bwd;
+    st.shape.batch = ps.get_int("batch");
+    st.shape.heads = ps.get_int("heads");
+    st.shape.head_dim = ps.get_int("head_dim");
+    st.shape.seq = ps.get_int("seq_len");
+    st.shape.causal = ps.get_bool("causal");
+    st.mem_limit_gb = ps.get_real("mem_limit_gb");
+    st.trials = int(ps.get_int("trials"));
+    return st;
+  }
+  std::string where() const {
+    return fmt::format("attention {} {} S={} {}", to_string(impl), to_string(dtype), shape.seq,
+                       kPassNames.name(backward ? Pass::fwd_bwd : Pass::fwd));
+  }
+};
+
 class AttentionRun : public ScenarioRun {
  public:
   explicit AttentionRun(RunContext& ctx) : ctx_(ctx) {}
 
   Point run_point(const ParamSet& ps) override {
     Device& dev = ctx_.device;
-    const AttnImpl impl = ps.get_choice("impl", kAttnImplNames);
-    const DType dt = ps.get_choice("dtype", kDTypeNames);
-    const bool bwd = ps.get_choice("pass", kPassNames) == Pass::fwd_bwd;
-    AttnShape s;
-    s.batch = ps.get_int("batch");
-    s.heads = ps.get_int("heads");
-    s.head_dim = ps.get_int("head_dim");
-    s.seq = ps.get_int("seq_len");
-    s.causal = ps.get_bool("causal");
-    const std::string where = fmt::format("attention {} {} S={} {}", to_string(impl), to_string(dt), s.seq,
-                                          ps.get_str("pass"));
+    const Settings st = Settings::from(ps);
+    const AttnImpl impl = st.impl;
+    const DType dt = st.dtype;
+    const bool bwd = st.backward;
+    const AttnShape& s = st.shape;
+    const std::string where = st.where();
     if (auto why = dev.attention_unsupported(impl, dt)) throw UnsupportedError(*why);
 
     ctx_.progress(where + ": correctness check");
@@ -57,8 +82,7 @@ class AttentionRun : public ScenarioRun {
                                       chk.worst_index, chk.worst_err, chk.worst_tol, chk.first_mismatches));
 
     // The memory cap makes a smaller device: naive's S x S buffers run out first.
-    const double limit_gb = ps.get_real("mem_limit_gb");
-    dev.set_memory_limit(std::size_t(limit_gb * 1e9));
+    dev.set_memory_limit(std::size_t(st.mem_limit_gb * 1e9));
     dev.reset_peak_memory();
     const std::size_t before = dev.memory_stats().in_use;
     ctx_.progress(where + ": allocate");
@@ -73,7 +97,7 @@ class AttentionRun : public ScenarioRun {
     const Device::MemoryStats mem = dev.memory_stats();
 
     ctx_.progress(where + ": timing");
-    const MeasureConfig cfg = with_min_trials(ctx_.measure, int(ps.get_int("trials")));
+    const MeasureConfig cfg = with_min_trials(ctx_.measure, st.trials);
     const Measurement m = measure(
         dev,
         [&] {
@@ -83,24 +107,18 @@ class AttentionRun : public ScenarioRun {
         cfg);
 
     const double flops = attention_flops(s, bwd);
-    const Stats tf = rate_from_ms(m.ms, flops);  // TFLOP/s per trial
     Point p;
-    p.add({"ms", m.ms.median, "ms", Direction::lower, m.ms, "median time of one pass"});
-    p.add({"tflops", tf.median, "TFLOP/s", Direction::higher, tf,
-           bwd ? "3.5 x 4*B*H*S^2*D (x0.5 causal) / median time" : "4*B*H*S^2*D (x0.5 causal) / median time"});
+    add_time_and_rate(p, m, flops, "one pass", bwd ? "3.5 x 4*B*H*S^2*D (x0.5 causal)" : "4*B*H*S^2*D (x0.5 causal)");
     p.add({"workspace_mib", mib(op->workspace_bytes()), "MiB", Direction::lower, std::nullopt,
            "what the implementation allocates beyond Q, K, V, O and gradients"});
     p.add({"peak_mib", mib(mem.peak - std::min(mem.peak, before)), "MiB", Direction::lower, std::nullopt,
            fmt::format("device memory high-water mark of this point ({})", mem.source)});
-    p.info = json{{"impl_detail", op->impl_detail()},
-                  {"flops", flops},
-                  {"reps_per_trial", m.reps_per_trial},
-                  {"trials", m.ms.n},
-                  {"stop", m.stop},
-                  {"check", chk.checked ? json{{"worst_tensor", chk.worst_tensor},
-                                               {"worst_error", chk.worst_err},
-                                               {"tolerance_at_worst", chk.worst_tol}}
-                                        : json{{"skipped", "simulated device: nothing is computed"}}}};
+    p.info = json{{"impl_detail", op->impl_detail()}, {"flops", flops}};
+    p.info.update(measurement_info(m));
+    p.info["check"] = chk.checked ? json{{"worst_tensor", chk.worst_tensor},
+                                         {"worst_error", chk.worst_err},
+                                         {"tolerance_at_worst", chk.worst_tol}}
+                                  : json{{"skipped", "simulated device: nothing is computed"}};
     return p;
   }
 
@@ -111,34 +129,30 @@ class AttentionRun : public ScenarioRun {
                          p.params.value("causal", false), p.params.value("pass", ""), p.params.value("batch", 0),
                          p.params.value("heads", 0), p.params.value("head_dim", 0));
     };
-    std::map<std::string, const Point*> naive;
     std::map<std::string, const Point*> naive_oom;
-    for (const auto& p : r.points) {
-      if (p.params.value("impl", "") != "naive") continue;
-      if (p.status == Status::ok) naive[key(p)] = &p;
-      if (p.status == Status::oom) naive_oom[key(p)] = &p;
-    }
+    for (const auto& p : r.points)
+      if (p.params.value("impl", "") == "naive" && p.status == Status::oom) naive_oom[key(p)] = &p;
     struct Best {
       std::int64_t seq = 0;
       double speedup = 0, mem_ratio = 0;
       std::string impl;
     };
     Best best;
-    std::int64_t first_oom = 0;
-    for (auto& p : r.points) {
-      const std::string impl = p.params.value("impl", "");
-      if (impl == "naive" || p.status != Status::ok) continue;
-      auto it = naive.find(key(p));
+    const auto is_naive = [](const Point& p) { return p.params.value("impl", "") == "naive"; };
+    against_baseline(r, key, is_naive, [&](Point& p, const Point& naive) {
+      const double sp = naive.metric("ms")->value / p.metric("ms")->value;
+      const double mr = naive.metric("peak_mib")->value / std::max(1e-9, p.metric("peak_mib")->value);
+      p.add({"speedup_vs_naive", sp, "x", Direction::higher, std::nullopt, "naive time / this time, same shape"});
+      p.add({"memory_ratio_vs_naive", mr, "x", Direction::higher, std::nullopt,
+             "naive peak memory / this peak memory, same shape"});
       const std::int64_t seq = p.params.value("seq_len", std::int64_t(0));
-      if (it != naive.end()) {
-        const double sp = it->second->metric("ms")->value / p.metric("ms")->value;
-        const double mr = it->second->metric("peak_mib")->value / std::max(1e-9, p.metric("peak_mib")->value);
-        p.add({"speedup_vs_naive", sp, "x", Direction::higher, std::nullopt, "naive time / this time, same shape"});
-        p.add({"memory_ratio_vs_naive", mr, "x", Direction::higher, std::nullopt,
-               "naive peak memory / this peak memory, same shape"});
-        if (seq >= best.seq) best = Best{seq, sp, mr, impl};
-      }
-      if (naive_oom.count(key(p)) && (first_oom == 0 || seq < first_oom)) first_oom = seq;
+      if (seq >= best.seq) best = Best{seq, sp, mr, p.params.value("impl", "")};
+    });
+    std::int64_t first_oom = 0;
+    for (const auto& p : r.points) {
+      if (is_naive(p) || p.status != Status::ok || !naive_oom.count(key(p))) continue;
+      const std::int64_t seq = p.params.value("seq_len", std::int64_t(0));
+      if (first_oom == 0 || seq < first_oom) first_oom = seq;
     }
     std::string summary;
     if (best.seq > 0)
@@ -184,7 +198,7 @@ class AttentionRun : public ScenarioRun {
 
 // A memory cap so small it rounds to no bytes would silently mean "no cap".
 void validate_attention_point(const ParamSet& ps, const RunContext&) {
-  const double gb = ps.get_real("mem_limit_gb");
+  const double gb = Settings::from(ps).mem_limit_gb;
   if (gb > 0 && gb * 1e9 < double(1 << 20))
     throw UsageError(fmt::format("mem_limit_gb={:g} is under 1 MiB (0 means no cap)", gb));
 }

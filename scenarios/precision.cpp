@@ -11,6 +11,7 @@
 
 #include "harness/errors.hpp"      // MismatchError, UnsupportedError
 #include "harness/gemm_check.hpp"  // check_gemm
+#include "harness/point_metrics.hpp"  // add_time_and_rate, measurement_info, against_baseline
 #include "harness/printer.hpp"     // format_number
 #include "harness/scenario.hpp"    // Scenario, ScenarioRun
 
@@ -26,26 +27,33 @@ json check_info(const GemmCheck& c) {
               {"impl", c.impl}};
 }
 
-// Which mode produced the figure, and what it did (harness/measure).
-json timing_info(const Measurement& m) {
-  json t{{"mode", to_string(m.mode)}};
-  if (m.mode == TimingMode::cold) t["flush_bytes"] = m.flush_bytes;
-  if (m.mode == TimingMode::hidden) t["note"] = "ops enqueued behind a held stream: device time without launch gaps";
-  return t;
-}
+// Everything a point is, read once from its parameters.
+struct Settings {
+  GemmShape shape;
+  DType dtype = DType::fp32;
+  TimingMode timing = TimingMode::warm;
+  int trials = 0;
+
+  static Settings from(const ParamSet& ps) {
+    const std::int64_t size = ps.get_int("size");
+    const auto or_size = [&](const char* k) { return ps.get_int(k) == 0 ? size : ps.get_int(k); };
+    return {GemmShape{or_size("m"), or_size("n"), or_size("k")}, ps.get_choice("dtype", kDTypeNames),
+            ps.get_choice("timing", kTimingModeNames), int(ps.get_int("trials"))};
+  }
+  std::string where() const {
+    return fmt::format("precision {}x{}x{} {}", shape.m, shape.n, shape.k, to_string(dtype));
+  }
+};
 
 class PrecisionRun : public ScenarioRun {
  public:
   explicit PrecisionRun(RunContext& ctx) : ctx_(ctx) {}
 
   Point run_point(const ParamSet& ps) override {
-    const std::int64_t size = ps.get_int("size");
-    GemmShape s{ps.get_int("m"), ps.get_int("n"), ps.get_int("k")};
-    if (s.m == 0) s.m = size;
-    if (s.n == 0) s.n = size;
-    if (s.k == 0) s.k = size;
-    const DType t = ps.get_choice("dtype", kDTypeNames);
-    const std::string where = fmt::format("precision {}x{}x{} {}", s.m, s.n, s.k, to_string(t));
+    const Settings st = Settings::from(ps);
+    const GemmShape& s = st.shape;
+    const DType t = st.dtype;
+    const std::string where = st.where();
     Device& dev = ctx_.device;
     if (auto why = dev.gemm_unsupported(t)) throw UnsupportedError(*why);
 
@@ -56,21 +64,22 @@ class PrecisionRun : public ScenarioRun {
                                       to_string(t), dev.info().id, chk.wrong, chk.shape.m * chk.shape.n, chk.shape.m,
                                       chk.shape.n, chk.shape.k, chk.first_mismatches));
 
+    // configure: nothing is allocated inside the timed region
     ctx_.progress(where + ": allocate");
-    auto op = dev.make_gemm(s, t, 42);  // nothing is allocated inside the timed region
-    MeasureConfig cfg = with_min_trials(ctx_.measure, int(ps.get_int("trials")));
-    cfg.mode = ps.get_choice("timing", kTimingModeNames);
+    auto op = dev.make_gemm(s, t, 42);
+    MeasureConfig cfg = with_min_trials(ctx_.measure, st.trials);
+    cfg.mode = st.timing;
+    // timed window
     ctx_.progress(where + ": timing");
     const Measurement m = measure(dev, [&] { op->enqueue(); }, cfg);
 
+    // derive
     Point p;
     const double flops = s.flops();
-    const Stats tf = rate_from_ms(m.ms, flops);  // TFLOP/s per trial
-    p.add({"tflops", tf.median, "TFLOP/s", Direction::higher, tf, "2*M*N*K / median time"});
-    p.add({"ms", m.ms.median, "ms", Direction::lower, m.ms, "median time of one GEMM"});
+    add_time_and_rate(p, m, flops, "one GEMM", "2*M*N*K");
     if (ctx_.expected) {
       if (auto peak = ctx_.expected->peak_tflops(t)) {
-        p.add({"pct_of_peak", 100.0 * tf.median / peak->first, "%", Direction::higher, std::nullopt,
+        p.add({"pct_of_peak", 100.0 * p.metric("tflops")->value / peak->first, "%", Direction::higher, std::nullopt,
                fmt::format("of {} {} TFLOP/s, {}", ctx_.expected->id(), format_number(peak->first), peak->second)});
       }
     }
@@ -79,12 +88,9 @@ class PrecisionRun : public ScenarioRun {
                   {"k", s.k},
                   {"flops", flops},
                   {"impl", op->impl()},
-                  {"c_dtype", to_string(op->c_dtype())},
-                  {"reps_per_trial", m.reps_per_trial},
-                  {"trials", m.ms.n},
-                  {"stop", m.stop},
-                  {"timing", timing_info(m)},
-                  {"check", check_info(chk)}};
+                  {"c_dtype", to_string(op->c_dtype())}};
+    p.info.update(measurement_info(m));
+    p.info["check"] = check_info(chk);
     return p;
   }
 
@@ -96,9 +102,8 @@ class PrecisionRun : public ScenarioRun {
       return fmt::format("{}x{}x{}{}", p.info.value("m", 0), p.info.value("n", 0), p.info.value("k", 0),
                          mode == "warm" ? "" : " (" + mode + ")");
     };
-    std::map<std::string, double> fp32;
-    for (const auto& p : r.points)
-      if (p.status == Status::ok && p.params.value("dtype", "") == "fp32") fp32[key(p)] = p.metric("tflops")->value;
+    bool any_fp32 = false;
+    for (const auto& p : r.points) any_fp32 |= p.status == Status::ok && p.params.value("dtype", "") == "fp32";
     struct Best {
       double speedup = 0;
       std::string shape;
@@ -106,19 +111,19 @@ class PrecisionRun : public ScenarioRun {
       double flops = -1;  // of the shape: the largest one wins
     };
     std::map<std::string, Best> best;  // per dtype: at the largest shape that has both
-    for (auto& p : r.points) {
-      if (p.status != Status::ok) continue;
-      const std::string dt = p.params.value("dtype", "");
-      auto it = fp32.find(key(p));
-      if (dt == "fp32" || it == fp32.end() || it->second <= 0) continue;
-      const double tf = p.metric("tflops")->value;
-      const double sp = tf / it->second;
-      p.add({"speedup_vs_fp32", sp, "x", Direction::higher, std::nullopt, "TFLOP/s over fp32 at the same shape"});
-      Best& b = best[dt];
-      const double flops = p.info.value("flops", 0.0);
-      if (flops >= b.flops) b = Best{sp, key(p), it->second, tf, flops};
-    }
-    if (fp32.empty()) {
+    against_baseline(
+        r, key, [](const Point& p) { return p.params.value("dtype", "") == "fp32"; },
+        [&](Point& p, const Point& base) {
+          const double fp32 = base.metric("tflops")->value;
+          if (fp32 <= 0) return;
+          const double tf = p.metric("tflops")->value;
+          const double sp = tf / fp32;
+          p.add({"speedup_vs_fp32", sp, "x", Direction::higher, std::nullopt, "TFLOP/s over fp32 at the same shape"});
+          Best& b = best[p.params.value("dtype", "")];
+          const double flops = p.info.value("flops", 0.0);
+          if (flops >= b.flops) b = Best{sp, key(p), fp32, tf, flops};
+        });
+    if (!any_fp32) {
       r.findings.push_back({{}, "no fp32 point ran, so no gain over fp32 can be measured",
                             std::nullopt, json::object()});
       return;

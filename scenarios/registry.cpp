@@ -1,18 +1,26 @@
 // The list of scenarios. Explicit, so no static-initialisation order or
-// linker dead-stripping decides what exists.
+// linker dead-stripping decides what exists. Adding a scenario is one line
+// here (its `const Scenario <name>_scenario` is defined in its own file),
+// and tests/scenario/test_smoke.py covers it from then on.
 #include "harness/scenario.hpp"  // Scenario
+
+#define SB_SCENARIOS(X) \
+  X(precision)          \
+  X(dataloader)         \
+  X(attention)          \
+  X(packing)            \
+  X(collective)
 
 namespace sb {
 
-extern const Scenario precision_scenario;
-extern const Scenario dataloader_scenario;
-extern const Scenario attention_scenario;
-extern const Scenario packing_scenario;
-extern const Scenario collective_scenario;
+#define SB_DECLARE(name) extern const Scenario name##_scenario;
+SB_SCENARIOS(SB_DECLARE)
+#undef SB_DECLARE
 
 const std::vector<const Scenario*>& all_scenarios() {
-  static const std::vector<const Scenario*> v{&precision_scenario, &dataloader_scenario, &attention_scenario,
-                                                &packing_scenario, &collective_scenario};
+#define SB_ADDRESS(name) &name##_scenario,
+  static const std::vector<const Scenario*> v{SB_SCENARIOS(SB_ADDRESS)};
+#undef SB_ADDRESS
   return v;
 }
 

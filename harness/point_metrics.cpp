@@ -1,0 +1,36 @@
+#include "harness/point_metrics.hpp"
+
+#include "harness/stats.hpp"  // rate_from_ms
+
+namespace sb {
+
+void add_time_and_rate(Point& p, const Measurement& m, double flops, const std::string& op,
+                       const std::string& formula) {
+  p.add({"ms", m.ms.median, "ms", Direction::lower, m.ms, "median time of " + op});
+  if (flops > 0) {
+    const Stats tf = rate_from_ms(m.ms, flops);  // TFLOP/s per trial
+    p.add({"tflops", tf.median, "TFLOP/s", Direction::higher, tf, formula + " / median time"});
+  }
+}
+
+nlohmann::ordered_json measurement_info(const Measurement& m) {
+  nlohmann::ordered_json t{{"mode", to_string(m.mode)}};
+  if (m.mode == TimingMode::cold) t["flush_bytes"] = m.flush_bytes;
+  if (m.mode == TimingMode::hidden) t["note"] = "ops enqueued behind a held stream: device time without launch gaps";
+  return {{"reps_per_trial", m.reps_per_trial}, {"trials", m.ms.n}, {"stop", m.stop}, {"timing", t}};
+}
+
+void against_baseline(Result& r, const std::function<std::string(const Point&)>& key,
+                      const std::function<bool(const Point&)>& is_baseline,
+                      const std::function<void(Point&, const Point&)>& fn) {
+  std::map<std::string, std::size_t> base;  // index: points may be added to while iterating
+  for (std::size_t i = 0; i < r.points.size(); ++i)
+    if (r.points[i].status == Status::ok && is_baseline(r.points[i])) base.emplace(key(r.points[i]), i);
+  for (auto& p : r.points) {
+    if (p.status != Status::ok || is_baseline(p)) continue;
+    auto it = base.find(key(p));
+    if (it != base.end()) fn(p, r.points[it->second]);
+  }
+}
+
+}  // namespace sb

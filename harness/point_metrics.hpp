@@ -1,0 +1,33 @@
+// What several scenarios write alike, in one place: the time and rate
+// metrics of a Measurement, the info block saying how it was measured, and
+// ratios of each point against a baseline point of the same shape measured
+// in the same run (speedup over fp32, over naive attention, over padding).
+#pragma once
+
+#include <functional>  // std::function
+#include <map>         // std::map
+#include <string>      // std::string
+
+#include "harness/measure.hpp"  // Measurement
+#include "harness/result.hpp"   // Point, Result
+
+namespace sb {
+
+// Adds "ms" (median time of one op, lower is better) and, when flops > 0,
+// "tflops" (flops / time, per trial, higher is better). `op` names what one
+// op is ("one GEMM", "one pass"); `formula` how flops are counted.
+void add_time_and_rate(Point& p, const Measurement& m, double flops, const std::string& op,
+                       const std::string& formula);
+
+// {reps_per_trial, trials, stop, timing: {mode, flush_bytes | note}}: how the
+// figures were measured, merged into a point's info.
+nlohmann::ordered_json measurement_info(const Measurement& m);
+
+// For each ok point that is not a baseline, the ok baseline point with the
+// same key (if any): fn(point, baseline). Keys say what must match (shape,
+// dtype, timing mode), so a ratio never divides figures of different shapes.
+void against_baseline(Result& r, const std::function<std::string(const Point&)>& key,
+                      const std::function<bool(const Point&)>& is_baseline,
+                      const std::function<void(Point&, const Point&)>& fn);
+
+}  // namespace sb
