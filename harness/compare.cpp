@@ -7,7 +7,8 @@
 
 #include "harness/dtype.hpp"     // parse_dtype
 #include "harness/errors.hpp"    // UsageError
-#include "harness/expected.hpp"  // ExpectedFile, is_expected_doc
+#include "harness/expected.hpp"  // ExpectedFile, expected_from_json
+#include "harness/json_read.hpp"  // JsonRef, reading_file
 #include "harness/printer.hpp"   // format_number
 
 namespace sb {
@@ -41,16 +42,23 @@ std::string point_label(const json& params) {
   std::string s;
   for (const auto& [k, v] : params.items()) {
     if (!s.empty()) s += ' ';
-    s += fmt::format("{}={}", k, v.is_string() ? v.get<std::string>() : v.dump());
+    s += fmt::format("{}={}", k, v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, json::error_handler_t::replace));
   }
   return s;
 }
 
-std::string doc_label(const json& d) {
-  if (is_expected_doc(d)) return fmt::format("expected {}", d.value("/hardware/id"_json_pointer, std::string("?")));
-  const json dev = d.value("/meta/device"_json_pointer, json::object());
-  return fmt::format("{} on {} ({}){}", d.value("scenario", "?"), dev.value("id", "?"), dev.value("name", "?"),
-                     dev.value("simulated", false) ? " [simulated]" : "");
+std::string result_label(const Result& r) {
+  // Read from a checked result: meta.device's fields, when present, are typed.
+  const json dev = r.meta.value("device", json::object());
+  return fmt::format("{} on {} ({}){}", r.scenario, dev.value("id", "?"), dev.value("name", "?"),
+                     r.simulated() ? " [simulated]" : "");
+}
+
+// A document's "kind" ("" when it has none); a kind that is not a string is
+// an error naming the file.
+std::string doc_kind(const json& doc, const std::string& file) {
+  if (!doc.is_object() || !doc.contains("kind")) return "";
+  return JsonRef(doc, file).at("kind").str();
 }
 
 void compare_with_expected(const Result& ra, const ExpectedFile& ef, double tol, CompareReport& rep) {
@@ -149,17 +157,31 @@ void compare_with_result(const Result& ra, const Result& rb, double tol, Compare
 
 }  // namespace
 
-CompareReport compare_docs(const json& a, const json& b, double tol) {
-  if (is_expected_doc(a)) throw UsageError("compare: A must be a result; put the expected file second");
-  const Result ra = result_from_json(a);
+CompareReport compare_docs(const json& a, const json& b, double tol, const std::string& a_file,
+                           const std::string& b_file) {
+  if (doc_kind(a, a_file) == "expected")
+    throw UsageError(fmt::format("compare: {} is an expected-numbers file; A must be a result: put the expected file "
+                                 "second", a_file));
+  const Result ra = result_from_json(a, a_file);
   CompareReport rep;
-  rep.a_label = doc_label(a);
-  rep.b_label = doc_label(b);
-  if (is_expected_doc(b)) {
-    compare_with_expected(ra, ExpectedFile{"", b}, tol, rep);
-  } else {
-    compare_with_result(ra, result_from_json(b), tol, rep);
-  }
+  rep.a_label = result_label(ra);
+  const std::string b_kind = doc_kind(b, b_file);
+  if (b_kind != "expected" && b_kind != "result")
+    throw UsageError(fmt::format("{} is neither a stallbench result nor an expected-numbers file (\"kind\" is {})",
+                                 b_file, b_kind.empty() ? "missing" : "\"" + b_kind + "\""));
+  // Both documents are checked by now; this net only names the files should
+  // the comparison itself still meet a JSON surprise.
+  reading_file(fmt::format("compare {} {}", a_file, b_file), [&] {
+    if (b_kind == "expected") {
+      const ExpectedFile ef = expected_from_json(b, b_file);
+      rep.b_label = fmt::format("expected {}", ef.id());
+      compare_with_expected(ra, ef, tol, rep);
+    } else {
+      const Result rb = result_from_json(b, b_file);
+      rep.b_label = result_label(rb);
+      compare_with_result(ra, rb, tol, rep);
+    }
+  });
   for (const auto& r : rep.rows) rep.worse += r.gated && r.verdict == Verdict::worse;
   if (rep.rows.empty()) rep.notes.push_back("no metric of A has a counterpart in B");
   return rep;

@@ -45,9 +45,11 @@ struct CompareReport {
 // (a fraction, e.g. 0.05), else "same". Direction none -> not_comparable.
 Verdict judge(double a, double b, Direction d, double tolerance);
 
-// Throws UsageError when a is not a result or b is neither kind.
+// Throws UsageError when a is not a result or b is neither kind, or when a
+// field of either is missing or mistyped: the message names the file (a_file,
+// b_file: the paths the documents were read from) and the field's path.
 CompareReport compare_docs(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b,
-                           double tolerance);
+                           double tolerance, const std::string& a_file = "A", const std::string& b_file = "B");
 
 std::string format_compare(const CompareReport& rep);
 

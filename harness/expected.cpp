@@ -2,12 +2,16 @@
 
 #include <algorithm>   // std::sort, std::find
 #include <filesystem>  // std::filesystem
+#include <iostream>    // std::cerr: a skipped file's warning
+#include <mutex>       // std::mutex
+#include <set>         // std::set: warnings already given
 #include <system_error>  // std::error_code
 
 #include <fmt/format.h>  // fmt::format
 
-#include "harness/errors.hpp"  // UsageError
-#include "harness/result.hpp"  // read_json_file
+#include "harness/errors.hpp"     // UsageError
+#include "harness/json_read.hpp"  // JsonRef, reading_file, without_file_prefix
+#include "harness/result.hpp"     // read_json_file
 
 #ifndef STALLBENCH_SOURCE_DIR
 #define STALLBENCH_SOURCE_DIR ""
@@ -60,7 +64,81 @@ std::vector<json> ExpectedFile::figures_for(const std::string& scenario, const s
 }
 
 bool is_expected_doc(const json& doc) {
-  return doc.is_object() && doc.value("kind", "") == "expected" && doc.contains("hardware");
+  if (!doc.is_object()) return false;
+  const auto it = doc.find("kind");
+  return it != doc.end() && it->is_string() && it->get<std::string>() == "expected" && doc.contains("hardware");
+}
+
+namespace {
+
+void check_strings(const JsonRef& arr) {
+  arr.array();
+  for (std::size_t i = 0; i < arr.size(); ++i) arr.at(i).str();
+}
+
+void check_optional_str(const JsonRef& j, const char* key) {
+  if (const auto v = j.find(key)) v->str();
+}
+
+// A datasheet peak or a figure: a value > 0 with its unit, kind and source.
+void check_figure_fields(const JsonRef& f) {
+  f.at("value").positive();
+  f.at("unit").str();
+  f.at("kind").one_of({"datasheet", "published", "measured"});
+  f.at("source").str();
+  check_optional_str(f, "note");
+}
+
+// Every field that a reader of the file uses (match_expected, compare, the
+// sim device's model), typed, as results/schema/expected.schema.json has them.
+void check_expected_doc(const JsonRef& doc) {
+  doc.object();
+  const JsonRef hw = doc.at("hardware").object();
+  hw.at("id").str();
+  hw.at("class").one_of({"gpu", "cpu"});
+  check_optional_str(hw, "name");
+  if (const auto match = hw.find("match")) {
+    match->object();
+    for (const char* key : {"name_contains", "isa", "isa_absent"})
+      if (const auto v = match->find(key)) check_strings(*v);
+    if (const auto v = match->find("logical_cores")) v->int32(1);
+  }
+  if (const auto peaks = doc.find("peaks")) {
+    peaks->object();
+    if (const auto tflops = peaks->find("tflops"))
+      for (const auto& [dtype, peak] : tflops->members()) check_figure_fields(peak.object());
+    for (const char* key : {"memory_bandwidth", "memory_capacity"})
+      if (const auto v = peaks->find(key)) check_figure_fields(v->object());
+  }
+  if (const auto figs = doc.find("figures")) {
+    figs->array();
+    for (std::size_t i = 0; i < figs->size(); ++i) {
+      const JsonRef f = figs->at(i).object();
+      f.at("scenario").str();
+      f.at("metric").str();
+      if (const auto w = f.find("where")) w->object();
+      f.at("direction").one_of({"higher", "lower"});
+      check_figure_fields(f);
+    }
+  }
+}
+
+}  // namespace
+
+ExpectedFile expected_from_json(nlohmann::ordered_json doc, const std::string& file) {
+  reading_file(file, [&] {
+    const JsonRef j(doc, file);
+    if (!doc.is_object() || !doc.contains("kind"))
+      throw UsageError(fmt::format("{} is not an expected-numbers file (it has no \"kind\": \"expected\")", file));
+    const JsonRef kind = j.at("kind");
+    if (kind.str() != "expected")
+      kind.fail(fmt::format("expected \"expected\", got {}: not an expected-numbers file", kind.describe()));
+    const JsonRef version = j.at("schema_version");
+    if (const std::int64_t v = version.integer(); v != 1)
+      version.fail(fmt::format("expected 1, got schema_version {}: this stallbench reads version 1", v));
+    check_expected_doc(j);
+  });
+  return ExpectedFile{file, std::move(doc)};
 }
 
 std::vector<std::string> expected_dirs() {
@@ -75,53 +153,79 @@ std::vector<std::string> expected_dirs() {
   return dirs;
 }
 
-ExpectedFile load_expected_file(const std::string& path) {
-  ExpectedFile f{path, read_json_file(path)};
-  if (!is_expected_doc(f.doc))
-    throw UsageError(fmt::format("{} is not an expected-numbers file (no \"kind\": \"expected\")", path));
-  return f;
+ExpectedFile load_expected_file(const std::string& path) { return expected_from_json(read_json_file(path), path); }
+
+std::vector<std::string> expected_paths_in(const std::string& dir) {
+  std::vector<std::string> paths;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return paths;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().extension() == ".json") paths.push_back(it->path().string());
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+std::vector<ExpectedFile> load_expected_dir(const std::string& dir, std::vector<std::string>& skipped) {
+  std::vector<ExpectedFile> files;
+  for (const auto& p : expected_paths_in(dir)) {
+    try {
+      files.push_back(load_expected_file(p));
+    } catch (const UsageError& e) {
+      skipped.push_back(fmt::format("skipped expected-numbers file {}: {}", p, without_file_prefix(e.what(), p)));
+    }
+  }
+  return files;
 }
 
 std::vector<ExpectedFile> load_expected_files() {
   for (const auto& d : expected_dirs()) {
-    std::error_code ec;
-    if (!fs::is_directory(d, ec)) continue;
-    std::vector<std::string> paths;
-    for (const auto& e : fs::directory_iterator(d, ec))
-      if (e.path().extension() == ".json") paths.push_back(e.path().string());
-    if (paths.empty()) continue;
-    std::sort(paths.begin(), paths.end());
-    std::vector<ExpectedFile> files;
-    for (const auto& p : paths) files.push_back(load_expected_file(p));
+    if (expected_paths_in(d).empty()) continue;
+    std::vector<std::string> skipped;
+    std::vector<ExpectedFile> files = load_expected_dir(d, skipped);
+    // The files are read more than once in a run (the device, then its
+    // expected numbers): each bad one is reported once.
+    static std::mutex mu;
+    static std::set<std::string> reported;
+    std::lock_guard lock(mu);
+    for (const auto& s : skipped)
+      if (reported.insert(s).second) std::cerr << "stallbench: warning: " << s << "\n";
     return files;
   }
   return {};
 }
 
+bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const std::vector<std::string>& cpu_isa,
+                      int logical_cores) {
+  // Read from a checked file (expected_from_json): every field here is typed.
+  const json& hw = f.doc.at("hardware");
+  const json match = hw.value("match", json::object());
+  const std::string cls = hw.value("class", "gpu");
+  const auto has_isa = [&](const json& isa) {
+    return std::find(cpu_isa.begin(), cpu_isa.end(), isa.get<std::string>()) != cpu_isa.end();
+  };
+  if (dev.kind == DeviceKind::cpu) {
+    if (cls != "cpu") return false;
+    for (const auto& isa : match.value("isa", json::array()))
+      if (!has_isa(isa)) return false;
+    for (const auto& isa : match.value("isa_absent", json::array()))
+      if (has_isa(isa)) return false;
+    return !match.contains("logical_cores") || match["logical_cores"].get<int>() == logical_cores;
+  }
+  if (dev.kind == DeviceKind::sim) {
+    // A simulated device is made from one expected file: that one.
+    const auto id = dev.props.find("hardware_id");
+    return id != dev.props.end() && id->is_string() && id->get<std::string>() == hw.value("id", "");
+  }
+  if (cls != "gpu") return false;
+  for (const auto& s : match.value("name_contains", json::array()))
+    if (dev.name.find(s.get<std::string>()) != std::string::npos) return true;
+  return false;
+}
+
 std::optional<ExpectedFile> match_expected(const DeviceInfo& dev, const std::vector<std::string>& cpu_isa,
                                            int logical_cores) {
-  for (auto& f : load_expected_files()) {
-    const json& hw = f.doc["hardware"];
-    const json match = hw.value("match", json::object());
-    const std::string cls = hw.value("class", "gpu");
-    if (dev.kind == DeviceKind::cpu) {
-      if (cls != "cpu") continue;
-      bool ok = true;
-      for (const auto& isa : match.value("isa", json::array()))
-        ok = ok && std::find(cpu_isa.begin(), cpu_isa.end(), isa.get<std::string>()) != cpu_isa.end();
-      for (const auto& isa : match.value("isa_absent", json::array()))
-        ok = ok && std::find(cpu_isa.begin(), cpu_isa.end(), isa.get<std::string>()) == cpu_isa.end();
-      if (match.contains("logical_cores")) ok = ok && match["logical_cores"].get<int>() == logical_cores;
-      if (ok) return f;
-    } else if (dev.kind == DeviceKind::sim) {
-      // A simulated device is made from one expected file: that one.
-      if (dev.props.value("hardware_id", "") == hw.value("id", "")) return f;
-    } else {
-      if (cls != "gpu") continue;
-      for (const auto& s : match.value("name_contains", json::array()))
-        if (dev.name.find(s.get<std::string>()) != std::string::npos) return f;
-    }
-  }
+  for (auto& f : load_expected_files())
+    if (expected_matches(f, dev, cpu_isa, logical_cores)) return f;
   return std::nullopt;
 }
 

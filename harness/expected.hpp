@@ -30,14 +30,30 @@ struct ExpectedFile {
 // configured install prefix, and the source tree the binary was built from.
 std::vector<std::string> expected_dirs();
 
-// All expected files found in the first directory that has any.
+// All expected files found in the first directory that has any. A bad file
+// there (not JSON, a field of the wrong type) is skipped with one warning
+// line on stderr naming the file and the field; the run goes on with the others.
 std::vector<ExpectedFile> load_expected_files();
 
-// Throws UsageError if the file is unreadable or not an expected file.
+// The *.json files of dir, in name order; a bad one is left out and its
+// reason appended to skipped ("skipped expected-numbers file <path>: <why>").
+std::vector<ExpectedFile> load_expected_dir(const std::string& dir, std::vector<std::string>& skipped);
+
+// Throws UsageError if the file is unreadable or not an expected file; the
+// message names the file and the path of a missing or mistyped field.
 ExpectedFile load_expected_file(const std::string& path);
 
-// The expected file whose hardware.match selects this device; cpu info
+// An expected-numbers document, checked: every field a reader uses has its
+// type (results/schema/expected.schema.json), so the accessors above never
+// meet a surprise. Throws UsageError naming `file` and the field's path.
+ExpectedFile expected_from_json(nlohmann::ordered_json doc, const std::string& file);
+
+// Whether a checked file's hardware.match selects this device; cpu info
 // needs the host's ISA flags and core count (from fingerprint).
+bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const std::vector<std::string>& cpu_isa,
+                      int logical_cores);
+
+// The first expected file (load_expected_files) that matches this device.
 std::optional<ExpectedFile> match_expected(const DeviceInfo& dev, const std::vector<std::string>& cpu_isa,
                                            int logical_cores);
 

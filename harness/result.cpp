@@ -13,6 +13,7 @@
 
 #include "harness/errors.hpp"  // UsageError, Error
 #include "harness/files.hpp"   // read_regular_file
+#include "harness/json_read.hpp"  // JsonRef, parse_json_text, reading_file
 
 namespace sb {
 
@@ -22,7 +23,10 @@ const Metric* Point::metric(const std::string& name) const {
   return nullptr;
 }
 
-bool Result::simulated() const { return meta.value("/device/simulated"_json_pointer, false); }
+bool Result::simulated() const {
+  const auto ptr = "/device/simulated"_json_pointer;
+  return meta.contains(ptr) && meta.at(ptr).is_boolean() && meta.at(ptr).get<bool>();
+}
 
 namespace {
 using json = nlohmann::ordered_json;
@@ -32,18 +36,40 @@ json stats_json(const Stats& s) {
               {"mean", s.mean}, {"min", s.min},       {"max", s.max}, {"stdrel", s.stdrel}};
 }
 
-[[noreturn]] void bad(const std::string& where, const std::string& what) {
-  throw UsageError(fmt::format("not a stallbench result: {} {}", where, what));
+// Summary statistics: n, median, p10 and p90 always; the rest when written.
+Stats stats_from_json(const JsonRef& sj) {
+  sj.object();
+  Stats s;
+  s.n = sj.at("n").int32(0);
+  s.median = sj.at("median").number();
+  s.p10 = sj.at("p10").number();
+  s.p90 = sj.at("p90").number();
+  const std::pair<const char*, double*> optional[] = {{"mean", &s.mean}, {"min", &s.min}, {"max", &s.max},
+                                                      {"stdrel", &s.stdrel}};
+  for (const auto& [key, field] : optional)
+    if (const auto v = sj.find(key)) *field = v->number();
+  return s;
 }
 
-const json& need(const json& j, const char* key, json::value_t type, const std::string& where) {
-  if (!j.is_object() || !j.contains(key)) bad(where, fmt::format("has no '{}'", key));
-  const json& v = j.at(key);
-  const bool ok = type == json::value_t::number_float      ? v.is_number()
-                  : type == json::value_t::number_unsigned ? v.is_number_integer()
-                                                           : v.type() == type;
-  if (!ok) bad(where + "." + key, fmt::format("has type {}", v.type_name()));
-  return v;
+std::string optional_str(const JsonRef& j, const char* key) {
+  const auto v = j.find(key);
+  return v ? v->str() : std::string();
+}
+
+// The parts of meta that readers of a result use (compare's labels and its
+// point matching): typed when present.
+void check_meta(const JsonRef& meta) {
+  meta.object();
+  if (const auto dev = meta.find("device")) {
+    dev->object();
+    for (const char* key : {"id", "kind", "name"})
+      if (const auto v = dev->find(key)) v->str();
+    if (const auto v = dev->find("simulated")) v->boolean();
+  }
+  if (const auto mp = meta.find("measurement_params")) {
+    mp->array();
+    for (std::size_t i = 0; i < mp->size(); ++i) mp->at(i).str();
+  }
 }
 }  // namespace
 
@@ -84,65 +110,65 @@ json to_json(const Result& r) {
   return j;
 }
 
-Result result_from_json(const json& j) {
-  Result r;
-  if (!j.is_object()) bad("document", "is not a JSON object");
-  if (j.value("kind", "") != "result") bad("document", "has no \"kind\": \"result\"");
-  // Read wide, then compared: 4294967297 must not narrow to 1.
-  const std::uint64_t version = need(j, "schema_version", json::value_t::number_unsigned, "document").get<std::uint64_t>();
-  if (version != std::uint64_t(kResultSchemaVersion))
-    bad("document", fmt::format("has schema_version {}, this stallbench reads {}", version, kResultSchemaVersion));
-  r.meta = need(j, "meta", json::value_t::object, "document");
-  r.scenario = need(j, "scenario", json::value_t::string, "document").get<std::string>();
-  r.params = need(j, "params", json::value_t::object, "document");
-  const json& pts = need(j, "points", json::value_t::array, "document");
-  for (std::size_t i = 0; i < pts.size(); ++i) {
-    const std::string w = fmt::format("points[{}]", i);
-    const json& pj = pts[i];
-    Point p;
-    p.params = need(pj, "params", json::value_t::object, w);
-    const auto st = parse_status(need(pj, "status", json::value_t::string, w).get<std::string>());
-    if (!st) bad(w + ".status", "is not ok|skipped|oom|hang|error");
-    p.status = *st;
-    p.reason = pj.value("reason", "");
-    for (const auto& [name, mj] : need(pj, "metrics", json::value_t::object, w).items()) {
-      const std::string mw = w + ".metrics." + name;
-      Metric m;
-      m.name = name;
-      m.value = need(mj, "value", json::value_t::number_float, mw).get<double>();
-      m.unit = need(mj, "unit", json::value_t::string, mw).get<std::string>();
-      const auto d = parse_direction(need(mj, "direction", json::value_t::string, mw).get<std::string>());
-      if (!d) bad(mw + ".direction", "is not higher|lower|none");
-      m.direction = *d;
-      if (mj.contains("stats")) {
-        const json& sj = mj.at("stats");
-        Stats s;
-        s.n = sj.value("n", 0);
-        s.median = sj.value("median", 0.0);
-        s.p10 = sj.value("p10", 0.0);
-        s.p90 = sj.value("p90", 0.0);
-        s.mean = sj.value("mean", 0.0);
-        s.min = sj.value("min", 0.0);
-        s.max = sj.value("max", 0.0);
-        s.stdrel = sj.value("stdrel", 0.0);
-        m.stats = s;
+Result result_from_json(const json& doc, const std::string& file) {
+  return reading_file(file, [&] {
+    const JsonRef j(doc, file);
+    if (!doc.is_object() || !doc.contains("kind"))
+      throw UsageError(fmt::format("{} is not a stallbench result (it has no \"kind\": \"result\")", file));
+    const JsonRef kind = j.at("kind");
+    if (kind.str() != "result")
+      kind.fail(fmt::format("expected \"result\", got {}: not a stallbench result", kind.describe()));
+    const JsonRef version = j.at("schema_version");
+    if (const std::int64_t v = version.integer(); v != kResultSchemaVersion)
+      version.fail(fmt::format("expected {}, got schema_version {}: this stallbench reads version {}",
+                               kResultSchemaVersion, v, kResultSchemaVersion));
+    Result r;
+    check_meta(j.at("meta"));
+    r.meta = j.at("meta").raw();
+    r.scenario = j.at("scenario").str();
+    r.params = j.at("params").object().raw();
+    const JsonRef pts = j.at("points").array();
+    r.points.reserve(pts.size());
+    for (std::size_t i = 0; i < pts.size(); ++i) {
+      const JsonRef pj = pts.at(i).object();
+      Point p;
+      p.params = pj.at("params").object().raw();
+      p.status = pj.at("status").choice(kStatusNames);
+      p.reason = optional_str(pj, "reason");
+      for (const auto& [name, mj] : pj.at("metrics").members()) {
+        mj.object();
+        Metric m;
+        m.name = name;
+        m.value = mj.at("value").number();
+        m.unit = mj.at("unit").str();
+        m.direction = mj.at("direction").choice(kDirectionNames);
+        if (const auto sj = mj.find("stats")) m.stats = stats_from_json(*sj);
+        m.note = optional_str(mj, "note");
+        p.metrics.push_back(std::move(m));
       }
-      m.note = mj.value("note", "");
-      p.metrics.push_back(std::move(m));
+      if (const auto info = pj.find("info")) p.info = info->object().raw();
+      r.points.push_back(std::move(p));
     }
-    p.info = pj.value("info", json::object());
-    r.points.push_back(std::move(p));
-  }
-  for (const auto& fj : j.value("findings", json::array())) {
-    Finding f;
-    f.cause = fj.value("cause", "");
-    f.summary = fj.value("summary", "");
-    if (fj.contains("speedup") && fj["speedup"].is_number()) f.speedup = fj["speedup"].get<double>();
-    f.evidence = fj.value("evidence", json::object());
-    r.findings.push_back(std::move(f));
-  }
-  if (j.contains("expected")) r.expected = j["expected"];
-  return r;
+    if (const auto fs = j.find("findings")) {
+      fs->array();
+      for (std::size_t i = 0; i < fs->size(); ++i) {
+        const JsonRef fj = fs->at(i).object();
+        Finding f;
+        f.cause = fj.at("cause").str();
+        f.summary = fj.at("summary").str();
+        if (const auto v = fj.find("speedup")) f.speedup = v->number();
+        if (const auto v = fj.find("evidence")) f.evidence = v->object().raw();
+        r.findings.push_back(std::move(f));
+      }
+    }
+    if (const auto e = j.find("expected")) {
+      e->object();
+      optional_str(*e, "id");
+      optional_str(*e, "path");
+      r.expected = e->raw();
+    }
+    return r;
+  });
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {
@@ -183,12 +209,7 @@ void write_file_atomic(const std::string& path, const std::string& text) {
 }
 
 json read_json_file(const std::string& path) {
-  const std::string text = read_regular_file(path, "JSON file");
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw UsageError(fmt::format("{} is not valid JSON: {}", path, e.what()));
-  }
+  return parse_json_text(read_regular_file(path, "JSON file"), path);
 }
 
 }  // namespace sb

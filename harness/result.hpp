@@ -64,8 +64,10 @@ struct Result {
 };
 
 nlohmann::ordered_json to_json(const Result&);
-// Throws UsageError with a message naming the missing or mistyped field.
-Result result_from_json(const nlohmann::ordered_json&);
+// Throws UsageError naming `file` and the path of the missing or mistyped
+// field ("a.json: points[3].metrics.tflops.stats.n: expected integer, got
+// string \"5\""); never a JSON library exception.
+Result result_from_json(const nlohmann::ordered_json& doc, const std::string& file = "result");
 
 // Writes text to path atomically: a temporary file in the same directory,
 // flushed and fsync'd, then renamed over path. "-" writes to stdout.
@@ -73,7 +75,7 @@ Result result_from_json(const nlohmann::ordered_json&);
 void write_file_atomic(const std::string& path, const std::string& text);
 
 // Reads and parses a JSON file; throws UsageError naming the file and what is
-// wrong (missing, unreadable, parse error with byte offset).
+// wrong (missing, unreadable, parse error with byte offset, nested too deep).
 nlohmann::ordered_json read_json_file(const std::string& path);
 
 }  // namespace sb

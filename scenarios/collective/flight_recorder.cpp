@@ -14,57 +14,9 @@ using json = nlohmann::ordered_json;
 
 }  // namespace
 
-namespace dump_json {
-
-const json& field(const json& j, const char* key, std::string_view what) {
-  if (!j.is_object()) throw UsageError(fmt::format("{}: not a JSON object", what));
-  auto it = j.find(key);
-  if (it == j.end()) throw UsageError(fmt::format("{}: missing field '{}'", what, key));
-  return *it;
-}
-
-constexpr std::int64_t kMaxInt32 = 2147483647;
-
-std::int64_t int_field(const json& j, const char* key, std::string_view what) {
-  const json& v = field(j, key, what);
-  if (!v.is_number_integer())
-    throw UsageError(fmt::format("{}: field '{}' must be an integer, got {}", what, key, v.dump()));
-  return v.get<std::int64_t>();
-}
-
-std::int64_t int_field_in(const json& j, const char* key, std::int64_t lo, std::int64_t hi, std::string_view what) {
-  const std::int64_t v = int_field(j, key, what);
-  if (v < lo || v > hi)
-    throw UsageError(fmt::format("{}: field '{}' is {}, outside {}..{}", what, key, v, lo, hi));
-  return v;
-}
-
-std::string string_field(const json& j, const char* key, std::string_view what) {
-  const json& v = field(j, key, what);
-  if (!v.is_string()) throw UsageError(fmt::format("{}: field '{}' must be a string, got {}", what, key, v.dump()));
-  return v.get<std::string>();
-}
-
-double number_field(const json& j, const char* key, std::string_view what) {
-  const json& v = field(j, key, what);
-  if (!v.is_number()) throw UsageError(fmt::format("{}: field '{}' must be a number, got {}", what, key, v.dump()));
-  return v.get<double>();
-}
-
-}  // namespace dump_json
-
 namespace {
 
-using namespace dump_json;
-
-// A parsed enum field: the parser's nullopt becomes an error naming field and value.
-template <class Parse>
-auto enum_field(const json& j, const char* key, Parse parse) {
-  const std::string s = string_field(j, key);
-  auto v = parse(s);
-  if (!v) throw UsageError(fmt::format("flight-recorder entry: field '{}' has unknown value '{}'", key, s));
-  return *v;
-}
+constexpr int kMaxInt32 = 2147483647;
 
 }  // namespace
 
@@ -87,23 +39,28 @@ json to_json(const FlightEntry& e) {
   return j;
 }
 
-FlightEntry flight_entry_from_json(const json& j) {
+FlightEntry flight_entry_from_json(const JsonRef& j) {
+  j.object();
   FlightEntry e;
-  e.seq = int_field(j, "seq");
-  e.step = static_cast<int>(int_field_in(j, "step", -1, kMaxInt32));
-  e.call_index = static_cast<int>(int_field_in(j, "call", -1, kMaxInt32));
-  e.call.op = enum_field(j, "op", parse_coll_op);
-  e.call.count = int_field(j, "count");
-  e.call.dtype = enum_field(j, "dtype", parse_comm_dtype);
-  e.call.root = static_cast<int>(int_field_in(j, "root", -1, kMaxInt32));
-  e.call.reduce = enum_field(j, "reduce", parse_reduce_op);
-  e.state = enum_field(j, "state", parse_call_state);
-  e.t_enqueue_us = int_field(j, "t_enqueue_us");
-  e.t_start_us = int_field(j, "t_start_us");
-  e.t_complete_us = int_field(j, "t_complete_us");
-  e.wrong = int_field(j, "wrong");
-  e.error = string_field(j, "error");
+  e.seq = j.at("seq").integer(0, kMaxDumpSeq);
+  e.step = j.at("step").int32(-1, kMaxInt32);
+  e.call_index = j.at("call").int32(-1, kMaxInt32);
+  e.call.op = j.at("op").choice(kCollOpNames);
+  e.call.count = j.at("count").integer(0, kMaxDumpSeq);
+  e.call.dtype = j.at("dtype").choice(kCommDtypeNames);
+  e.call.root = j.at("root").int32(-1, kMaxInt32);
+  e.call.reduce = j.at("reduce").choice(kReduceOpNames);
+  e.state = j.at("state").choice(kCallStateNames);
+  e.t_enqueue_us = j.at("t_enqueue_us").integer(0, kMaxDumpTimeUs);
+  e.t_start_us = j.at("t_start_us").integer(0, kMaxDumpTimeUs);
+  e.t_complete_us = j.at("t_complete_us").integer(0, kMaxDumpTimeUs);
+  e.wrong = j.at("wrong").integer(-1, kMaxDumpSeq);
+  e.error = j.at("error").str();
   return e;
+}
+
+FlightEntry flight_entry_from_json(const json& j, const std::string& file) {
+  return reading_file(file, [&] { return flight_entry_from_json(JsonRef(j, file)); });
 }
 
 std::int64_t now_us() {

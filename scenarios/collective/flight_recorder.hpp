@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
 
 #include "harness/comm.hpp"  // CollCall
+#include "harness/json_read.hpp"  // JsonRef
 #include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
 namespace sb {
@@ -57,8 +58,17 @@ struct FlightEntry {
 };
 
 nlohmann::ordered_json to_json(const FlightEntry&);
-// Throws UsageError naming the missing or mistyped field.
-FlightEntry flight_entry_from_json(const nlohmann::ordered_json&);
+// Throws UsageError naming the file and the path of the missing, mistyped or
+// out-of-range field ("rank-1.json: entries[3].seq: expected integer, got
+// string \"x\""). Integers are range-checked, never narrowed: a seq or a time
+// is at most kMaxDumpSeq, so arithmetic on them cannot overflow.
+FlightEntry flight_entry_from_json(const JsonRef& j);
+FlightEntry flight_entry_from_json(const nlohmann::ordered_json& j, const std::string& file = "flight-recorder entry");
+
+// Bounds on what a dump may hold: 2^53 collectives, or microseconds (285
+// years after the epoch), is beyond any run.
+inline constexpr std::int64_t kMaxDumpSeq = std::int64_t(1) << 53;
+inline constexpr std::int64_t kMaxDumpTimeUs = std::int64_t(1) << 53;
 
 // Who a dump belongs to (the header fields of the format above).
 struct DumpHeader {
@@ -71,21 +81,6 @@ struct DumpHeader {
 };
 
 std::int64_t now_us();  // system clock, µs since the Unix epoch
-
-// Typed reads of a dump's fields: a missing or mistyped one is a UsageError
-// naming it, after `what` ("flight-recorder entry", "flight-recorder dump").
-namespace dump_json {
-const nlohmann::ordered_json& field(const nlohmann::ordered_json& j, const char* key,
-                                    std::string_view what = "flight-recorder entry");
-std::int64_t int_field(const nlohmann::ordered_json& j, const char* key, std::string_view what = "flight-recorder entry");
-// The same, refused (UsageError naming the field) outside [lo, hi]: nothing
-// read from a file is narrowed or trusted to bound a loop unchecked.
-std::int64_t int_field_in(const nlohmann::ordered_json& j, const char* key, std::int64_t lo, std::int64_t hi,
-                          std::string_view what = "flight-recorder entry");
-std::string string_field(const nlohmann::ordered_json& j, const char* key,
-                         std::string_view what = "flight-recorder entry");
-double number_field(const nlohmann::ordered_json& j, const char* key, std::string_view what = "flight-recorder entry");
-}  // namespace dump_json
 
 // Thread-safe: the main thread records, the watchdog thread reads and dumps.
 class FlightRecorder {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>  // std::int64_t
+#include <functional>  // std::function: analyze_hang_files' reader
 #include <string>   // std::string
 #include <utility>  // std::pair: wrong_data_from
 #include <vector>   // std::vector
@@ -32,8 +33,9 @@ struct RankDump {
   std::string path;                  // the file it came from
 };
 
-// Throws UsageError naming the field when j is not a flight-recorder dump.
-RankDump rank_dump_from_json(const nlohmann::ordered_json& j);
+// Throws UsageError naming `file` and the field's path when j is not a
+// flight-recorder dump, or when its counters do not match its entries.
+RankDump rank_dump_from_json(const nlohmann::ordered_json& j, const std::string& file = "flight-recorder dump");
 
 enum class DivergenceKind {
   none,     // every rank issued the same calls
@@ -86,6 +88,11 @@ struct HangReport {
 // several runs, analyses the newest run and warns about the rest. Throws
 // UsageError when dir is missing or holds no dump.
 HangReport analyze_hang_dir(const std::string& dir);
+// The same on files already listed (in name order), each read by `read`
+// (read_json_file for analyze_hang_dir): a file that read throws a
+// UsageError for, or that is not a dump of this format, is a warning.
+HangReport analyze_hang_files(const std::string& dir, const std::vector<std::string>& files,
+                              const std::function<nlohmann::ordered_json(const std::string&)>& read);
 // The analysis itself, on dumps already read (all of one run_id).
 HangReport analyze_dumps(const std::vector<RankDump>& dumps);
 

@@ -12,7 +12,8 @@
 #include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"  // UsageError
-#include "harness/result.hpp"  // read_json_file
+#include "harness/json_read.hpp"  // JsonRef, reading_file, without_file_prefix
+#include "harness/result.hpp"     // read_json_file
 
 namespace sb {
 
@@ -20,12 +21,9 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-constexpr std::string_view kDump = "flight-recorder dump";
 // More ranks than any job has run (the largest known are ~100k GPUs): a
 // larger size in a dump is damage, not a job.
 constexpr std::int64_t kMaxDumpRanks = 1 << 20;
-
-[[noreturn]] void bad_dump(const std::string& what) { throw UsageError(fmt::format("{}: {}", kDump, what)); }
 
 bool is_dump(const json& j) {
   if (!j.is_object()) return false;
@@ -39,58 +37,70 @@ std::string seq_text(std::int64_t s) { return s == -2 ? "?" : s == -1 ? "-" : st
 
 }  // namespace
 
-RankDump rank_dump_from_json(const json& j) {
-  if (!j.is_object()) bad_dump("not a JSON object");
-  const std::string format = dump_json::string_field(j, "format", kDump);
-  if (format != kFlightRecorderFormat)
-    bad_dump(fmt::format("format is '{}', not '{}'", format, kFlightRecorderFormat));
-  const std::int64_t version = dump_json::int_field(j, "version", kDump);
-  if (version != kFlightRecorderVersion)
-    bad_dump(fmt::format("version {} is not supported (this build reads {})", version, kFlightRecorderVersion));
+RankDump rank_dump_from_json(const json& doc, const std::string& file) {
+  return reading_file(file, [&] {
+    const JsonRef j(doc, file);
+    j.object();
+    const JsonRef format = j.at("format");
+    if (format.str() != kFlightRecorderFormat)
+      format.fail(fmt::format("expected \"{}\", got {}: not a flight-recorder dump", kFlightRecorderFormat,
+                              format.describe()));
+    const JsonRef version = j.at("version");
+    if (const std::int64_t v = version.integer(); v != kFlightRecorderVersion)
+      version.fail(fmt::format("expected {}, got version {}: not supported (this build reads {})",
+                               kFlightRecorderVersion, v, kFlightRecorderVersion));
 
-  RankDump d;
-  DumpHeader& h = d.header;
-  h.run_id = dump_json::string_field(j, "run_id", kDump);
-  // Ranges first: a size read from a file bounds loops and tables, and
-  // 4294967297 must not narrow to rank 1.
-  h.size = static_cast<int>(dump_json::int_field_in(j, "size", 1, kMaxDumpRanks, kDump));
-  h.rank = static_cast<int>(dump_json::int_field_in(j, "rank", 0, h.size - 1, kDump));
-  h.local_rank = static_cast<int>(dump_json::int_field_in(j, "local_rank", 0, h.size - 1, kDump));
-  h.host = dump_json::string_field(j, "host", kDump);
-  h.pid = static_cast<long>(dump_json::int_field(j, "pid", kDump));
-  h.backend = dump_json::string_field(j, "backend", kDump);
-  h.device = dump_json::string_field(j, "device", kDump);
-  h.timeout_s = dump_json::number_field(j, "timeout_s", kDump);
-  if (h.size < 1) bad_dump(fmt::format("size must be >= 1, got {}", h.size));
-  if (h.rank < 0 || h.rank >= h.size) bad_dump(fmt::format("rank {} is outside 0..{}", h.rank, h.size - 1));
-  d.reason = dump_json::string_field(j, "reason", kDump);
-  d.where = dump_json::string_field(j, "where", kDump);
-  d.time_us = dump_json::int_field(j, "time_us", kDump);
-  d.dropped = dump_json::int_field(j, "dropped", kDump);
-  d.last_enqueued_seq = dump_json::int_field(j, "last_enqueued_seq", kDump);
-  d.last_completed_seq = dump_json::int_field(j, "last_completed_seq", kDump);
-  const json& es = dump_json::field(j, "entries", kDump);
-  if (!es.is_array()) bad_dump("field 'entries' must be an array");
-  for (std::size_t i = 0; i < es.size(); ++i) {
-    try {
-      d.entries.push_back(flight_entry_from_json(es[i]));
-    } catch (const UsageError& e) {
-      bad_dump(fmt::format("entries[{}]: {}", i, e.what()));
-    }
-  }
-  std::stable_sort(d.entries.begin(), d.entries.end(),
-                   [](const FlightEntry& a, const FlightEntry& b) { return a.seq < b.seq; });
-  // The counters must agree with the entries present: the analysis walks
-  // sequence numbers, and its work must be bounded by the data in the file.
-  const std::int64_t newest = d.entries.empty() ? -1 : d.entries.back().seq;
-  if (d.last_enqueued_seq < -1 || (!d.entries.empty() && d.last_enqueued_seq != newest) ||
-      (d.entries.empty() && d.last_enqueued_seq > d.dropped - 1))
-    bad_dump(fmt::format("last_enqueued_seq {} does not match its entries (newest seq {}, {} dropped)",
-                         d.last_enqueued_seq, newest, d.dropped));
-  if (d.last_completed_seq < -1 || d.last_completed_seq > d.last_enqueued_seq)
-    bad_dump(fmt::format("last_completed_seq {} is outside -1..last_enqueued_seq {}", d.last_completed_seq,
-                         d.last_enqueued_seq));
-  return d;
+    RankDump d;
+    DumpHeader& h = d.header;
+    h.run_id = j.at("run_id").str();
+    // Ranges first: a size read from a file bounds loops and tables, and
+    // 4294967297 must not narrow to rank 1.
+    h.size = j.at("size").int32(1, kMaxDumpRanks);
+    h.rank = j.at("rank").int32(0, h.size - 1);
+    h.local_rank = j.at("local_rank").int32(0, h.size - 1);
+    h.host = j.at("host").str();
+    h.pid = static_cast<long>(j.at("pid").integer());
+    h.backend = j.at("backend").str();
+    h.device = j.at("device").str();
+    h.timeout_s = j.at("timeout_s").number();
+    d.reason = j.at("reason").str();
+    d.where = j.at("where").str();
+    d.time_us = j.at("time_us").integer(0, kMaxDumpTimeUs);
+    d.dropped = j.at("dropped").integer(0, kMaxDumpSeq);
+    d.last_enqueued_seq = j.at("last_enqueued_seq").integer(-1, kMaxDumpSeq);
+    d.last_completed_seq = j.at("last_completed_seq").integer(-1, kMaxDumpSeq);
+    const JsonRef es = j.at("entries").array();
+    d.entries.reserve(es.size());
+    for (std::size_t i = 0; i < es.size(); ++i) d.entries.push_back(flight_entry_from_json(es.at(i)));
+    std::stable_sort(d.entries.begin(), d.entries.end(),
+                     [](const FlightEntry& a, const FlightEntry& b) { return a.seq < b.seq; });
+    // The counters must agree with the entries present, as a ring's dump
+    // always does: seqs dropped..last_enqueued_seq, each once. The analysis
+    // walks sequence numbers, and its work must be bounded by the data in the
+    // file (a rank with no entries but a last seq of 9e18 once meant a walk
+    // over 9e18 seqs).
+    for (std::size_t i = 1; i < d.entries.size(); ++i)
+      if (d.entries[i].seq != d.entries[i - 1].seq + 1)
+        es.fail(fmt::format("seqs {} and {} {}: a ring's entries are consecutive", d.entries[i - 1].seq,
+                            d.entries[i].seq, d.entries[i].seq == d.entries[i - 1].seq ? "repeat" : "leave a gap"));
+    const std::int64_t oldest = d.entries.empty() ? d.dropped : d.entries.front().seq;
+    const std::int64_t newest = d.entries.empty() ? d.dropped - 1 : d.entries.back().seq;
+    if (oldest != d.dropped)
+      j.at("dropped").fail(fmt::format("is {}, but the oldest entry is seq {}: the ring drops seqs 0..oldest-1",
+                                       d.dropped, oldest));
+    if (d.last_enqueued_seq != newest)
+      j.at("last_enqueued_seq")
+          .fail(fmt::format("last_enqueued_seq {} does not match its entries (newest seq {}, {} dropped)",
+                            d.last_enqueued_seq, newest, d.dropped));
+    if (d.entries.empty() && d.dropped != 0)
+      j.at("dropped").fail(fmt::format("is {} with no entries: a ring that issued a call keeps the last one",
+                                       d.dropped));
+    if (d.last_completed_seq > d.last_enqueued_seq)
+      j.at("last_completed_seq")
+          .fail(fmt::format("last_completed_seq {} is outside -1..last_enqueued_seq {}", d.last_completed_seq,
+                            d.last_enqueued_seq));
+    return d;
+  });
 }
 
 HangReport analyze_hang_dir(const std::string& dir) {
@@ -103,23 +113,27 @@ HangReport analyze_hang_dir(const std::string& dir) {
     if (it->is_regular_file(ec) && it->path().extension() == ".json") files.push_back(it->path().string());
   if (ec) throw UsageError(fmt::format("analyze-hang: cannot list {}: {}", dir, ec.message()));
   std::sort(files.begin(), files.end());
+  return analyze_hang_files(dir, files, read_json_file);
+}
 
+HangReport analyze_hang_files(const std::string& dir, const std::vector<std::string>& files,
+                              const std::function<nlohmann::ordered_json(const std::string&)>& read) {
   // A bad file is a warning, not the end: the other ranks' dumps still say a
   // lot, and the report names the rank whose dump is missing.
   std::vector<std::string> warnings;
   std::map<std::string, std::vector<RankDump>> runs;
   for (const auto& f : files) {
     try {
-      const json j = read_json_file(f);
+      const json j = read(f);
       if (!is_dump(j)) {
         warnings.push_back(fmt::format("skipped {}: not a flight-recorder dump", f));
         continue;
       }
-      RankDump d = rank_dump_from_json(j);
+      RankDump d = rank_dump_from_json(j, f);
       d.path = f;
       runs[d.header.run_id].push_back(std::move(d));
     } catch (const UsageError& e) {
-      warnings.push_back(fmt::format("skipped {}: {}", f, e.what()));
+      warnings.push_back(fmt::format("skipped {}: {}", f, without_file_prefix(e.what(), f)));
     }
   }
   if (runs.empty())

@@ -199,6 +199,90 @@ expect(["run", "packing", "--quick", "-p", "lengths=fixed:100", "-p", "max_len=8
        ["drops every sequence"])
 expect(["run", "packing", "--quick", "-p", "d_model=100", "-p", "heads=3"], 2, ["d_model 100 is not a multiple of heads 3"])
 
+# Malformed fields (issue #24): a field of the wrong type, missing, or out of range is exit 2 naming the
+# file and the field's JSON path, never a raw [json.exception...] with exit 1.
+PUBLISHED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "results", "published", "cpu-avx512-2c")
+EXPECTED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "results", "expected")
+with tempfile.TemporaryDirectory() as tmp:
+    real = os.path.join(PUBLISHED, "precision.json")
+
+    def mutated(name, change, src=real):
+        doc = json.load(open(src))
+        change(doc)
+        path = os.path.join(tmp, name)
+        json.dump(doc, open(path, "w"), indent=1)
+        return path
+
+    def set_kind(d): d["kind"] = 5
+    def set_reason(d): d["points"][1]["reason"] = 5
+    def set_n(d): d["points"][2]["metrics"]["ms"]["stats"]["n"] = "5"
+    def set_sim(d): d["meta"]["device"]["simulated"] = "yes"
+    def set_class(d): d["hardware"]["class"] = 5
+    for name, change, say in (
+            ("kind.json", set_kind, "kind: expected string, got integer 5"),
+            ("reason.json", set_reason, "points[1].reason: expected string, got integer 5"),
+            ("n.json", set_n, 'points[2].metrics.ms.stats.n: expected integer in [0, 2147483647], got string "5"'),
+            ("sim.json", set_sim, 'meta.device.simulated: expected boolean, got string "yes"')):
+        bad = mutated(name, change)
+        expect(["compare", bad, real], 2, [f"{bad}: {say}"])  # as A
+        expect(["compare", real, bad], 2, [f"{bad}: {say}"])  # as B
+    bad_expected = mutated("h100-class5.json", set_class, os.path.join(EXPECTED, "h100-sxm.json"))
+    expect(["compare", real, bad_expected], 2, [f"{bad_expected}: hardware.class: expected string, got integer 5"])
+    big = os.path.join(tmp, "big.json")
+    with open(big, "w") as f:
+        f.write(open(real).read().replace('"schema_version": 1', '"schema_version": 1e400', 1))
+    expect(["compare", big, real], 2, [f"{big} is not valid JSON"])
+
+    # A bad expected file in the directory loaded on every run is skipped with one warning naming it
+    # and the field; the run goes on with the others (sim:h100-sxm is made from one of them).
+    data = os.path.join(tmp, "data")
+    os.makedirs(os.path.join(data, "expected"))
+    for f in os.listdir(EXPECTED):
+        if f.endswith(".json"):
+            with open(os.path.join(EXPECTED, f)) as src, open(os.path.join(data, "expected", f), "w") as dst:
+                dst.write(src.read())
+    bad_in_dir = mutated(os.path.join("data", "expected", "bad-h200.json"), set_class,
+                         os.path.join(EXPECTED, "h200-sxm.json"))
+    out = os.path.join(tmp, "run.json")
+    p = subprocess.run([EXE, "run", "precision", "--device", "sim:h100-sxm", "--quick", "-p", "size=256",
+                        "-p", "dtype=bf16", "--json", out], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, STALLBENCH_DATA_DIR=data))
+    warning = f"stallbench: warning: skipped expected-numbers file {bad_in_dir}: hardware.class: expected string, got integer 5"
+    if p.returncode != 0 or p.stderr.count(warning) != 1 or not os.path.isfile(out):
+        failures.append(f"a run beside a bad expected file: exit {p.returncode}, want 0 with one warning "
+                        f"({warning!r}):\n  stderr: {p.stderr[-800:]}")
+    elif json.load(open(out)).get("expected", {}).get("id") != "h100-sxm":
+        failures.append("a run beside a bad expected file lost its own expected numbers")
+
+    # analyze-hang: a bad dump is named with its field; alone, it is exit 2; beside a good one, a warning.
+    def dump(rank, seq0="ok"):
+        entries = [{"seq": s, "step": s, "call": 0, "op": "all_reduce", "count": 1024, "dtype": "fp32", "root": 0,
+                    "reduce": "sum", "state": "completed", "t_enqueue_us": 1000 + s, "t_start_us": 1001 + s,
+                    "t_complete_us": 1002 + s, "wrong": -1, "error": ""} for s in range(2)]
+        if seq0 != "ok":
+            entries[0]["seq"] = seq0
+        return {"format": "stallbench-flight-recorder", "version": 1, "run_id": "r1", "rank": rank, "size": 2,
+                "local_rank": rank, "host": "h", "pid": 1, "backend": "mpi", "device": "host", "reason": "end of run",
+                "where": "done", "time_us": 2000, "timeout_s": 30, "capacity": 4, "dropped": 0,
+                "last_enqueued_seq": 1, "last_completed_seq": 1, "entries": entries}
+    dumps = os.path.join(tmp, "dumps")
+    os.makedirs(dumps)
+    bad_dump = os.path.join(dumps, "rank-1.json")
+    json.dump(dump(1, seq0="zero"), open(bad_dump, "w"))
+    say = f'{bad_dump}: entries[0].seq: expected integer in [0, 9007199254740992], got string "zero"'
+    expect(["analyze-hang", dumps], 2, [say])
+    json.dump(dump(0), open(os.path.join(dumps, "rank-0.json"), "w"))
+    expect(["analyze-hang", dumps], 0, [say, "rank 1's dump is missing"], "stdout")
+    # Found by fuzz_hang_dump: a dump that is not UTF-8 made `analyze-hang --json` exit 1 with a raw
+    # [json.exception.type_error.316] (its warning quoted the bytes); the report is JSON again.
+    with open(os.path.join(dumps, "rank-1.json"), "wb") as f:
+        f.write(b'{"format": "stallbench-flight-recorder",\n \xe0\xdf\xdd: 1}')
+    p = expect(["analyze-hang", dumps, "--json"], 0, ["is not valid JSON"], "stdout")
+    try:
+        json.loads(p.stdout)
+    except ValueError as e:
+        failures.append(f"analyze-hang --json beside a dump that is not UTF-8: not JSON ({e})")
+
 if failures:
     print("\n".join(failures))
     sys.exit(1)

@@ -1,9 +1,14 @@
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "harness/compare.hpp"
 #include "harness/errors.hpp"
+#include "harness/expected.hpp"
 
 namespace sb {
 namespace {
@@ -122,6 +127,147 @@ TEST(Compare, StatusRegressionCounts) {
 TEST(Compare, ExpectedFileMustBeSecond) {
   EXPECT_THROW(compare_docs(expected_doc(), result_doc(1, 1), 0.05), UsageError);
   EXPECT_THROW(compare_docs(json{{"kind", "nonsense"}}, result_doc(1, 1), 0.05), UsageError);
+}
+
+// ---- malformed fields (issue #24): the message names the file and the field ----
+
+std::string compare_error(const json& a, const json& b) {
+  try {
+    compare_docs(a, b, 0.05, "a.json", "b.json");
+  } catch (const UsageError& e) {
+    return e.what();
+  }  // any other exception fails the test
+  return "no error";
+}
+
+TEST(CompareErrors, NameTheFileAndTheField) {
+  json b = result_doc(800, 1.0);
+  b["kind"] = 5;  // once [json.exception.type_error.302] from is_expected_doc, exit 1
+  EXPECT_EQ(compare_error(result_doc(700, 1.2), b), "b.json: kind: expected string, got integer 5");
+  json a = result_doc(700, 1.2);
+  a["meta"]["device"]["simulated"] = "yes";
+  EXPECT_EQ(compare_error(a, result_doc(800, 1.0)),
+            "a.json: meta.device.simulated: expected boolean, got string \"yes\"");
+  json e = expected_doc();
+  e["hardware"]["class"] = 5;
+  EXPECT_EQ(compare_error(result_doc(700, 1.2), e), "b.json: hardware.class: expected string, got integer 5");
+  e = expected_doc();
+  e["figures"][1]["value"] = "769";
+  EXPECT_EQ(compare_error(result_doc(700, 1.2), e), "b.json: figures[1].value: expected number > 0, got string \"769\"");
+  EXPECT_EQ(compare_error(result_doc(700, 1.2), json{{"kind", "notes"}}),
+            "b.json is neither a stallbench result nor an expected-numbers file (\"kind\" is \"notes\")");
+  EXPECT_EQ(compare_error(expected_doc(), result_doc(1, 1)),
+            "compare: a.json is an expected-numbers file; A must be a result: put the expected file second");
+}
+
+// ---- expected-numbers files ----
+
+const std::string kExpectedDir = std::string(STALLBENCH_SOURCE_DIR) + "/results/expected";
+
+std::string expected_error(const json& doc) {
+  try {
+    expected_from_json(doc, "x.json");
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(ExpectedReader, EveryShippedFileReads) {
+  std::vector<std::string> skipped;
+  const auto files = load_expected_dir(kExpectedDir, skipped);
+  EXPECT_TRUE(skipped.empty()) << fmt::format("{}", fmt::join(skipped, "\n"));
+  EXPECT_GE(files.size(), 5u);
+}
+
+TEST(ExpectedReader, FieldsOfTheWrongTypeNameTheField) {
+  const json good = load_expected_file(kExpectedDir + "/h100-sxm.json").doc;
+  json j = good;
+  j["hardware"]["class"] = 5;  // once a type_error in every run's match_expected
+  EXPECT_EQ(expected_error(j), "x.json: hardware.class: expected string, got integer 5");
+  j = good;
+  j["hardware"]["class"] = "tpu";
+  EXPECT_EQ(expected_error(j), "x.json: hardware.class: expected one of gpu|cpu, got string \"tpu\"");
+  j = good;
+  j["hardware"]["match"]["name_contains"][0] = 100;
+  EXPECT_EQ(expected_error(j), "x.json: hardware.match.name_contains[0]: expected string, got integer 100");
+  j = good;
+  j["peaks"]["tflops"]["bf16"]["value"] = 0;  // a rate the sim device divides by
+  EXPECT_EQ(expected_error(j), "x.json: peaks.tflops.bf16.value: expected number > 0, got integer 0");
+  j = good;
+  j["figures"][0].erase("source");
+  EXPECT_EQ(expected_error(j), "x.json: figures[0].source: expected string, got nothing (the field is missing)");
+  j = good;
+  j["figures"][0]["where"] = "dtype=bf16";
+  EXPECT_EQ(expected_error(j), "x.json: figures[0].where: expected object, got string \"dtype=bf16\"");
+  j = load_expected_file(kExpectedDir + "/cpu-avx512-bf16-2c.json").doc;
+  j["hardware"]["match"]["logical_cores"] = 4294967298LL;  // once narrowed to 2 by get<int>
+  EXPECT_EQ(expected_error(j),
+            "x.json: hardware.match.logical_cores: expected integer in [1, 2147483647], got integer 4294967298");
+}
+
+class ExpectedDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = std::filesystem::temp_directory_path() /
+          fmt::format("sb_expected_{}_{}", ::getpid(), ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir / "expected");
+    std::filesystem::create_directories(dir / "expected");
+    for (const auto& e : std::filesystem::directory_iterator(kExpectedDir))
+      if (e.path().extension() == ".json") std::filesystem::copy_file(e.path(), dir / "expected" / e.path().filename());
+    json bad = load_expected_file(kExpectedDir + "/h200-sxm.json").doc;
+    bad["hardware"]["class"] = 5;
+    bad_path = (dir / "expected" / "bad-h200.json").string();
+    std::ofstream(bad_path) << bad.dump(2);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir); }
+  std::filesystem::path dir;
+  std::string bad_path;
+};
+
+TEST_F(ExpectedDir, ABadFileIsSkippedAndTheOthersStillServe) {
+  std::vector<std::string> skipped;
+  const auto files = load_expected_dir((dir / "expected").string(), skipped);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0], "skipped expected-numbers file " + bad_path + ": hardware.class: expected string, got integer 5");
+  std::vector<std::string> ids;
+  for (const auto& f : files) ids.push_back(f.id());
+  EXPECT_EQ(ids, (std::vector<std::string>{"a100-sxm-80gb", "cpu-avx512-bf16-2c", "cpu-spr-amx-2c", "h100-sxm",
+                                           "h200-sxm"}));
+}
+
+TEST_F(ExpectedDir, TheRunTimeLoaderWarnsOnceAndMatchesWithTheRest) {
+  const char* old = std::getenv("STALLBENCH_DATA_DIR");
+  const std::string saved = old ? old : "";
+  ::setenv("STALLBENCH_DATA_DIR", dir.string().c_str(), 1);
+  DeviceInfo gpu;
+  gpu.kind = DeviceKind::cuda;
+  gpu.name = "NVIDIA H100 80GB HBM3";
+  ::testing::internal::CaptureStderr();
+  const auto first = match_expected(gpu, {}, 16);
+  const auto again = load_expected_files();  // read again in the same run: no second warning
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  if (old) ::setenv("STALLBENCH_DATA_DIR", saved.c_str(), 1);
+  else ::unsetenv("STALLBENCH_DATA_DIR");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->id(), "h100-sxm");
+  EXPECT_EQ(again.size(), 5u);
+  EXPECT_EQ(err, "stallbench: warning: skipped expected-numbers file " + bad_path +
+                     ": hardware.class: expected string, got integer 5\n");
+}
+
+TEST(ExpectedMatch, CpuFilesMatchByIsaAndCores) {
+  const ExpectedFile f = load_expected_file(kExpectedDir + "/cpu-avx512-bf16-2c.json");
+  DeviceInfo cpu;
+  cpu.kind = DeviceKind::cpu;
+  EXPECT_TRUE(expected_matches(f, cpu, {"avx2", "avx512_bf16"}, 2));
+  EXPECT_FALSE(expected_matches(f, cpu, {"avx2", "avx512_bf16", "amx_bf16"}, 2));  // isa_absent
+  EXPECT_FALSE(expected_matches(f, cpu, {"avx2", "avx512_bf16"}, 4));
+  EXPECT_FALSE(expected_matches(f, cpu, {"avx2"}, 2));
+  DeviceInfo sim;
+  sim.kind = DeviceKind::sim;
+  sim.props = json{{"hardware_id", "cpu-avx512-bf16-2c"}};
+  EXPECT_TRUE(expected_matches(f, sim, {}, 0));
 }
 
 }  // namespace

@@ -691,10 +691,11 @@ TEST(DumpParsing, BadDumpsAreUsageErrors) {
   };
   json j = good;
   j.erase("last_completed_seq");
-  expect_error(j, "missing field 'last_completed_seq'");
+  expect_error(j, "flight-recorder dump: last_completed_seq: expected integer in [-1, 9007199254740992], got nothing "
+                  "(the field is missing)");
   j = good;
   j["entries"][0].erase("seq");
-  expect_error(j, "entries[0]");
+  expect_error(j, "entries[0].seq: expected integer in [0, 9007199254740992], got nothing");
   j = good;
   j["format"] = "something-else";
   expect_error(j, "format");
@@ -703,27 +704,145 @@ TEST(DumpParsing, BadDumpsAreUsageErrors) {
   expect_error(j, "version 2");
   j = good;
   j["rank"] = 5;
-  expect_error(j, "field 'rank' is 5, outside 0..1");
+  expect_error(j, "rank: expected integer in [0, 1], got integer 5");
   // Wide integers are range-checked, never narrowed (4294967297 once read as rank 1).
   j = good;
   j["rank"] = 4294967297LL;
-  expect_error(j, "field 'rank' is 4294967297");
+  expect_error(j, "rank: expected integer in [0, 1], got integer 4294967297");
   j = good;
   j["size"] = 2000000000;  // once a bad_alloc, and 5000000 a 341 MB report
-  expect_error(j, "field 'size' is 2000000000, outside 1..1048576");
+  expect_error(j, "size: expected integer in [1, 1048576], got integer 2000000000");
   j = good;
   j["last_enqueued_seq"] = 9000000000000000000LL;  // once a loop over every sequence number
-  expect_error(j, "last_enqueued_seq 9000000000000000000 does not match its entries");
+  expect_error(j, "last_enqueued_seq: expected integer in [-1, 9007199254740992], got integer 9000000000000000000");
+  j = good;
+  j["last_enqueued_seq"] = 5;
+  expect_error(j, "last_enqueued_seq 5 does not match its entries (newest seq 0, 0 dropped)");
   j = good;
   j["last_completed_seq"] = 3;
   expect_error(j, "last_completed_seq 3 is outside");
   j = good;
   j["entries"][0]["step"] = 4294967297LL;
-  expect_error(j, "field 'step' is 4294967297");
+  expect_error(j, "entries[0].step: expected integer in [-1, 2147483647], got integer 4294967297");
   j = good;
   j["size"] = "two";
-  expect_error(j, "'size' must be an integer");
-  expect_error(json::array(), "not a JSON object");
+  expect_error(j, "size: expected integer in [1, 1048576], got string \"two\"");
+  expect_error(json::array(), "flight-recorder dump: the document: expected object, got array");
+}
+
+// ---- malformed dumps (issue #24): the file and the field named; the other ranks still analysed ----
+
+// A dump of rank 1 of a 2-rank job whose ring holds seqs 0..1.
+json two_call_dump(int rank) {
+  FlightRecorder fr(4);
+  for (int i = 0; i < 2; ++i) fr.completed(fr.enqueue(kAllReduce, i, 0));
+  return fr.dump(header_of(make_job(2), rank), "end of run");
+}
+
+std::string dump_error(const json& j) {
+  try {
+    rank_dump_from_json(j, "rank-1.json");
+  } catch (const UsageError& e) {
+    return e.what();
+  }  // any other exception fails the test
+  return "no error";
+}
+
+TEST(DumpParsing, FieldsOfTheWrongTypeNameTheFileAndTheField) {
+  json j = two_call_dump(1);
+  j["entries"][1]["seq"] = "1";
+  EXPECT_EQ(dump_error(j), "rank-1.json: entries[1].seq: expected integer in [0, 9007199254740992], got string \"1\"");
+  j = two_call_dump(1);
+  j["reason"] = 5;  // a numeric reason
+  EXPECT_EQ(dump_error(j), "rank-1.json: reason: expected string, got integer 5");
+  j = two_call_dump(1);
+  j["entries"][0]["op"] = "allreduce";
+  EXPECT_EQ(dump_error(j), "rank-1.json: entries[0].op: expected one of all_reduce|broadcast|reduce|all_gather|"
+                           "reduce_scatter|all_to_all, got string \"allreduce\"");
+  j = two_call_dump(1);
+  j["entries"][0]["t_complete_us"] = 9223372036854775807LL;  // the stall arithmetic must not overflow
+  EXPECT_EQ(dump_error(j), "rank-1.json: entries[0].t_complete_us: expected integer in [0, 9007199254740992], got "
+                           "integer 9223372036854775807");
+}
+
+// The counters must describe the entries as a ring's dump does: seqs
+// dropped..last_enqueued_seq, each once. A rank with no entries but a last
+// seq of 9e15 once made the analysis walk 9e15 seqs (a hang of its own).
+TEST(DumpParsing, CountersThatDoNotDescribeTheEntriesAreRefused) {
+  json j = two_call_dump(1);
+  j["entries"] = json::array();
+  j["dropped"] = 9000000000000000LL;
+  j["last_enqueued_seq"] = 8999999999999999LL;
+  j["last_completed_seq"] = 8999999999999999LL;
+  EXPECT_EQ(dump_error(j), "rank-1.json: dropped: is 9000000000000000 with no entries: a ring that issued a call keeps "
+                           "the last one");
+  j = two_call_dump(1);
+  j["entries"][1]["seq"] = 5;
+  j["last_enqueued_seq"] = 5;
+  EXPECT_EQ(dump_error(j), "rank-1.json: entries: seqs 0 and 5 leave a gap: a ring's entries are consecutive");
+  j = two_call_dump(1);
+  j["entries"][1]["seq"] = 0;
+  EXPECT_EQ(dump_error(j), "rank-1.json: entries: seqs 0 and 0 repeat: a ring's entries are consecutive");
+  j = two_call_dump(1);
+  j["dropped"] = 1;
+  EXPECT_EQ(dump_error(j), "rank-1.json: dropped: is 1, but the oldest entry is seq 0: the ring drops seqs "
+                           "0..oldest-1");
+}
+
+TEST_F(DumpDir, ABadDumpIsSkippedNamingItsFieldAndTheOthersAreAnalysed) {
+  write("rank-0.json", two_call_dump(0).dump());
+  json bad = two_call_dump(1);
+  bad["entries"][0]["count"] = "1024";
+  write("rank-1.json", bad.dump());
+  const HangReport r = analyze_hang_dir(dir.string());
+  EXPECT_EQ(r.ranks_found, std::vector<int>{0});
+  EXPECT_EQ(r.ranks_missing, std::vector<int>{1});
+  ASSERT_FALSE(r.warnings.empty());
+  EXPECT_EQ(r.warnings[0], "skipped " + (dir / "rank-1.json").string() +
+                               ": entries[0].count: expected integer in [0, 9007199254740992], got string \"1024\"");
+}
+
+TEST_F(DumpDir, WithOnlyABadDumpTheErrorNamesItsFileAndField) {
+  json bad = two_call_dump(1);
+  bad["timeout_s"] = "30";
+  write("rank-1.json", bad.dump());
+  try {
+    analyze_hang_dir(dir.string());
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_TRUE(contains(e.what(), "skipped " + (dir / "rank-1.json").string() +
+                                       ": timeout_s: expected number, got string \"30\""))
+        << e.what();
+  }
+}
+
+// The same hang through the directory: rank 1 claims 9e15 dropped seqs and
+// no entries; rank 0 is a normal dump. Once a walk over 9e15 seqs.
+TEST_F(DumpDir, AHugeEmptyRingCannotMakeTheAnalysisWalkForever) {
+  write("rank-0.json", two_call_dump(0).dump());
+  json j = two_call_dump(1);
+  j["entries"] = json::array();
+  j["dropped"] = 9000000000000000LL;
+  j["last_enqueued_seq"] = 8999999999999999LL;
+  j["last_completed_seq"] = -1;
+  write("rank-1.json", j.dump());
+  const HangReport r = analyze_hang_dir(dir.string());
+  EXPECT_EQ(r.ranks_missing, std::vector<int>{1});
+  ASSERT_FALSE(r.warnings.empty());
+  EXPECT_TRUE(contains(r.warnings[0], "dropped: is 9000000000000000 with no entries")) << r.warnings[0];
+}
+
+// Found by fuzz_hang_dump: a dump with bytes that are not UTF-8 outside its
+// strings was skipped with the parser's message, which quoted those bytes;
+// the report's JSON (analyze-hang --json) then threw type_error 316.
+TEST_F(DumpDir, ADumpThatIsNotUtf8LeavesAReportThatIsStillJson) {
+  write("rank-0.json", two_call_dump(0).dump());
+  write("rank-1.json", "{\"format\": \"stallbench-flight-recorder\",\n \xe0\xdf\xdd: 1}");
+  const HangReport r = analyze_hang_dir(dir.string());
+  ASSERT_FALSE(r.warnings.empty());
+  EXPECT_TRUE(contains(r.warnings[0], "is not valid JSON")) << r.warnings[0];
+  EXPECT_TRUE(contains(r.warnings[0], "\\xe0")) << r.warnings[0];
+  EXPECT_NO_THROW((void)to_json(r).dump());
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include "harness/errors.hpp"
+#include "harness/json_read.hpp"
 #include "harness/result.hpp"
+
 
 namespace sb {
 namespace {
@@ -94,6 +96,137 @@ TEST(Result, ReadJsonFileErrorsAreUsageErrors) {
   std::ofstream(p) << "{not json";
   EXPECT_THROW(read_json_file(p.string()), UsageError);
   std::filesystem::remove(p);
+}
+
+// ---- malformed fields of a real result (issue #24): exit 2 naming the file and the field ----
+
+const std::string kPublished = std::string(STALLBENCH_SOURCE_DIR) + "/results/published/cpu-avx512-2c";
+
+json published(const std::string& name) { return read_json_file(kPublished + "/" + name); }
+
+// Writes doc to a file and reads it as `stallbench compare` does; returns the
+// UsageError's message ("" when it read).
+std::string read_error(const json& doc, const std::string& name) {
+  const auto path = (std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()) + ".json")).string();
+  std::ofstream(path) << doc.dump(1);
+  std::string msg;
+  try {
+    result_from_json(read_json_file(path), path);
+  } catch (const UsageError& e) {
+    msg = e.what();
+  }  // any other exception fails the test
+  std::filesystem::remove(path);
+  if (msg.rfind(path, 0) == 0) msg.replace(0, path.size(), "<file>");  // names the file, first
+  return msg;
+}
+
+TEST(ResultReader, EveryPublishedResultReads) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(kPublished)) {
+    if (e.path().extension() != ".json") continue;
+    EXPECT_NO_THROW(result_from_json(read_json_file(e.path().string()), e.path().string())) << e.path();
+    ++n;
+  }
+  EXPECT_GE(n, 10);
+}
+
+TEST(ResultReader, KindOfTheWrongTypeNamesFileAndField) {
+  json j = published("precision.json");
+  j["kind"] = 5;  // once [json.exception.type_error.302], exit 1
+  EXPECT_EQ(read_error(j, "kind5"), "<file>: kind: expected string, got integer 5");
+}
+
+TEST(ResultReader, NumericReasonNamesFileAndField) {
+  json j = published("precision.json");
+  j["points"][1]["reason"] = 5;
+  EXPECT_EQ(read_error(j, "reason5"), "<file>: points[1].reason: expected string, got integer 5");
+}
+
+TEST(ResultReader, StringStatsNNamesFileAndField) {
+  json j = published("precision.json");
+  j["points"][2]["metrics"]["ms"]["stats"]["n"] = "5";  // once read as 0 by value("n", 0)... or a raw type_error
+  EXPECT_EQ(read_error(j, "statsn"),
+            "<file>: points[2].metrics.ms.stats.n: expected integer in [0, 2147483647], got string \"5\"");
+  j["points"][2]["metrics"]["ms"]["stats"]["n"] = 4294967297LL;  // never narrowed to 1
+  EXPECT_EQ(read_error(j, "statsn"),
+            "<file>: points[2].metrics.ms.stats.n: expected integer in [0, 2147483647], got integer 4294967297");
+}
+
+TEST(ResultReader, OptionalFieldOfTheWrongTypeIsAnError) {
+  json j = published("precision.json");
+  j["meta"]["device"]["simulated"] = "yes";  // once silently "not simulated"
+  EXPECT_EQ(read_error(j, "simyes"), "<file>: meta.device.simulated: expected boolean, got string \"yes\"");
+  j = published("precision.json");
+  j["points"][0]["metrics"]["tflops"]["note"] = json::array();
+  EXPECT_EQ(read_error(j, "note"), "<file>: points[0].metrics.tflops.note: expected string, got array");
+  j = published("precision.json");
+  j["findings"][0]["speedup"] = "2x";
+  EXPECT_EQ(read_error(j, "speedup"), "<file>: findings[0].speedup: expected number, got string \"2x\"");
+  j = published("precision.json");
+  j["meta"]["measurement_params"] = json::array({"trials", 3});
+  EXPECT_EQ(read_error(j, "mparams"), "<file>: meta.measurement_params[1]: expected string, got integer 3");
+}
+
+TEST(ResultReader, MissingAndUnknownValuesNameTheField) {
+  json j = published("precision.json");
+  j["points"][3].erase("status");
+  EXPECT_EQ(read_error(j, "nostatus"),
+            "<file>: points[3].status: expected string, got nothing (the field is missing)");
+  j = published("precision.json");
+  j["points"][0]["metrics"]["tflops"]["direction"] = "up";
+  EXPECT_EQ(read_error(j, "dir"),
+            "<file>: points[0].metrics.tflops.direction: expected one of higher|lower|none, got string \"up\"");
+  j = published("precision.json");
+  j["points"] = json::object();
+  EXPECT_EQ(read_error(j, "points"), "<file>: points: expected array, got object");
+  EXPECT_EQ(read_error(json::array(), "array"), "<file> is not a stallbench result (it has no \"kind\": \"result\")");
+}
+
+TEST(JsonText, NumbersOutOfRangeAndDeepNestingAreUsageErrors) {
+  // nlohmann throws out_of_range (not parse_error) for 1e400: it once escaped read_json_file raw.
+  try {
+    parse_json_text("[1e400]", "big.json");
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("big.json is not valid JSON"), std::string::npos) << e.what();
+  }
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  try {
+    parse_json_text(deep, "deep.json");
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("deep.json: nests arrays and objects more than 64 deep"), std::string::npos)
+        << e.what();
+  }
+  // Brackets inside strings are not nesting.
+  EXPECT_NO_THROW(parse_json_text("{\"a\": \"" + std::string(1000, '[') + "\\\"\"}", "s.json"));
+  EXPECT_NO_THROW(parse_json_text(std::string(64, '[') + std::string(64, ']'), "ok.json"));
+}
+
+TEST(JsonRef, PathsAndTypeNames) {
+  const json doc = json::parse(R"({"a": {"b c": [1, -2, 2.5, "x", null, true, 18446744073709551615]}})");
+  const JsonRef root(doc, "f.json");
+  const JsonRef arr = root.at("a").at("b c");
+  auto msg = [](auto&& f) {
+    try {
+      f();
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(msg([&] { arr.at(2).integer(); }), "f.json: a[\"b c\"][2]: expected integer, got number 2.5");
+  EXPECT_EQ(msg([&] { arr.at(1).integer(0, 10); }), "f.json: a[\"b c\"][1]: expected integer in [0, 10], got integer -2");
+  EXPECT_EQ(msg([&] { arr.at(6).integer(); }),
+            "f.json: a[\"b c\"][6]: expected integer, got integer 18446744073709551615");  // never wrapped to -1
+  EXPECT_EQ(msg([&] { arr.at(4).str(); }), "f.json: a[\"b c\"][4]: expected string, got null");
+  EXPECT_EQ(msg([&] { arr.at(9); }), "f.json: a[\"b c\"]: has 7 elements, no element 9");
+  EXPECT_EQ(msg([&] { root.at("a").at("z").number(); }), "f.json: a.z: expected number, got nothing (the field is missing)");
+  EXPECT_EQ(msg([&] { arr.at("k"); }), "f.json: a[\"b c\"]: expected object, got array");
+  EXPECT_EQ(msg([&] { arr.at(5).number(); }), "f.json: a[\"b c\"][5]: expected number, got boolean true");
+  EXPECT_EQ(msg([&] { arr.at(0).positive(); }), "no error");
+  EXPECT_EQ(arr.at(1).integer(), -2);
+  EXPECT_FALSE(root.find("nope").has_value());
 }
 
 }  // namespace
