@@ -16,8 +16,6 @@
 #include <algorithm>   // std::max, std::min
 #include <cmath>       // std::llround
 #include <optional>    // std::optional: the dataset file, when source=file
-#include <numeric>     // std::accumulate
-
 
 #include <fmt/format.h>  // fmt::format
 
@@ -26,6 +24,7 @@
 #include "harness/sampler.hpp"          // Sampler, classify, sparkline
 #include "harness/scenario.hpp"         // Scenario, ScenarioRun
 #include "harness/timeline.hpp"         // Timeline, Span
+#include "scenarios/dataloader/epoch.hpp"   // EpochRecord, derive_epoch
 #include "scenarios/dataloader/loader.hpp"  // Loader
 
 namespace sb {
@@ -53,171 +52,78 @@ StepKernel step_kernel(const Device& dev) {
 enum class Pin { pinned, pageable };
 constexpr NameTable<Pin, 2> kPinNames{{{{Pin::pinned, "pinned"}, {Pin::pageable, "pageable"}}}};
 
+// Everything a point is, read once from its parameters (validate uses it too).
+struct Settings {
+  loader::Config loader;  // all but what the run supplies: decode cost, file, allocator, clock
+  Pin pin = Pin::pinned;
+  double step_ms = 20;
+  double supply = 0.5;
+  double decode_us = 0;  // <= 0: derived from supply
+
+  static Settings from(const ParamSet& ps) {
+    Settings st;
+    loader::Config& c = st.loader;
+    c.workers = int(ps.get_int("workers"));
+    c.prefetch = int(ps.get_int("prefetch"));
+    c.batch = int(ps.get_int("batch"));
+    c.sample_bytes = std::size_t(ps.get_int("sample_bytes"));
+    c.decode_spread = ps.get_real("spread");
+    c.source = ps.get_choice("source", loader::kSourceNames);
+    c.read = ps.get_choice("read", loader::kReadModeNames);
+    c.in_order = ps.get_bool("in_order");
+    c.timeout = std::chrono::milliseconds(std::llround(ps.get_real("timeout_s") * 1e3));
+    c.fault = loader::parse_fault(ps.get_str("fault"));
+    c.on_error = ps.get_choice("on_error", loader::kOnErrorNames);
+    c.num_batches = ps.get_int("steps");
+    st.pin = ps.get_choice("pin", kPinNames);
+    st.step_ms = ps.get_real("step_ms");
+    st.supply = ps.get_real("supply");
+    st.decode_us = ps.get_real("decode_us");
+    return st;
+  }
+  std::int64_t samples() const { return loader.num_batches * loader.batch; }
+};
+
 class DataloaderRun : public ScenarioRun {
  public:
   explicit DataloaderRun(RunContext& ctx) : ctx_(ctx) {}
 
   Point run_point(const ParamSet& ps) override {
+    // --- configure: the step, the loader, the dataset file, the buffers ---
     Device& dev = ctx_.device;
-    const auto timeout = ctx_.measure.sync_timeout;
-    calibrate(ps.get_real("step_ms"));
-
-    loader::Config cfg;
-    cfg.workers = int(ps.get_int("workers"));
-    cfg.prefetch = int(ps.get_int("prefetch"));
-    cfg.batch = int(ps.get_int("batch"));
-    cfg.sample_bytes = std::size_t(ps.get_int("sample_bytes"));
-    cfg.decode_spread = ps.get_real("spread");
-    cfg.source = ps.get_choice("source", loader::kSourceNames);
-    cfg.read = ps.get_choice("read", loader::kReadModeNames);
-    cfg.in_order = ps.get_bool("in_order");
-    cfg.timeout = std::chrono::milliseconds(std::llround(ps.get_real("timeout_s") * 1e3));
-    cfg.fault = loader::parse_fault(ps.get_str("fault"));
-    cfg.on_error = ps.get_choice("on_error", loader::kOnErrorNames);
-    cfg.num_batches = ps.get_int("steps");
+    const Settings st = Settings::from(ps);
+    calibrate(st.step_ms);
+    loader::Config cfg = st.loader;
+    const bool pinned = st.pin == Pin::pinned;
     cfg.on_load = [&dev](bool begin) { begin ? dev.range_push("load") : dev.range_pop(); };
-    const bool pinned = ps.get_choice("pin", kPinNames) == Pin::pinned;
     cfg.alloc = [&dev, pinned](std::size_t bytes) {
       return dev.allocate(bytes, pinned ? MemKind::host_pinned : MemKind::host_pageable);
     };
     // decode_us = 0: pick the cost at which one worker supplies `supply` of
     // the device's demand (L = T / supply), the seeds' experiment.
-    double decode_us = ps.get_real("decode_us");
-    const bool derived = decode_us <= 0;
-    if (derived) decode_us = step_s_ / ps.get_real("supply") / cfg.batch * 1e6;
-    cfg.decode_us = decode_us;
+    const bool derived = st.decode_us <= 0;
+    cfg.decode_us = derived ? step_s_ / st.supply / cfg.batch * 1e6 : st.decode_us;
     std::optional<loader::DatasetWrite> dataset;
     if (cfg.source == loader::Source::file) {
       ctx_.progress("dataloader: checking or writing the dataset file");
-      const std::int64_t n_samples = cfg.num_batches * cfg.batch;
-      dataset = loader::write_dataset_file(loader::dataset_cache_path(n_samples, cfg.sample_bytes, cfg.seed),
-                                           n_samples, cfg.sample_bytes, cfg.seed);
+      dataset = loader::write_dataset_file(loader::dataset_cache_path(st.samples(), cfg.sample_bytes, cfg.seed),
+                                           st.samples(), cfg.sample_bytes, cfg.seed);
       cfg.file_path = dataset->path;
     }
-
     const std::size_t batch_bytes = std::size_t(cfg.batch) * cfg.sample_bytes;
     Buffer dev_batch = dev.allocate(batch_bytes, MemKind::device);
     ctx_.progress(fmt::format("dataloader workers={}: running", cfg.workers));
 
-    // --- the measured window ---
-    Sampler sampler(dev.utilization_probe());
-    const auto t0 = clock_type::now();
-    cfg.origin = t0;
-    loader::Loader L(cfg);
-    auto since = [&](clock_type::time_point t) { return duration<double>(t - t0).count(); };
-    sampler.start();
-    const double sampler_t0 = since(clock_type::now());
-    EventPtr base = dev.record();
-    const double base_host = since(clock_type::now());
-    struct StepEvents {
-      long step;
-      EventPtr h0, h1, c1;
-    };
-    std::vector<StepEvents> ev;
+    // --- the timed window: records only ---
+    const loader::EpochRecord rec = timed_epoch(cfg, dev_batch, pinned);
+
+    // --- derive ---
     Timeline tl;
-    Point p;
-    int steps_done = 0;
-    double first_batch_s = 0;
-    try {
-      for (long s = 0;; ++s) {
-        const auto w0 = clock_type::now();
-        dev.range_push("wait for batch");
-        std::optional<loader::Batch> b = L.next();
-        dev.range_pop();
-        const auto w1 = clock_type::now();
-        if (!b) break;
-        tl.add({"train loop", Phase::wait, since(w0), since(w1), s});
-        if (s == 0) first_batch_s = since(w1);
-        dev.range_push("step");
-        StepEvents e{s, dev.record(), nullptr, nullptr};
-        dev.copy_h2d_from(dev_batch, b->data, b->bytes, pinned ? MemKind::host_pinned : MemKind::host_pageable);
-        e.h1 = dev.record();
-        for (int r = 0; r < reps_; ++r) op_->enqueue();
-        e.c1 = dev.record();
-        dev.range_pop();
-        // The staging slot is free once its copy is done (the device may still
-        // be computing): the loop runs at most one step ahead of the device.
-        dev.wait_event(e.h1, timeout);
-        L.release(*b);
-        ev.push_back(std::move(e));
-        ++steps_done;
-        ctx_.progress(fmt::format("dataloader workers={}: step {}", cfg.workers, s));
-      }
-      dev.synchronize(timeout);
-    } catch (const loader::SampleError& err) {
-      sampler.stop();
-      throw MismatchError(err.what());  // status error: a corrupt sample stopped the epoch
-    }
-    const double wall = since(clock_type::now());
-    sampler.stop();
-
-    // --- analysis ---
-    double h2d_s = 0, train_s = 0;
-    for (const auto& e : ev) {
-      const double a = base_host + dev.elapsed_ms(base, e.h0) / 1e3;
-      const double b = base_host + dev.elapsed_ms(base, e.h1) / 1e3;
-      const double c = base_host + dev.elapsed_ms(base, e.c1) / 1e3;
-      tl.add({"device", Phase::h2d, a, b, e.step});
-      tl.add({"device", Phase::compute, b, c, e.step});
-      h2d_s += b - a;
-      train_s += c - a;
-    }
-    double load_s = 0;
-    const auto records = L.records();  // a copy taken under the loader's lock: once
-    for (const auto& r : records) {
-      tl.add({r.worker < 0 ? "train loop" : fmt::format("worker {}", r.worker), Phase::load, r.t0_s, r.t1_s, r.batch});
-      load_s += r.t1_s - r.t0_s;
-    }
-    const auto n = double(std::max(1, steps_done));
-    const double T = train_s / n, Lb = load_s / double(std::max<std::size_t>(1, records.size()));
-    // The measured window opens when the first batch arrives: the loader's
-    // start-up (first_batch_ms) is reported on its own, not mixed into the
-    // steady state a user sees in nvidia-smi.
-    const TimelineSummary sum = tl.summarize(first_batch_s, wall);
-    const double predicted = loader::predicted_busy(cfg.workers, T, Lb);
-    std::vector<double> util;
-    for (const auto& x : sampler.series())
-      if (x.t_s + sampler_t0 >= first_batch_s) util.push_back(x.s.util);
-    const double util_mean = util.empty() ? 0 : std::accumulate(util.begin(), util.end(), 0.0) / double(util.size());
-    const Pattern pattern = classify(util, steps_done > 0);
-
-    const bool sim = dev.info().simulated;
-    p.add({"busy_pct", 100 * sum.busy_fraction, "%", Direction::higher, std::nullopt,
-           "union of device busy intervals / wall time"});
-    p.add({"predicted_pct", 100 * predicted, "%", Direction::none, std::nullopt,
-           "queueing model min(1, max(1,workers) * train / load)"});
-    p.add({"model_error_pts", 100 * (sum.busy_fraction - predicted), "pts", Direction::none, std::nullopt,
-           "measured busy minus predicted", false});
-    if (!util.empty())
-      p.add({"sampled_util_pct", 100 * util_mean, "%", Direction::higher, std::nullopt,
-             fmt::format("mean of {} samples every {} ms ({})", util.size(), sampler.period().count(),
-                         sampler.source())});
-    p.add({"load_ms", Lb * 1e3, "ms", Direction::lower, std::nullopt, "load time per batch (one worker)"});
-    p.add({"train_ms", T * 1e3, "ms", Direction::lower, std::nullopt, "device time per step: H2D + compute"});
-    p.add({"wait_ms", 1e3 * sum.idle_host_wait_s / n, "ms", Direction::lower, std::nullopt,
-           "device idle per step while the loop waited for a batch", false});
-    p.add({"samples_per_s", double(std::max(0, steps_done - 1)) * cfg.batch / std::max(sum.wall_s, 1e-9),
-           "samples/s", Direction::higher, std::nullopt, "after the first batch"});
-    p.add({"first_batch_ms", first_batch_s * 1e3, "ms", Direction::lower, std::nullopt,
-           "loader start-up: time until the first batch arrived", false});
-    if (h2d_s > 0)
-      p.add({"h2d_gbs", double(batch_bytes) * n / h2d_s / 1e9, "GB/s", Direction::higher, std::nullopt,
-             fmt::format("{} host memory, {} per copy", pinned ? "pinned" : "pageable", batch_bytes)});
-    p.info = json{{"pattern", to_string(pattern)},
-                  {"sparkline", sparkline(util)},
-                  {"bottleneck", loader::bottleneck(cfg.workers, T, Lb)},
-                  {"decode_us", decode_us},
-                  {"decode_us_derived", derived},
-                  {"step_gemm", fmt::format("{} x {} {}^3", reps_, to_string(kernel_.dtype), kernel_.n)},
-                  {"step_ms_achieved", T * 1e3},
-                  {"wall_s", wall},
-                  {"steps", steps_done},
-                  {"skipped_samples", L.skipped()},
-                  {"idle_host_wait_s", sum.idle_host_wait_s},
-                  {"idle_other_s", sum.idle_other_s},
-                  {"util_source", sampler.source()},
-                  {"util_series", util}};
-    if (sim) p.info["note"] = "simulated device: its step times are modelled, not measured";
+    Point p = loader::derive_epoch(
+        rec, {cfg.workers, cfg.batch, batch_bytes, pinned, dev.info().simulated}, ctx_.trace ? &tl : nullptr);
+    p.info["decode_us"] = cfg.decode_us;
+    p.info["decode_us_derived"] = derived;
+    p.info["step_gemm"] = fmt::format("{} x {} {}^3", reps_, to_string(kernel_.dtype), kernel_.n);
     if (dataset) {
       // A cache kept for the next run: say where, and how it is removed.
       p.info["dataset_file"] = dataset->path;
@@ -229,7 +135,7 @@ class DataloaderRun : public ScenarioRun {
     if (ctx_.trace)
       ctx_.trace->push_back(TraceProcess{
           fmt::format("dataloader workers={} prefetch={} pin={}", cfg.workers, cfg.prefetch, ps.get_str("pin")),
-          std::move(tl), wall});
+          std::move(tl), rec.wall_s});
     return p;
   }
 
@@ -279,6 +185,74 @@ class DataloaderRun : public ScenarioRun {
   }
 
  private:
+  // One epoch: the train loop takes each batch, copies it to the device and
+  // runs the step's GEMMs; nothing here allocates or formats beyond the
+  // record's own vectors. Device events become seconds after the loop.
+  loader::EpochRecord timed_epoch(loader::Config cfg, Buffer& dev_batch, bool pinned) {
+    Device& dev = ctx_.device;
+    const auto timeout = ctx_.measure.sync_timeout;
+    struct StepEvents {
+      std::int64_t step;
+      EventPtr h0, h1, c1;
+    };
+    std::vector<StepEvents> ev;
+    ev.reserve(std::size_t(cfg.num_batches));
+    loader::EpochRecord rec;
+    rec.waits.reserve(std::size_t(cfg.num_batches));
+    Sampler sampler(dev.utilization_probe());
+    const auto t0 = clock_type::now();
+    cfg.origin = t0;
+    loader::Loader L(cfg);
+    auto since = [&](clock_type::time_point t) { return duration<double>(t - t0).count(); };
+    sampler.start();
+    const double sampler_t0 = since(clock_type::now());
+    EventPtr base = dev.record();
+    const double base_host = since(clock_type::now());
+    const std::string in_loop = fmt::format("dataloader workers={}: in the epoch's steps", cfg.workers);
+    try {
+      for (std::int64_t s = 0;; ++s) {
+        const auto w0 = clock_type::now();
+        dev.range_push("wait for batch");
+        std::optional<loader::Batch> b = L.next();
+        dev.range_pop();
+        const auto w1 = clock_type::now();
+        if (!b) break;
+        rec.waits.push_back({s, since(w0), since(w1)});
+        if (s == 0) rec.first_batch_s = since(w1);
+        dev.range_push("step");
+        StepEvents e{s, dev.record(), nullptr, nullptr};
+        dev.copy_h2d_from(dev_batch, b->data, b->bytes, pinned ? MemKind::host_pinned : MemKind::host_pageable);
+        e.h1 = dev.record();
+        for (int r = 0; r < reps_; ++r) op_->enqueue();
+        e.c1 = dev.record();
+        dev.range_pop();
+        // The staging slot is free once its copy is done (the device may still
+        // be computing): the loop runs at most one step ahead of the device.
+        dev.wait_event(e.h1, timeout);
+        L.release(*b);
+        ev.push_back(std::move(e));
+        ctx_.progress(in_loop);
+      }
+      dev.synchronize(timeout);
+    } catch (const loader::SampleError& err) {
+      sampler.stop();
+      throw MismatchError(err.what());  // status error: a corrupt sample stopped the epoch
+    }
+    rec.wall_s = since(clock_type::now());
+    sampler.stop();
+
+    for (const auto& e : ev)
+      rec.steps.push_back({e.step, base_host + dev.elapsed_ms(base, e.h0) / 1e3,
+                           base_host + dev.elapsed_ms(base, e.h1) / 1e3, base_host + dev.elapsed_ms(base, e.c1) / 1e3});
+    rec.loads = L.records();  // a copy taken under the loader's lock: once
+    rec.skipped_samples = L.skipped();
+    for (const auto& x : sampler.series())
+      if (x.t_s + sampler_t0 >= rec.first_batch_s) rec.util.push_back(x.s.util);
+    rec.util_source = sampler.source();
+    rec.util_period_ms = int(sampler.period().count());
+    return rec;
+  }
+
   // Sizes the step's GEMM chain once per run: reps of one GEMM whose time is
   // measured here, so the step takes about step_ms on this device.
   void calibrate(double step_ms) {
@@ -309,10 +283,11 @@ class DataloaderRun : public ScenarioRun {
 // A fault at a sample the epoch never reaches would never fire, and the run
 // would say nothing of it.
 void validate_dataloader_point(const ParamSet& ps, const RunContext&) {
+  const Settings st = Settings::from(ps);
   // source=file writes under TMPDIR: a missing one is bad input, found now.
-  if (ps.get_choice("source", loader::kSourceNames) == loader::Source::file) (void)loader::dataset_cache_dir();
-  const loader::Fault f = loader::parse_fault(ps.get_str("fault"));
-  const std::int64_t samples = ps.get_int("steps") * ps.get_int("batch");
+  if (st.loader.source == loader::Source::file) (void)loader::dataset_cache_dir();
+  const loader::Fault f = st.loader.fault;
+  const std::int64_t samples = st.samples();
   if (f.kind != loader::Fault::Kind::none && f.sample >= samples)
     throw UsageError(fmt::format("fault={}: sample {} does not exist; the epoch has steps x batch = {} samples "
                                  "(0..{})",

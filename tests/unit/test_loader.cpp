@@ -7,6 +7,7 @@
 
 #include <algorithm>   // std::count
 #include <chrono>      // std::chrono
+#include <cmath>       // std::isfinite
 #include <cstring>     // std::memcmp, std::memcpy
 #include <filesystem>  // temp dataset files
 #include <fstream>     // spoiling a dataset file
@@ -18,6 +19,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
+#include "scenarios/dataloader/epoch.hpp"
 #include "scenarios/dataloader/loader.hpp"
 
 namespace sb::loader {
@@ -558,6 +560,72 @@ TEST(QueueingModel, PredictedBusyAndBottleneck) {
   EXPECT_STREQ(bottleneck(1, 0.020, 0.040), "loader");
   EXPECT_STREQ(bottleneck(2, 0.020, 0.040), "device");      // load / workers == train: not the loader
   EXPECT_STREQ(bottleneck(0, 0.020, 0.019), "device");
+}
+
+}  // namespace
+}  // namespace sb::loader
+
+// ---- derive_epoch: the figures from a recorded epoch, no device, no clock ----
+namespace sb::loader {
+namespace {
+
+// n steps of `train` seconds (h2d 10% of it), each waiting `wait` for its
+// batch first; one load record per batch of `load` seconds per worker.
+EpochRecord synthetic_epoch(int n, double train, double wait, double load, int workers) {
+  EpochRecord rec;
+  double t = 0;
+  for (int s = 0; s < n; ++s) {
+    rec.waits.push_back({s, t, t + wait});
+    t += wait;
+    if (s == 0) rec.first_batch_s = t;
+    rec.steps.push_back({s, t, t + 0.1 * train, t + train});
+    t += train;
+    rec.loads.push_back({workers == 0 ? -1 : s % workers, s, t - train - wait - load, t - train - wait});
+  }
+  rec.wall_s = t;
+  return rec;
+}
+
+TEST(DeriveEpoch, BusyFractionIsTheDeviceUnionOverTheSteadyWindow) {
+  // 10 steps of 20 ms, each after a 20 ms wait: half busy once the first batch is in.
+  const EpochRecord rec = synthetic_epoch(10, 0.020, 0.020, 0.040, 1);
+  const Point p = derive_epoch(rec, {1, 32, 32 * 4096, true, false});
+  // Window [first batch, wall] = 0.020 .. 0.400: busy 10 x 20 ms, waits 9 x 20 ms.
+  EXPECT_NEAR(p.metric("busy_pct")->value, 100.0 * 0.200 / 0.380, 1e-9);
+  EXPECT_NEAR(p.metric("train_ms")->value, 20.0, 1e-9);
+  EXPECT_NEAR(p.metric("load_ms")->value, 40.0, 1e-9);
+  EXPECT_NEAR(p.metric("wait_ms")->value, 1e3 * 9 * 0.020 / 10, 1e-9);
+  // The queueing model: min(1, max(1, workers) * T / L) = 0.5.
+  EXPECT_NEAR(p.metric("predicted_pct")->value, 50.0, 1e-9);
+  EXPECT_NEAR(p.metric("model_error_pts")->value, 100.0 * 0.200 / 0.380 - 50.0, 1e-9);
+  EXPECT_NEAR(p.metric("samples_per_s")->value, 9 * 32 / 0.380, 1e-6);
+  EXPECT_NEAR(p.metric("first_batch_ms")->value, 20.0, 1e-9);
+  // h2d: 10% of each step, the batch's bytes each time.
+  EXPECT_NEAR(p.metric("h2d_gbs")->value, 32.0 * 4096 / 0.002 / 1e9, 1e-9);
+  EXPECT_EQ(p.info["bottleneck"], "loader");
+  EXPECT_EQ(p.info["steps"], 10);
+}
+
+TEST(DeriveEpoch, EnoughWorkersPredictFullUseAndNameTheDevice) {
+  const EpochRecord rec = synthetic_epoch(8, 0.020, 0.0, 0.040, 4);
+  Timeline tl;
+  const Point p = derive_epoch(rec, {4, 8, 8 * 64, false, true}, &tl);
+  EXPECT_NEAR(p.metric("predicted_pct")->value, 100.0, 1e-9);  // min(1, 4 * 20 / 40)
+  EXPECT_NEAR(p.metric("busy_pct")->value, 100.0, 1e-9);
+  EXPECT_EQ(p.info["bottleneck"], "device");
+  EXPECT_FALSE(p.metric("sampled_util_pct"));  // no samples recorded, no figure
+  EXPECT_NE(p.info.value("note", "").find("simulated"), std::string::npos);
+  EXPECT_NE(p.metric("h2d_gbs")->note.find("pageable"), std::string::npos);
+  // The timeline holds every span: 8 waits, 8 h2d, 8 compute, 8 loads.
+  EXPECT_EQ(tl.spans().size(), 32u);
+}
+
+TEST(DeriveEpoch, AnEmptyEpochHasNoNaN) {
+  EpochRecord rec;
+  rec.wall_s = 0.5;
+  const Point p = derive_epoch(rec, {0, 4, 256, true, false});
+  for (const auto& m : p.metrics) EXPECT_TRUE(std::isfinite(m.value)) << m.name;
+  EXPECT_EQ(p.info["steps"], 0);
 }
 
 }  // namespace
