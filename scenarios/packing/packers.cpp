@@ -1,9 +1,13 @@
 #include "scenarios/packing/packers.hpp"
 
-#include <algorithm>     // std::max, std::min, std::stable_sort
+#include <algorithm>     // std::max, std::min, std::stable_sort, std::upper_bound
 #include <bit>           // std::countr_zero
 #include <chrono>        // std::chrono::steady_clock
+#include <iterator>      // std::prev
 #include <limits>        // std::numeric_limits
+#include <memory>        // std::make_shared, std::shared_ptr
+#include <stdexcept>     // std::out_of_range
+#include <string_view>   // std::string_view
 #include <utility>       // std::exchange, std::move
 
 #include <fmt/format.h>  // fmt::format
@@ -270,12 +274,213 @@ void concat_rows(const std::vector<std::int32_t>& lengths, Overflow overflow, Pl
   p.row_computed.assign(p.rows.size(), p.max_len);
 }
 
-void add_to(PackGroup& g, std::int32_t len, std::int64_t k) {
-  if (!g.pattern.empty() && g.pattern.back().length == len)
-    g.pattern.back().count += k;
-  else
-    g.pattern.push_back({len, k});
-  g.used += std::int32_t(std::int64_t(len) * k);
+// ---- pack-hist: best-fit decreasing over length classes ----------------------
+
+constexpr std::int64_t kMaxTokens = std::int64_t(1) << 62;  // every count below fits int64 with room
+
+// a * b, or UsageError when it passes kMaxTokens (a, b >= 0).
+std::int64_t product(std::int64_t a, std::int64_t b, std::string_view what) {
+  std::int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r) || r > kMaxTokens)
+    throw UsageError(fmt::format("{}: {} x {} is more than 2^62", what, a, b));
+  return r;
+}
+std::int64_t sum(std::int64_t a, std::int64_t b, std::string_view what) {
+  if (b > kMaxTokens - a) throw UsageError(fmt::format("{}: more than 2^62", what));
+  return a + b;
+}
+
+// A row group's contents as a chain: the last (length, count) added, and the
+// node before it. Groups split from one group share its chain, so moving or
+// splitting a group never copies what its rows already hold.
+struct ShapeNode {
+  std::int64_t parent = -1;
+  std::int64_t count = 0;
+  std::int32_t length = 0;
+};
+// `rows` identical rows holding `used` tokens, contents ending at `node`.
+struct RowGroup {
+  std::int64_t rows = 0, node = -1;
+  std::int32_t used = 0;
+};
+
+// Best fit, decreasing, over count[L] pieces of L tokens (L = max_len..1).
+// A piece of L goes to a row of the smallest remaining room >= L (pack-bfd's
+// rule). For a class of c pieces that row keeps taking them until it holds
+// m = room / L more (what it then has left is < L, and no row had room in
+// [L, room)), so a group of g identical rows at that room takes min(c, g*m)
+// pieces at once: all g rows m each, or `whole` rows m each and one row the
+// rest, the others staying. New rows likewise take max_len / L each. Groups
+// of one room sit in a stack whose top is taken first: pack-bfd's rows of one
+// room are a list whose head is taken first, and this keeps the same order
+// (the rows a group moves together are contiguous in that list), so the rows
+// made are pack-bfd's, not only as many. Work: O(max_len) per class plus
+// O(log64 max_len) per group moved; a group moves at most once per length it
+// receives, so at most sqrt(2 max_len) times.
+std::vector<RowGroup> best_fit_counts(const std::vector<std::int64_t>& count, std::int32_t max_len,
+                                      std::vector<ShapeNode>& nodes) {
+  std::vector<std::vector<RowGroup>> by_room(std::size_t(max_len) + 1);  // [0]: full rows
+  LevelBits open(std::size_t(max_len) + 1);                              // rooms > 0 holding a group
+  const auto put = [&](const RowGroup& g) {
+    const auto room = std::size_t(max_len - g.used);
+    by_room[room].push_back(g);
+    if (room > 0) open.set(room);
+  };
+  const auto add = [&](const RowGroup& from, std::int64_t rows, std::int32_t len, std::int64_t k) {
+    nodes.push_back({from.node, k, len});
+    put({rows, std::int64_t(nodes.size()) - 1, from.used + std::int32_t(k * len)});  // k * len <= max_len
+  };
+  for (std::int32_t len = max_len; len >= 1; --len) {
+    for (std::int64_t c = count[std::size_t(len)]; c > 0;) {
+      const std::int64_t room = open.find_ge(std::size_t(len));
+      if (room < 0) {  // nothing fits: new rows of m, and one of the rest
+        const std::int64_t m = max_len / len;
+        if (c / m > 0) add(RowGroup{}, c / m, len, m);
+        if (c % m > 0) add(RowGroup{}, 1, len, c % m);
+        break;
+      }
+      auto& stack = by_room[std::size_t(room)];
+      RowGroup g = stack.back();
+      stack.pop_back();
+      if (stack.empty()) open.reset(std::size_t(room));
+      const std::int64_t m = room / len;
+      if (c / m >= g.rows) {  // every row of the group takes m (c >= rows * m, without overflow)
+        c -= g.rows * m;
+        add(g, g.rows, len, m);
+        continue;
+      }
+      const std::int64_t whole = c / m, rest = c % m;
+      if (whole > 0) add(g, whole, len, m);
+      if (rest > 0) add(g, 1, len, rest);
+      g.rows -= whole + (rest > 0 ? 1 : 0);
+      if (g.rows > 0) put(g);  // the untouched rows, back on top
+      break;
+    }
+  }
+  std::vector<RowGroup> out;
+  for (const auto& stack : by_room) out.insert(out.end(), stack.begin(), stack.end());
+  return out;
+}
+
+}  // namespace
+
+namespace detail {
+
+// What CountPlan::row reads: where each group's rows begin, each group's
+// pattern with the ordinal (within its length's pieces) that its row 0
+// starts at, and where the pieces of a length come from: explicit lengths
+// keep their pieces sorted by length; a histogram keeps runs of entries.
+struct RowIndex {
+  struct Entry {
+    std::int32_t length = 0;
+    std::int64_t count = 0;  // pieces per row
+    std::int64_t first = 0;  // ordinal of row 0's first piece among this length's pieces
+  };
+  // Pieces [end of the previous run, end) of one length: sequences seq0,
+  // seq0+1, ..., each giving `per` pieces at offset0, offset0 + max_len, ...
+  struct Run {
+    std::int64_t end = 0, seq0 = 0, per = 1;
+    std::int32_t offset0 = 0;
+  };
+  std::int32_t max_len = 0;
+  std::vector<std::int64_t> group_end;     // rows of groups 0..g
+  std::vector<std::size_t> entry_begin;    // group g: entries [entry_begin[g], entry_begin[g + 1])
+  std::vector<Entry> entries;
+  bool from_histogram = false;
+  std::vector<Segment> sorted;             // explicit: pieces longest first; length L's from class_start[L]
+  std::vector<std::int64_t> class_start;
+  std::vector<std::vector<Run>> runs;      // histogram: runs[L], in entry order
+
+  Segment piece(std::int32_t len, std::int64_t ordinal) const {
+    if (!from_histogram) return sorted[std::size_t(class_start[std::size_t(len)] + ordinal)];
+    const auto& rs = runs[std::size_t(len)];
+    const auto it = std::upper_bound(rs.begin(), rs.end(), ordinal,
+                                     [](std::int64_t o, const Run& r) { return o < r.end; });
+    const std::int64_t local = ordinal - (it == rs.begin() ? 0 : std::prev(it)->end);
+    return {it->seq0 + local / it->per, std::int32_t(it->offset0 + local % it->per * max_len), len};
+  }
+};
+
+}  // namespace detail
+
+namespace {
+
+// Packs count[1..max_len] into `out`: its groups (patterns longest first),
+// rows, and the row index over `x` (whose piece source the caller filled).
+void pack_classes(const std::vector<std::int64_t>& count, std::int32_t max_len,
+                  std::shared_ptr<detail::RowIndex> x, CountPlan& out) {
+  std::vector<ShapeNode> nodes;
+  const std::vector<RowGroup> groups = best_fit_counts(count, max_len, nodes);
+  std::vector<std::int64_t> next(std::size_t(max_len) + 1, 0);  // pieces of each length handed out
+  x->max_len = max_len;
+  x->group_end.reserve(groups.size());
+  x->entry_begin.reserve(groups.size() + 1);
+  out.groups.reserve(groups.size());
+  for (const RowGroup& g : groups) {
+    PackGroup pg{g.rows, {}, g.used};
+    for (std::int64_t n = g.node; n >= 0; n = nodes[std::size_t(n)].parent)  // shortest first
+      pg.pattern.push_back({nodes[std::size_t(n)].length, nodes[std::size_t(n)].count});
+    std::reverse(pg.pattern.begin(), pg.pattern.end());
+    x->entry_begin.push_back(x->entries.size());
+    for (const auto& [len, k] : pg.pattern) {
+      x->entries.push_back({len, k, next[std::size_t(len)]});
+      next[std::size_t(len)] += g.rows * k;  // <= count[len]
+    }
+    out.rows += g.rows;
+    x->group_end.push_back(out.rows);
+    out.groups.push_back(std::move(pg));
+  }
+  x->entry_begin.push_back(x->entries.size());
+  out.max_len = max_len;
+  out.index = std::move(x);
+}
+
+// pack-hist from explicit lengths: the Overflow rule's pieces sorted by
+// length, longest first, ties in input order (pack-bfd's counting sort),
+// straight into the row index. O(n + max_len).
+void pack_lengths(const std::vector<std::int32_t>& lengths, Overflow overflow, Plan& p) {
+  const auto t0 = Clock::now();
+  const std::int32_t max_len = p.max_len;
+  std::vector<std::int64_t> count(std::size_t(max_len) + 1, 0);
+  auto c = std::make_shared<CountPlan>();
+  for (const std::int32_t len : lengths) {
+    if (len <= 0) continue;
+    if (len <= max_len) {
+      ++count[std::size_t(len)];
+    } else if (overflow == Overflow::drop) {
+      p.dropped_tokens += len;
+      continue;
+    } else {
+      ++p.split_sequences;
+      count[std::size_t(max_len)] += len / max_len;
+      if (len % max_len) ++count[std::size_t(len % max_len)];
+    }
+    ++c->sequences;
+    p.real_tokens += len;
+  }
+  auto x = std::make_shared<detail::RowIndex>();
+  x->class_start.assign(std::size_t(max_len) + 1, 0);
+  std::int64_t at = 0;
+  for (std::size_t len = std::size_t(max_len); len >= 1; --len) {
+    x->class_start[len] = at;
+    at += count[len];
+  }
+  x->sorted.resize(std::size_t(at));
+  std::vector<std::int64_t> cursor = x->class_start;
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    const std::int32_t len = lengths[i];
+    if (len <= 0 || (len > max_len && overflow == Overflow::drop)) continue;
+    for (std::int32_t off = 0, piece = 0; off < len; off += piece) {  // off + max_len may pass INT32_MAX
+      piece = std::min(max_len, len - off);
+      x->sorted[std::size_t(cursor[std::size_t(piece)]++)] = {std::int64_t(i), off, piece};
+    }
+  }
+  pack_classes(count, max_len, std::move(x), *c);
+  c->real_tokens = p.real_tokens;
+  c->dropped_tokens = p.dropped_tokens;
+  c->split_sequences = p.split_sequences;
+  c->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  p.packed = std::move(c);
 }
 
 }  // namespace
@@ -289,7 +494,22 @@ double Plan::padding_fraction() const {
 }
 
 double Plan::efficiency() const {
-  return rows.empty() ? 0.0 : double(real_tokens) / (double(rows.size()) * double(max_len));
+  const std::int64_t n = row_count();
+  return n == 0 ? 0.0 : double(real_tokens) / (double(n) * double(max_len));
+}
+
+std::int64_t Plan::row_count() const { return packed ? packed->rows : std::int64_t(rows.size()); }
+
+Row Plan::row(std::int64_t r) const {
+  if (packed) return packed->row(r);
+  if (r < 0 || r >= std::int64_t(rows.size()))
+    throw std::out_of_range(fmt::format("row {} of a plan of {} rows", r, rows.size()));
+  return rows[std::size_t(r)];
+}
+
+std::int32_t Plan::computed(std::int64_t r) const {
+  if (r < 0 || r >= row_count()) throw std::out_of_range(fmt::format("row {} of a plan of {} rows", r, row_count()));
+  return packed ? max_len : row_computed[std::size_t(r)];
 }
 
 Plan plan(const std::vector<std::int32_t>& lengths, Strategy strategy, std::int32_t max_len,
@@ -308,6 +528,9 @@ Plan plan(const std::vector<std::int32_t>& lengths, Strategy strategy, std::int3
   p.row_len = strategy == Strategy::pad_longest || strategy == Strategy::bucket ? 0 : max_len;
   if (strategy == Strategy::concat) {
     concat_rows(lengths, overflow, p);
+  } else if (strategy == Strategy::pack_hist) {  // O(n + max_len + groups moved)
+    pack_lengths(lengths, overflow, p);
+    p.computed_tokens = p.row_count() * max_len;
   } else {
     std::vector<Segment> pieces = make_pieces(lengths, max_len, overflow, p);
     if (pieces.size() >= std::size_t(std::numeric_limits<std::int32_t>::max()))
@@ -340,10 +563,27 @@ Plan plan(const std::vector<std::int32_t>& lengths, Strategy strategy, std::int3
         fill_packed_rows(pieces, row_of, rows, p);
         break;
       }
+      case Strategy::pack_hist:
       case Strategy::concat: break;  // handled above
     }
   }
   for (const std::int32_t c : p.row_computed) p.computed_tokens += c;
+  p.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return p;
+}
+
+Plan plan_histogram(const std::vector<LengthCount>& histogram, std::int32_t max_len, Overflow overflow) {
+  const auto t0 = Clock::now();
+  auto c = std::make_shared<CountPlan>(pack_counts(histogram, max_len, overflow));
+  Plan p;
+  p.strategy = Strategy::pack_hist;
+  p.max_len = max_len;
+  p.row_len = max_len;
+  p.real_tokens = c->real_tokens;
+  p.dropped_tokens = c->dropped_tokens;
+  p.split_sequences = c->split_sequences;
+  p.computed_tokens = c->rows * max_len;
+  p.packed = std::move(c);
   p.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return p;
 }
@@ -359,75 +599,57 @@ double CountPlan::efficiency() const {
   return rows > 0 ? double(real_tokens) / (double(rows) * double(max_len)) : 0.0;
 }
 
-// Best-fit decreasing over counts. Taking c items of length L: a row at the
-// smallest capacity cap >= L keeps taking them until it holds m = cap / L
-// (its remainder is then < L, and nothing in [L, cap) existed), so a group of
-// g identical rows absorbs min(c, g*m) items at once: whole rows of m, one
-// row of the rest. New rows likewise take max_len / L each. Only capacities
-// steer best fit, so the row count equals item-by-item BFD's.
-// O(distinct lengths x groups touched); groups grow by <= 3 per length.
+Row CountPlan::row(std::int64_t r) const {
+  if (r < 0 || r >= rows) throw std::out_of_range(fmt::format("row {} of a plan of {} rows", r, rows));
+  const detail::RowIndex& x = *index;
+  const auto g = std::size_t(std::upper_bound(x.group_end.begin(), x.group_end.end(), r) - x.group_end.begin());
+  const std::int64_t j = r - (g == 0 ? 0 : x.group_end[g - 1]);  // which of the group's identical rows
+  Row row;
+  for (std::size_t e = x.entry_begin[g]; e < x.entry_begin[g + 1]; ++e) {
+    const auto& [len, k, first] = x.entries[e];
+    for (std::int64_t t = 0; t < k; ++t) row.segments.push_back(x.piece(len, first + j * k + t));
+    row.used += std::int32_t(len * k);
+  }
+  return row;
+}
+
 CountPlan pack_counts(const std::vector<LengthCount>& histogram, std::int32_t max_len,
                       Overflow overflow) {
   if (max_len < 1) throw UsageError(fmt::format("max_len must be >= 1, got {}", max_len));
   const auto t0 = Clock::now();
   CountPlan out;
-  out.max_len = max_len;
+  auto x = std::make_shared<detail::RowIndex>();
+  x->from_histogram = true;
+  x->runs.resize(std::size_t(max_len) + 1);
   std::vector<std::int64_t> count(std::size_t(max_len) + 1, 0);
+  const auto run = [&](std::int32_t len, std::int64_t pieces, std::int64_t seq0, std::int64_t per,
+                       std::int32_t offset0) {
+    count[std::size_t(len)] += pieces;  // <= the tokens, checked below
+    x->runs[std::size_t(len)].push_back({count[std::size_t(len)], seq0, per, offset0});
+  };
+  std::int64_t seq = 0, tokens = 0;  // sequences numbered so far; tokens placed or dropped
   for (const auto& [len, n] : histogram) {
-    if (len < 1 || n < 0) throw UsageError(fmt::format("bad histogram entry {},{}", len, n));
+    if (len < 0 || n < 0) throw UsageError(fmt::format("bad histogram entry {},{}: negative", len, n));
+    const std::int64_t seq0 = seq;
+    seq = sum(seq, n, "histogram sequences");
+    if (len == 0 || n == 0) continue;  // places nothing
+    const std::int64_t t = product(len, n, "histogram tokens");
+    tokens = sum(tokens, t, "histogram tokens");
     if (len <= max_len) {
-      count[std::size_t(len)] += n;
+      run(len, n, seq0, 1, 0);
     } else if (overflow == Overflow::drop) {
-      out.dropped_tokens += std::int64_t(len) * n;
+      out.dropped_tokens += t;
       continue;
-    } else {
+    } else {  // n sequences of q max_len pieces, then one of the rest each
+      const std::int32_t q = len / max_len, rest = len % max_len;
       out.split_sequences += n;
-      count[std::size_t(max_len)] += n * (len / max_len);
-      if (len % max_len) count[std::size_t(len % max_len)] += n;
+      run(max_len, n * q, seq0, q, 0);  // n * q <= t
+      if (rest > 0) run(rest, n, seq0, 1, q * max_len);
     }
     out.sequences += n;
-    out.real_tokens += std::int64_t(len) * n;
+    out.real_tokens += t;
   }
-  std::vector<std::vector<PackGroup>> by_cap(std::size_t(max_len) + 1);
-  LevelBits nonempty(std::size_t(max_len) + 1);
-  const auto place = [&](PackGroup&& g) {
-    const std::int32_t cap = max_len - g.used;
-    by_cap[std::size_t(cap)].push_back(std::move(g));
-    if (cap > 0) nonempty.set(std::size_t(cap));  // full rows stay out of the index
-  };
-  for (std::int32_t len = max_len; len >= 1; --len) {
-    for (std::int64_t c = count[std::size_t(len)]; c > 0;) {
-      const std::int64_t cap = nonempty.find_ge(std::size_t(len));
-      if (cap < 0) {  // open rows of max_len / len each, and one for the rest
-        const std::int64_t m = max_len / len;
-        if (c / m > 0) { PackGroup g{c / m, {}, 0}; add_to(g, len, m); place(std::move(g)); }
-        if (c % m > 0) { PackGroup g{1, {}, 0}; add_to(g, len, c % m); place(std::move(g)); }
-        break;
-      }
-      auto& bucket = by_cap[std::size_t(cap)];
-      PackGroup g = std::move(bucket.back());
-      bucket.pop_back();
-      if (bucket.empty()) nonempty.reset(std::size_t(cap));
-      const std::int64_t m = cap / len;
-      if (c >= g.rows * m) {  // the whole group fills up with this length
-        c -= g.rows * m;
-        add_to(g, len, m);
-        place(std::move(g));
-        continue;
-      }
-      const std::int64_t whole = c / m, rest = c % m;
-      if (whole > 0) { PackGroup a = g; a.rows = whole; add_to(a, len, m); place(std::move(a)); }
-      if (rest > 0) { PackGroup b = g; b.rows = 1; add_to(b, len, rest); place(std::move(b)); }
-      g.rows -= whole + (rest > 0 ? 1 : 0);
-      if (g.rows > 0) place(std::move(g));  // untouched rows keep their capacity
-      break;
-    }
-  }
-  for (auto& bucket : by_cap)
-    for (auto& g : bucket) {
-      out.rows += g.rows;
-      out.groups.push_back(std::move(g));
-    }
+  pack_classes(count, max_len, std::move(x), out);
   out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return out;
 }

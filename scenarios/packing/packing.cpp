@@ -2,7 +2,8 @@
 //
 // Workload: a dataset of sequence lengths is batched by a strategy into
 // max_len-token rows (scenarios/packing/packers.hpp: pad-max, pad-longest,
-// bucket, first/best-fit-decreasing packing, naive concat), and the device
+// bucket, first/best-fit-decreasing packing, best fit over a length
+// histogram, naive concat), and the device
 // runs one transformer layer, forward and backward, over the computed tokens
 // of a sample of the batches:
 //   projections and MLP: 4 GEMMs per layer, M = computed tokens,
@@ -65,20 +66,32 @@ class PackingRun : public ScenarioRun {
     const AttnImpl attn_impl = ps.get_choice("attn", kAttnImplNames);
     if (auto why = dev.attention_unsupported(attn_impl, dt)) throw UnsupportedError(*why);
 
-    const std::vector<std::int32_t>& lengths = dataset(ps.get_str("lengths"), ps.get_int("sequences"), max_len);
+    // pack-hist on a whole histogram file (sequences=0) plans its counts and
+    // never expands them; everything else plans the dataset's lengths.
+    const std::optional<std::vector<pk::LengthCount>> counts =
+        strategy == pk::Strategy::pack_hist && ps.get_int("sequences") == 0
+            ? file_histogram(ps.get_str("lengths"), max_len)
+            : std::nullopt;
+    static const std::vector<std::int32_t> kNone;
+    const std::vector<std::int32_t>& lengths =
+        counts ? kNone : dataset(ps.get_str("lengths"), ps.get_int("sequences"), max_len);
+    std::int64_t n_sequences = std::int64_t(lengths.size());
+    if (counts)
+      for (const auto& c : *counts) n_sequences += c.count;
     // The plan's rows, held for the point: about a segment (16 B) and a row
     // (a vector and its block, ~56 B) per sequence, refused up front (oom)
     // rather than killed half-way under a memory limit.
     const HostReservation plan_memory = reserve_host_memory(
         std::uint64_t(lengths.size()) * 72, fmt::format("packing {}: the plan of {} sequences (about 72 B each)",
                                                         to_string(strategy), lengths.size()));
-    const pk::Plan plan = pk::plan(lengths, strategy, max_len, rows_per_batch, std::int32_t(ps.get_int("window")),
-                                   overflow);
+    const pk::Plan plan =
+        counts ? pk::plan_histogram(*counts, max_len, overflow)
+               : pk::plan(lengths, strategy, max_len, rows_per_batch, std::int32_t(ps.get_int("window")), overflow);
     if (plan.real_tokens == 0)  // e.g. a length distribution wholly over max_len with overflow=drop
       throw MismatchError(fmt::format("no token is left to measure: all {} sequences were dropped (longer than "
                                       "max_len={} with overflow=drop)",
-                                      lengths.size(), max_len));
-    const std::int64_t n_rows = std::int64_t(plan.rows.size());
+                                      n_sequences, max_len));
+    const std::int64_t n_rows = plan.row_count();
     const std::int64_t n_batches = (n_rows + rows_per_batch - 1) / rows_per_batch;
 
     // A sample of batches, spread evenly over the epoch, is prepared and timed.
@@ -140,6 +153,8 @@ class PackingRun : public ScenarioRun {
                   {"layer", fmt::format("d_model {}, {} heads, MLP 4d, {}", d, heads, to_string(dt))},
                   {"trials", m.ms.n},
                   {"stop", m.stop}};
+    if (plan.packed)  // pack-hist: rows as pack shapes with repeat counts
+      p.info["pack_shapes"] = std::int64_t(plan.packed->groups.size());
     if (plan.cross_contamination)
       p.info["warning"] = "concat lets examples attend to each other: wrong for training";
     return p;
@@ -187,7 +202,9 @@ class PackingRun : public ScenarioRun {
   }
 
  private:
-  static bool is_packed(pk::Strategy s) { return s == pk::Strategy::pack_ffd || s == pk::Strategy::pack_bfd; }
+  static bool is_packed(pk::Strategy s) {
+    return s == pk::Strategy::pack_ffd || s == pk::Strategy::pack_bfd || s == pk::Strategy::pack_hist;
+  }
 
   // Rows [r0, r1) of the plan as one batch of device work.
   BatchWork prepare(Device& dev, const pk::Plan& plan, std::int64_t r0, std::int64_t r1, std::int64_t d,
@@ -196,9 +213,11 @@ class PackingRun : public ScenarioRun {
     AttnShape a;
     a.heads = heads;
     a.head_dim = d / heads;
+    std::vector<pk::Row> rows;  // copies; pack-hist makes them here, on demand
     for (std::int64_t r = r0; r < r1; ++r) {
-      w.real += plan.rows[std::size_t(r)].used;
-      w.computed += plan.row_computed[std::size_t(r)];
+      rows.push_back(plan.row(r));
+      w.real += rows.back().used;
+      w.computed += plan.computed(r);
     }
     if (is_packed(plan.strategy)) {
       // Varlen: every row's segments, plus its unused tail as one more segment
@@ -206,9 +225,9 @@ class PackingRun : public ScenarioRun {
       a.cu_seqlens.push_back(0);
       std::int32_t base = 0;
       for (std::int64_t r = r0; r < r1; ++r) {
-        const auto cu = pk::cu_seqlens(plan.rows[std::size_t(r)]);
+        const auto cu = pk::cu_seqlens(rows[std::size_t(r - r0)]);
         for (std::size_t i = 1; i < cu.size(); ++i) a.cu_seqlens.push_back(base + cu[i]);
-        const std::int32_t len = plan.row_computed[std::size_t(r)];
+        const std::int32_t len = plan.computed(r);
         if (a.cu_seqlens.back() < base + len) a.cu_seqlens.push_back(base + len);
         base += len;
       }
@@ -218,7 +237,7 @@ class PackingRun : public ScenarioRun {
       // Dense rows of the batch's computed length (pad-max: max_len; pad-longest
       // and bucket: the batch's longest; concat: max_len, no boundaries).
       a.batch = r1 - r0;
-      a.seq = plan.row_computed[std::size_t(r0)];
+      a.seq = plan.computed(r0);
     }
     const std::int64_t m = w.computed;
     for (const GemmShape& g : {GemmShape{m, 3 * d, d}, GemmShape{m, d, d}, GemmShape{m, 4 * d, d},
@@ -226,6 +245,24 @@ class PackingRun : public ScenarioRun {
       w.gemms.push_back(dev.make_gemm(g, dt, 5));
     w.attn = dev.make_attention(a, impl, dt, 6);
     return w;
+  }
+
+  // A histogram file's counts, read once per text, each length clipped to
+  // 4 * max_len as generate_lengths clips the other strategies' lengths (so
+  // every strategy of a sweep plans the same tokens); nullopt for lengths
+  // that are not a histogram file.
+  std::optional<std::vector<pk::LengthCount>> file_histogram(const std::string& text, std::int32_t max_len) {
+    if (!histogram_key_ || *histogram_key_ != text) {
+      histogram_.reset();
+      if (!text.empty() && text.front() == '@')
+        if (pk::LengthSpec spec = pk::parse_lengths(text); spec.kind == pk::LengthSpec::Kind::file_histogram)
+          histogram_ = std::move(spec.histogram);
+      histogram_key_ = text;
+    }
+    if (!histogram_) return std::nullopt;
+    std::vector<pk::LengthCount> h = *histogram_;
+    for (auto& e : h) e.length = std::min(e.length, 4 * max_len);
+    return h;
   }
 
   // The dataset's lengths, made once per (lengths, sequences, max_len): the
@@ -251,6 +288,8 @@ class PackingRun : public ScenarioRun {
   }
 
   RunContext& ctx_;
+  std::optional<std::string> histogram_key_;
+  std::optional<std::vector<pk::LengthCount>> histogram_;
   std::optional<std::vector<std::int32_t>> lengths_;
   HostReservation lengths_memory_;  // lengths_'s bytes in the host-memory budget
   std::tuple<std::string, std::int64_t, std::int32_t> lengths_key_;
@@ -282,7 +321,8 @@ extern const Scenario packing_scenario;
 const Scenario packing_scenario{
     "packing",
     "batches padded instead of packed",
-    "padding fraction, packing efficiency and real tokens/s of pad-max, pad-longest, bucketing, FFD/BFD packing",
+    "padding fraction, packing efficiency and real tokens/s of pad-max, pad-longest, bucketing, FFD/BFD packing "
+    "(pack-hist: BFD over a length histogram)",
     {
         ParamSpec{.name = "strategy", .type = ParamType::choice,
                   .default_value = "pad-max,pad-longest,bucket,pack-ffd,pack-bfd,concat",
