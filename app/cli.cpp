@@ -172,6 +172,38 @@ struct RunArgs {
   double noise = -1;
 };
 
+// A run in progress, as the watchdogs see it: the points done so far and the
+// one running. The main thread holds `mu` only to copy a point.
+struct Live {
+  std::mutex mu;
+  std::vector<Point> done;
+  std::optional<nlohmann::ordered_json> running;
+  // Held by whichever writes the result (the main thread, the harness
+  // watchdog, the collective's own watchdog); once the main thread has the
+  // whole result it writes it, and a late watchdog writes nothing.
+  std::mutex write_mu;
+  bool main_writes = false;
+};
+
+// What a watchdog saves before the process ends: the points done so far,
+// then `r`'s (the point that stopped, its findings), as one result.
+void save_partial(Live& live, Result r, const json& meta, const Sweep& sweep, const Scenario& sc,
+                  const std::string& path) {
+  std::lock_guard wl(live.write_mu);
+  if (live.main_writes) return;
+  {
+    std::lock_guard lk(live.mu);
+    r.points.insert(r.points.begin(), live.done.begin(), live.done.end());
+  }
+  r.meta = meta;
+  r.scenario = sc.name;
+  r.params = sweep.axes;
+  finish_findings(r, sc, meta.value("/device/simulated"_json_pointer, false));
+  write_file_atomic(path, to_json(r).dump(2) + "\n");
+  std::cerr << "\n" << format_result_table(r) << fmt::format("\nresult (up to where it stopped): {}\n", path)
+            << std::flush;
+}
+
 int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   const Scenario* sc = find_scenario(a.scenario);
   if (!sc) throw UsageError(fmt::format("unknown scenario '{}'; valid: {}", a.scenario, scenario_names()));
@@ -233,49 +265,32 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
     check_writable_target(path, "--json");
     if (!a.trace_path.empty()) check_writable_target(a.trace_path, "--trace");
   }
+  auto live = std::make_shared<Live>();
+  RankServices rank_services;
   std::string ranks_text;
   if (group) {
     meta["ranks"] = json{{"size", group->size()}, {"launcher", group->launcher()}, {"mpi", group->library()},
                          {"local_size", group->local_size()}};
     meta["measure"]["timing"] = "steady_clock around each call, mean over ranks";
     ranks_text = fmt::format(", {} rank(s) via {} ({})", group->size(), group->launcher(), group->library());
-    ctx.group = group.get();
-    ctx.open_comm = [&group](const std::string& backend) { return open_communicator(*group, backend); };
+    rank_services.group = group.get();
+    rank_services.open_comm = [&group](const std::string& backend) { return open_communicator(*group, backend); };
     // A caught hang ends the job from the watchdog thread: the result is
     // written there, with what is known, before MPI_Abort.
-    ctx.write_result_now = [&meta, &sweep, sc, path](Result& r) {
-      r.meta = meta;
-      r.scenario = sc->name;
-      r.params = sweep.axes;
-      finish_findings(r, *sc, meta.value("/device/simulated"_json_pointer, false));
-      write_file_atomic(path, to_json(r).dump(2) + "\n");
-      std::cout << "\n" << format_result_table(r) << fmt::format("\nresult: {}\n", path) << std::flush;
+    rank_services.write_result_now = [live, &meta, &sweep, sc, path](Result& r) {
+      save_partial(*live, r, meta, sweep, *sc, path);
     };
+    ctx.ranks = &rank_services;
   }
 
   if (lead)
     std::cerr << fmt::format("stallbench: {} on {} ({}){}{}\n", sc->name, di.id, di.name, ranks_text,
                              ctx.expected ? " — expected numbers: " + ctx.expected->id() : "");
-  // What the watchdog saves if it fires: the points done so far and the one
-  // running, as `hang`. The main thread holds the lock only to copy a point.
-  struct Live {
-    std::mutex mu;
-    std::vector<Point> done;
-    std::optional<nlohmann::ordered_json> running;
-    // Held by whichever writes the result; once the main thread has the
-    // whole result it writes it, and a late watchdog writes nothing.
-    std::mutex write_mu;
-    bool main_writes = false;
-  };
-  auto live = std::make_shared<Live>();
   if (lead)
     wd.on_fire([live, &meta, &sweep, sc, path](const std::string& what) {
-      std::lock_guard wl(live->write_mu);
-      if (live->main_writes) return;
       Result r;
       {
         std::lock_guard lk(live->mu);
-        r.points = live->done;
         if (live->running) {
           Point p;
           p.params = *live->running;
@@ -284,13 +299,9 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
           r.points.push_back(std::move(p));
         }
       }
-      r.meta = meta;
-      r.meta["watchdog"] = what;
-      r.scenario = sc->name;
-      r.params = sweep.axes;
-      finish_findings(r, *sc, meta.value("/device/simulated"_json_pointer, false));
-      write_file_atomic(path, to_json(r).dump(2) + "\n");
-      std::cerr << "\n" << format_result_table(r) << fmt::format("\nresult (up to the hang): {}\n", path);
+      json m = meta;
+      m["watchdog"] = what;
+      save_partial(*live, r, m, sweep, *sc, path);
     });
   RunOptions opts{a.params, a.quick};
   opts.on_point_start = [live](const ParamSet& ps) {
@@ -364,7 +375,7 @@ int cmd_analyze_hang(const std::string& dir, bool as_json) {
 int cmd_compare(const std::string& a, const std::string& b, double tolerance, bool gate) {
   const json doc_a = read_json_file(a);  // A first, so its errors are reported first
   const json doc_b = read_json_file(b);
-  const CompareReport rep = compare_docs(doc_a, doc_b, gate ? tolerance : 0.05, a, b);
+  const CompareReport rep = compare_docs(doc_a, doc_b, gate ? tolerance : 0.05);
   std::cout << format_compare(rep);
   if (gate && rep.worse > 0) {
     std::cout << fmt::format("{} metric(s) worse than B by more than {:.1f}% (exit {})\n", rep.worse,

@@ -31,7 +31,6 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
 
   if (sc.validate)
     for (const auto& ps : sweep.points) sc.validate(ps, ctx);
-  ctx.result_so_far = &r;
   auto run = sc.start(ctx);
   bool hung = false;
   auto failed_point = [](const ParamSet& ps, Status st, std::string reason) {
@@ -79,7 +78,6 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
       r.points.push_back(std::move(p));
     }
   }
-  ctx.result_so_far = nullptr;
   ctx.progress(fmt::format("{}: analysis", sc.name));
   run->analyze(r);
   finish_findings(r, sc, ctx.device.info().simulated);

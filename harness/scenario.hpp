@@ -19,6 +19,19 @@
 
 namespace sb {
 
+// What a scenario that runs on every rank of an mpirun/srun launch gets.
+struct RankServices {
+  // The launcher's process group.
+  ProcessGroup* group = nullptr;
+  // A communicator by backend name ("mpi", "nccl"; UnsupportedError when not built).
+  std::function<std::unique_ptr<Communicator>(const std::string& backend)> open_comm;
+  // Writes a result now, from any thread, before the job is ended (a caught
+  // hang ends every rank with MPI_Abort, so the normal path never returns).
+  // The scenario gives the point that stopped and its findings; the points
+  // finished before it, meta and params are added by the writer.
+  std::function<void(Result&)> write_result_now;
+};
+
 struct RunContext {
   Device& device;
   MeasureConfig measure;
@@ -30,17 +43,9 @@ struct RunContext {
   // Reports where the run is ("precision size=2048 dtype=bf16: timing"); the
   // watchdog names the last one if the run stops making progress.
   std::function<void(const std::string&)> progress = [](const std::string&) {};
-  // Set when the scenario needs ranks (Scenario::needs_ranks) and the build
-  // has MPI: the launcher's process group, and a communicator factory by
-  // backend name ("mpi", "nccl"; throws UnsupportedError when not built).
-  ProcessGroup* group = nullptr;
-  std::function<std::unique_ptr<Communicator>(const std::string& backend)> open_comm;
-  // Writes a result now, from any thread, before the job is ended (a caught
-  // hang ends every rank with MPI_Abort, so the normal path never returns).
-  // The scenario fills points and findings; meta and params are filled in.
-  std::function<void(Result&)> write_result_now;
-  // The points run so far (set by the runner): what write_result_now keeps.
-  const Result* result_so_far = nullptr;
+  // Services a scenario asks for by declaring Scenario::needs_ranks, set by
+  // the CLI under an MPI launch; null for every other scenario.
+  struct RankServices* ranks = nullptr;
 };
 
 // One run of a scenario over a sweep. run_point may throw the typed errors of

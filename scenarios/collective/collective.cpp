@@ -94,7 +94,7 @@ class CollectiveRun final : public ScenarioRun {
   Point run_point(const ParamSet& p) override { return run_points(p).front(); }
 
   std::vector<Point> run_points(const ParamSet& p) override {
-    if (!ctx_.group) throw UnsupportedError("collective needs a process group (run it through `stallbench run`)");
+    if (!ctx_.ranks || !ctx_.ranks->group) throw UnsupportedError("collective needs a process group (run it through `stallbench run`)");
     const Settings s = Settings::from(p);
     point_params_ = p.to_json();
     open(s);
@@ -109,7 +109,7 @@ class CollectiveRun final : public ScenarioRun {
  private:
   // Opens (or keeps) the communicator, its recorder and its watchdog.
   void open(const Settings& s) {
-    ProcessGroup& g = *ctx_.group;
+    ProcessGroup& g = *ctx_.ranks->group;
     const auto deadline = clock_type::now() + std::chrono::seconds(60);
     std::string backend = s.backend;
     if (backend == "auto") backend = ctx_.device.info().kind == DeviceKind::cuda ? "nccl" : "mpi";
@@ -117,7 +117,7 @@ class CollectiveRun final : public ScenarioRun {
       wd_.reset();
       comm_.reset();
       ctx_.progress(fmt::format("collective: opening the {} communicator", backend));
-      comm_ = ctx_.open_comm(backend);
+      comm_ = ctx_.ranks->open_comm(backend);
       if (run_id_.empty()) {
         const std::string mine = fmt::format("{:x}-{:x}", static_cast<std::uint64_t>(now_us()), getpid());
         run_id_ = g.broadcast(mine, 0, deadline);
@@ -244,7 +244,7 @@ class CollectiveRun final : public ScenarioRun {
 // with the same analysis as analyze-hang. Nothing was issued, so the
 // communicator stays usable for the next point.
 void CollectiveRun::throw_fingerprint_mismatch(std::int64_t seq) {
-  ProcessGroup& g = *ctx_.group;
+  ProcessGroup& g = *ctx_.ranks->group;
   wd_->disarm();
   wd_->write_dump(fmt::format("fingerprint check refused seq {}", seq));
   g.barrier(clock_type::now() + std::chrono::seconds(30));  // every dump written
@@ -257,7 +257,7 @@ void CollectiveRun::throw_fingerprint_mismatch(std::int64_t seq) {
 }
 
 std::vector<Point> CollectiveRun::sweep(const Settings& s) {
-  ProcessGroup& g = *ctx_.group;
+  ProcessGroup& g = *ctx_.ranks->group;
   const int n = g.size();
   const std::size_t dsize = dtype_size(s.dtype);
   std::vector<Point> out;
@@ -340,7 +340,7 @@ std::vector<Point> CollectiveRun::sweep(const Settings& s) {
 }
 
 Point CollectiveRun::step_loop(const Settings& s) {
-  ProcessGroup& g = *ctx_.group;
+  ProcessGroup& g = *ctx_.ranks->group;
   const int n = g.size();
   const auto healthy = step_calls(s.op, std::max<std::int64_t>(s.step_bytes / static_cast<std::int64_t>(dtype_size(s.dtype)), 1),
                                   s.dtype, n);
@@ -444,11 +444,8 @@ Point CollectiveRun::step_loop(const Settings& s) {
 
 // On rank 0, from the watchdog thread, just before the job is ended.
 void CollectiveRun::write_hang_result(const Settings& s, const HangReport& rep, const std::string& why, int code) {
-  if (!ctx_.write_result_now) return;
-  Result r;
-  // The points measured before this one are results too. The main thread is
-  // stuck in this point, so the runner's list is not changing under us.
-  if (ctx_.result_so_far) r.points = ctx_.result_so_far->points;
+  if (!ctx_.ranks || !ctx_.ranks->write_result_now) return;
+  Result r;  // the points measured before this one are added by the writer
   Point p;
   p.params = point_params_;
   p.status = code == kExitHang ? Status::hang : Status::error;
@@ -462,7 +459,7 @@ void CollectiveRun::write_hang_result(const Settings& s, const HangReport& rep, 
   f.evidence = json{{"dump_dir", s.dump_dir}, {"kind", to_string(rep.kind)}, {"pattern", rep.pattern},
                     {"seq", rep.seq}, {"step", rep.step}, {"culprits", rep.culprits}};
   r.findings.push_back(std::move(f));
-  ctx_.write_result_now(r);
+  ctx_.ranks->write_result_now(r);
 }
 
 void CollectiveRun::analyze(Result& r) { collective_findings(r); }
@@ -471,7 +468,7 @@ void check_mismatch_text(const std::string& v) { (void)parse_mismatch(v); }
 
 void validate_point(const ParamSet& p, const RunContext& ctx) {
   const Settings s = Settings::from(p);
-  const int n = ctx.group ? ctx.group->size() : 1;
+  const int n = ctx.ranks && ctx.ranks->group ? ctx.ranks->group->size() : 1;
   if (s.mismatch && s.mismatch->rank >= n)
     throw UsageError(fmt::format("mismatch rank {} does not exist: the job has {} rank(s) (launch with mpirun -np N)",
                                  s.mismatch->rank, n));
