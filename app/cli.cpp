@@ -375,7 +375,7 @@ int cmd_analyze_hang(const std::string& dir, bool as_json) {
 int cmd_compare(const std::string& a, const std::string& b, double tolerance, bool gate) {
   const json doc_a = read_json_file(a);  // A first, so its errors are reported first
   const json doc_b = read_json_file(b);
-  const CompareReport rep = compare_docs(doc_a, doc_b, gate ? tolerance : 0.05);
+  const CompareReport rep = compare_docs(doc_a, doc_b, gate ? tolerance : 0.05, a, b);
   std::cout << format_compare(rep);
   if (gate && rep.worse > 0) {
     std::cout << fmt::format("{} metric(s) worse than B by more than {:.1f}% (exit {})\n", rep.worse,
