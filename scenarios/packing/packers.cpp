@@ -314,9 +314,10 @@ struct RowGroup {
 // of one room sit in a stack whose top is taken first: pack-bfd's rows of one
 // room are a list whose head is taken first, and this keeps the same order
 // (the rows a group moves together are contiguous in that list), so the rows
-// made are pack-bfd's, not only as many. Work: O(max_len) per class plus
-// O(log64 max_len) per group moved; a group moves at most once per length it
-// receives, so at most sqrt(2 max_len) times.
+// made are pack-bfd's, not only as many. Work: O(max_len) for the classes,
+// plus O(log64 max_len) per group moved or split; a group moves once per
+// length it takes, so at most sqrt(2 max_len) times (its lengths are distinct
+// and add up to <= max_len), and a class adds at most 2 groups.
 std::vector<RowGroup> best_fit_counts(const std::vector<std::int64_t>& count, std::int32_t max_len,
                                       std::vector<ShapeNode>& nodes) {
   std::vector<std::vector<RowGroup>> by_room(std::size_t(max_len) + 1);  // [0]: full rows
