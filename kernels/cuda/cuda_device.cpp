@@ -40,6 +40,7 @@
 #include "harness/attention_check.hpp"         // check_attention_size
 #include "harness/gemm_check.hpp"              // gpu_gemm_shape_problem
 #include "harness/host_memory.hpp"             // reserve_host_memory: host buffers
+#include "harness/memory_ledger.hpp"           // MemoryLedger: cudaMalloc's account
 #include "harness/units.hpp"                 // format_bytes
 #include "kernels/cuda/detail/check.hpp"       // SB_CUDA_CHECK, SB_CUBLAS_CHECK
 #include "kernels/cuda/detail/cuda_gemm.hpp"   // make_cublaslt_gemm, Owned handles, kSetupTimeout
@@ -73,13 +74,6 @@ using CublasHandle = cuda_detail::Owned<cublasHandle_t, &cublasDestroy>;
 // through allocate() and the ledger counts it.
 constexpr std::size_t kCublasWorkspaceBytes = 32ull << 20;
 
-// Device memory this device has allocated and not yet released. Shared with
-// every Buffer's release, so a buffer that outlives its device still settles
-// its account.
-struct MemLedger {
-  std::mutex mu;
-  std::size_t in_use = 0, peak = 0, limit = 0;  // limit 0 = none
-};
 
 // Device count, or why there is none. cudaGetDeviceCount is the first runtime
 // call, so with no driver this is where cudaErrorInsufficientDriver (or
@@ -180,6 +174,7 @@ class CudaGate final : public StreamGate {
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int index) : index_(index), info_(query_info(index)) {
+    ledger_ = std::make_shared<MemoryLedger>(info_.id);
     bind();
     SB_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major_, cudaDevAttrComputeCapabilityMajor, index));
     SB_CUDA_CHECK(cudaDeviceGetAttribute(&cc_minor_, cudaDevAttrComputeCapabilityMinor, index));
@@ -246,42 +241,29 @@ class CudaDevice final : public Device {
   // (cudaMemGetInfo), which includes what libraries and the context hold
   // outside allocate().
   MemoryStats memory_stats() const override {
-    MemoryStats m;
-    {
-      const std::lock_guard<std::mutex> lock(ledger_->mu);
-      m.in_use = ledger_->in_use;
-      m.peak = ledger_->peak;
-      m.limit = ledger_->limit;
-    }
     bind();
     std::size_t free = 0, total = 0;
     const cudaError_t s = cudaMemGetInfo(&free, &total);
-    if (s == cudaSuccess)
-      m.source = fmt::format("allocator (cudaMalloc through {}); cudaMemGetInfo: {} free of {}", info_.id,
-                             format_bytes(double(free)), format_bytes(double(total)));
-    else
-      m.source = fmt::format("allocator (cudaMalloc through {}); cudaMemGetInfo: {}", info_.id, cudaGetErrorName(s));
+    std::string source =
+        s == cudaSuccess
+            ? fmt::format("allocator (cudaMalloc through {}); cudaMemGetInfo: {} free of {}", info_.id,
+                          format_bytes(double(free)), format_bytes(double(total)))
+            : fmt::format("allocator (cudaMalloc through {}); cudaMemGetInfo: {}", info_.id, cudaGetErrorName(s));
     (void)cudaGetLastError();
-    return m;
+    return ledger_->stats(std::move(source));
   }
-  void reset_peak_memory() override {
-    const std::lock_guard<std::mutex> lock(ledger_->mu);
-    ledger_->peak = ledger_->in_use;
-  }
-  void set_memory_limit(std::size_t bytes) override {
-    const std::lock_guard<std::mutex> lock(ledger_->mu);
-    ledger_->limit = bytes;
-  }
+  void reset_peak_memory() override { ledger_->reset_peak(); }
+  void set_memory_limit(std::size_t bytes) override { ledger_->set_limit(bytes); }
 
   Buffer allocate(std::size_t bytes, MemKind kind) override {
     void* p = nullptr;
     switch (kind) {
       case MemKind::device: {
         bind();
-        reserve(bytes);
+        ledger_->book(bytes, fmt::format("cudaMalloc of {} bytes", bytes));
         const cudaError_t s = cudaMalloc(&p, bytes);
         if (s != cudaSuccess) {
-          unreserve(*ledger_, bytes);
+          ledger_->release(bytes);
           fail_alloc(s, "cudaMalloc", bytes, kind);
         }
         const int index = index_;
@@ -294,7 +276,7 @@ class CudaDevice final : public Device {
           if (restore) (void)cudaSetDevice(index);
           (void)cudaFree(q);
           if (restore) (void)cudaSetDevice(prev);
-          unreserve(*ledger, bytes);
+          ledger->release(bytes);
         });
       }
       case MemKind::host_pinned: {
@@ -454,22 +436,6 @@ class CudaDevice final : public Device {
     }
   }
 
-  // Books bytes in the ledger before cudaMalloc, or throws OutOfMemory where a
-  // device with only the limit's memory would have run out.
-  void reserve(std::size_t bytes) {
-    const std::lock_guard<std::mutex> lock(ledger_->mu);
-    MemLedger& l = *ledger_;
-    if (l.limit != 0 && (bytes > l.limit || l.in_use > l.limit - bytes))
-      throw OutOfMemory(fmt::format(
-          "{}: out of memory: cudaMalloc of {} bytes ({}) exceeds the memory limit: {} in use of {} (set_memory_limit)",
-          info_.id, bytes, format_bytes(double(bytes)), format_bytes(double(l.in_use)), format_bytes(double(l.limit))));
-    l.in_use += bytes;
-    l.peak = std::max(l.peak, l.in_use);
-  }
-  static void unreserve(MemLedger& l, std::size_t bytes) {
-    const std::lock_guard<std::mutex> lock(l.mu);
-    l.in_use -= std::min(bytes, l.in_use);
-  }
 
   cuda_detail::AttnContext attn_context() { return {this, index_, stream(), info_.id}; }
 
@@ -524,7 +490,9 @@ class CudaDevice final : public Device {
   // Declared in the order they may be destroyed last-to-first: the
   // libraries' handles go before the stream they are bound to, and the ledger
   // (shared with every Buffer's release) outlives them all.
-  std::shared_ptr<MemLedger> ledger_ = std::make_shared<MemLedger>();
+  // What this device has allocated and not yet released; shared with every
+  // Buffer's release, so a buffer that outlives its device settles its account.
+  std::shared_ptr<MemoryLedger> ledger_;
   int index_;
   DeviceInfo info_;
   int cc_major_ = 0, cc_minor_ = 0;

@@ -27,6 +27,7 @@
 #include "harness/expected.hpp"                   // load_expected_files
 #include "harness/gemm_check.hpp"                 // gpu_gemm_shape_problem
 #include "harness/host_memory.hpp"              // reserve_host_memory: simulated buffers are host memory
+#include "harness/memory_ledger.hpp"            // MemoryLedger: the modelled device's memory
 #include "harness/units.hpp"                    // format_bytes
 #include "kernels/cpu/detail/compute_stream.hpp"  // ComputeStream
 #include "kernels/cpu/detail/stream_device.hpp"   // StreamEvent, stream_elapsed_ms, StreamBusyProbe
@@ -66,34 +67,11 @@ DeviceInfo sim_info(const SimModel& m) {
   return info;
 }
 
-// Device memory in use, shared with the buffers and ops that hold some, so a
-// release after the device is gone is still safe.
-struct MemoryLedger {
-  std::atomic<std::uint64_t> used{0};
-  std::uint64_t capacity = 0;  // bytes; 0 = no limit
-};
-
-// Holds `bytes` of the ledger until destroyed.
-class Reservation {
- public:
-  Reservation() = default;
-  Reservation(std::shared_ptr<MemoryLedger> l, std::uint64_t bytes) : ledger_(std::move(l)), bytes_(bytes) {}
-  Reservation(Reservation&& o) noexcept : ledger_(std::move(o.ledger_)), bytes_(o.bytes_) { o.bytes_ = 0; }
-  Reservation& operator=(Reservation&&) = delete;
-  ~Reservation() {
-    if (ledger_ && bytes_) ledger_->used.fetch_sub(bytes_);
-  }
-
- private:
-  std::shared_ptr<MemoryLedger> ledger_;
-  std::uint64_t bytes_ = 0;
-};
-
 class SimDevice;
 
 class SimGemm final : public GemmOp {
  public:
-  SimGemm(SimDevice& dev, GemmShape s, DType t, SimGemmTime time, Reservation r)
+  SimGemm(SimDevice& dev, GemmShape s, DType t, SimGemmTime time, MemoryReservation r)
       : dev_(dev), shape_(s), dtype_(t), time_(time), reservation_(std::move(r)) {
     label_ = fmt::format("simulated gemm {} {}x{}x{}", to_string(t), s.m, s.n, s.k);
   }
@@ -125,17 +103,15 @@ class SimGemm final : public GemmOp {
   GemmShape shape_;
   DType dtype_;
   SimGemmTime time_;
-  Reservation reservation_;
+  MemoryReservation reservation_;
   std::string label_;
 };
 
 class SimDevice final : public Device {
  public:
   explicit SimDevice(const ExpectedFile& file)
-      : model_(make_sim_model(file)), info_(sim_info(model_)), ledger_(std::make_shared<MemoryLedger>()),
+      : model_(make_sim_model(file)), info_(sim_info(model_)), ledger_(make_ledger(info_.id, model_)),
         cs_("sim:" + model_.id) {
-    // Datasheet GB are 1e9 bytes.
-    if (model_.memory_capacity_gb) ledger_->capacity = std::uint64_t(model_.memory_capacity_gb->value * 1e9);
     // Linux lets a timed wait end up to 50 us late by default (timer slack);
     // 1 ns keeps a modelled 5 us launch near 5 us. Per thread, so set it on
     // the stream thread.
@@ -163,14 +139,20 @@ class SimDevice final : public Device {
     if (auto why = gpu_gemm_shape_problem(t, s)) throw UnsupportedError(info_.id + ": " + *why);
     const SimGemmTime time = sim_gemm_time(model_, s, t);  // UnsupportedError with the reason
     // The operands a GPU of this size would hold (A, W, C); none is allocated here.
-    Reservation r = reserve(std::uint64_t(time.bytes),
-                            fmt::format("the operands of a {}x{}x{} {} GEMM", s.m, s.n, s.k, to_string(t)));
+    MemoryReservation r = ledger_->reserve(std::uint64_t(time.bytes),
+                                           fmt::format("the operands of a {}x{}x{} {} GEMM", s.m, s.n, s.k, to_string(t)));
     return std::make_unique<SimGemm>(*this, s, t, time, std::move(r));
   }
 
+  MemoryStats memory_stats() const override {
+    return ledger_->stats("simulated: what the modelled device would hold (nothing is allocated for ops)");
+  }
+  void reset_peak_memory() override { ledger_->reset_peak(); }
+  void set_memory_limit(std::size_t bytes) override { ledger_->set_limit(bytes); }
+
   Buffer allocate(std::size_t bytes, MemKind kind) override {
-    auto r = kind == MemKind::device ? std::make_shared<Reservation>(reserve(bytes, "a device allocation"))
-                                     : std::shared_ptr<Reservation>();
+    auto r = kind == MemKind::device ? std::make_shared<MemoryReservation>(ledger_->reserve(bytes, "a device allocation"))
+                                     : std::shared_ptr<MemoryReservation>();
     const std::size_t rounded = (bytes + 63) / 64 * 64;
     // Simulated device buffers are real host memory too.
     auto host = std::make_shared<HostReservation>(reserve_host_memory(
@@ -257,18 +239,14 @@ class SimDevice final : public Device {
     modelled_end_.store(clock_.time_since_epoch().count());
   }
 
-  Reservation reserve(std::uint64_t bytes, const std::string& what) {
-    const std::uint64_t cap = ledger_->capacity;
-    std::uint64_t used = ledger_->used.load();
-    do {
-      if (cap && (bytes > cap || used > cap - bytes))
-        throw OutOfMemory(fmt::format(
-            "{}: out of memory: {} of {} bytes ({}) with {} in use of the simulated {} ({} GB, peaks.memory_capacity "
-            "in {})",
-            info_.id, what, bytes, format_bytes(double(bytes)), format_bytes(double(used)), model_.name,
-            model_.memory_capacity_gb->value, model_.path));
-    } while (!ledger_->used.compare_exchange_weak(used, used + bytes));
-    return Reservation(ledger_, bytes);
+  // The account of what the modelled GPU would hold: its capacity is the
+  // datasheet's (GB = 1e9 bytes); set_memory_limit makes it smaller.
+  static std::shared_ptr<MemoryLedger> make_ledger(const std::string& id, const SimModel& m) {
+    if (!m.memory_capacity_gb) return std::make_shared<MemoryLedger>(id);
+    return std::make_shared<MemoryLedger>(
+        id, std::uint64_t(m.memory_capacity_gb->value * 1e9),
+        fmt::format("the simulated {}'s memory ({} GB, peaks.memory_capacity in {})", m.name,
+                    m.memory_capacity_gb->value, m.path));
   }
 
   SimModel model_;

@@ -173,3 +173,59 @@ TEST(HostMemory, TheRealMachineHasABound) {
 
 }  // namespace
 }  // namespace sb
+
+// ---- MemoryLedger: the device-memory account every device shares ----
+#include "harness/memory_ledger.hpp"
+
+namespace sb {
+namespace {
+
+TEST(MemoryLedger, LimitPeakAndReservations) {
+  auto l = std::make_shared<MemoryLedger>("dev:0");
+  l->set_limit(100 * MiB);
+  {
+    MemoryReservation a = l->reserve(60 * MiB, "A");
+    EXPECT_EQ(l->in_use(), 60 * MiB);
+    try {
+      l->reserve(50 * MiB, "operand B");
+      FAIL() << "50 MiB fitted beside 60 MiB under a 100 MiB limit";
+    } catch (const OutOfMemory& e) {
+      const std::string w = e.what();
+      EXPECT_NE(w.find("dev:0: out of memory: operand B needs 50.0 MiB"), std::string::npos) << w;
+      EXPECT_NE(w.find("memory limit"), std::string::npos) << w;
+      EXPECT_NE(w.find("60.0 MiB already in use"), std::string::npos) << w;
+    }
+    MemoryReservation b = l->reserve(40 * MiB, "B");
+    EXPECT_EQ(l->stats("x").peak, 100 * MiB);
+  }
+  EXPECT_EQ(l->in_use(), 0u);
+  EXPECT_EQ(l->stats("x").peak, 100 * MiB);
+  l->reset_peak();
+  EXPECT_EQ(l->stats("x").peak, 0u);
+  l->set_limit(0);
+  EXPECT_NO_THROW(l->reserve(std::uint64_t(1) << 50, "no limit: anything"));
+}
+
+TEST(MemoryLedger, CapacityHoldsAndALowerLimitShrinksIt) {
+  auto l = std::make_shared<MemoryLedger>("sim:x", 80 * MiB, "the simulated X's memory (80 MiB)");
+  try {
+    l->check(81 * MiB, "a GEMM's operands");
+    FAIL() << "over capacity";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("the simulated X's memory"), std::string::npos) << e.what();
+  }
+  l->set_limit(200 * MiB);  // a limit above the capacity does not raise it
+  EXPECT_THROW(l->check(81 * MiB, "x"), OutOfMemory);
+  EXPECT_EQ(l->stats("s").limit, 80 * MiB);
+  l->set_limit(10 * MiB);
+  EXPECT_THROW(l->check(11 * MiB, "x"), OutOfMemory);
+  EXPECT_EQ(l->stats("s").limit, 10 * MiB);
+  // A reservation that outlives its ledger's owner still settles the account.
+  MemoryReservation r = l->reserve(5 * MiB, "kept");
+  std::weak_ptr<MemoryLedger> w = l;
+  l.reset();
+  EXPECT_FALSE(w.expired());
+}
+
+}  // namespace
+}  // namespace sb
