@@ -19,6 +19,37 @@ std::string bytes_text(std::int64_t b) {
   return fmt::format("{} B", b);
 }
 
+Point coll_size_point(const CollCall& c, int n, std::int64_t size_bytes, const std::vector<double>& times,
+                      std::int64_t wrong, const std::string& backend, const std::string& library) {
+  double sum = 0;
+  for (double t : times) sum += t;
+  const double mean_us = times.empty() ? 0 : sum / double(times.size());
+  Point p;
+  // ranks is a row parameter: expected busbw figures are per rank count.
+  p.params = json{{"ranks", n}, {"bytes", size_bytes}};
+  const double algbw = mean_us > 0 ? double(size_bytes) / (mean_us * 1e-6) / 1e9 : 0;
+  p.add({"count", double(c.count), "elements", Direction::none, std::nullopt,
+         "nccl-tests' count: elements of the larger buffer", false});
+  p.add({"time_us", mean_us, "us", Direction::lower, std::nullopt, "mean over ranks of the per-call time"});
+  p.add({"algbw", algbw, "GB/s", Direction::higher, std::nullopt, "size / time"});
+  if (n > 1)
+    p.add({"busbw", algbw * bus_factor(c.op, n), "GB/s", Direction::higher, std::nullopt,
+           fmt::format("algbw × {:.4g} ({} on {} ranks)", bus_factor(c.op, n), to_string(c.op), n)});
+  p.add({"wrong", double(wrong), "elements", Direction::lower, std::nullopt,
+         "elements that differ from the exact result, summed over ranks"});
+  p.info["time_us_per_rank"] = times;
+  p.info["bus_factor"] = bus_factor(c.op, n);
+  p.info["ranks"] = n;
+  p.info["backend"] = backend;
+  p.info["library"] = library;
+  if (wrong > 0) {
+    p.status = Status::error;
+    p.reason = fmt::format("{} wrong element(s) after {} (first checked on each rank after the timed calls)", wrong,
+                           describe(c));
+  }
+  return p;
+}
+
 void collective_findings(Result& r) {
   int n = 1;
   for (const auto& p : r.points)

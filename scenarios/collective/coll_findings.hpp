@@ -6,7 +6,10 @@
 #include <cstdint>  // std::int64_t
 #include <string>   // std::string
 
-#include "harness/result.hpp"  // Result
+#include <vector>   // std::vector
+
+#include "harness/result.hpp"                  // Result, Point
+#include "scenarios/collective/coll_data.hpp"  // CollCall
 
 namespace sb {
 
@@ -14,6 +17,14 @@ inline constexpr const char* kCollectiveCause = "collectives that do not match a
 
 // "256 KiB", "1020 B": a message size as people read it.
 std::string bytes_text(std::int64_t bytes);
+
+// One row of the size sweep, from what the timed window recorded: each
+// rank's per-call time (us) and the wrong elements summed over ranks.
+// nccl-tests' figures: algbw = size / time (GB/s = 1e9 B/s), busbw = algbw x
+// the op's bus factor (allreduce 2(n-1)/n, allgather and reducescatter
+// (n-1)/n, broadcast and reduce 1), time the mean over ranks.
+Point coll_size_point(const CollCall& c, int ranks, std::int64_t size_bytes, const std::vector<double>& times_us,
+                      std::int64_t wrong, const std::string& backend, const std::string& library);
 
 // Adds the ranks and bytes axes and the findings to r. A pure function of the
 // result: the job's size is the one its rows recorded (params.ranks; 1 when

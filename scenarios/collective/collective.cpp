@@ -302,36 +302,13 @@ std::vector<Point> CollectiveRun::sweep(const Settings& s) {
     // Per-rank times differ by when each rank left the last call; the
     // figure is their mean, as nccl-tests averages across ranks.
     const auto times = g.allgather(us, clock_type::now() + std::chrono::seconds(60));
-    const double mean_us = std::accumulate(times.begin(), times.end(), 0.0) / n;
     std::vector<unsigned char> got(static_cast<std::size_t>(cc.recv) * dsize);
     comm_->download(got.data(), recv_[0], got.size());
     const auto wrongs = g.allgather(count_coll_wrong(c, n, g.rank(), seed, got), clock_type::now() + std::chrono::seconds(60));
     const std::int64_t wrong = std::accumulate(wrongs.begin(), wrongs.end(), std::int64_t{0});
 
-    Point p;
-    // ranks is a row parameter: expected busbw figures are per rank count.
-    p.params = json{{"ranks", n}, {"bytes", size_bytes}};
-    // algbw = size / time (GB/s = 1e9 B/s); busbw = algbw × bus_factor.
-    const double algbw = static_cast<double>(size_bytes) / (mean_us * 1e-6) / 1e9;
-    p.add({"count", static_cast<double>(c.count), "elements", Direction::none, std::nullopt,
-           "nccl-tests' count: elements of the larger buffer", false});
-    p.add({"time_us", mean_us, "us", Direction::lower, std::nullopt, "mean over ranks of the per-call time"});
-    p.add({"algbw", algbw, "GB/s", Direction::higher, std::nullopt, "size / time"});
-    if (n > 1)
-      p.add({"busbw", algbw * bus_factor(c.op, n), "GB/s", Direction::higher, std::nullopt,
-             fmt::format("algbw × {:.4g} ({} on {} ranks)", bus_factor(c.op, n), to_string(c.op), n)});
-    p.add({"wrong", static_cast<double>(wrong), "elements", Direction::lower, std::nullopt,
-           "elements that differ from the exact result, summed over ranks"});
-    p.info["time_us_per_rank"] = times;
-    p.info["bus_factor"] = bus_factor(c.op, n);
-    p.info["ranks"] = n;
-    p.info["backend"] = comm_->backend();
-    p.info["library"] = comm_->library();
-    if (wrong > 0) {
-      p.status = Status::error;
-      p.reason = fmt::format("{} wrong element(s) after {} (first checked on each rank after the timed calls)", wrong,
-                             describe(c));
-    }
+    // --- derive: a pure function of what was recorded ---
+    Point p = coll_size_point(c, n, size_bytes, times, wrong, comm_->backend(), comm_->library());
     out.push_back(std::move(p));
     if (bytes > s.max_bytes / s.factor) break;  // the next size would pass max_bytes (and could overflow)
   }

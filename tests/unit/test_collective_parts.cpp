@@ -10,6 +10,7 @@
 #include "harness/dtype.hpp"                   // float_to_bf16_bits
 #include "harness/errors.hpp"                  // UsageError
 #include "scenarios/collective/coll_data.hpp"      // fill_coll_input, count_coll_wrong
+#include "scenarios/collective/coll_findings.hpp"  // coll_size_point
 #include "scenarios/collective/coll_schedule.hpp"  // parse_mismatch, planned_calls
 
 namespace sb {
@@ -173,6 +174,43 @@ TEST(Mismatch, OnlyTheTargetRankAndStepChange) {
   EXPECT_EQ(late[0].call, healthy[0].call);
   // A rooted main op gets an all-reduce beside it, so root and order still have two ops.
   EXPECT_EQ(step_calls(CollOp::broadcast, 64, CommDtype::fp32, 2)[1].call.op, CollOp::all_reduce);
+}
+
+}  // namespace
+}  // namespace sb
+
+namespace sb {
+namespace {
+
+// A size row from recorded per-rank times, by nccl-tests' formulas
+// (PERFORMANCE.md there: algbw = S/t, busbw = algbw * 2(n-1)/n for all-reduce).
+TEST(CollSizePoint, AlgbwAndBusbwFromRecordedTimes) {
+  CollCall c;
+  c.op = CollOp::all_reduce;
+  c.dtype = CommDtype::fp32;
+  c.count = (std::int64_t(1) << 30) / 4;
+  const std::vector<double> times = {1000, 1100, 900, 1000, 1050, 950, 1000, 1000};  // mean 1000 us
+  const Point p = coll_size_point(c, 8, std::int64_t(1) << 30, times, 0, "mpi", "Open MPI 4.1");
+  const double algbw = double(std::int64_t(1) << 30) / 1e-3 / 1e9;  // 1.0737 GB/s
+  EXPECT_DOUBLE_EQ(p.metric("time_us")->value, 1000);
+  EXPECT_NEAR(p.metric("algbw")->value, algbw, 1e-12);
+  EXPECT_NEAR(p.metric("busbw")->value, algbw * 2 * 7 / 8, 1e-12);
+  EXPECT_EQ(p.status, Status::ok);
+  EXPECT_EQ(p.params["ranks"], 8);
+  EXPECT_EQ(p.info["time_us_per_rank"].size(), 8u);
+}
+
+TEST(CollSizePoint, OneRankHasNoBusbwAndWrongDataIsAnError) {
+  CollCall c;
+  c.op = CollOp::all_gather;
+  c.dtype = CommDtype::fp32;
+  c.count = 256;
+  const Point one = coll_size_point(c, 1, 1024, {10.0}, 0, "mpi", "x");
+  EXPECT_FALSE(one.metric("busbw"));
+  const Point bad = coll_size_point(c, 2, 1024, {10.0, 12.0}, 3, "mpi", "x");
+  EXPECT_EQ(bad.status, Status::error);
+  EXPECT_NE(bad.reason.find("3 wrong element(s)"), std::string::npos) << bad.reason;
+  EXPECT_NEAR(bad.metric("busbw")->value, bad.metric("algbw")->value * 0.5, 1e-12);  // (n-1)/n
 }
 
 }  // namespace
