@@ -204,6 +204,68 @@ void save_partial(Live& live, Result r, const json& meta, const Sweep& sweep, co
             << std::flush;
 }
 
+// The result's meta block: the tool, the build, this machine, the device and
+// how it was measured.
+json run_meta(const RunArgs& a, int argc, char** argv, const DeviceInfo& di, const MeasureConfig& measure) {
+  const BuildInfo b = build_info();
+  json meta;
+  meta["tool"] = "stallbench";
+  meta["version"] = b.version;
+  meta["git_sha"] = b.git_sha;
+  meta["argv"] = std::vector<std::string>(argv, argv + argc);
+  meta["time_utc"] = utc_now();
+  meta["build"] = json{{"compiler", b.compiler}, {"build_type", b.build_type}, {"features", b.features}};
+  const json fingerprint = machine_fingerprint(all_backends());
+  for (const auto& [k, v] : fingerprint.items()) meta[k] = v;
+  meta["device"] = json{{"id", di.id},
+                        {"kind", di.kind == DeviceKind::cpu ? "cpu" : di.kind == DeviceKind::cuda ? "cuda" : "sim"},
+                        {"name", di.name},
+                        {"simulated", di.simulated},
+                        {"props", di.props}};
+  meta["measure"] = json{{"quick", a.quick},
+                         {"warmup", measure.warmup},
+                         {"max_noise", measure.max_noise},
+                         {"budget_s", measure.budget_s},
+                         {"min_trial_ms", measure.min_trial_ms},
+                         {"timing", di.kind == DeviceKind::cuda ? "cuda events" : "compute-thread steady_clock"}};
+  return meta;
+}
+
+// Writes the finished result and the trace, and prints the table. A late
+// failure (disk full, the directory removed) loses nothing: the table goes
+// to the terminal and the JSON to a fallback file in the temporary
+// directory; the run then fails (exit 1).
+int write_outputs(const Result& r, const Scenario& sc, const std::string& path, const std::string& trace_path,
+                  const std::vector<TraceProcess>& trace) {
+  const std::string table = format_result_table(r);
+  try {
+    write_file_atomic(path, to_json(r).dump(2) + "\n");
+  } catch (const Error& e) {
+    std::cerr << "\n" << table << fmt::format("\nstallbench: {}\n", e.what());
+    const std::string fallback = (std::filesystem::temp_directory_path() /
+                                  fmt::format("stallbench-{}-{}.json", sc.name, ::getpid())).string();
+    try {
+      write_file_atomic(fallback, to_json(r).dump(2) + "\n");
+      std::cerr << fmt::format("stallbench: the result was saved to {} instead\n", fallback);
+    } catch (const Error& e2) {
+      std::cerr << fmt::format("stallbench: and not to {} either: {}\n", fallback, e2.what());
+    }
+    return kExitFailure;
+  }
+  if (!trace_path.empty()) {
+    if (trace.empty())
+      std::cerr << fmt::format("stallbench: {} records no step timeline; no trace written\n", sc.name);
+    else
+      write_file_atomic(trace_path, chrome_trace(trace).dump() + "\n");
+  }
+  if (path == "-") {
+    std::cerr << "\n" << table;
+  } else {
+    std::cout << "\n" << table << fmt::format("\nresult: {}\n", path);
+  }
+  return run_exit_code(r);
+}
+
 int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   const Scenario* sc = find_scenario(a.scenario);
   if (!sc) throw UsageError(fmt::format("unknown scenario '{}'; valid: {}", a.scenario, scenario_names()));
@@ -237,28 +299,8 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   std::vector<TraceProcess> trace;
   if (!a.trace_path.empty()) ctx.trace = &trace;
 
-  const BuildInfo b = build_info();
-  json meta;
-  meta["tool"] = "stallbench";
-  meta["version"] = b.version;
-  meta["git_sha"] = b.git_sha;
-  meta["argv"] = std::vector<std::string>(*argv, *argv + *argc);
-  meta["time_utc"] = utc_now();
-  meta["build"] = json{{"compiler", b.compiler}, {"build_type", b.build_type}, {"features", b.features}};
-  const json fingerprint = machine_fingerprint(all_backends());
-  for (const auto& [k, v] : fingerprint.items()) meta[k] = v;
   const DeviceInfo& di = dev->info();
-  meta["device"] = json{{"id", di.id},
-                        {"kind", di.kind == DeviceKind::cpu ? "cpu" : di.kind == DeviceKind::cuda ? "cuda" : "sim"},
-                        {"name", di.name},
-                        {"simulated", di.simulated},
-                        {"props", di.props}};
-  meta["measure"] = json{{"quick", a.quick},
-                         {"warmup", ctx.measure.warmup},
-                         {"max_noise", ctx.measure.max_noise},
-                         {"budget_s", ctx.measure.budget_s},
-                         {"min_trial_ms", ctx.measure.min_trial_ms},
-                         {"timing", di.kind == DeviceKind::cuda ? "cuda events" : "compute-thread steady_clock"}};
+  json meta = run_meta(a, *argc, *argv, di, ctx.measure);
   const std::string path = a.json_path.empty() ? fmt::format("stallbench-{}.json", sc->name) : a.json_path;
   // Where the results go is checked before anything is measured.
   if (lead) {
@@ -333,36 +375,7 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   std::unique_lock result_writer(live->write_mu);
   live->main_writes = true;
   if (!lead) return run_exit_code(r);
-  const std::string table = format_result_table(r);
-  try {
-    write_file_atomic(path, to_json(r).dump(2) + "\n");
-  } catch (const Error& e) {
-    // A late failure (disk full, the directory removed): the measurements
-    // are not lost. The table goes to the terminal and the JSON to a
-    // fallback file beside the temporary directory; the run still fails.
-    std::cerr << "\n" << table << fmt::format("\nstallbench: {}\n", e.what());
-    const std::string fallback = (std::filesystem::temp_directory_path() /
-                                  fmt::format("stallbench-{}-{}.json", sc->name, ::getpid())).string();
-    try {
-      write_file_atomic(fallback, to_json(r).dump(2) + "\n");
-      std::cerr << fmt::format("stallbench: the result was saved to {} instead\n", fallback);
-    } catch (const Error& e2) {
-      std::cerr << fmt::format("stallbench: and not to {} either: {}\n", fallback, e2.what());
-    }
-    return kExitFailure;
-  }
-  if (!a.trace_path.empty()) {
-    if (trace.empty())
-      std::cerr << fmt::format("stallbench: {} records no step timeline; no trace written\n", sc->name);
-    else
-      write_file_atomic(a.trace_path, chrome_trace(trace).dump() + "\n");
-  }
-  if (path == "-") {
-    std::cerr << "\n" << table;
-  } else {
-    std::cout << "\n" << table << fmt::format("\nresult: {}\n", path);
-  }
-  return run_exit_code(r);
+  return write_outputs(r, *sc, path, a.trace_path, trace);
 }
 
 int cmd_analyze_hang(const std::string& dir, bool as_json) {
