@@ -236,6 +236,14 @@ class Device {
   virtual void reset_peak_memory() {}
   virtual void set_memory_limit(std::size_t /*bytes, 0 = none*/) {}
 
+  // The host CPUs the device's own compute runs on, so that a host loader
+  // can keep off them. The cpu device pins its compute thread (and its
+  // OpenMP team) to the first `threads` CPUs this process may use and
+  // returns them; threads <= 0 gives it every CPU again (returned too).
+  // Devices that compute elsewhere (cuda, sim) use no host CPU for it:
+  // they return an empty list.
+  virtual std::vector<int> reserve_host_cpus(int /*threads*/) { return {}; }
+
   // Throws OutOfMemory when the allocation fails.
   virtual Buffer allocate(std::size_t bytes, MemKind kind) = 0;
   // Enqueue a copy of bytes from a host buffer to a device buffer.

@@ -16,6 +16,9 @@
 
 #include <oneapi/dnnl/dnnl.hpp>  // dnnl::matmul, dnnl::reorder, dnnl::memory
 
+#include <omp.h>    // omp_set_num_threads: the compute thread's team
+#include <sched.h>  // sched_setaffinity
+
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"                      // OutOfMemory, UnsupportedError, UsageError
@@ -58,6 +61,18 @@ std::optional<dt> dnnl_type(DType t) {
     case DType::fp16: return dt::f16;
     default: return std::nullopt;
   }
+}
+
+// The CPUs this process may run on (its affinity mask when the device opens).
+std::vector<int> process_cpus() {
+  std::vector<int> out;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) out.push_back(c);
+  if (out.empty()) out.push_back(0);
+  return out;
 }
 
 class CpuGemm : public GemmOp {
@@ -269,6 +284,24 @@ class CpuDevice : public Device {
   }
   std::unique_ptr<UtilProbe> utilization_probe() override { return std::make_unique<cpu::StreamBusyProbe>(cs_); }
 
+  // Pins the compute thread, and the OpenMP team it starts (libgomp's team
+  // threads are the compute thread's own and inherit its mask when created;
+  // a team of one is the thread alone), to the first `threads` allowed CPUs.
+  std::vector<int> reserve_host_cpus(int threads) override {
+    std::vector<int> cpus = allowed_cpus_;
+    if (threads > 0 && std::size_t(threads) < cpus.size()) cpus.resize(std::size_t(threads));
+    const int team = int(cpus.size());
+    cs_.enqueue("pin the compute thread", [cpus, team] {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (int c : cpus) CPU_SET(c, &set);
+      (void)sched_setaffinity(0, sizeof set, &set);
+      omp_set_num_threads(team);
+    });
+    cs_.synchronize(std::chrono::seconds(60));
+    return cpus;
+  }
+
   void on_stream_hang() {
     ledger_->keep_freed_blocks();
     cs_.abandon_queued();
@@ -278,6 +311,7 @@ class CpuDevice : public Device {
   DeviceInfo info_;
   mutable dnnl::engine eng_;
   std::shared_ptr<cpu::MemLedger> ledger_ = std::make_shared<cpu::MemLedger>("cpu");
+  std::vector<int> allowed_cpus_ = process_cpus();  // before any pinning
   Buffer flush_buf_;       // timing=cold's eviction buffer, made on first use
   cpu::ComputeStream cs_;  // last: its thread stops before the engine goes and the buffers
 };

@@ -14,7 +14,8 @@
 //              inline, overlapped with the asynchronous device step)
 //   predicted utilization = min(1, S / D) = min(1, max(1, workers) * T / L)
 #include <algorithm>   // std::max, std::min
-#include <cmath>       // std::llround
+#include <cmath>       // std::llround, std::abs
+#include <sched.h>     // sched_getaffinity, sched_setaffinity: the CPU split
 #include <optional>    // std::optional: the dataset file, when source=file
 
 #include <fmt/format.h>  // fmt::format
@@ -59,6 +60,7 @@ struct Settings {
   double step_ms = 20;
   double supply = 0.5;
   double decode_us = 0;  // <= 0: derived from supply
+  int compute_threads = 0;  // cpu device: CPUs for its compute; 0: half
 
   static Settings from(const ParamSet& ps) {
     Settings st;
@@ -79,6 +81,7 @@ struct Settings {
     st.step_ms = ps.get_real("step_ms");
     st.supply = ps.get_real("supply");
     st.decode_us = ps.get_real("decode_us");
+    st.compute_threads = int(ps.get_int("compute_threads"));
     return st;
   }
   std::int64_t samples() const { return loader.num_batches * loader.batch; }
@@ -87,13 +90,24 @@ struct Settings {
 class DataloaderRun : public ScenarioRun {
  public:
   explicit DataloaderRun(RunContext& ctx) : ctx_(ctx) {}
+  ~DataloaderRun() override {
+    try {
+      if (split_) ctx_.device.reserve_host_cpus(0);  // every CPU back to the compute
+    } catch (...) {
+    }
+  }
 
   Point run_point(const ParamSet& ps) override {
     // --- configure: the step, the loader, the dataset file, the buffers ---
     Device& dev = ctx_.device;
     const Settings st = Settings::from(ps);
-    calibrate(st.step_ms);
+    // The compute gets its own CPUs and the loader the rest, as a GPU job's
+    // compute never competes with its DataLoader workers for cores. The step
+    // is calibrated after the split, under the conditions the loop runs in.
+    const CpuSplit split = split_cpus(st.compute_threads);
+    calibrate(st.step_ms, split.compute.size());
     loader::Config cfg = st.loader;
+    cfg.cpus = split.loader;
     const bool pinned = st.pin == Pin::pinned;
     cfg.on_load = [&dev](bool begin) { begin ? dev.range_push("load") : dev.range_pop(); };
     cfg.alloc = [&dev, pinned](std::size_t bytes) {
@@ -115,15 +129,30 @@ class DataloaderRun : public ScenarioRun {
     ctx_.progress(fmt::format("dataloader workers={}: running", cfg.workers));
 
     // --- the timed window: records only ---
-    const loader::EpochRecord rec = timed_epoch(cfg, dev_batch, pinned);
+    loader::EpochRecord rec;
+    {
+      // workers = 0 loads on this thread: it runs on the loader's CPUs too.
+      const ThreadAffinity keep;
+      loader::pin_this_thread(split.loader);
+      rec = timed_epoch(cfg, dev_batch, pinned);
+    }
 
     // --- derive ---
     Timeline tl;
     Point p = loader::derive_epoch(
-        rec, {cfg.workers, cfg.batch, batch_bytes, pinned, dev.info().simulated}, ctx_.trace ? &tl : nullptr);
+        rec, {cfg.workers, cfg.batch, batch_bytes, pinned, dev.info().simulated, int(split.loader.size())},
+        ctx_.trace ? &tl : nullptr);
     p.info["decode_us"] = cfg.decode_us;
     p.info["decode_us_derived"] = derived;
     p.info["step_gemm"] = fmt::format("{} x {} {}^3", reps_, to_string(kernel_.dtype), kernel_.n);
+    p.info["cpu_split"] = json{{"compute_cpus", split.compute},
+                               {"loader_cpus", split.loader},
+                               {"note", split.note}};
+    const double achieved = p.info.value("step_ms_achieved", 0.0);
+    if (steps_ok(p) && std::abs(achieved - st.step_ms) > 0.1 * st.step_ms)
+      p.info["warning"] = fmt::format(
+          "the step took {} ms, not the {} ms asked ({:+.0f}%): the loop's conditions differ from the calibration's",
+          format_number(achieved), format_number(st.step_ms), 100 * (achieved / st.step_ms - 1));
     if (dataset) {
       // A cache kept for the next run: say where, and how it is removed.
       p.info["dataset_file"] = dataset->path;
@@ -253,10 +282,50 @@ class DataloaderRun : public ScenarioRun {
     return rec;
   }
 
+  struct CpuSplit {
+    std::vector<int> compute, loader;
+    std::string note;
+  };
+  CpuSplit split_cpus(int compute_threads) {
+    CpuSplit out;
+    std::vector<int> all;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) all.push_back(c);
+    const int want = compute_threads > 0 ? compute_threads : std::max(1, int(all.size()) / 2);
+    out.compute = ctx_.device.reserve_host_cpus(want);
+    split_ = split_ || !out.compute.empty();
+    for (int c : all)
+      if (std::find(out.compute.begin(), out.compute.end(), c) == out.compute.end()) out.loader.push_back(c);
+    if (out.compute.empty()) {
+      out.note = "the device computes off the host: the loader has every CPU";
+    } else if (out.loader.empty()) {
+      out.loader = all;  // one CPU: they must share it
+      out.note = "one CPU: the compute and the loader share it";
+    } else {
+      out.note = fmt::format("{} CPU(s) pinned to the compute, {} to the loader", out.compute.size(),
+                             out.loader.size());
+    }
+    return out;
+  }
+  static bool steps_ok(const Point& p) { return p.info.value("steps", 0) > 0; }
+
+  // Saves this thread's CPU mask and puts it back.
+  struct ThreadAffinity {
+    cpu_set_t saved;
+    bool ok;
+    ThreadAffinity() { ok = sched_getaffinity(0, sizeof saved, &saved) == 0; }
+    ~ThreadAffinity() {
+      if (ok) (void)sched_setaffinity(0, sizeof saved, &saved);
+    }
+  };
+
   // Sizes the step's GEMM chain once per run: reps of one GEMM whose time is
   // measured here, so the step takes about step_ms on this device.
-  void calibrate(double step_ms) {
-    if (op_ && step_ms == calibrated_for_) return;
+  void calibrate(double step_ms, std::size_t compute_cpus) {
+    if (op_ && step_ms == calibrated_for_ && compute_cpus == calibrated_cpus_) return;
     Device& dev = ctx_.device;
     kernel_ = step_kernel(dev);
     ctx_.progress("dataloader: calibrating the step");
@@ -268,6 +337,7 @@ class DataloaderRun : public ScenarioRun {
     (void)loader::decode_iters_per_us();  // its one-time calibration stays out of the measured window
     step_s_ = reps_ * gemm_ms / 1e3;
     calibrated_for_ = step_ms;
+    calibrated_cpus_ = compute_cpus;
   }
 
   RunContext& ctx_;
@@ -276,6 +346,8 @@ class DataloaderRun : public ScenarioRun {
   int reps_ = 1;
   double step_s_ = 0;
   double calibrated_for_ = -1;
+  std::size_t calibrated_cpus_ = 0;
+  bool split_ = false;  // the compute was pinned: unpinned when the run ends
 };
 
 }  // namespace
@@ -321,6 +393,10 @@ const Scenario dataloader_scenario{
         ParamSpec{.name = "step_ms", .type = ParamType::real, .default_value = "20",
                   .help = "device compute per step (calibrated; the achieved value is reported)", .unit = "ms",
                   .min = 0.1, .max = 10000},
+        ParamSpec{.name = "compute_threads", .type = ParamType::integer, .default_value = "0",
+                  .help = "cpu device: CPUs pinned to its compute (0: half of them, at least 1); the loader gets "
+                          "the rest. Other devices compute off the host.",
+                  .unit = "threads", .min = 0, .max = 1024},
         ParamSpec{.name = "steps", .type = ParamType::integer, .default_value = "60",
                   .help = "training steps (batches) per point", .unit = "steps", .min = 2, .max = 1000000,
                   .quick_default = "20"},

@@ -49,6 +49,7 @@ struct EpochShape {
   std::size_t batch_bytes = 0;
   bool pinned = true;
   bool simulated = false;
+  int loader_cpus = 0;  // CPUs left to the loader (0: no limit): the model counts them
 };
 
 // The point's metrics (busy_pct, predicted_pct, model_error_pts,

@@ -10,6 +10,8 @@
 #include <stdexcept>   // std::runtime_error: a failed sample inside a worker
 
 #include <fcntl.h>     // open
+#include <sched.h>     // sched_setaffinity: workers on the loader's CPUs
+#include <time.h>      // clock_gettime: a load's CPU time
 #include <setjmp.h>    // sigsetjmp, siglongjmp: a guarded read from a mapping
 #include <signal.h>    // sigaction: SIGBUS
 #include <sys/mman.h>  // mmap, munmap
@@ -142,12 +144,32 @@ Config validated(Config c) {
 
 // ---- free functions -------------------------------------------------------
 
-double predicted_busy(int workers, double train_s, double load_s) {
-  return std::min(1.0, double(std::max(1, workers)) * train_s / std::max(load_s, 1e-12));
+int effective_workers(int workers, int loader_cpus) {
+  const int w = std::max(1, workers);
+  return loader_cpus > 0 ? std::min(w, loader_cpus) : w;
 }
 
-const char* bottleneck(int workers, double train_s, double load_s) {
-  return load_s / double(std::max(1, workers)) > train_s ? "loader" : "device";
+double predicted_busy(int workers, double train_s, double load_s, int loader_cpus) {
+  return std::min(1.0, double(effective_workers(workers, loader_cpus)) * train_s / std::max(load_s, 1e-12));
+}
+
+const char* bottleneck(int workers, double train_s, double load_s, int loader_cpus) {
+  return load_s / double(effective_workers(workers, loader_cpus)) > train_s ? "loader" : "device";
+}
+
+double thread_cpu_s() {
+  timespec ts{};
+  if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+void pin_this_thread(const std::vector<int>& cpus) {
+  if (cpus.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus)
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  (void)sched_setaffinity(0, sizeof set, &set);  // best effort: a CPU taken away since is no error
 }
 
 Fault parse_fault(const std::string& text) {
@@ -422,6 +444,7 @@ Loader::Outcome Loader::load_batch(std::int64_t b, int worker, std::byte* dst, D
 }
 
 void Loader::worker_loop(int w) {
+  pin_this_thread(cfg_.cpus);
   for (std::int64_t b = w; b < cfg_.num_batches; b += cfg_.workers) {
     int slot = -1;
     {
@@ -435,13 +458,14 @@ void Loader::worker_loop(int w) {
     d.slot = slot;
     d.worker = w;
     const auto t0 = Clock::now();
+    const double c0 = thread_cpu_s();
     if (load_batch(b, w, static_cast<std::byte*>(slots_[std::size_t(slot)].data()), d, std::nullopt) !=
         Outcome::done)
       return;  // shutdown
     const auto t1 = Clock::now();
     {
       std::lock_guard lk(mu_);
-      records_.push_back({w, b, since_origin(t0), since_origin(t1)});
+      records_.push_back({w, b, since_origin(t0), since_origin(t1), thread_cpu_s() - c0});
       ready_.emplace(b, std::move(d));
       if (!cfg_.in_order) finish_order_.push_back(b);
     }
@@ -526,6 +550,7 @@ std::optional<Batch> Loader::next_inline() {
   d.slot = 0;
   d.worker = -1;
   const auto t0 = Clock::now();
+  const double c0 = thread_cpu_s();
   const Outcome o = load_batch(b, -1, static_cast<std::byte*>(slots_[0].data()), d, t0 + cfg_.timeout);
   const auto t1 = Clock::now();
   auto& cur = current_[std::size_t(cfg_.workers)];
@@ -539,7 +564,7 @@ std::optional<Batch> Loader::next_inline() {
   }
   if (o == Outcome::stopped) return std::nullopt;  // only during shutdown
   std::lock_guard lk(mu_);
-  records_.push_back({-1, b, since_origin(t0), since_origin(t1)});
+  records_.push_back({-1, b, since_origin(t0), since_origin(t1), thread_cpu_s() - c0});
   ++next_index_;
   return take(b, std::move(d));
 }

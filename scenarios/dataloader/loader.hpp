@@ -45,14 +45,23 @@ struct Fault {
 Fault parse_fault(const std::string& text);
 
 // The queueing model beside each measurement: with `workers` loaders each
-// needing load_s per batch and a device needing train_s per step, the device
-// is busy min(1, max(1, workers) * train / load) of the time (workers = 0
-// loads inline: one loader). Each worker needs a core of its own.
-double predicted_busy(int workers, double train_s, double load_s);
-// "loader" when one worker's share of a batch takes longer than a step
-// (load / max(1, workers) > train), else "device".
-const char* bottleneck(int workers, double train_s, double load_s);
+// needing load_s per batch on a core of its own (its CPU time: wall time
+// under contention would count the sharing twice) and a device needing
+// train_s per step, the device
+// is busy min(1, w * train / load) of the time, where w, the workers that
+// really load at once, is max(1, workers) (workers = 0 loads inline: one
+// loader) and at most the CPUs left to the loader (loader_cpus; 0: no limit).
+// Two workers on one free core load no faster than one.
+int effective_workers(int workers, int loader_cpus);
+double predicted_busy(int workers, double train_s, double load_s, int loader_cpus = 0);
+// "loader" when one effective worker's share of a batch takes longer than a
+// step (load / w > train), else "device".
+const char* bottleneck(int workers, double train_s, double load_s, int loader_cpus = 0);
 std::string to_string(const Fault& f);  // inverse of parse_fault
+// The calling thread's CPU time, seconds.
+double thread_cpu_s();
+// Pins the calling thread to `cpus` (nothing when empty).
+void pin_this_thread(const std::vector<int>& cpus);
 
 enum class OnError { stop, skip };
 enum class Source { memory, file };
@@ -70,6 +79,7 @@ struct Config {
   double decode_spread = 0;     // per-sample cost uniform in +-spread*decode_us, from (seed, sample); 0..1
   Source source = Source::memory;
   ReadMode read = ReadMode::pread;
+  std::vector<int> cpus;        // the CPUs the workers run on (sched_setaffinity); empty: any
   std::string file_path;        // for Source::file: a dataset file made by write_dataset_file (dataset_file.hpp)
   bool in_order = true;         // deliver batches in index order (DataLoader's default); false: as they finish
   std::chrono::milliseconds timeout{10000};  // DataLoader's `timeout`: the longest next() waits for a batch
@@ -89,6 +99,7 @@ struct LoadRecord {
   int worker;            // -1: inline (workers = 0)
   std::int64_t batch;
   double t0_s, t1_s;     // seconds from Config::origin
+  double cpu_s = 0;      // CPU time the loading thread spent on it (its cost on a core of its own)
 };
 
 struct Batch {

@@ -560,6 +560,13 @@ TEST(QueueingModel, PredictedBusyAndBottleneck) {
   EXPECT_STREQ(bottleneck(1, 0.020, 0.040), "loader");
   EXPECT_STREQ(bottleneck(2, 0.020, 0.040), "device");      // load / workers == train: not the loader
   EXPECT_STREQ(bottleneck(0, 0.020, 0.019), "device");
+  // Workers beyond the loader's CPUs add nothing: two workers on one core load as one.
+  EXPECT_EQ(effective_workers(4, 1), 1);
+  EXPECT_EQ(effective_workers(0, 1), 1);
+  EXPECT_EQ(effective_workers(3, 8), 3);
+  EXPECT_DOUBLE_EQ(predicted_busy(2, 0.020, 0.040, 1), 0.5);
+  EXPECT_DOUBLE_EQ(predicted_busy(4, 0.020, 0.040, 2), 1.0);
+  EXPECT_STREQ(bottleneck(2, 0.020, 0.040, 1), "loader");
 }
 
 }  // namespace
@@ -618,6 +625,23 @@ TEST(DeriveEpoch, EnoughWorkersPredictFullUseAndNameTheDevice) {
   EXPECT_NE(p.metric("h2d_gbs")->note.find("pageable"), std::string::npos);
   // The timeline holds every span: 8 waits, 8 h2d, 8 compute, 8 loads.
   EXPECT_EQ(tl.spans().size(), 32u);
+}
+
+TEST(DeriveEpoch, TheModelUsesLoadCpuTimeAndTheLoadersCpus) {
+  // Two workers share one CPU: each load takes 80 ms of wall time but 40 ms
+  // of CPU. On one CPU they supply one batch per 40 ms: with a 20 ms step,
+  // 50% busy. Wall time would say 2 x 20 / 80 = 50% only by luck of the
+  // factor; with four workers on that CPU it would say 100%.
+  EpochRecord rec = synthetic_epoch(8, 0.020, 0.020, 0.160, 4);
+  for (auto& l : rec.loads) l.cpu_s = 0.040;
+  const Point one_cpu = derive_epoch(rec, {4, 8, 512, true, false, 1});
+  EXPECT_NEAR(one_cpu.metric("predicted_pct")->value, 50.0, 1e-9);
+  EXPECT_NEAR(one_cpu.metric("load_cpu_ms")->value, 40.0, 1e-9);
+  EXPECT_NEAR(one_cpu.metric("load_ms")->value, 160.0, 1e-9);
+  EXPECT_EQ(one_cpu.info["bottleneck"], "loader");
+  const Point four_cpus = derive_epoch(rec, {4, 8, 512, true, false, 4});
+  EXPECT_NEAR(four_cpus.metric("predicted_pct")->value, 100.0, 1e-9);
+  EXPECT_EQ(four_cpus.info["bottleneck"], "device");
 }
 
 TEST(DeriveEpoch, AnEmptyEpochHasNoNaN) {
