@@ -418,7 +418,9 @@ TEST(PackCounts, SixteenMillionSequenceHistogramFromAFile) {
               c.groups.size(), c.efficiency());
   EXPECT_NEAR(double(c.sequences), 16e6, 16e6 * 0.001);
   EXPECT_GE(c.efficiency(), 0.99);
-  EXPECT_LT(c.seconds, 5.0);
+  // Planned on the counts, never expanded: pack shapes with repeat counts,
+  // far fewer than the rows they stand for. (Seconds are in bench/packing_bench.)
+  EXPECT_LT(c.groups.size() * 100, std::size_t(c.rows));
 }
 
 // Scaling, not seconds (those are in bench/packing_bench): 8x the lengths
