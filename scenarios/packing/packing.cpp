@@ -27,6 +27,7 @@
 
 #include "harness/errors.hpp"            // UnsupportedError
 #include "harness/host_memory.hpp"       // reserve_host_memory: lengths and plan
+#include "harness/point_metrics.hpp"     // measurement_info
 #include "harness/printer.hpp"           // format_number
 #include "harness/scenario.hpp"          // Scenario, ScenarioRun
 #include "scenarios/packing/packers.hpp"  // plan, generate_lengths
@@ -51,30 +52,61 @@ struct BatchWork {
   }
 };
 
+// Everything a point is, read once from its parameters (validate uses it too).
+struct Settings {
+  pk::Strategy strategy = pk::Strategy::pad_max;
+  pk::Overflow overflow = pk::Overflow::split;
+  std::int32_t max_len = 0, rows_per_batch = 0, window = 0;
+  std::int64_t d_model = 0, heads = 0, sequences = 0, batches = 0;
+  DType dtype = DType::fp32;
+  AttnImpl attn = AttnImpl::naive;
+  std::string lengths;
+  int trials = 0;
+
+  static Settings from(const ParamSet& ps) {
+    Settings st;
+    st.strategy = ps.get_choice("strategy", pk::kStrategyNames);
+    st.overflow = ps.get_choice("overflow", pk::kOverflowNames);
+    st.max_len = std::int32_t(ps.get_int("max_len"));
+    st.rows_per_batch = std::int32_t(ps.get_int("rows"));
+    st.window = std::int32_t(ps.get_int("window"));
+    st.d_model = ps.get_int("d_model");
+    st.heads = ps.get_int("heads");
+    st.sequences = ps.get_int("sequences");
+    st.batches = ps.get_int("batches");
+    st.dtype = ps.get_choice("dtype", kDTypeNames);
+    st.attn = ps.get_choice("attn", kAttnImplNames);
+    st.lengths = ps.get_str("lengths");
+    st.trials = int(ps.get_int("trials"));
+    return st;
+  }
+  bool lengths_from_file() const { return !lengths.empty() && lengths.front() == '@'; }
+};
+
 class PackingRun : public ScenarioRun {
  public:
   explicit PackingRun(RunContext& ctx) : ctx_(ctx) {}
 
   Point run_point(const ParamSet& ps) override {
     Device& dev = ctx_.device;
-    const auto strategy = ps.get_choice("strategy", pk::kStrategyNames);
-    const auto overflow = ps.get_choice("overflow", pk::kOverflowNames);
-    const auto max_len = std::int32_t(ps.get_int("max_len"));
-    const auto rows_per_batch = std::int32_t(ps.get_int("rows"));
-    const std::int64_t d = ps.get_int("d_model"), heads = ps.get_int("heads");
-    const DType dt = ps.get_choice("dtype", kDTypeNames);
-    const AttnImpl attn_impl = ps.get_choice("attn", kAttnImplNames);
+    const Settings st = Settings::from(ps);
+    const auto strategy = st.strategy;
+    const auto overflow = st.overflow;
+    const auto max_len = st.max_len;
+    const auto rows_per_batch = st.rows_per_batch;
+    const std::int64_t d = st.d_model, heads = st.heads;
+    const DType dt = st.dtype;
+    const AttnImpl attn_impl = st.attn;
     if (auto why = dev.attention_unsupported(attn_impl, dt)) throw UnsupportedError(*why);
 
     // pack-hist on a whole histogram file (sequences=0) plans its counts and
     // never expands them; everything else plans the dataset's lengths.
     const std::optional<std::vector<pk::LengthCount>> counts =
-        strategy == pk::Strategy::pack_hist && ps.get_int("sequences") == 0
-            ? file_histogram(ps.get_str("lengths"), max_len)
+        strategy == pk::Strategy::pack_hist && st.sequences == 0 ? file_histogram(st.lengths, max_len)
             : std::nullopt;
     static const std::vector<std::int32_t> kNone;
     const std::vector<std::int32_t>& lengths =
-        counts ? kNone : dataset(ps.get_str("lengths"), ps.get_int("sequences"), max_len);
+        counts ? kNone : dataset(st.lengths, st.sequences, max_len);
     std::int64_t n_sequences = std::int64_t(lengths.size());
     if (counts)
       for (const auto& c : *counts) n_sequences += c.count;
@@ -86,7 +118,7 @@ class PackingRun : public ScenarioRun {
                                                         to_string(strategy), lengths.size()));
     const pk::Plan plan =
         counts ? pk::plan_histogram(*counts, max_len, overflow)
-               : pk::plan(lengths, strategy, max_len, rows_per_batch, std::int32_t(ps.get_int("window")), overflow);
+               : pk::plan(lengths, strategy, max_len, rows_per_batch, st.window, overflow);
     if (plan.real_tokens == 0)  // e.g. a length distribution wholly over max_len with overflow=drop
       throw MismatchError(fmt::format("no token is left to measure: all {} sequences were dropped (longer than "
                                       "max_len={} with overflow=drop)",
@@ -95,7 +127,7 @@ class PackingRun : public ScenarioRun {
     const std::int64_t n_batches = (n_rows + rows_per_batch - 1) / rows_per_batch;
 
     // A sample of batches, spread evenly over the epoch, is prepared and timed.
-    const std::int64_t sample = std::min<std::int64_t>(ps.get_int("batches"), n_batches);
+    const std::int64_t sample = std::min<std::int64_t>(st.batches, n_batches);
     std::vector<BatchWork> work;
     ctx_.progress(fmt::format("packing {}: preparing {} batches", to_string(strategy), sample));
     for (std::int64_t i = 0; i < sample; ++i) {
@@ -112,7 +144,7 @@ class PackingRun : public ScenarioRun {
     }
 
     ctx_.progress(fmt::format("packing {}: timing", to_string(strategy)));
-    const MeasureConfig cfg = with_min_trials(ctx_.measure, int(ps.get_int("trials")));
+    const MeasureConfig cfg = with_min_trials(ctx_.measure, st.trials);
     const Measurement m = measure(
         dev,
         [&] {
@@ -150,9 +182,8 @@ class PackingRun : public ScenarioRun {
                   {"timed_flops", flops},
                   {"cross_contamination", plan.cross_contamination},
                   {"attention", std::string(to_string(attn_impl)) + (is_packed(strategy) ? " varlen" : " dense")},
-                  {"layer", fmt::format("d_model {}, {} heads, MLP 4d, {}", d, heads, to_string(dt))},
-                  {"trials", m.ms.n},
-                  {"stop", m.stop}};
+                  {"layer", fmt::format("d_model {}, {} heads, MLP 4d, {}", d, heads, to_string(dt))}};
+    p.info.update(measurement_info(m));
     if (plan.packed)  // pack-hist: rows as pack shapes with repeat counts
       p.info["pack_shapes"] = std::int64_t(plan.packed->groups.size());
     if (plan.cross_contamination)
@@ -300,20 +331,19 @@ class PackingRun : public ScenarioRun {
 // Combinations that would measure nothing are refused before any point runs
 // (exit 2), rather than run as all-zero "ok" points with NaN ratios.
 void validate_packing_point(const ParamSet& ps, const RunContext&) {
-  if (ps.get_int("d_model") % ps.get_int("heads") != 0)
-    throw UsageError(fmt::format("d_model {} is not a multiple of heads {}", ps.get_int("d_model"), ps.get_int("heads")));
-  const std::string& lengths = ps.get_str("lengths");
-  const bool from_file = !lengths.empty() && lengths.front() == '@';
-  if (!from_file && ps.get_int("sequences") == 0)
+  const Settings st = Settings::from(ps);
+  if (st.d_model % st.heads != 0)
+    throw UsageError(fmt::format("d_model {} is not a multiple of heads {}", st.d_model, st.heads));
+  if (!st.lengths_from_file() && st.sequences == 0)
     throw UsageError(fmt::format("sequences=0 means every length of a file; lengths={} generates lengths, so give "
                                  "sequences >= 1",
-                                 lengths));
-  if (!from_file && ps.get_choice("overflow", pk::kOverflowNames) == pk::Overflow::drop) {
-    const pk::LengthSpec spec = pk::parse_lengths(lengths);  // no file: cheap
-    if (spec.kind == pk::LengthSpec::Kind::fixed && spec.lo > ps.get_int("max_len"))
+                                 st.lengths));
+  if (!st.lengths_from_file() && st.overflow == pk::Overflow::drop) {
+    const pk::LengthSpec spec = pk::parse_lengths(st.lengths);  // no file: cheap
+    if (spec.kind == pk::LengthSpec::Kind::fixed && spec.lo > st.max_len)
       throw UsageError(fmt::format("lengths={} with max_len={} and overflow=drop drops every sequence: nothing would "
                                    "be measured (use overflow=split, or a larger max_len)",
-                                   lengths, ps.get_int("max_len")));
+                                   st.lengths, st.max_len));
   }
 }
 
