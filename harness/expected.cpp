@@ -63,12 +63,6 @@ std::vector<json> ExpectedFile::figures_for(const std::string& scenario, const s
   return out;
 }
 
-bool is_expected_doc(const json& doc) {
-  if (!doc.is_object()) return false;
-  const auto it = doc.find("kind");
-  return it != doc.end() && it->is_string() && it->get<std::string>() == "expected" && doc.contains("hardware");
-}
-
 namespace {
 
 void check_strings(const JsonRef& arr) {

@@ -57,7 +57,6 @@ bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const std::v
 std::optional<ExpectedFile> match_expected(const DeviceInfo& dev, const std::vector<std::string>& cpu_isa,
                                            int logical_cores);
 
-bool is_expected_doc(const nlohmann::ordered_json& doc);
 bool where_matches(const nlohmann::ordered_json& where, const nlohmann::ordered_json& params);
 
 }  // namespace sb
