@@ -99,6 +99,10 @@ void parse_length_text(std::string text, const std::string& path, LengthSpec& ou
       if (!len || !count || *count < 0 || *count > (std::int64_t(1) << 40))
         throw bad("'length,count' (length in [1, 2147483647], count in [0, 2^40])");
       out.histogram.push_back({*len, *count});
+      // Counts up to 2^40 each: the sum is capped at 2^50 sequences (a
+      // million times Wikipedia's), far below where int64 sums overflow.
+      if (total > (std::int64_t(1) << 50) - *count)
+        throw UsageError(fmt::format("lengths file '{}' holds over 2^50 sequences in all", path));
       total += *count;
     }
   }

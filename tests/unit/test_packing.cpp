@@ -310,7 +310,12 @@ TEST(LengthSpec, FileErrorsNameTheLine) {
   EXPECT_NE(message_of("@" + neg).find("line 2"), std::string::npos);
   const auto empty = temp_file("empty.txt", "# nothing\n\n");
   EXPECT_NE(message_of("@" + empty).find("holds no lengths"), std::string::npos);
-  for (const auto& p : {per_line, csv, zero, neg, empty}) std::filesystem::remove(p);
+  // 1025 lines of 2^40 sequences each: past the 2^50 cap, never an int64 overflow.
+  std::string huge = "length,count\n";
+  for (int i = 1; i <= 1025; ++i) huge += fmt::format("{},{}\n", i, std::int64_t(1) << 40);
+  const auto big = temp_file("huge.csv", huge);
+  EXPECT_NE(message_of("@" + big).find("over 2^50 sequences"), std::string::npos) << message_of("@" + big);
+  for (const auto& p : {per_line, csv, zero, neg, empty, big}) std::filesystem::remove(p);
 }
 
 TEST(LengthSpec, PerLineFileIsCycledOrTakenWhole) {
