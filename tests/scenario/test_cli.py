@@ -2,7 +2,8 @@
 """Every bad input gets one clear message and exit 2; nothing crashes or hangs.
 Also --help, --version, list, devices and compare's exit codes.
 
-usage: test_cli.py STALLBENCH
+usage: test_cli.py STALLBENCH [SCHEMA]
+Every result a run here writes (the watchdog's partial one too) is validated against SCHEMA.
 """
 import json
 import re
@@ -12,6 +13,7 @@ import sys
 import tempfile
 
 EXE = sys.argv[1]
+SCHEMA = sys.argv[2] if len(sys.argv) > 2 else None
 failures = []
 
 
@@ -47,6 +49,12 @@ with tempfile.TemporaryDirectory() as tmp:
     try:
         with open(out) as f:
             doc = json.load(f)
+        if SCHEMA:
+            import schema_check
+            with open(SCHEMA) as f:
+                errs = schema_check.errors(doc, json.load(f))
+            if errs:
+                failures.append(f"watchdog result fails the schema: {errs[:3]}")
         got = [(p["params"].get("size"), p["status"]) for p in doc["points"]]
         if got != [(256, "ok"), (65536, "hang")] or "watchdog: no progress" not in doc["points"][-1].get("reason", ""):
             failures.append(f"watchdog result: points {got}, reason {doc['points'][-1].get('reason')!r}")

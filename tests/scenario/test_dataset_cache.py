@@ -8,7 +8,7 @@
 - SIGINT while a large file is being written: the process ends by SIGINT and
   no temporary file is left.
 
-usage: test_dataset_cache.py STALLBENCH
+usage: test_dataset_cache.py STALLBENCH SCHEMA (every result is validated against it)
 """
 import glob
 import json
@@ -20,7 +20,11 @@ import sys
 import tempfile
 import time
 
-EXE = sys.argv[1]
+import schema_check
+
+EXE, SCHEMA = sys.argv[1], sys.argv[2]
+with open(SCHEMA) as _f:
+    RESULT_SCHEMA = json.load(_f)
 failures = []
 
 
@@ -42,6 +46,8 @@ def run(args, **kw):
 def cache_state(out):
     with open(out) as f:
         doc = json.load(f)
+    errs = schema_check.errors(doc, RESULT_SCHEMA)
+    check(not errs, f"{out}: schema: {'; '.join(errs[:3])}")
     return [p["info"].get("dataset_file_cache") for p in doc["points"]], doc
 
 
