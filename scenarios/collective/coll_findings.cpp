@@ -50,6 +50,32 @@ Point coll_size_point(const CollCall& c, int n, std::int64_t size_bytes, const s
   return p;
 }
 
+Point step_loop_point(int steps, double loop_ms, std::int64_t wrong_total, std::int64_t first_wrong,
+                      const HangReport* rep) {
+  Point p;
+  p.add({"steps", double(steps), "steps", Direction::none});
+  p.add({"loop_ms", loop_ms, "ms", Direction::lower, std::nullopt, "the step loop's wall time on rank 0"});
+  p.add({"wrong", double(wrong_total), "elements", Direction::lower, std::nullopt,
+         "elements that differ from the exact result, summed over ranks and calls"});
+  if (!rep) return p;
+  p.info["analysis"] = to_json(*rep);
+  if (rep->stall_rank >= 0)
+    p.add({"stall_lost_ms", rep->stall_lost_ms, "ms", Direction::lower, std::nullopt,
+           fmt::format("what the other ranks lost waiting for rank {} at seq {}", rep->stall_rank, rep->stall_seq)});
+  if (rep->kind != DivergenceKind::none) {
+    p.status = Status::error;
+    p.reason = fmt::format("no hang, but {}{}", rep->summary,
+                           wrong_total > 0 ? fmt::format("; {} wrong element(s): the library paired mismatched "
+                                                         "calls silently", wrong_total)
+                                           : "");
+  } else if (wrong_total > 0) {
+    p.status = Status::error;
+    p.reason = fmt::format("{} wrong element(s) from step {} on, with no divergence in the flight recorders' "
+                           "window: {}", wrong_total, first_wrong, rep->summary);
+  }
+  return p;
+}
+
 void collective_findings(Result& r) {
   int n = 1;
   for (const auto& p : r.points)

@@ -9,7 +9,8 @@
 #include <vector>   // std::vector
 
 #include "harness/result.hpp"                  // Result, Point
-#include "scenarios/collective/coll_data.hpp"  // CollCall
+#include "scenarios/collective/coll_data.hpp"      // CollCall
+#include "scenarios/collective/hang_analysis.hpp"  // HangReport
 
 namespace sb {
 
@@ -25,6 +26,13 @@ std::string bytes_text(std::int64_t bytes);
 // (n-1)/n, broadcast and reduce 1), time the mean over ranks.
 Point coll_size_point(const CollCall& c, int ranks, std::int64_t size_bytes, const std::vector<double>& times_us,
                       std::int64_t wrong, const std::string& backend, const std::string& library);
+
+// The step loop's row (a mismatch reproduced), from what it recorded: its
+// wall time on this rank, the wrong elements summed over ranks and the
+// first step that had any, and (rank 0) the analysis of the dumps every
+// rank wrote at the end. No hang but a divergence, or wrong data, is an error.
+Point step_loop_point(int steps, double loop_ms, std::int64_t wrong_total, std::int64_t first_wrong_step,
+                      const HangReport* analysis);
 
 // Adds the ranks and bytes axes and the findings to r. A pure function of the
 // result: the job's size is the one its rows recorded (params.ranks; 1 when

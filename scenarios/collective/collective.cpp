@@ -393,30 +393,10 @@ Point CollectiveRun::step_loop(const Settings& s) {
   std::int64_t first_wrong = -1;
   for (auto f : g.allgather(std::int64_t{first_wrong_step}, clock_type::now() + std::chrono::seconds(30)))
     if (f >= 0 && (first_wrong < 0 || f < first_wrong)) first_wrong = f;
-  Point p;
-  p.add({"steps", static_cast<double>(s.steps), "steps", Direction::none});
-  p.add({"loop_ms", loop_ms, "ms", Direction::lower, std::nullopt, "the step loop's wall time on rank 0"});
-  p.add({"wrong", static_cast<double>(wrong_total), "elements", Direction::lower, std::nullopt,
-         "elements that differ from the exact result, summed over ranks and calls"});
-  if (g.rank() == 0) {
-    const HangReport rep = analyze_hang_dir(s.dump_dir);
-    p.info["analysis"] = to_json(rep);
-    if (rep.stall_rank >= 0)
-      p.add({"stall_lost_ms", rep.stall_lost_ms, "ms", Direction::lower, std::nullopt,
-             fmt::format("what the other ranks lost waiting for rank {} at seq {}", rep.stall_rank, rep.stall_seq)});
-    if (rep.kind != DivergenceKind::none) {
-      p.status = Status::error;
-      p.reason = fmt::format("no hang, but {}{}", rep.summary,
-                             wrong_total > 0 ? fmt::format("; {} wrong element(s): the library paired mismatched "
-                                                           "calls silently", wrong_total)
-                                             : "");
-    } else if (wrong_total > 0) {
-      p.status = Status::error;
-      p.reason = fmt::format("{} wrong element(s) from step {} on, with no divergence in the flight recorders' "
-                             "window: {}", wrong_total, first_wrong, rep.summary);
-    }
-  }
-  return p;
+  // --- derive: a pure function of what the loop and the dumps recorded ---
+  if (g.rank() != 0) return step_loop_point(s.steps, loop_ms, wrong_total, first_wrong, nullptr);
+  const HangReport rep = analyze_hang_dir(s.dump_dir);
+  return step_loop_point(s.steps, loop_ms, wrong_total, first_wrong, &rep);
 }
 
 // On rank 0, from the watchdog thread, just before the job is ended.

@@ -215,3 +215,39 @@ TEST(CollSizePoint, OneRankHasNoBusbwAndWrongDataIsAnError) {
 
 }  // namespace
 }  // namespace sb
+
+namespace sb {
+namespace {
+
+TEST(StepLoopPoint, WhatTheLoopAndTheDumpsRecordedDecideTheStatus) {
+  // Other ranks: figures only.
+  const Point other = step_loop_point(10, 123.0, 0, -1, nullptr);
+  EXPECT_EQ(other.status, Status::ok);
+  EXPECT_DOUBLE_EQ(other.metric("loop_ms")->value, 123.0);
+  EXPECT_FALSE(other.info.contains("analysis"));
+
+  HangReport healthy;
+  healthy.summary = "every rank issued the same 30 calls";
+  healthy.stall_rank = 1;
+  healthy.stall_seq = 7;
+  healthy.stall_lost_ms = 250;
+  const Point slow = step_loop_point(10, 400.0, 0, -1, &healthy);
+  EXPECT_EQ(slow.status, Status::ok);
+  EXPECT_DOUBLE_EQ(slow.metric("stall_lost_ms")->value, 250);
+  EXPECT_NE(slow.metric("stall_lost_ms")->note.find("rank 1 at seq 7"), std::string::npos);
+
+  HangReport diverged;
+  diverged.kind = DivergenceKind::count;
+  diverged.summary = "seq 10 (step 5 call 0): rank 1 all_reduce count=2048";
+  const Point silent = step_loop_point(10, 400.0, 96, 5, &diverged);
+  EXPECT_EQ(silent.status, Status::error);
+  EXPECT_NE(silent.reason.find("no hang, but seq 10"), std::string::npos) << silent.reason;
+  EXPECT_NE(silent.reason.find("96 wrong element(s)"), std::string::npos) << silent.reason;
+
+  const Point wrong = step_loop_point(10, 400.0, 8, 3, &healthy);
+  EXPECT_EQ(wrong.status, Status::error);
+  EXPECT_NE(wrong.reason.find("from step 3 on"), std::string::npos) << wrong.reason;
+}
+
+}  // namespace
+}  // namespace sb
