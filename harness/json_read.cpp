@@ -34,8 +34,8 @@ std::optional<std::size_t> too_deep_at(std::string_view text, int limit) {
 std::string key_step(std::string_view key, bool first) {
   bool plain = !key.empty();
   for (char c : key) plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-');
-  if (plain) return first ? std::string(key) : "." + std::string(key);
-  return "[" + json(std::string(key)).dump(-1, ' ', true, json::error_handler_t::replace) + "]";
+  if (plain) return first ? std::string(key) : fmt::format(".{}", key);
+  return fmt::format("[{}]", json(std::string(key)).dump(-1, ' ', true, json::error_handler_t::replace));
 }
 
 std::string shorten(std::string s) {
@@ -180,7 +180,8 @@ std::string JsonRef::one_of(std::initializer_list<std::string_view> names) const
   std::string all;
   for (auto n : names) {
     if (n == s) return s;
-    all += (all.empty() ? "" : "|") + std::string(n);
+    if (!all.empty()) all += '|';
+    all += n;
   }
   fail(fmt::format("expected one of {}, got {}", all, describe()));
 }
