@@ -319,8 +319,9 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
     rank_services.open_comm = [&group](const std::string& backend) { return open_communicator(*group, backend); };
     // A caught hang ends the job from the watchdog thread: the result is
     // written there, with what is known, before MPI_Abort.
-    rank_services.write_result_now = [live, &meta, &sweep, sc, path](Result& r) {
-      save_partial(*live, r, meta, sweep, *sc, path);
+    // Captures copies: a watchdog thread may outlive this function's locals.
+    rank_services.write_result_now = [live, m = meta, axes = sweep, sc, path](Result& r) {
+      save_partial(*live, r, m, axes, *sc, path);
     };
     ctx.ranks = &rank_services;
   }
@@ -329,7 +330,7 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
     std::cerr << fmt::format("stallbench: {} on {} ({}){}{}\n", sc->name, di.id, di.name, ranks_text,
                              ctx.expected ? " — expected numbers: " + ctx.expected->id() : "");
   if (lead)
-    wd.on_fire([live, &meta, &sweep, sc, path](const std::string& what) {
+    wd.on_fire([live, m0 = meta, axes = sweep, sc, path](const std::string& what) {
       Result r;
       {
         std::lock_guard lk(live->mu);
@@ -341,9 +342,9 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
           r.points.push_back(std::move(p));
         }
       }
-      json m = meta;
+      json m = m0;
       m["watchdog"] = what;
-      save_partial(*live, r, m, sweep, *sc, path);
+      save_partial(*live, r, m, axes, *sc, path);
     });
   RunOptions opts{a.params, a.quick};
   opts.on_point_start = [live](const ParamSet& ps) {
@@ -374,6 +375,7 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   // waits for it (within its grace) and adds nothing.
   std::unique_lock result_writer(live->write_mu);
   live->main_writes = true;
+  wd.disarm();  // the run is over: a slow write or teardown is not a hang to end it for
   if (!lead) return run_exit_code(r);
   return write_outputs(r, *sc, path, a.trace_path, trace);
 }

@@ -123,6 +123,25 @@ Statm read_statm(const std::string& proc_self) {
   return {size * p, rss * p};
 }
 
+// Anonymous resident memory (RssAnon in /proc/self/status): what touching
+// reserved heap pages adds. Total RSS would count a mapped file's pages
+// too, and take them for reserved bytes already touched.
+std::optional<std::uint64_t> rss_anon(const std::string& proc_self) {
+  std::ifstream f(proc_self + "/status");
+  std::string key;
+  for (std::string line; std::getline(f, line);) {
+    std::istringstream ls(line);
+    std::uint64_t kib = 0;
+    if (ls >> key >> kib && key == "RssAnon:") return kib * 1024;
+  }
+  return std::nullopt;
+}
+
+std::uint64_t resident_anon(const std::string& proc_self) {
+  if (auto a = rss_anon(proc_self)) return *a;
+  return read_statm(proc_self).rss;
+}
+
 struct Budget {
   std::mutex mu;
   std::uint64_t reserved = 0;
@@ -183,7 +202,7 @@ HostMemory read_host_memory(const HostMemoryPaths& paths) {
   // controller (a hybrid's /sys/fs/cgroup/unified has none).
   if (cg.v2 && fs::exists(root / "cgroup.controllers", ec)) cgroup_bounds(root, cgroup_dir(root, *cg.v2), 2, m.bounds);
   const Statm sm = read_statm(paths.proc_self);
-  m.rss = sm.rss;
+  m.rss = resident_anon(paths.proc_self);
   if (paths.use_rlimit) {
     rlimit rl{};
     if (::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && sm.size) {
@@ -216,7 +235,7 @@ HostReservation reserve_host_memory(std::uint64_t bytes, const std::string& what
   if (bytes == 0) return {};
   Budget& b = budget();
   std::lock_guard lk(b.mu);
-  if (b.reserved == 0) b.rss_base = read_statm(current_paths(b).proc_self).rss;
+  if (b.reserved == 0) b.rss_base = resident_anon(current_paths(b).proc_self);
   check_locked(b, bytes, what);
   b.reserved += bytes;
   return HostReservation(bytes);
@@ -226,7 +245,7 @@ void check_host_memory(std::uint64_t bytes, const std::string& what) {
   if (bytes == 0) return;
   Budget& b = budget();
   std::lock_guard lk(b.mu);
-  if (b.reserved == 0) b.rss_base = read_statm(current_paths(b).proc_self).rss;
+  if (b.reserved == 0) b.rss_base = resident_anon(current_paths(b).proc_self);
   check_locked(b, bytes, what);
 }
 

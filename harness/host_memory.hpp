@@ -33,7 +33,7 @@ struct MemoryBound {
 
 struct HostMemory {
   std::optional<std::uint64_t> mem_available;  // /proc/meminfo MemAvailable
-  std::uint64_t rss = 0;                       // this process's resident set, bytes (0 if unknown)
+  std::uint64_t rss = 0;                       // this process's anonymous resident memory (RssAnon), bytes
   std::vector<MemoryBound> bounds;             // every bound found (MemAvailable, cgroups, RLIMIT_AS)
   // The tightest bound, if any was found.
   std::optional<MemoryBound> tightest() const;

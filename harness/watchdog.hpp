@@ -26,6 +26,9 @@ class Watchdog {
   void progress(const std::string& where);
   // Resets the deadline, keeping where the run is (a timed trial ended).
   void beat();
+  // Stops watching for good: it never fires after this returns, and a
+  // firing already under way ends without exiting the process.
+  void disarm();
   // Called on the watchdog's thread when it fires, with what it reports
   // ("no progress for 5 s; last at: ..."), before the process ends: the CLI
   // writes what was measured so far. It gets kFireGrace to finish; the

@@ -290,6 +290,8 @@ class CpuDevice : public Device {
   std::vector<int> reserve_host_cpus(int threads) override {
     std::vector<int> cpus = allowed_cpus_;
     if (threads > 0 && std::size_t(threads) < cpus.size()) cpus.resize(std::size_t(threads));
+    // After a hang the stream is stuck behind the running item: leave it.
+    if (ledger_->keeps_freed_blocks()) return cpus;
     const int team = int(cpus.size());
     cs_.enqueue("pin the compute thread", [cpus, team] {
       cpu_set_t set;
@@ -297,6 +299,10 @@ class CpuDevice : public Device {
       for (int c : cpus) CPU_SET(c, &set);
       (void)sched_setaffinity(0, sizeof set, &set);
       omp_set_num_threads(team);
+      // libgomp reuses its pool threads, which keep the mask they were made
+      // with: each team thread pins itself too.
+#pragma omp parallel num_threads(team)
+      { (void)sched_setaffinity(0, sizeof set, &set); }
     });
     cs_.synchronize(std::chrono::seconds(60));
     return cpus;

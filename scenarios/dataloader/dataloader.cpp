@@ -302,8 +302,9 @@ class DataloaderRun : public ScenarioRun {
     if (out.compute.empty()) {
       out.note = "the device computes off the host: the loader has every CPU";
     } else if (out.loader.empty()) {
-      out.loader = all;  // one CPU: they must share it
-      out.note = "one CPU: the compute and the loader share it";
+      out.loader = all;  // no CPU left: they must share
+      out.note = fmt::format("compute_threads takes all {} CPU(s): the compute and the loader share them",
+                             all.size());
     } else {
       out.note = fmt::format("{} CPU(s) pinned to the compute, {} to the loader", out.compute.size(),
                              out.loader.size());

@@ -1,6 +1,8 @@
 #include "scenarios/dataloader/dataset_file.hpp"
 
-#include <signal.h>  // kill: is a temp file's writer alive
+#include <fcntl.h>     // open
+#include <signal.h>    // kill: is a temp file's writer alive
+#include <sys/file.h>  // flock: a temp file in use
 #include <unistd.h>  // getpid, getuid, access
 
 #include <algorithm>   // std::min, std::max
@@ -56,6 +58,31 @@ std::array<unsigned char, kDatasetHeaderBytes> make_header(const DatasetHeader& 
 
 bool pid_alive(long pid) { return pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno == EPERM); }
 
+// A temporary file is in use while its writer holds a lock on it (flock):
+// that holds across PID namespaces (a TMPDIR shared between containers),
+// where a pid says nothing. A pid alive here counts as in use too.
+bool temp_in_use(const fs::path& p, long pid) {
+  if (pid_alive(pid)) return true;
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool locked = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return locked;
+}
+
+// Holds an exclusive lock on a file while it is written.
+struct WriterLock {
+  int fd = -1;
+  explicit WriterLock(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd >= 0) (void)::flock(fd, LOCK_EX);
+  }
+  ~WriterLock() {
+    if (fd >= 0) ::close(fd);
+  }
+  WriterLock(const WriterLock&) = delete;
+  WriterLock& operator=(const WriterLock&) = delete;
+};
+
 }  // namespace
 
 std::optional<DatasetHeader> check_dataset_file(const std::string& path, int spot_samples, std::string* problem) {
@@ -87,8 +114,11 @@ std::optional<DatasetHeader> check_dataset_file(const std::string& path, int spo
     return fail(fmt::format("{} bytes, but its header says {} samples of {} bytes ({} with the header)", size,
                             h.n_samples, h.sample_bytes, want));
   // A spread of samples, first and last included, regenerated and compared.
-  std::vector<std::byte> got(h.sample_bytes), expect(h.sample_bytes);
   const int k = int(std::min<std::int64_t>(spot_samples, h.n_samples));
+  if (k <= 0) return h;
+  // Two samples' worth of buffers (up to 2 x 256 MiB): in the host budget.
+  const HostReservation mem = reserve_host_memory(2 * std::uint64_t(h.sample_bytes), "the dataset file's check");
+  std::vector<std::byte> got(h.sample_bytes), expect(h.sample_bytes);
   for (int i = 0; i < k; ++i) {
     const std::int64_t s = k == 1 ? 0 : std::int64_t(double(i) * double(h.n_samples - 1) / double(k - 1));
     in.seekg(std::streamoff(kDatasetHeaderBytes + std::uintmax_t(s) * h.sample_bytes));
@@ -124,7 +154,8 @@ DatasetWrite write_dataset_file(const std::string& path, std::int64_t n, std::si
   const std::string stem = fs::path(path).filename().string() + ".tmp.";
   for (const auto& e : fs::directory_iterator(dir.empty() ? fs::path(".") : dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind(stem, 0) == 0 && !pid_alive(std::atol(name.c_str() + stem.size()))) fs::remove(e.path(), ec);
+    if (name.rfind(stem, 0) == 0 && !temp_in_use(e.path(), std::atol(name.c_str() + stem.size())))
+      fs::remove(e.path(), ec);
   }
 
   // A unique temp name per writer, so concurrent writers never share one;
@@ -136,9 +167,11 @@ DatasetWrite write_dataset_file(const std::string& path, std::int64_t n, std::si
     fs::remove(tmp, ec);
     return Error(ErrorKind::runtime, fmt::format("cannot write dataset file {}: {}", path, why));
   };
+  std::optional<WriterLock> lock;  // held until the rename: others' cleanups leave the file alone
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) throw fail(std::strerror(errno));
+    lock.emplace(tmp);
     const auto hdr = make_header({n, bytes, sd});
     f.write(reinterpret_cast<const char*>(hdr.data()), std::streamsize(hdr.size()));
     // About 1 MiB per write (one sample when samples are larger).
@@ -185,7 +218,7 @@ std::vector<Removed> clean_dataset_cache(const std::string& dir, bool dry_run) {
     const std::string name = e.path().filename().string();
     if (name.rfind("dataset-", 0) != 0 || !e.is_regular_file(ec)) continue;
     const auto tmp_at = name.find(".bin.tmp.");
-    if (tmp_at != std::string::npos && pid_alive(std::atol(name.c_str() + tmp_at + 9)))
+    if (tmp_at != std::string::npos && temp_in_use(e.path(), std::atol(name.c_str() + tmp_at + 9)))
       continue;  // a run writing it now
     if (tmp_at == std::string::npos && (name.size() < 4 || name.compare(name.size() - 4, 4, ".bin") != 0)) continue;
     const std::uint64_t bytes = e.file_size(ec);

@@ -29,15 +29,20 @@ Point derive_epoch(const EpochRecord& rec, const EpochShape& shape, Timeline* ti
   const auto n = double(std::max(1, steps_done));
   const double n_loads = double(std::max<std::size_t>(1, rec.loads.size()));
   const double T = train_s / n, Lb = load_s / n_loads;
-  // The model's load cost is a batch's CPU time (its time on a core of its
-  // own); the CPUs left to the loader bound how many load at once. Records
-  // without CPU time (0) fall back to wall time.
+  // Two views of the loader's supply. From wall time (predicted_pct): each
+  // worker's measured load time already includes sharing cores with the
+  // other workers and anything else on the machine, so every worker counts.
+  // From CPU time (predicted_own_cpus_pct): what the loader would supply
+  // with its CPUs to itself, min(workers, loader CPUs) loading at once. A
+  // measurement well under the second says something else takes the
+  // loader's CPUs. Records without CPU time (0) fall back to wall time.
   const double Lc = load_cpu_s > 0 ? load_cpu_s / n_loads : Lb;
   // The measured window opens when the first batch arrives: the loader's
   // start-up (first_batch_ms) is reported on its own, not mixed into the
   // steady state a user sees in nvidia-smi.
   const TimelineSummary sum = tl.summarize(rec.first_batch_s, rec.wall_s);
-  const double predicted = predicted_busy(shape.workers, T, Lc, shape.loader_cpus);
+  const double predicted = predicted_busy(shape.workers, T, Lb);
+  const double predicted_own = predicted_busy(shape.workers, T, Lc, shape.loader_cpus);
   const double util_mean =
       rec.util.empty() ? 0 : std::accumulate(rec.util.begin(), rec.util.end(), 0.0) / double(rec.util.size());
   const Pattern pattern = classify(rec.util, steps_done > 0);
@@ -46,7 +51,10 @@ Point derive_epoch(const EpochRecord& rec, const EpochShape& shape, Timeline* ti
   p.add({"busy_pct", 100 * sum.busy_fraction, "%", Direction::higher, std::nullopt,
          "union of device busy intervals / wall time"});
   p.add({"predicted_pct", 100 * predicted, "%", Direction::none, std::nullopt,
-         "queueing model min(1, w * train / load CPU time), w = min(max(1, workers), loader CPUs)"});
+         "queueing model min(1, max(1,workers) * train / load)"});
+  p.add({"predicted_own_cpus_pct", 100 * predicted_own, "%", Direction::none, std::nullopt,
+         "the model with the loader's CPUs to itself: min(1, min(max(1,workers), loader CPUs) * train / load CPU time)",
+         false});
   p.add({"model_error_pts", 100 * (sum.busy_fraction - predicted), "pts", Direction::none, std::nullopt,
          "measured busy minus predicted", false});
   if (!rec.util.empty())
@@ -67,7 +75,7 @@ Point derive_epoch(const EpochRecord& rec, const EpochShape& shape, Timeline* ti
            fmt::format("{} host memory, {} per copy", shape.pinned ? "pinned" : "pageable", shape.batch_bytes)});
   p.info = nlohmann::ordered_json{{"pattern", to_string(pattern)},
                                   {"sparkline", sparkline(rec.util)},
-                                  {"bottleneck", bottleneck(shape.workers, T, Lc, shape.loader_cpus)},
+                                  {"bottleneck", bottleneck(shape.workers, T, Lb)},
                                   {"step_ms_achieved", T * 1e3},
                                   {"wall_s", rec.wall_s},
                                   {"steps", steps_done},

@@ -45,13 +45,13 @@ struct Fault {
 Fault parse_fault(const std::string& text);
 
 // The queueing model beside each measurement: with `workers` loaders each
-// needing load_s per batch on a core of its own (its CPU time: wall time
-// under contention would count the sharing twice) and a device needing
-// train_s per step, the device
-// is busy min(1, w * train / load) of the time, where w, the workers that
-// really load at once, is max(1, workers) (workers = 0 loads inline: one
-// loader) and at most the CPUs left to the loader (loader_cpus; 0: no limit).
-// Two workers on one free core load no faster than one.
+// needing load_s per batch and a device needing train_s per step, the device
+// is busy min(1, w * train / load) of the time. With load_s measured as wall
+// time (which already includes workers sharing cores), w = max(1, workers)
+// (workers = 0 loads inline: one loader) and loader_cpus is 0. With load_s a
+// load's CPU time (its cost on a core of its own), w is also at most the
+// CPUs left to the loader (loader_cpus): two workers on one core load no
+// faster than one.
 int effective_workers(int workers, int loader_cpus);
 double predicted_busy(int workers, double train_s, double load_s, int loader_cpus = 0);
 // "loader" when one effective worker's share of a batch takes longer than a

@@ -44,8 +44,9 @@ def expect(args, code, must_say=(), stream="stderr"):
 # What was measured before the hang is saved: the points done, and the one that hung as `hang`.
 with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "wd.json")
-    expect(["run", "precision", "--device", "sim:h100", "-p", "size=256,65536", "-p", "dtype=fp32", "--timeout", "1",
-            "--json", out], 4, ["watchdog: no progress for 1 s", "65536x65536x65536 fp32", "exit code 4 (hang)"])
+    # --timeout 3: the first point must finish under load too; the 65536^3 GEMM is an 8 s modelled wait.
+    expect(["run", "precision", "--device", "sim:h100", "-p", "size=256,65536", "-p", "dtype=fp32", "--timeout", "3",
+            "--json", out], 4, ["no progress", "65536x65536x65536 fp32"])
     try:
         with open(out) as f:
             doc = json.load(f)
@@ -56,10 +57,37 @@ with tempfile.TemporaryDirectory() as tmp:
             if errs:
                 failures.append(f"watchdog result fails the schema: {errs[:3]}")
         got = [(p["params"].get("size"), p["status"]) for p in doc["points"]]
-        if got != [(256, "ok"), (65536, "hang")] or "watchdog: no progress" not in doc["points"][-1].get("reason", ""):
+        # The device's own wait and the watchdog share the deadline: whichever fires first
+        # writes the result (the device's names the op, the watchdog's the phase).
+        reason = doc["points"][-1].get("reason", "")
+        if got != [(256, "ok"), (65536, "hang")] or not ("watchdog: no progress" in reason
+                                                         or "stream made no progress" in reason):
             failures.append(f"watchdog result: points {got}, reason {doc['points'][-1].get('reason')!r}")
     except (OSError, ValueError, KeyError, IndexError) as e:
         failures.append(f"watchdog: no usable result JSON after the hang: {e}")
+
+# A hang only the watchdog sees (the loader's own timeout is 60 s): it saves the result itself,
+# the stopped point as hang with the phase named, and ends the run with exit 4.
+with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "wd.json")
+    expect(["run", "dataloader", "--device", "sim:h100", "-p", "workers=1", "-p", "steps=20", "-p", "batch=4",
+            "-p", "fault=hang@40", "-p", "timeout_s=60", "--timeout", "2", "--json", out], 4,
+           ["watchdog: no progress for 2 s", "exit code 4 (hang)"])
+    try:
+        with open(out) as f:
+            doc = json.load(f)
+        last = doc["points"][-1]
+        if last["status"] != "hang" or "watchdog: no progress for 2 s" not in last.get("reason", "") \
+                or "watchdog" not in doc["meta"]:
+            failures.append(f"watchdog-saved result: {last['status']}, {last.get('reason')!r}")
+        if SCHEMA:
+            import schema_check
+            with open(SCHEMA) as f:
+                errs = schema_check.errors(doc, json.load(f))
+            if errs:
+                failures.append(f"watchdog-saved result fails the schema: {errs[:3]}")
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        failures.append(f"watchdog: no usable result JSON: {e}")
 
 # A real hang on the cpu device (a GEMM far longer than --timeout): reported as a hang, exit 4,
 # never a crash (unwinding once freed the operands under the running GEMM).

@@ -93,7 +93,9 @@ try:
     big = subprocess.Popen([EXE, "run", "dataloader", "--quick", "-p", "source=file", "-p", "workers=0",
                             "-p", "steps=16", "-p", "batch=8", "-p", "sample_bytes=16777216",
                             "--json", os.path.join(tmp, "big.json")],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                           # a background or nohup test run may have SIGINT ignored: it is inherited
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     seen = False
     while time.monotonic() < deadline and big.poll() is None:

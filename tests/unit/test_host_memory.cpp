@@ -108,6 +108,20 @@ TEST_F(FakeHost, InsideACgroupNamespaceTheMountIsOurCgroup) {
   EXPECT_EQ(t->available, 1024 * MiB);
 }
 
+TEST_F(FakeHost, TouchedMeansAnonymousMemoryNotMappedFiles) {
+  // A mapped dataset file grows the total RSS, not RssAnon: its pages are no
+  // reserved heap being touched, and must not hide untouched reservations.
+  write("proc_self/cgroup", "4:memory:/job\n");
+  v1("job", 1024 * MiB, 0);
+  write("proc_self/status", "Name:\tx\nRssAnon:\t   1000 kB\nRssFile:\t 10 kB\n");
+  set_host_memory_paths_for_testing(&paths_);
+  EXPECT_EQ(read_host_memory(paths_).rss, 1000u * 1024);
+  HostReservation a = reserve_host_memory(600 * MiB, "first");
+  const std::uint64_t page = std::uint64_t(::sysconf(_SC_PAGESIZE));
+  write("proc_self/statm", "1000 " + std::to_string(100 + 600 * MiB / page) + " 0 0 0 0 0\n");  // a 600 MiB mapping
+  EXPECT_THROW(reserve_host_memory(400 * MiB, "second"), OutOfMemory);  // 600 untouched + 400 > 960
+}
+
 TEST_F(FakeHost, MissingFilesGiveNoBoundAndNoError) {
   fs::remove(dir_ / "meminfo");
   fs::remove(dir_ / "proc_self/statm");
@@ -224,7 +238,10 @@ TEST(MemoryLedger, CapacityHoldsAndALowerLimitShrinksIt) {
   MemoryReservation r = l->reserve(5 * MiB, "kept");
   std::weak_ptr<MemoryLedger> w = l;
   l.reset();
-  EXPECT_FALSE(w.expired());
+  ASSERT_FALSE(w.expired());  // the reservation keeps its ledger
+  EXPECT_EQ(w.lock()->in_use(), 5 * MiB);
+  r = MemoryReservation();  // releasing settles the account, then lets the ledger go
+  EXPECT_TRUE(w.expired());
 }
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include <set>         // std::set
 #include <vector>      // std::vector
 
+#include <fcntl.h>     // open
+#include <sys/file.h>  // flock
 #include <unistd.h>    // getpid
 
 #include <fmt/format.h>  // fmt::format
@@ -260,6 +262,12 @@ TEST(DatasetFile, CleanRemovesDatasetsAndDeadWritersTempFilesOnly) {
   const std::string live = fmt::format("dataset-9x64-seed1.bin.tmp.{}.0", ::getpid());
   std::ofstream(dir / live) << "being written";
   std::ofstream(dir / "notes.txt") << "not ours";
+  // A writer in another PID namespace: its pid means nothing here, its lock does.
+  const auto foreign = dir / "dataset-8x64-seed1.bin.tmp.999999998.0";
+  std::ofstream(foreign) << "being written elsewhere";
+  const int lock_fd = ::open(foreign.c_str(), O_RDONLY);
+  ASSERT_GE(lock_fd, 0);
+  ASSERT_EQ(::flock(lock_fd, LOCK_EX), 0);
   const auto dry = clean_dataset_cache(dir.string(), true);
   ASSERT_EQ(dry.size(), 2u);
   EXPECT_TRUE(std::filesystem::exists(dir / "dataset-4x64-seed1.bin"));
@@ -270,6 +278,10 @@ TEST(DatasetFile, CleanRemovesDatasetsAndDeadWritersTempFilesOnly) {
   EXPECT_FALSE(std::filesystem::exists(dir / "dataset-4x64-seed1.bin.tmp.999999999.0"));
   EXPECT_TRUE(std::filesystem::exists(dir / live));
   EXPECT_TRUE(std::filesystem::exists(dir / "notes.txt"));
+  EXPECT_TRUE(std::filesystem::exists(foreign));
+  ::close(lock_fd);  // its writer is gone: now it is stale
+  EXPECT_EQ(clean_dataset_cache(dir.string(), false).size(), 1u);
+  EXPECT_FALSE(std::filesystem::exists(foreign));
   std::filesystem::remove_all(dir);
 }
 
@@ -627,21 +639,22 @@ TEST(DeriveEpoch, EnoughWorkersPredictFullUseAndNameTheDevice) {
   EXPECT_EQ(tl.spans().size(), 32u);
 }
 
-TEST(DeriveEpoch, TheModelUsesLoadCpuTimeAndTheLoadersCpus) {
-  // Two workers share one CPU: each load takes 80 ms of wall time but 40 ms
-  // of CPU. On one CPU they supply one batch per 40 ms: with a 20 ms step,
-  // 50% busy. Wall time would say 2 x 20 / 80 = 50% only by luck of the
-  // factor; with four workers on that CPU it would say 100%.
+TEST(DeriveEpoch, TwoViewsOfTheLoadersSupply) {
+  // Four workers share one CPU: each load takes 160 ms of wall time but 40 ms
+  // of CPU. From wall time, 4 x 20 / 160 = 50%: the sharing is in the
+  // measured load time. With the loader's one CPU to itself: 1 x 20 / 40 =
+  // 50% as well; with four CPUs, 100%.
   EpochRecord rec = synthetic_epoch(8, 0.020, 0.020, 0.160, 4);
   for (auto& l : rec.loads) l.cpu_s = 0.040;
   const Point one_cpu = derive_epoch(rec, {4, 8, 512, true, false, 1});
   EXPECT_NEAR(one_cpu.metric("predicted_pct")->value, 50.0, 1e-9);
+  EXPECT_NEAR(one_cpu.metric("predicted_own_cpus_pct")->value, 50.0, 1e-9);
   EXPECT_NEAR(one_cpu.metric("load_cpu_ms")->value, 40.0, 1e-9);
   EXPECT_NEAR(one_cpu.metric("load_ms")->value, 160.0, 1e-9);
   EXPECT_EQ(one_cpu.info["bottleneck"], "loader");
   const Point four_cpus = derive_epoch(rec, {4, 8, 512, true, false, 4});
-  EXPECT_NEAR(four_cpus.metric("predicted_pct")->value, 100.0, 1e-9);
-  EXPECT_EQ(four_cpus.info["bottleneck"], "device");
+  EXPECT_NEAR(four_cpus.metric("predicted_pct")->value, 50.0, 1e-9);
+  EXPECT_NEAR(four_cpus.metric("predicted_own_cpus_pct")->value, 100.0, 1e-9);
 }
 
 TEST(DeriveEpoch, AnEmptyEpochHasNoNaN) {

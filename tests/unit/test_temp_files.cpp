@@ -42,6 +42,7 @@ TEST_P(SignalCleanup, RemovesRegisteredFilesAndEndsByTheSameSignal) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    ::signal(sig, SIG_DFL);  // a test run under nohup or in the background may inherit it ignored
     install_temp_file_cleanup();
     std::ofstream(doomed) << "half written";
     TempFileGuard g(doomed.string());
