@@ -56,7 +56,9 @@ TEST_P(SignalCleanup, RemovesRegisteredFilesAndEndsByTheSameSignal) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFSIGNALED(status)) << "status " << status;
-  if (WIFSIGNALED(status)) EXPECT_EQ(WTERMSIG(status), sig);
+  if (WIFSIGNALED(status)) {
+    EXPECT_EQ(WTERMSIG(status), sig);
+  }
   EXPECT_FALSE(fs::exists(doomed)) << "left behind by signal " << sig;
   EXPECT_TRUE(fs::exists(kept));
   fs::remove(kept);
