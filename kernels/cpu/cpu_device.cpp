@@ -17,10 +17,10 @@
 #include <oneapi/dnnl/dnnl.hpp>  // dnnl::matmul, dnnl::reorder, dnnl::memory
 
 #include <omp.h>    // omp_set_num_threads: the compute thread's team
-#include <sched.h>  // sched_setaffinity
 
 #include <fmt/format.h>  // fmt::format
 
+#include "harness/cpu_affinity.hpp"                // allowed_cpus, pin_this_thread
 #include "harness/errors.hpp"                      // OutOfMemory, UnsupportedError, UsageError
 #include "harness/fingerprint.hpp"                 // read_cpu_info
 #include "harness/random.hpp"                      // uniform_pm1
@@ -61,18 +61,6 @@ std::optional<dt> dnnl_type(DType t) {
     case DType::fp16: return dt::f16;
     default: return std::nullopt;
   }
-}
-
-// The CPUs this process may run on (its affinity mask when the device opens).
-std::vector<int> process_cpus() {
-  std::vector<int> out;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0)
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) out.push_back(c);
-  if (out.empty()) out.push_back(0);
-  return out;
 }
 
 class CpuGemm : public GemmOp {
@@ -294,15 +282,12 @@ class CpuDevice : public Device {
     if (ledger_->keeps_freed_blocks()) return cpus;
     const int team = int(cpus.size());
     cs_.enqueue("pin the compute thread", [cpus, team] {
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      for (int c : cpus) CPU_SET(c, &set);
-      (void)sched_setaffinity(0, sizeof set, &set);
+      pin_this_thread(cpus);
       omp_set_num_threads(team);
       // libgomp reuses its pool threads, which keep the mask they were made
       // with: each team thread pins itself too.
 #pragma omp parallel num_threads(team)
-      { (void)sched_setaffinity(0, sizeof set, &set); }
+      { pin_this_thread(cpus); }
     });
     cs_.synchronize(std::chrono::seconds(60));
     return cpus;
@@ -317,7 +302,7 @@ class CpuDevice : public Device {
   DeviceInfo info_;
   mutable dnnl::engine eng_;
   std::shared_ptr<cpu::MemLedger> ledger_ = std::make_shared<cpu::MemLedger>("cpu");
-  std::vector<int> allowed_cpus_ = process_cpus();  // before any pinning
+  std::vector<int> allowed_cpus_ = allowed_cpus();  // the process's, before any pinning
   Buffer flush_buf_;       // timing=cold's eviction buffer, made on first use
   cpu::ComputeStream cs_;  // last: its thread stops before the engine goes and the buffers
 };

@@ -15,11 +15,11 @@
 //   predicted utilization = min(1, S / D) = min(1, max(1, workers) * T / L)
 #include <algorithm>   // std::max, std::min
 #include <cmath>       // std::llround, std::abs
-#include <sched.h>     // sched_getaffinity, sched_setaffinity: the CPU split
 #include <optional>    // std::optional: the dataset file, when source=file
 
 #include <fmt/format.h>  // fmt::format
 
+#include "harness/cpu_affinity.hpp"     // allowed_cpus, pin_this_thread: the CPU split
 #include "harness/errors.hpp"           // UsageError, HangError
 #include "harness/printer.hpp"          // format_number
 #include "harness/sampler.hpp"          // Sampler, classify, sparkline
@@ -132,8 +132,8 @@ class DataloaderRun : public ScenarioRun {
     loader::EpochRecord rec;
     {
       // workers = 0 loads on this thread: it runs on the loader's CPUs too.
-      const ThreadAffinity keep;
-      loader::pin_this_thread(split.loader);
+      const ThreadAffinityGuard keep;
+      pin_this_thread(split.loader);
       rec = timed_epoch(cfg, dev_batch, pinned);
     }
 
@@ -288,12 +288,7 @@ class DataloaderRun : public ScenarioRun {
   };
   CpuSplit split_cpus(int compute_threads) {
     CpuSplit out;
-    std::vector<int> all;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-      for (int c = 0; c < CPU_SETSIZE; ++c)
-        if (CPU_ISSET(c, &set)) all.push_back(c);
+    const std::vector<int> all = allowed_cpus();
     const int want = compute_threads > 0 ? compute_threads : std::max(1, int(all.size()) / 2);
     out.compute = ctx_.device.reserve_host_cpus(want);
     split_ = split_ || !out.compute.empty();
@@ -312,16 +307,6 @@ class DataloaderRun : public ScenarioRun {
     return out;
   }
   static bool steps_ok(const Point& p) { return p.info.value("steps", 0) > 0; }
-
-  // Saves this thread's CPU mask and puts it back.
-  struct ThreadAffinity {
-    cpu_set_t saved;
-    bool ok;
-    ThreadAffinity() { ok = sched_getaffinity(0, sizeof saved, &saved) == 0; }
-    ~ThreadAffinity() {
-      if (ok) (void)sched_setaffinity(0, sizeof saved, &saved);
-    }
-  };
 
   // Sizes the step's GEMM chain once per run: reps of one GEMM whose time is
   // measured here, so the step takes about step_ms on this device.

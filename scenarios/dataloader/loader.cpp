@@ -10,7 +10,6 @@
 #include <stdexcept>   // std::runtime_error: a failed sample inside a worker
 
 #include <fcntl.h>     // open
-#include <sched.h>     // sched_setaffinity: workers on the loader's CPUs
 #include <time.h>      // clock_gettime: a load's CPU time
 #include <setjmp.h>    // sigsetjmp, siglongjmp: a guarded read from a mapping
 #include <signal.h>    // sigaction: SIGBUS
@@ -20,6 +19,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
+#include "harness/cpu_affinity.hpp"  // pin_this_thread: workers on the loader's CPUs
 #include "harness/host_memory.hpp"  // check_host_memory, reserve_host_memory: the batch slots
 #include "harness/random.hpp"       // splitmix64, uniform_pm1
 #include "harness/units.hpp"        // format_bytes
@@ -163,14 +163,6 @@ double thread_cpu_s() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-void pin_this_thread(const std::vector<int>& cpus) {
-  if (cpus.empty()) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int c : cpus)
-    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
-  (void)sched_setaffinity(0, sizeof set, &set);  // best effort: a CPU taken away since is no error
-}
 
 Fault parse_fault(const std::string& text) {
   if (text == "none") return {};

@@ -60,8 +60,6 @@ const char* bottleneck(int workers, double train_s, double load_s, int loader_cp
 std::string to_string(const Fault& f);  // inverse of parse_fault
 // The calling thread's CPU time, seconds.
 double thread_cpu_s();
-// Pins the calling thread to `cpus` (nothing when empty).
-void pin_this_thread(const std::vector<int>& cpus);
 
 enum class OnError { stop, skip };
 enum class Source { memory, file };
