@@ -140,8 +140,12 @@ class UtilProbe {
 // (FlashAttention's convention), and no token attends across a boundary.
 // FLOPs, the convention of docs/DESIGN.md: forward 4*B*H*S^2*D (QK^T and PV, 2 each),
 // halved for causal; forward+backward 3.5x forward (flash recomputes S).
-enum class AttnImpl { naive, flash, cudnn };
-inline constexpr NameTable<AttnImpl, 3> kAttnImplNames{{{{AttnImpl::naive, "naive"}, {AttnImpl::flash, "flash"}, {AttnImpl::cudnn, "cudnn"}}}};
+// naive: the eager path op by op, a fresh tensor per op (what a model's
+// "eager" attention runs); naive-prealloc: the same GEMMs with the S x S
+// buffers allocated once and the elementwise steps fused into one softmax
+// pass (the fastest a materialising implementation gets).
+enum class AttnImpl { naive, naive_prealloc, flash, cudnn };
+inline constexpr NameTable<AttnImpl, 4> kAttnImplNames{{{{AttnImpl::naive, "naive"}, {AttnImpl::naive_prealloc, "naive-prealloc"}, {AttnImpl::flash, "flash"}, {AttnImpl::cudnn, "cudnn"}}}};
 inline std::string_view to_string(AttnImpl v) { return kAttnImplNames.name(v); }
 inline std::optional<AttnImpl> parse_attn_impl(std::string_view s) { return kAttnImplNames.parse(s); }
 

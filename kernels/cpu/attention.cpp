@@ -149,10 +149,11 @@ void CpuAttention::download(std::span<float> o, std::span<float> dq, std::span<f
 }
 
 std::optional<std::string> attention_unsupported(dnnl::engine& eng, AttnImpl impl, DType t) {
-  if (impl == AttnImpl::cudnn) return "cuDNN SDPA runs on cuda devices; the cpu device has naive and flash";
+  if (impl == AttnImpl::cudnn)
+    return "cuDNN SDPA runs on cuda devices; the cpu device has naive, naive-prealloc and flash";
   if (t != DType::fp32 && t != DType::bf16)
     return fmt::format("cpu attention is implemented for fp32 and bf16, not {}", to_string(t));
-  if (impl == AttnImpl::naive && t == DType::bf16) {
+  if ((impl == AttnImpl::naive || impl == AttnImpl::naive_prealloc) && t == DType::bf16) {
     // naive's GEMMs are oneDNN bf16 matmuls: ask whether this CPU has one.
     using dt = dnnl::memory::data_type;
     using tag = dnnl::memory::format_tag;
@@ -172,7 +173,8 @@ std::unique_ptr<AttentionOp> make_attention(const AttnEnv& env, const AttnShape&
   if (auto why = attention_unsupported(env.eng, impl, t)) throw UnsupportedError(*why);
   attn_sequences(s);  // a bad shape is a usage error before any memory is planned
   try {
-    if (impl == AttnImpl::naive) return make_naive_attention(env, s, t, seed);
+    if (impl == AttnImpl::naive || impl == AttnImpl::naive_prealloc)
+      return make_naive_attention(env, s, t, seed, impl == AttnImpl::naive);
     return make_flash_attention(env, s, t, seed);
   } catch (const std::bad_alloc&) {
     throw OutOfMemory(fmt::format("cpu: {} attention {}: host allocation failed", to_string(impl),

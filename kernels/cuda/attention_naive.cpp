@@ -164,11 +164,12 @@ char* at(const Buffer& b, std::int64_t elements, std::size_t element_bytes) {
 // are in the input dtype, because cuBLAS needs both GEMM inputs of one type.
 class NaiveAttention final : public AttentionOp {
  public:
-  NaiveAttention(const AttnContext& ctx, cublasHandle_t cublas, const AttnShape& shape, DType dtype,
+  NaiveAttention(const AttnContext& ctx, cublasHandle_t cublas, const AttnShape& shape, AttnImpl impl, DType dtype,
                  std::uint64_t seed)
       : ctx_(ctx),
         cublas_(cublas),
         shape_(shape),
+        impl_(impl),
         dtype_(dtype),
         type_(cuda_type(dtype)),
         esize_(std::size_t(storage_bytes(dtype))),
@@ -196,11 +197,15 @@ class NaiveAttention final : public AttentionOp {
                                 "S and dP in fp32, P and dS in {}",
                                 to_string(dtype), to_string(dtype));
     if (shape.varlen()) detail_ += fmt::format("; one GEMM batch per sequence ({} sequences)", segments_.size());
+    if (impl == AttnImpl::naive)
+      detail_ += "; S, P, dS preallocated and the scale fused into the GEMM: the eager op-by-op path (a fresh tensor "
+                 "and a pass over S x S per op) is reproduced on the cpu device only, so on cuda this understates "
+                 "eager attention's cost";
     ctx_.device->synchronize(kSetupTimeout);  // fill errors surface here, not in the first timed call
   }
 
   AttnShape shape() const override { return shape_; }
-  AttnImpl impl() const override { return AttnImpl::naive; }
+  AttnImpl impl() const override { return impl_; }
   DType dtype() const override { return dtype_; }
   std::string impl_detail() const override { return detail_; }
   std::size_t workspace_bytes() const override { return workspace_; }
@@ -282,6 +287,7 @@ class NaiveAttention final : public AttentionOp {
   AttnContext ctx_;
   cublasHandle_t cublas_;
   AttnShape shape_;
+  AttnImpl impl_;
   DType dtype_;
   cudaDataType_t type_;
   std::size_t esize_;
@@ -297,8 +303,8 @@ class NaiveAttention final : public AttentionOp {
 }  // namespace
 
 std::unique_ptr<AttentionOp> make_naive_attention(const AttnContext& ctx, cublasHandle_t cublas, const AttnShape& shape,
-                                                  DType dtype, std::uint64_t seed) {
-  return std::make_unique<NaiveAttention>(ctx, cublas, shape, dtype, seed);
+                                                  AttnImpl impl, DType dtype, std::uint64_t seed) {
+  return std::make_unique<NaiveAttention>(ctx, cublas, shape, impl, dtype, seed);
 }
 
 }  // namespace sb::cuda_detail

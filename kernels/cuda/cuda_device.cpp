@@ -214,6 +214,7 @@ class CudaDevice final : public Device {
   std::optional<std::string> attention_unsupported(AttnImpl impl, DType dtype) const override {
     switch (impl) {
       case AttnImpl::naive:
+      case AttnImpl::naive_prealloc:
         if (dtype == DType::fp32 || dtype == DType::bf16 || dtype == DType::fp16) return std::nullopt;
         return fmt::format("naive attention on {} runs in fp32, bf16 or fp16, not {}", info_.id, to_string(dtype));
       case AttnImpl::flash:
@@ -528,7 +529,9 @@ std::unique_ptr<AttentionOp> CudaDevice::make_attention(const AttnShape& shape, 
   if (auto why = attention_unsupported(impl, dtype)) throw UnsupportedError(*why);
   check_attention_size(shape);  // OutOfMemory naming the bytes, before any size arithmetic can wrap
   switch (impl) {
-    case AttnImpl::naive: return cuda_detail::make_naive_attention(attn_context(), cublas(), shape, dtype, seed);
+    case AttnImpl::naive:
+    case AttnImpl::naive_prealloc:
+      return cuda_detail::make_naive_attention(attn_context(), cublas(), shape, impl, dtype, seed);
     case AttnImpl::cudnn:
 #ifdef STALLBENCH_HAVE_CUDNN
       return cuda_detail::make_cudnn_attention(attn_context(), cudnn(), shape, dtype, seed);

@@ -4,6 +4,7 @@
 // and the memory ledger (limits, OutOfMemory, peak). Small shapes only, no
 // timing assertions: this machine has 2 shared cores.
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -93,6 +94,8 @@ TEST_P(AttnVsReference, DenseCausalAndVarlenForwardAndBackward) {
 INSTANTIATE_TEST_SUITE_P(Cpu, AttnVsReference,
                          ::testing::Values(Case{AttnImpl::naive, DType::fp32, "naive_fp32"},
                                            Case{AttnImpl::naive, DType::bf16, "naive_bf16"},
+                                           Case{AttnImpl::naive_prealloc, DType::fp32, "naive_prealloc_fp32"},
+                                           Case{AttnImpl::naive_prealloc, DType::bf16, "naive_prealloc_bf16"},
                                            Case{AttnImpl::flash, DType::fp32, "flash_fp32"},
                                            Case{AttnImpl::flash, DType::bf16, "flash_bf16"}),
                          [](const auto& info) { return std::string(info.param.name); });
@@ -104,6 +107,11 @@ TEST(CpuAttention, ImplDetailSaysWhatRuns) {
   auto naive = dev->make_attention(dense(1, 1, 16, 16), AttnImpl::naive, naive_t, 1);
   EXPECT_NE(naive->impl_detail().find("oneDNN"), std::string::npos) << naive->impl_detail();
   EXPECT_NE(naive->impl_detail().find("softmax"), std::string::npos) << naive->impl_detail();
+  EXPECT_NE(naive->impl_detail().find("op by op"), std::string::npos) << naive->impl_detail();
+  EXPECT_EQ(naive->impl(), AttnImpl::naive);
+  auto pre = dev->make_attention(dense(1, 1, 16, 16), AttnImpl::naive_prealloc, naive_t, 1);
+  EXPECT_EQ(pre->impl(), AttnImpl::naive_prealloc);
+  EXPECT_EQ(pre->impl_detail().find("op by op"), std::string::npos) << pre->impl_detail();
   auto flash = dev->make_attention(dense(1, 1, 16, 16), AttnImpl::flash, DType::bf16, 1);
   EXPECT_NE(flash->impl_detail().find("Br=64 Bc=64"), std::string::npos) << flash->impl_detail();
   EXPECT_NE(flash->impl_detail().find("outputs fp32"), std::string::npos) << flash->impl_detail();
@@ -169,11 +177,83 @@ TEST(CpuAttention, NaiveAndFlashAgree) {
     const auto q = random(elems(s), 11), k = random(elems(s), 12), v = random(elems(s), 13), g = random(elems(s), 14);
     const Outputs a = run(*dev, s, AttnImpl::naive, DType::fp32, q, k, v, g);
     const Outputs b = run(*dev, s, AttnImpl::flash, DType::fp32, q, k, v, g);
-    EXPECT_LT(max_diff(a.o, b.o), 1e-5);
-    EXPECT_LT(max_diff(a.dq, b.dq), 1e-5);
-    EXPECT_LT(max_diff(a.dk, b.dk), 1e-5);
-    EXPECT_LT(max_diff(a.dv, b.dv), 1e-5);
+    const Outputs c = run(*dev, s, AttnImpl::naive_prealloc, DType::fp32, q, k, v, g);
+    for (const Outputs* x : {&b, &c}) {
+      EXPECT_LT(max_diff(a.o, x->o), 1e-5);
+      EXPECT_LT(max_diff(a.dq, x->dq), 1e-5);
+      EXPECT_LT(max_diff(a.dk, x->dk), 1e-5);
+      EXPECT_LT(max_diff(a.dv, x->dv), 1e-5);
+    }
   }
+}
+
+// The eager path allocates a tensor per op and frees it after its last use:
+// the ledger's measured high-water mark over a forward and backward is
+// exactly the workspace it planned (and checked against the limit) beyond
+// what the op holds between steps; nothing it saved outlives the backward.
+TEST(CpuAttention, EagerPeakIsThePlannedWorkspace) {
+  auto dev = cpu();
+  const std::vector<AttnShape> shapes = {dense(2, 3, 64, 16), dense(2, 3, 64, 16, true),
+                                         varlen(2, 16, {0, 32, 96}), varlen(2, 16, {0, 32, 96}, true)};
+  for (DType t : {DType::fp32, DType::bf16}) {
+    if (auto why = dev->attention_unsupported(AttnImpl::naive, t)) {
+      std::printf("  [%s] %s\n", std::string(to_string(t)).c_str(), why->c_str());
+      continue;
+    }
+    for (const AttnShape& s : shapes) {
+      const std::size_t before = dev->memory_stats().in_use;
+      auto op = dev->make_attention(s, AttnImpl::naive, t, 1);
+      const std::size_t held = dev->memory_stats().in_use;  // operands and the oneDNN scratchpad
+      const std::size_t operands = 4 * elems(s) * std::size_t(storage_bytes(t)) + 4 * elems(s) * 4;
+      ASSERT_GE(held - before, operands);
+      const std::size_t scratch = held - before - operands;
+      for (int step = 0; step < 2; ++step) {
+        dev->reset_peak_memory();
+        op->forward();
+        op->backward();
+        dev->synchronize(60s);
+        EXPECT_EQ(dev->memory_stats().peak - held, op->workspace_bytes() - scratch)
+            << to_string(t) << " causal=" << s.causal << " varlen=" << s.varlen() << " step " << step;
+        EXPECT_EQ(dev->memory_stats().in_use, held) << "a saved tensor outlived the backward";
+      }
+      // A forward alone keeps what the backward would need, and a second
+      // forward replaces it rather than adding to it.
+      op->forward();
+      dev->synchronize(60s);
+      const std::size_t saved = dev->memory_stats().in_use - held;
+      const std::size_t n = std::size_t(s.heads) * (s.varlen() ? 32 * 32 + 64 * 64 : std::size_t(s.batch * s.seq * s.seq));
+      EXPECT_EQ(saved, t == DType::bf16 ? 6 * n : 4 * n);
+      op->forward();
+      dev->synchronize(60s);
+      EXPECT_EQ(dev->memory_stats().in_use - held, saved);
+    }
+  }
+}
+
+// The eager path allocates while it runs: a limit it no longer fits is an
+// OutOfMemory at the synchronize (the runner's status "oom"), nothing leaks,
+// and the device goes on.
+TEST(CpuAttention, EagerRunningOutOfMemoryMidStepIsReported) {
+  auto dev = cpu();
+  const AttnShape s = dense(1, 2, 256, 32, true);
+  const std::size_t before = dev->memory_stats().in_use;
+  auto op = dev->make_attention(s, AttnImpl::naive, DType::fp32, 1);
+  const std::size_t held = dev->memory_stats().in_use;
+  dev->set_memory_limit(held + 3 * 2 * 256 * 256 * 4 / 2);  // room for one and a half S x S fp32 tensors
+  op->forward();
+  try {
+    dev->synchronize(60s);
+    FAIL() << "the forward fitted in 1.5 score tensors";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("* scale"), std::string::npos) << e.what();  // the op that did not fit
+  }
+  EXPECT_EQ(dev->memory_stats().in_use, held);
+  dev->set_memory_limit(0);
+  op->forward();
+  op->backward();
+  dev->synchronize(60s);
+  op.reset();
+  EXPECT_EQ(dev->memory_stats().in_use, before);
 }
 
 // A varlen run must equal each sequence run alone: no token sees another
@@ -182,7 +262,7 @@ TEST(CpuAttention, VarlenEqualsEachSequenceAlone) {
   auto dev = cpu();
   const std::vector<std::int32_t> cu{0, 5, 37, 64};
   const std::int64_t H = 3, D = 16;
-  for (AttnImpl impl : {AttnImpl::naive, AttnImpl::flash})
+  for (AttnImpl impl : {AttnImpl::naive, AttnImpl::naive_prealloc, AttnImpl::flash})
     for (bool causal : {false, true}) {
       const AttnShape s = varlen(H, D, cu, causal);
       const auto q = random(elems(s), 21), k = random(elems(s), 22), v = random(elems(s), 23),
@@ -384,8 +464,8 @@ TEST(CpuMemory, PeakGrowsWithAllocationAndResets) {
   auto dev = cpu();
   const auto s0 = dev->memory_stats();
   {
-    auto op = dev->make_attention(dense(2, 2, 256, 32), AttnImpl::naive, DType::fp32, 1);
-    // S, P, dS: 3 * B*H*S*S fp32 = 3 MiB, and rowsum(dO*O).
+    auto op = dev->make_attention(dense(2, 2, 256, 32), AttnImpl::naive_prealloc, DType::fp32, 1);
+    // S, P, dS: 3 * B*H*S*S fp32 = 3 MiB, and rowsum(dO*O), all allocated up front.
     EXPECT_GE(op->workspace_bytes(), 3 * 4 * 256 * 256 * 4u);
     const auto s1 = dev->memory_stats();
     EXPECT_GE(s1.in_use, s0.in_use + op->workspace_bytes());

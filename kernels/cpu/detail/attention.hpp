@@ -155,8 +155,9 @@ std::optional<std::string> attention_unsupported(dnnl::engine& eng, AttnImpl imp
 // Throws UsageError (bad shape), UnsupportedError, OutOfMemory (the ledger).
 std::unique_ptr<AttentionOp> make_attention(const AttnEnv& env, const AttnShape& s, AttnImpl impl, DType t,
                                             std::uint64_t seed);
-std::unique_ptr<AttentionOp> make_naive_attention(const AttnEnv& env, const AttnShape& s, DType t,
-                                                  std::uint64_t seed);
+// eager: `naive` (op by op, fresh tensors); otherwise `naive-prealloc`.
+std::unique_ptr<AttentionOp> make_naive_attention(const AttnEnv& env, const AttnShape& s, DType t, std::uint64_t seed,
+                                                  bool eager);
 std::unique_ptr<AttentionOp> make_flash_attention(const AttnEnv& env, const AttnShape& s, DType t,
                                                   std::uint64_t seed);
 

@@ -92,6 +92,22 @@ class MemLedger : public std::enable_shared_from_this<MemLedger> {
     return LedgerBlock(shared_from_this(), p, rounded, std::move(device), std::move(host));
   }
 
+  // An allocation inside an op's run whose peak the op reserved against the
+  // host budget up front (eager attention's per-op tensors): accounted in the
+  // device's ledger (in use, peak, limit) and taken from the same allocator
+  // as alloc(), without re-reading /proc for every tensor. Untouched: the
+  // page faults of a fresh tensor are part of what an eager op costs.
+  LedgerBlock alloc_in_reserved(std::size_t bytes, const std::string& what) {
+    if (bytes == 0) return {};
+    const std::size_t rounded = (bytes + 63) / 64 * 64;
+    MemoryReservation device = account_->reserve(rounded, what);
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p)
+      throw OutOfMemory(fmt::format("{}: {} needs {} and the allocator refused it", device_, what,
+                                    format_bytes(double(bytes))));
+    return LedgerBlock(shared_from_this(), p, rounded, std::move(device), HostReservation{});
+  }
+
   // After a wait on the device's stream timed out, an operation may still be
   // running (or queued) on blocks its owner is about to free while
   // unwinding. From then on a freed block is kept, not returned: a bounded

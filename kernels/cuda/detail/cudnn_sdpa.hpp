@@ -76,9 +76,11 @@ class AttnTensors {
 // GEMMs) as cuBLAS strided-batched GEMMs, the row softmax and its backward as
 // kernels (softmax.cu). S, P and dS for the whole shape are allocated here,
 // so a shape whose B*H*S^2 does not fit throws OutOfMemory naming the bytes.
-// cublas is the device's handle, already bound to ctx.stream.
+// cublas is the device's handle, already bound to ctx.stream. impl is naive
+// or naive-prealloc: on cuda both run this preallocated path (the eager,
+// op-by-op variant is the cpu device's only; the op's impl_detail says so).
 std::unique_ptr<AttentionOp> make_naive_attention(const AttnContext& ctx, cublasHandle_t cublas, const AttnShape& shape,
-                                                  DType dtype, std::uint64_t seed);
+                                                  AttnImpl impl, DType dtype, std::uint64_t seed);
 
 // cuDNN SDPA. The per-device state (one cuDNN handle bound to the device's
 // stream, and the graphs built so far, keyed by shape, dtype, mask and pass)
