@@ -121,7 +121,7 @@ def time_stallbench(seq, args, dtype_name, passes, impls):
     out = {}
     for pt in res["points"]:
         prm = pt["params"]
-        ms = next((m["value"] for m in pt.get("metrics", []) if m["name"] == "ms"), None)
+        ms = pt.get("metrics", {}).get("ms", {}).get("value")
         out[(prm["impl"], prm["pass"])] = ms if pt.get("status") == "ok" else None
     return out, res.get("meta", {})
 
@@ -205,7 +205,7 @@ def main():
             "machine": {**cpu_kind(), "python": platform.python_version(), "torch": torch.__version__,
                         "torch_threads": torch.get_num_threads(),
                         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()},
-            "stallbench": {k: meta.get(k) for k in ("version", "commit", "device") if k in meta},
+            "stallbench": {k: meta.get(k) for k in ("version", "git_sha", "device") if k in meta},
             "shape": {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "causal": args.causal,
                       "dtype": args.dtype},
             "rows": rows,
