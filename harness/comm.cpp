@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>  // fmt::format
 
+#include "harness/errors.hpp"  // UnsupportedError
+
 namespace sb {
 
 
@@ -37,6 +39,11 @@ std::string describe(const CollCall& c) {
   if (reduces(c.op)) s += fmt::format(" {}", to_string(c.reduce));
   if (is_rooted(c.op)) s += fmt::format(" root={}", c.root);
   return s;
+}
+
+void Communicator::run_blocking(const CollCall& c, const void*, void*) {
+  throw UnsupportedError(fmt::format("backend {} has no blocking collectives ({}): start() and poll() them",
+                                     backend(), describe(c)));
 }
 
 std::int64_t round_count(CollOp op, std::int64_t count, int nranks) {

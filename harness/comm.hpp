@@ -134,6 +134,16 @@ class Communicator {
   // means every started call completed. Throws Error(runtime) naming the
   // library's error (MPI error class, ncclCommGetAsyncError).
   virtual Progress poll() = 0;
+  // A blocking call, as users issue them (MPI_Allreduce...): returns when
+  // this rank's part is done, or throws Error(runtime) naming the library's
+  // error (as poll() does). Only where supports_blocking() is true; there it
+  // is what the sweep times, since a library's blocking and nonblocking
+  // paths can be different algorithms (Open MPI 4.1: coll/tuned against
+  // coll/libnbc). No deadline of its own: a call that never returns is the
+  // collective watchdog's to catch (it ends the job from its thread).
+  // NCCL has none: its enqueue on a stream is already what users call.
+  virtual bool supports_blocking() const { return false; }
+  virtual void run_blocking(const CollCall& c, const void* send, void* recv);
   // Makes pending calls return or fail so the process can end: ncclCommAbort.
   // Safe from another thread (the watchdog's). MPI has no per-communicator
   // abort; there the process group's abort ends the job.

@@ -238,6 +238,41 @@ class MpiCommunicator final : public Communicator {
     reqs_.push_back(req);
   }
 
+  bool supports_blocking() const override { return true; }
+
+  // The blocking twin of start(), same arguments: what a user's loop calls,
+  // and what Open MPI 4.1 serves with coll/tuned (its I-calls go to
+  // coll/libnbc, a slower algorithm family on shared memory).
+  void run_blocking(const CollCall& c, const void* send, void* recv) override {
+    const MPI_Datatype t = type(c.dtype);
+    const MPI_Op op = reduce_op(c);
+    const CollCounts n = coll_counts(c, size_);
+    const int per = static_cast<int>(c.count / size_);
+    const int count = static_cast<int>(c.count);
+    int rc = MPI_SUCCESS;
+    const char* what = "";
+    switch (c.op) {
+      case CollOp::all_reduce: what = "MPI_Allreduce"; rc = MPI_Allreduce(send, recv, count, t, op, comm_); break;
+      case CollOp::all_gather:
+        what = "MPI_Allgather";
+        rc = MPI_Allgather(send, per, t, recv, per, t, comm_);
+        break;
+      case CollOp::reduce_scatter:
+        what = "MPI_Reduce_scatter_block";
+        rc = MPI_Reduce_scatter_block(send, recv, static_cast<int>(n.recv), t, op, comm_);
+        break;
+      case CollOp::broadcast:
+        what = "MPI_Bcast";
+        if (rank_ == c.root) std::memcpy(recv, send, static_cast<std::size_t>(c.count) * dtype_size(c.dtype));
+        rc = MPI_Bcast(recv, count, t, c.root, comm_);
+        break;
+      case CollOp::reduce: what = "MPI_Reduce"; rc = MPI_Reduce(send, recv, count, t, op, c.root, comm_); break;
+      case CollOp::all_to_all: what = "MPI_Alltoall"; rc = MPI_Alltoall(send, per, t, recv, per, t, comm_); break;
+    }
+    if (rc != MPI_SUCCESS)
+      throw Error(ErrorKind::runtime, fmt::format("MPI collective failed: {} ({})", mpi_name(rc), what));
+  }
+
   Progress poll() override {
     // Nonblocking collectives on one communicator are matched in issue
     // order but may complete in any order: test every one still pending.

@@ -19,8 +19,23 @@ std::string bytes_text(std::int64_t b) {
   return fmt::format("{} B", b);
 }
 
+std::string coll_call_family(const std::string& backend, CollOp op, bool blocking) {
+  // Indexed by CollOp: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all.
+  static constexpr const char* kMpi[] = {"Allreduce", "Allgather", "Reduce_scatter_block",
+                                         "Bcast",     "Reduce",    "Alltoall"};
+  static constexpr const char* kMpiStart[] = {"Iallreduce", "Iallgather", "Ireduce_scatter_block",
+                                              "Ibcast",     "Ireduce",    "Ialltoall"};
+  static constexpr const char* kNccl[] = {"ncclAllReduce", "ncclAllGather", "ncclReduceScatter",
+                                          "ncclBroadcast", "ncclReduce",    "ncclSend/ncclRecv"};
+  const auto i = static_cast<std::size_t>(op);
+  if (backend == "mpi")
+    return blocking ? fmt::format("MPI_{}", kMpi[i]) : fmt::format("MPI_{} + MPI_Test", kMpiStart[i]);
+  if (backend == "nccl") return fmt::format("{} on a stream", kNccl[i]);
+  return backend;
+}
+
 Point coll_size_point(const CollCall& c, int n, std::int64_t size_bytes, const std::vector<double>& times,
-                      std::int64_t wrong, const std::string& backend, const std::string& library) {
+                      std::int64_t wrong, const CollPath& path) {
   double sum = 0;
   for (double t : times) sum += t;
   const double mean_us = times.empty() ? 0 : sum / double(times.size());
@@ -40,8 +55,10 @@ Point coll_size_point(const CollCall& c, int n, std::int64_t size_bytes, const s
   p.info["time_us_per_rank"] = times;
   p.info["bus_factor"] = bus_factor(c.op, n);
   p.info["ranks"] = n;
-  p.info["backend"] = backend;
-  p.info["library"] = library;
+  p.info["backend"] = path.backend;
+  p.info["library"] = path.library;
+  p.info["mode"] = path.blocking ? "blocking" : "nonblocking";
+  p.info["calls"] = coll_call_family(path.backend, c.op, path.blocking);
   if (wrong > 0) {
     p.status = Status::error;
     p.reason = fmt::format("{} wrong element(s) after {} (first checked on each rank after the timed calls)", wrong,
@@ -93,7 +110,10 @@ void collective_findings(Result& r) {
   std::map<std::string, std::pair<const Point*, const Point*>> best;  // key -> (peak busbw, smallest size)
   for (const auto& p : r.points) {
     if (p.status != Status::ok || !p.params.contains("bytes") || p.params.value("check", "off") != "off") continue;
-    const std::string key = fmt::format("{} {}", p.params.value("op", ""), p.params.value("dtype", ""));
+    // A run that swept mode=blocking,nonblocking has a peak for each (results
+    // from before the parameter have no mode and keep their old summary).
+    std::string key = fmt::format("{} {}", p.params.value("op", ""), p.params.value("dtype", ""));
+    if (p.params.contains("mode")) key += fmt::format(" {}", p.params.value("mode", ""));
     auto& [peak, first] = best[key];
     const Metric* bw = p.metric(n > 1 ? "busbw" : "algbw");
     if (!peak || (bw && bw->value > peak->metric(bw->name)->value)) peak = &p;
@@ -120,10 +140,12 @@ void collective_findings(Result& r) {
     for (const auto& q : r.points) {
       if (q.status != Status::ok || q.params.value("check", "") != "off" || q.params["bytes"] != p.params["bytes"] ||
           q.params["op"] != p.params["op"] || q.params["dtype"] != p.params["dtype"] ||
-          q.params["backend"] != p.params["backend"])
+          q.params["backend"] != p.params["backend"] || q.params.value("mode", "") != p.params.value("mode", ""))
         continue;
       const double on = p.metric("time_us")->value, off = q.metric("time_us")->value;
-      auto& [texts, ev] = overhead[fmt::format("{} {}", p.params.value("op", ""), p.params.value("dtype", ""))];
+      std::string key = fmt::format("{} {}", p.params.value("op", ""), p.params.value("dtype", ""));
+      if (p.params.contains("mode")) key += fmt::format(" {}", p.params.value("mode", ""));
+      auto& [texts, ev] = overhead[key];
       texts.push_back(fmt::format("{:+.1f} us ({:+.0f}%) at {}", on - off, (on / off - 1) * 100,
                                   bytes_text(p.params["bytes"].get<std::int64_t>())));
       ev.push_back(json{{"bytes", p.params["bytes"]}, {"off_us", off}, {"fingerprint_us", on}, {"added_us", on - off},

@@ -19,13 +19,26 @@ inline constexpr const char* kCollectiveCause = "collectives that do not match a
 // "256 KiB", "1020 B": a message size as people read it.
 std::string bytes_text(std::int64_t bytes);
 
+// How a sweep row's calls went through the library, for its info: the
+// backend and its library, the mode the calls ran in ("blocking",
+// "nonblocking": what ran, not what was asked, since nccl has no blocking
+// mode) and the calls by name (coll_call_family).
+struct CollPath {
+  std::string backend, library;
+  bool blocking = false;
+};
+
+// The library calls a row timed: "MPI_Allreduce", "MPI_Iallreduce + MPI_Test",
+// "ncclAllReduce on a stream".
+std::string coll_call_family(const std::string& backend, CollOp op, bool blocking);
+
 // One row of the size sweep, from what the timed window recorded: each
 // rank's per-call time (us) and the wrong elements summed over ranks.
 // nccl-tests' figures: algbw = size / time (GB/s = 1e9 B/s), busbw = algbw x
 // the op's bus factor (allreduce 2(n-1)/n, allgather and reducescatter
 // (n-1)/n, broadcast and reduce 1), time the mean over ranks.
 Point coll_size_point(const CollCall& c, int ranks, std::int64_t size_bytes, const std::vector<double>& times_us,
-                      std::int64_t wrong, const std::string& backend, const std::string& library);
+                      std::int64_t wrong, const CollPath& path);
 
 // The step loop's row (a mismatch reproduced), from what it recorded: its
 // wall time on this rank, the wrong elements summed over ranks and the

@@ -3,7 +3,12 @@
 // Healthy mode (mismatch=none) is nccl-tests on the user's ranks: a sweep of
 // message sizes (min_bytes..max_bytes, ×factor) per op and dtype, each timed
 // over `iters` calls after `warmup`, with algbw and busbw (harness/comm.hpp
-// bus_factor) and an exact data check (coll_data.hpp).
+// bus_factor) and an exact data check (coll_data.hpp). mode=blocking (the
+// default) times the blocking calls users write (MPI_Allreduce...);
+// mode=nonblocking starts each call and polls it (MPI_Iallreduce +
+// MPI_Test), which in Open MPI 4.1 is another algorithm family (coll/libnbc)
+// and slower on shared memory. nccl has only the second kind: a call on a
+// stream, which is what its users issue.
 //
 // Mismatch mode runs a training-like step loop (coll_schedule.hpp) in
 // which one rank issues a wrong call. A flight recorder on every rank keeps
@@ -44,6 +49,9 @@ enum class Backend { automatic, mpi, nccl };
 constexpr NameTable<Backend, 3> kBackendNames{{{{Backend::automatic, "auto"}, {Backend::mpi, "mpi"}, {Backend::nccl, "nccl"}}}};
 enum class Check { off, fingerprint };
 constexpr NameTable<Check, 2> kCheckNames{{{{Check::off, "off"}, {Check::fingerprint, "fingerprint"}}}};
+// How the size sweep issues its calls (the step loop is always nonblocking).
+enum class Mode { blocking, nonblocking };
+constexpr NameTable<Mode, 2> kModeNames{{{{Mode::blocking, "blocking"}, {Mode::nonblocking, "nonblocking"}}}};
 
 using json = nlohmann::ordered_json;
 using clock_type = std::chrono::steady_clock;
@@ -55,6 +63,7 @@ struct Settings {
   std::int64_t min_bytes, max_bytes, factor;
   int iters, warmup, steps;
   bool fingerprint;
+  bool blocking;  // mode=blocking: where the communicator has blocking calls
   std::optional<Mismatch> mismatch;
   std::int64_t step_bytes;
   double delay_ms, timeout_s;
@@ -74,6 +83,7 @@ struct Settings {
     s.warmup = static_cast<int>(p.get_int("warmup"));
     s.steps = static_cast<int>(p.get_int("steps"));
     s.fingerprint = p.get_choice("check", kCheckNames) == Check::fingerprint;
+    s.blocking = p.get_choice("mode", kModeNames) == Mode::blocking;
     s.mismatch = parse_mismatch(p.get_str("mismatch"));
     s.step_bytes = p.get_int("step_bytes");
     s.delay_ms = p.get_real("delay_ms");
@@ -210,15 +220,43 @@ class CollectiveRun final : public ScenarioRun {
 
   // Issues one call and waits for it; returns its seq. It runs inside the
   // timed loop, so it formats nothing: the caller says where it is once.
-  std::int64_t issue(const CollCall& c, int step, int call_index, bool fingerprint) {
+  // The fingerprint check's own all-reduce is always started and polled;
+  // the checked call runs blocking when asked.
+  std::int64_t issue(const CollCall& c, int step, int call_index, bool fingerprint, bool blocking) {
     const std::int64_t seq = rec_->enqueue(c, step, call_index);
     if (fingerprint && !agree(c, seq)) {
       rec_->failed(seq, "refused by the fingerprint check: the ranks disagree on (seq, op, count, dtype, root)");
       throw_fingerprint_mismatch(seq);
     }
-    comm_->start(c, send_[0], recv_[0]);
-    wait_done({seq});
+    if (blocking) {
+      run_blocking(c, seq);
+    } else {
+      comm_->start(c, send_[0], recv_[0]);
+      wait_done({seq});
+    }
     return seq;
+  }
+
+  // One blocking call on send_[0]/recv_[0], marked started and completed
+  // around it. This thread keeps no deadline and need not park(): while
+  // the watchdog is armed it sees no call complete for timeout_s, dumps the
+  // ring (this call: started), and ends the job from its own thread
+  // (MPI_Abort, which MPI_THREAD_MULTIPLE allows while this thread is inside
+  // MPI_Allreduce), as it does for a polled call.
+  void run_blocking(const CollCall& c, std::int64_t seq) {
+    rec_->started(seq);
+    try {
+      comm_->run_blocking(c, send_[0], recv_[0]);
+    } catch (const Error& e) {
+      // As wait_done: after the watchdog's own abort a failure is not the library's verdict.
+      if (wd_->triggered()) wd_->park();
+      rec_->failed(seq, e.what());
+      wd_->fail(fmt::format("collective seq {} failed in the library: {}", seq, e.what()));
+    }
+    rec_->completed(seq);
+    // A peer declared a hang while this call ran here: issue nothing more
+    // (the watchdog is dumping this rank and will end the job).
+    if (wd_->triggered()) wd_->park();
   }
 
   [[noreturn]] void throw_fingerprint_mismatch(std::int64_t seq);
@@ -260,6 +298,9 @@ std::vector<Point> CollectiveRun::sweep(const Settings& s) {
   ProcessGroup& g = *ctx_.ranks->group;
   const int n = g.size();
   const std::size_t dsize = dtype_size(s.dtype);
+  // What runs: nccl has no blocking calls (its enqueue is what users call),
+  // so mode=blocking is nonblocking there, and each row's info says which.
+  const bool blocking = s.blocking && comm_->supports_blocking();
   std::vector<Point> out;
   std::vector<unsigned char> host;
   int size_index = 0;
@@ -279,13 +320,14 @@ std::vector<Point> CollectiveRun::sweep(const Settings& s) {
 
     // Armed only around the calls: filling and checking a 1 GiB buffer on
     // the host can take longer than timeout_s and is not a hang.
-    rec_->set_where(fmt::format("{} warm-up and {} timed calls of {}{}", s.warmup, s.iters, describe(c),
+    rec_->set_where(fmt::format("{} warm-up and {} timed calls of {} ({}){}", s.warmup, s.iters, describe(c),
+                                coll_call_family(comm_->backend(), c.op, blocking),
                                 s.fingerprint ? ", each after a fingerprint check" : ""));
     wd_->arm();
-    for (int i = 0; i < s.warmup; ++i) issue(c, -1, i, s.fingerprint);
+    for (int i = 0; i < s.warmup; ++i) issue(c, -1, i, s.fingerprint, blocking);
     g.barrier(clock_type::now() + std::chrono::seconds(60));
     const auto t0 = clock_type::now();
-    if (comm_->queues_in_order() && !s.fingerprint) {
+    if (comm_->queues_in_order() && !s.fingerprint && !blocking) {
       // nccl-tests' way on a stream: enqueue every iteration, wait once.
       std::vector<std::int64_t> seqs;
       for (int i = 0; i < s.iters; ++i) {
@@ -294,7 +336,7 @@ std::vector<Point> CollectiveRun::sweep(const Settings& s) {
       }
       wait_done(seqs);
     } else {
-      for (int i = 0; i < s.iters; ++i) issue(c, -1, s.warmup + i, s.fingerprint);
+      for (int i = 0; i < s.iters; ++i) issue(c, -1, s.warmup + i, s.fingerprint, blocking);
     }
     const double us = std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() / s.iters;
     wd_->disarm();
@@ -308,7 +350,7 @@ std::vector<Point> CollectiveRun::sweep(const Settings& s) {
     const std::int64_t wrong = std::accumulate(wrongs.begin(), wrongs.end(), std::int64_t{0});
 
     // --- derive: a pure function of what was recorded ---
-    Point p = coll_size_point(c, n, size_bytes, times, wrong, comm_->backend(), comm_->library());
+    Point p = coll_size_point(c, n, size_bytes, times, wrong, CollPath{comm_->backend(), comm_->library(), blocking});
     out.push_back(std::move(p));
     if (bytes > s.max_bytes / s.factor) break;  // the next size would pass max_bytes (and could overflow)
   }
@@ -332,7 +374,8 @@ Point CollectiveRun::step_loop(const Settings& s) {
   for (int step = 0; step < s.steps; ++step) {
     // A step issues its calls asynchronously, then waits for them, as DDP
     // launches its bucket all-reduces; so a rank that swaps two calls shows
-    // both in its ring, and a rank that skips one shows none.
+    // both in its ring, and a rank that skips one shows none. Hence this
+    // loop is nonblocking whatever `mode` says: mode is the sweep's.
     const auto plan = planned_calls(healthy, s.mismatch, step, g.rank(), n, s.delay_ms);
     std::vector<std::int64_t> seqs;
     std::vector<std::uint64_t> seeds;
@@ -471,6 +514,11 @@ const Scenario collective_scenario{
                   .workload = false},
         ParamSpec{.name = "check", .type = ParamType::choice, .default_value = "off",
                   .help = "fingerprint: ranks agree on each call before issuing it", .choices = kCheckNames.names()},
+        ParamSpec{.name = "mode", .type = ParamType::choice, .default_value = "blocking",
+                  .help = "the sweep's calls: blocking (MPI_Allreduce..., what users call) or nonblocking "
+                          "(MPI_Iallreduce... polled with MPI_Test); nccl is always a stream enqueue, and the "
+                          "mismatch step loop always nonblocking (DDP's async bucket all-reduces)",
+                  .choices = kModeNames.names()},
         ParamSpec{.name = "mismatch", .type = ParamType::text, .default_value = "none",
                   .help = "KIND@STEP:RANK, KIND one of skip, order, count, dtype, root, straggler: injected in a step loop",
                   .check = &check_mismatch_text},

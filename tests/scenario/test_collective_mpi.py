@@ -6,7 +6,12 @@ within its bound, with the documented exit code, every rank's dump exists,
 no process is left behind, and `analyze-hang` names the right step, kind and
 rank. With check=fingerprint: every kind is caught at its first bad call,
 before anything hangs. Healthy mode: wrong = 0 and busbw = algbw x the
-nccl-tests factor, for every op.
+nccl-tests factor, for every op, in both sweep modes (mode=blocking:
+MPI_Allreduce...; nonblocking: MPI_Iallreduce... polled), each row naming the
+mode and the calls it ran. The mismatch cases hang in the step loop, which is
+nonblocking in every mode; a hang inside the size sweep (a rank stopped with
+SIGSTOP mid-sweep, so the other waits inside MPI_Allreduce for ever) is
+caught by the watchdog thread alone, in both modes.
 
 Every mpirun runs under a hard outer timeout (`timeout -k`), so a hang in
 stallbench itself fails this test instead of stalling CI.
@@ -20,6 +25,7 @@ usage: test_collective_mpi.py STALLBENCH SCHEMA [--backend mpi|nccl]
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,6 +58,7 @@ def check(cond, what, detail=""):
         if detail:
             print("     " + detail.replace("\n", "\n     "), flush=True)
         failures.append(what)
+    return cond
 
 
 def mpirun(n, args, outer=60):
@@ -211,11 +218,88 @@ def fingerprint_case(tmp, n, kind):
           f"{tag} kind {rep.get('kind')}/{rep.get('pattern')} == {want_kind}/{want_pattern}", rep.get("summary", ""))
 
 
+def rank_pid(marker, rank):
+    """The pid of the stallbench process of this rank whose command line names marker."""
+    for pid in leftovers(marker):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env and os.path.basename(STALLBENCH).encode() in \
+                open(f"/proc/{pid}/cmdline", "rb").read():
+            return int(pid)
+    return None
+
+
+def sweep_hang(tmp, mode):
+    """A hang inside the size sweep: rank 1 is stopped (SIGSTOP) mid-sweep, so
+    rank 0 waits inside its call (mode=blocking: MPI_Allreduce itself) for ever.
+    Its watchdog thread alone must dump the ring and end the job (exit 4)."""
+    if BACKEND != "mpi":
+        return
+    d = os.path.join(tmp, f"dumps-sweep-{mode}")
+    out = os.path.join(tmp, f"sweep-{mode}.json")
+    tag = f"[2 ranks, sweep mode={mode}, rank 1 stopped]"
+    args = ["run", "collective", "-p", f"mode={mode}", "-p", "min_bytes=65536", "-p", "max_bytes=65536",
+            "-p", "iters=1000000", "-p", "warmup=2", "-p", f"timeout_s={TIMEOUT_S}", "-p", f"dump_dir={d}",
+            "--device", "cpu", "-p", "backend=mpi", "--json", out]
+    cmd = ["timeout", "-k", "5", "90", MPIRUN, *MPI_FLAGS, "-np", "2", STALLBENCH, *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = None
+    try:
+        # The watchdog makes dump_dir as the sweep's point opens: the calls follow at once.
+        t_end = time.monotonic() + 30
+        while time.monotonic() < t_end and proc.poll() is None and not os.path.isdir(d):
+            time.sleep(0.05)
+        time.sleep(0.5)
+        stopped = rank_pid(d, 1)
+        check(stopped is not None and proc.poll() is None, f"{tag} rank 1 found mid-sweep")
+        if stopped is None:
+            proc.kill()
+            proc.communicate()
+            return
+        os.kill(stopped, signal.SIGSTOP)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        wall = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for pid in leftovers(d):  # only this run's processes: never a broad name
+            try:
+                os.kill(int(pid), signal.SIGCONT)
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+    check(proc.returncode == 4, f"{tag} exit 4 (got {proc.returncode})", err[-1500:])
+    check("no collective completed" in err, f"{tag} rank 0's watchdog declared the hang", err[-800:])
+    bound = TIMEOUT_S + GRACE_S + 8
+    check(wall < bound, f"{tag} the job ended {wall:.1f} s after the stop (bound {bound:.1f} s)")
+    dump_path = os.path.join(d, "rank-0.json")
+    if check(os.path.isfile(dump_path), f"{tag} rank 0's dump exists"):
+        dump = json.load(open(dump_path))
+        last = dump["entries"][-1]
+        check(last["state"] == "started" and last["op"] == "all_reduce" and last["step"] == -1,
+              f"{tag} the last call is a sweep all_reduce, started, never completed: {last['state']}")
+        check("timed calls of all_reduce" in dump["where"] and
+              ("(MPI_Allreduce)" if mode == "blocking" else "(MPI_Iallreduce + MPI_Test)") in dump["where"],
+              f"{tag} the dump says where rank 0 was: {dump['where']}")
+    if check(os.path.isfile(out), f"{tag} rank 0 wrote the result JSON before ending the job"):
+        doc = json.load(open(out))
+        pt = doc["points"][-1]
+        check(pt["status"] == "hang" and pt["params"].get("mode") == mode,
+              f"{tag} result: status {pt['status']}, mode {pt['params'].get('mode')}")
+        valid(doc, tag)
+    time.sleep(0.2)
+    check(not leftovers(d), f"{tag} no process left behind")
+
+
 def healthy(tmp, n):
     out = os.path.join(tmp, f"healthy-{n}.json")
     ops = "all_reduce,all_gather,reduce_scatter,broadcast,reduce,all_to_all"
     p, _ = mpirun(n, ["run", "collective", "--quick", "-p", f"op={ops}", "-p", "dtype=fp32,bf16",
-                      "-p", f"dump_dir={tmp}/healthy-dumps", "--json", out])
+                      "-p", "mode=blocking,nonblocking", "-p", f"dump_dir={tmp}/healthy-dumps", "--json", out])
     check(p.returncode == 0, f"[healthy, {n} ranks] exit 0 (got {p.returncode})", p.stderr[-800:])
     if not os.path.isfile(out):
         return
@@ -224,12 +308,22 @@ def healthy(tmp, n):
     factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
                "all_to_all": (n - 1) / n, "broadcast": 1.0, "reduce": 1.0}
     seen = set()
+    modes = set()
     for pt in doc["points"]:
         m = pt["metrics"]
         op = pt["params"]["op"]
+        mode = pt["params"]["mode"]
         seen.add(op)
-        tag = f"[healthy, {n} ranks] {op} {pt['params']['dtype']} {pt['params']['bytes']} B"
+        tag = f"[healthy, {n} ranks] {op} {pt['params']['dtype']} {pt['params']['bytes']} B mode={mode}"
         check(pt["status"] == "ok" and m["wrong"]["value"] == 0, f"{tag}: ok, wrong = 0")
+        # What ran: nccl has no blocking calls, so its rows say nonblocking whatever was asked.
+        ran = mode if BACKEND == "mpi" else "nonblocking"
+        modes.add(pt["info"].get("mode"))
+        check(pt["info"].get("mode") == ran, f"{tag}: info.mode {pt['info'].get('mode')} == {ran}")
+        if BACKEND == "mpi":
+            calls = pt["info"].get("calls", "")
+            check(calls.startswith("MPI_I") == (mode == "nonblocking") and calls.startswith("MPI_"),
+                  f"{tag}: info.calls {calls} is the {mode} family")
         # algbw is nccl-tests' size / time (GB/s = 1e9 B/s), from the row's own figures.
         algbw = pt["params"]["bytes"] / (m["time_us"]["value"] * 1e-6) / 1e9
         check(abs(m["algbw"]["value"] / algbw - 1) < 1e-6, f"{tag}: algbw {m['algbw']['value']:.4g} == bytes / time")
@@ -238,6 +332,8 @@ def healthy(tmp, n):
         check(m["busbw"]["unit"] == "GB/s" and m["busbw"]["direction"] == "higher", f"{tag}: busbw in GB/s, higher")
         check(m["time_us"]["direction"] == "lower", f"{tag}: time_us lower is better")
     check(seen == set(factors), f"[healthy, {n} ranks] every op ran: {sorted(seen)}")
+    want_modes = {"blocking", "nonblocking"} if BACKEND == "mpi" else {"nonblocking"}
+    check(modes == want_modes, f"[healthy, {n} ranks] both modes ran: {sorted(m or '' for m in modes)}")
     check(doc["meta"]["ranks"]["size"] == n, f"[healthy, {n} ranks] meta.ranks.size")
 
 
@@ -265,8 +361,14 @@ def main():
         p, wall = mpirun(2, ["run", "collective", "--quick", "-p", "mismatch=skip@3:5", "-p", f"dump_dir={tmp}/bad"])
         check(p.returncode == 2 and "rank 5 does not exist" in p.stderr,
           f"a mismatch rank past the job's size: exit {p.returncode} (want 2)", p.stderr[-800:])
+        p = subprocess.run(["timeout", "30", STALLBENCH, "run", "collective", "-p", "mode=async"],
+                           capture_output=True, text=True)
+        check(p.returncode == 2 and "blocking|nonblocking" in p.stderr,
+              f"an unknown mode: exit {p.returncode} (want 2) naming the valid ones", p.stderr[-400:])
         for n in (2, 3):
             healthy(tmp, n)
+        for mode in ("blocking", "nonblocking"):
+            sweep_hang(tmp, mode)
         for n in (2, 3):
             for kind in ("skip", "order", "count", "dtype", "root", "straggler"):
                 hang_case(tmp, n, kind)
