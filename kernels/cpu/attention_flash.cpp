@@ -57,49 +57,64 @@ std::size_t tile_floats(std::int64_t D, std::int64_t max_len) {
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float v16 __attribute__((vector_size(64)));
 #define SB_INLINE inline __attribute__((always_inline))
-SB_INLINE v16 load16(const float* p) {
-  v16 x;
+typedef float v8 __attribute__((vector_size(32)));
+template <class V>
+SB_INLINE V load_v(const float* p) {
+  V x;
   std::memcpy(&x, p, sizeof x);
   return x;
 }
-SB_INLINE void store16(float* p, v16 x) { std::memcpy(p, &x, sizeof x); }
+template <class V>
+SB_INLINE void store_v(float* p, V x) {
+  std::memcpy(p, &x, sizeof x);
+}
 
-// out[i][0..16*NV) += sum_k mul * A(i, k) * B[k][0..16*NV) for 4 rows i;
-// A(i, k) = a[i*sa + k*sk], so A may be read transposed.
-template <int NV>
+// out[i][0..W*NV) += sum_k mul * A(i, k) * B[k][0..W*NV) for 4 rows i, W the
+// lanes of V; A(i, k) = a[i*sa + k*sk], so A may be read transposed.
+template <class V, int NV>
 SB_INLINE void block4(float* out, std::int64_t ldo, const float* a, std::int64_t sa, std::int64_t sk, const float* b,
                       std::int64_t ldb, std::int64_t kn, float mul) {
-  v16 acc[4][NV];
+  constexpr int W = int(sizeof(V) / sizeof(float));
+  V acc[4][NV];
   for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < NV; ++j) acc[i][j] = load16(out + i * ldo + 16 * j);
+    for (int j = 0; j < NV; ++j) acc[i][j] = load_v<V>(out + i * ldo + W * j);
   for (std::int64_t k = 0; k < kn; ++k) {
-    v16 bv[NV];
-    for (int j = 0; j < NV; ++j) bv[j] = load16(b + k * ldb + 16 * j);
+    V bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = load_v<V>(b + k * ldb + W * j);
     for (int i = 0; i < 4; ++i) {
       const float av = a[i * sa + k * sk] * mul;
       for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
     }
   }
   for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < NV; ++j) store16(out + i * ldo + 16 * j, acc[i][j]);
+    for (int j = 0; j < NV; ++j) store_v<V>(out + i * ldo + W * j, acc[i][j]);
 }
 
 // out[rows x cols] += mul * A[rows x kn] B[kn x cols]; rows a multiple of 4,
-// cols of 16. 2*rows*cols*kn FLOPs.
+// cols of 16. 2*rows*cols*kn FLOPs. The register block fits the ISA: with
+// AVX-512, 4 rows x 4 vectors of 16 floats (16 of its 32 zmm registers);
+// below it, 4 rows x 2 vectors of 8 (8 of AVX2's 16 ymm). The 64-byte
+// vectors on AVX2 spilled every k and ran 2.3x slower at 4x4, 5x at 4x1.
 SB_CPU_CLONES void tile_gemm(float* out, std::int64_t ldo, std::int64_t rows, std::int64_t cols, const float* a,
                              std::int64_t sa, std::int64_t sk, const float* b, std::int64_t ldb, std::int64_t kn,
                              float mul) {
-  for (std::int64_t i = 0; i < rows; i += 4)
+  static const bool wide = __builtin_cpu_supports("avx512f");
+  for (std::int64_t i = 0; i < rows; i += 4) {
+    const float* ai = a + i * sa;
+    if (!wide) {
+      for (std::int64_t c = 0; c < cols; c += 16) block4<v8, 2>(out + i * ldo + c, ldo, ai, sa, sk, b + c, ldb, kn, mul);
+      continue;
+    }
     for (std::int64_t c = 0; c < cols; c += 64) {
       float* o = out + i * ldo + c;
-      const float* ai = a + i * sa;
       switch (std::min<std::int64_t>(4, (cols - c) / 16)) {
-        case 4: block4<4>(o, ldo, ai, sa, sk, b + c, ldb, kn, mul); break;
-        case 3: block4<3>(o, ldo, ai, sa, sk, b + c, ldb, kn, mul); break;
-        case 2: block4<2>(o, ldo, ai, sa, sk, b + c, ldb, kn, mul); break;
-        default: block4<1>(o, ldo, ai, sa, sk, b + c, ldb, kn, mul); break;
+        case 4: block4<v16, 4>(o, ldo, ai, sa, sk, b + c, ldb, kn, mul); break;
+        case 3: block4<v16, 3>(o, ldo, ai, sa, sk, b + c, ldb, kn, mul); break;
+        case 2: block4<v16, 2>(o, ldo, ai, sa, sk, b + c, ldb, kn, mul); break;
+        default: block4<v16, 1>(o, ldo, ai, sa, sk, b + c, ldb, kn, mul); break;
       }
     }
+  }
 }
 
 // ---- the softmax parts of a tile (compiled per ISA) ----
