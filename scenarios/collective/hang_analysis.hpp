@@ -44,11 +44,15 @@ enum class DivergenceKind {
   dtype,    // same op and count, different dtype
   root,     // same op, count and dtype, different root
   missing,  // some ranks never issued this seq
+  state,    // same call everywhere, but not every rank got as far with it (PyTorch dumps)
 };
-inline constexpr NameTable<DivergenceKind, 6> kDivergenceKindNames{{{{DivergenceKind::none, "none"}, {DivergenceKind::op, "op"}, {DivergenceKind::count, "count"}, {DivergenceKind::dtype, "dtype"}, {DivergenceKind::root, "root"}, {DivergenceKind::missing, "missing"}}}};
+inline constexpr NameTable<DivergenceKind, 7> kDivergenceKindNames{{{{DivergenceKind::none, "none"}, {DivergenceKind::op, "op"}, {DivergenceKind::count, "count"}, {DivergenceKind::dtype, "dtype"}, {DivergenceKind::root, "root"}, {DivergenceKind::missing, "missing"}, {DivergenceKind::state, "state"}}}};
 inline std::string_view to_string(DivergenceKind v) { return kDivergenceKindNames.name(v); }
 
 struct HangReport {
+  // "stallbench-flight-recorder" (our collective's dumps) or
+  // "pytorch-flight-recorder" (torch_fr.hpp: a real job's dumps).
+  std::string format = "stallbench-flight-recorder";
   std::string dir;
   std::string run_id;
   int size = 0;                       // from the dumps' headers
@@ -82,6 +86,16 @@ struct HangReport {
   double stall_lost_ms = 0;  // the most any other rank waited for it
 
   std::string summary;  // one line: "seq 10 (step 5 call 0): rank 1 skipped all_reduce count=... fp32"
+
+  // PyTorch dumps only: the process group the divergence is in, the name
+  // PyTorch's analyzer (fr_trace) gives the same finding, the last
+  // collective every rank of the group completed, and the culprit's Python
+  // frames at the divergent entry ("func (file:line)", innermost first).
+  std::string process_group;
+  std::string torch_match_state;
+  std::int64_t last_all_completed_seq = -1;
+  std::string last_all_completed;
+  std::vector<std::string> culprit_frames;
 };
 
 // Reads every *.json in dir that is a flight-recorder dump. With dumps of

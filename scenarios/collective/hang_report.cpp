@@ -13,7 +13,10 @@
 
 #include "harness/errors.hpp"  // UsageError
 #include "harness/json_read.hpp"  // JsonRef, reading_file, without_file_prefix
+#include "harness/files.hpp"      // read_regular_file
+#include "harness/pickle_read.hpp"  // looks_like_pickle
 #include "harness/result.hpp"     // read_json_file
+#include "scenarios/collective/torch_fr.hpp"  // PyTorch's dumps
 
 namespace sb {
 
@@ -110,10 +113,49 @@ HangReport analyze_hang_dir(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) throw UsageError(fmt::format("analyze-hang: {} is not a directory", dir));
   std::vector<std::string> files;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->is_regular_file(ec) && it->path().extension() == ".json") files.push_back(it->path().string());
+    if (it->is_regular_file(ec)) files.push_back(it->path().string());
   if (ec) throw UsageError(fmt::format("analyze-hang: cannot list {}: {}", dir, ec.message()));
   std::sort(files.begin(), files.end());
-  return analyze_hang_files(dir, files, read_json_file);
+
+  // PyTorch's dumps (a pickle, or JSON with version and entries) go to the
+  // PyTorch analysis; ours (*.json with our format tag) to ours.
+  std::vector<std::string> ours;
+  std::vector<TorchFrDump> torch;
+  std::vector<std::string> torch_warnings;
+  for (const auto& f : files) {
+    const bool is_json = fs::path(f).extension() == ".json";
+    try {
+      const std::string bytes = read_regular_file(f, "flight-recorder dump");
+      if (looks_like_pickle(bytes)) {
+        torch.push_back(read_torch_fr_file(f, bytes));
+        continue;
+      }
+      if (!is_json && (bytes.empty() || bytes.front() != '{')) continue;  // a note or a log beside the dumps
+      const json j = parse_json_text(bytes, f);
+      if (is_torch_fr_json(j)) {
+        const int rank = rank_from_file_name(f);
+        if (rank < 0) throw UsageError(fmt::format("{}: no rank number at the end of the file name", f));
+        torch.push_back(torch_fr_from_json(j, f, rank));
+      } else if (is_json) {
+        ours.push_back(f);
+      }
+    } catch (const UsageError& e) {
+      // Ours are re-read below and warned about there.
+      if (is_json) ours.push_back(f);
+      else torch_warnings.push_back(fmt::format("skipped {}: {}", f, without_file_prefix(e.what(), f)));
+    }
+  }
+  if (!torch.empty()) {
+    HangReport r = analyze_torch_fr(torch);
+    r.dir = dir;
+    r.warnings.insert(r.warnings.begin(), torch_warnings.begin(), torch_warnings.end());
+    for (const auto& f : ours) r.warnings.push_back(fmt::format("skipped {}: not a PyTorch Flight Recorder dump", f));
+    return r;
+  }
+  if (ours.empty() && !torch_warnings.empty())
+    throw UsageError(fmt::format("analyze-hang: no readable flight-recorder dump in {} ({})", dir,
+                                 fmt::join(torch_warnings, "; ")));
+  return analyze_hang_files(dir, ours, read_json_file);
 }
 
 HangReport analyze_hang_files(const std::string& dir, const std::vector<std::string>& files,
@@ -163,9 +205,11 @@ HangReport analyze_hang_files(const std::string& dir, const std::vector<std::str
 }
 
 std::string format_hang_report(const HangReport& r) {
-  std::string out = fmt::format("analyze-hang {}: run {}, size {}, ranks found {}, missing {}\n",
-                                r.dir.empty() ? "(dumps)" : r.dir, r.run_id, r.size, int_list(r.ranks_found),
-                                int_list(r.ranks_missing));
+  std::string out = fmt::format("analyze-hang {}: {}{}, size {}, ranks found {}, missing {}\n",
+                                r.dir.empty() ? "(dumps)" : r.dir,
+                                r.format == kFlightRecorderFormat ? "run " + r.run_id : "PyTorch Flight Recorder",
+                                r.process_group.empty() ? "" : ", process group " + r.process_group, r.size,
+                                int_list(r.ranks_found), int_list(r.ranks_missing));
   if (r.kind == DivergenceKind::none) {
     out += "verdict: no divergence\n";
   } else {
@@ -175,7 +219,16 @@ std::string format_hang_report(const HangReport& r) {
     out += fmt::format("; culprit{} {}\n", r.culprits.size() == 1 ? "" : "s", int_list(r.culprits));
     if (!r.expected.empty()) out += fmt::format("expected: {}\n", r.expected);
   }
+  if (!r.torch_match_state.empty()) out += fmt::format("PyTorch's fr_trace would say: {}\n", r.torch_match_state);
+  if (r.format != kFlightRecorderFormat)
+    out += r.last_all_completed_seq >= 0 ? fmt::format("last collective every rank completed: seq {} ({})\n",
+                                                       r.last_all_completed_seq, r.last_all_completed)
+                                         : "last collective every rank completed: none in the dumps\n";
   out += fmt::format("summary: {}\n", r.summary);
+  if (!r.culprit_frames.empty()) {
+    out += "culprit's Python stack at that collective:\n";
+    for (const auto& f : r.culprit_frames) out += "  " + f + "\n";
+  }
 
   // The per-rank table: "?" marks a rank without a dump, "-" no seq at all.
   // The call column exists only when there is a divergent seq to show.
@@ -248,6 +301,13 @@ json to_json(const HangReport& r) {
   j["stall"] = {{"seq", r.stall_seq}, {"rank", r.stall_rank}, {"lost_ms", r.stall_lost_ms}};
   j["summary"] = r.summary;
   j["warnings"] = r.warnings;
+  j["format"] = r.format;
+  if (r.format != kFlightRecorderFormat) {
+    j["process_group"] = r.process_group;
+    j["torch_match_state"] = r.torch_match_state;
+    j["last_all_completed"] = {{"seq", r.last_all_completed_seq}, {"collective", r.last_all_completed}};
+    j["culprit_frames"] = r.culprit_frames;
+  }
   return j;
 }
 

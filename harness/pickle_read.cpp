@@ -1,0 +1,315 @@
+#include "harness/pickle_read.hpp"
+
+#include <cstdint>        // std::uint8_t, std::uint32_t, std::int64_t
+#include <cstring>        // std::memcpy
+#include <string>         // std::string
+#include <unordered_map>  // std::unordered_map: the memo
+#include <vector>         // std::vector
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"  // UsageError
+
+namespace sb {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// Values live in an arena and refer to each other by index, so that a
+// container memoized before it is filled (as picklers do) is the same
+// container when it is fetched from the memo later.
+struct Node {
+  enum class K : std::uint8_t { none, boolean, integer, real, str, list, tuple, dict, global };
+  K k = K::none;
+  std::int64_t i = 0;  // boolean, integer; global: which helper
+  double d = 0;
+  std::string_view s;               // str: UTF-8 bytes inside the input
+  std::vector<std::uint32_t> kids;  // list, tuple; dict: key, value, key, value, ...
+};
+
+// torch.jit._pickle's helpers: each returns its first argument.
+constexpr const char* kIdentityGlobals[] = {"restore_type_tag", "build_intlist", "build_doublelist",
+                                            "build_boollist"};
+
+// Well-formed UTF-8 as RFC 3629 defines it (no overlong forms, no
+// surrogates, nothing past U+10FFFF): what the JSON writer accepts later.
+bool valid_utf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t n;
+    unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) n = 1;
+    else if (c >= 0xE0 && c <= 0xEF) n = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4) n = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else return false;
+    if (s.size() - i - 1 < n) return false;
+    for (std::size_t k = 1; k <= n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if (k == 1 ? (b < lo || b > hi) : (b >> 6) != 2) return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+class Reader {
+ public:
+  Reader(std::string_view b, const std::string& file) : b_(b), file_(file) {}
+
+  json run() {
+    if (!looks_like_pickle(b_)) fail(0, "not a pickle (no PROTO 2..5 opcode at the start)");
+    for (;;) {
+      const std::size_t at = pos_;
+      const std::uint8_t op = byte(at);
+      ++pos_;
+      switch (op) {
+        case 0x80: pos_ += 1; need(at, 0); break;  // PROTO n
+        case 0x95: pos_ += 8; need(at, 0); break;  // FRAME len: framing only
+        case 0x2e: {                               // STOP
+          if (stack_.size() != 1 || !marks_.empty()) fail(at, "STOP with a stack that is not one value");
+          return to_json(stack_.back(), 0, at);
+        }
+        case 0x7d: push(make(Node::K::dict)); break;   // EMPTY_DICT
+        case 0x5d: push(make(Node::K::list)); break;   // EMPTY_LIST
+        case 0x29: push(make(Node::K::tuple)); break;  // EMPTY_TUPLE
+        case 0x28: marks_.push_back(stack_.size()); break;  // MARK
+        case 0x58: str(at, le(at, 4)); break;               // BINUNICODE
+        case 0x8c: str(at, le(at, 1)); break;               // SHORT_BINUNICODE
+        case 0x8d: str(at, le(at, 8)); break;               // BINUNICODE8
+        case 0x71: memo_[std::uint32_t(le(at, 1))] = top(at); break;  // BINPUT
+        case 0x72: memo_[std::uint32_t(le(at, 4))] = top(at); break;  // LONG_BINPUT
+        case 0x94: memo_[std::uint32_t(memo_.size())] = top(at); break;  // MEMOIZE
+        case 0x68: get(at, le(at, 1)); break;  // BINGET
+        case 0x6a: get(at, le(at, 4)); break;  // LONG_BINGET
+        case 0x4e: push(make(Node::K::none)); break;  // NONE
+        case 0x88: boolean(true); break;              // NEWTRUE
+        case 0x89: boolean(false); break;             // NEWFALSE
+        case 0x4b: integer(le(at, 1)); break;         // BININT1
+        case 0x4d: integer(le(at, 2)); break;         // BININT2
+        case 0x4a: integer(std::int64_t(std::int32_t(std::uint32_t(le(at, 4))))); break;  // BININT
+        case 0x8a: long1(at); break;                  // LONG1
+        case 0x47: binfloat(at); break;               // BINFLOAT
+        case 0x61: append(at, 1); break;              // APPEND
+        case 0x65: append(at, -1); break;             // APPENDS
+        case 0x73: setitems(at, 1); break;            // SETITEM
+        case 0x75: setitems(at, -1); break;           // SETITEMS
+        case 0x85: tuple(at, 1); break;               // TUPLE1
+        case 0x86: tuple(at, 2); break;               // TUPLE2
+        case 0x87: tuple(at, 3); break;               // TUPLE3
+        case 0x74: tuple(at, -1); break;              // TUPLE
+        case 0x63: global(at); break;                 // GLOBAL
+        case 0x52: reduce(at); break;                 // REDUCE
+        default:
+          fail(at, fmt::format("opcode 0x{:02x}{} is not in the subset a Flight Recorder dump uses", op,
+                               op >= 0x20 && op < 0x7f ? fmt::format(" ('{}')", char(op)) : std::string()));
+      }
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(std::size_t at, const std::string& what) const {
+    throw UsageError(fmt::format("{}: pickle: {} at offset {}", file_, what, at));
+  }
+  std::uint8_t byte(std::size_t at) const {
+    if (pos_ >= b_.size()) fail(at, "the stream ends before STOP (truncated)");
+    return static_cast<std::uint8_t>(b_[pos_]);
+  }
+  void need(std::size_t at, std::size_t n) const {
+    if (pos_ > b_.size() || b_.size() - pos_ < n) fail(at, "the stream ends inside an opcode's argument (truncated)");
+  }
+  // n little-endian bytes at pos_, unsigned; advances.
+  std::uint64_t le(std::size_t at, int n) {
+    need(at, std::size_t(n));
+    std::uint64_t v = 0;
+    for (int k = n - 1; k >= 0; --k) v = (v << 8) | static_cast<std::uint8_t>(b_[pos_ + std::size_t(k)]);
+    pos_ += std::size_t(n);
+    return v;
+  }
+  std::uint32_t make(Node::K k) {
+    if (nodes_.size() >= kMaxPickleNodes) fail(pos_, fmt::format("more than {} values", kMaxPickleNodes));
+    nodes_.push_back(Node{k});
+    return std::uint32_t(nodes_.size() - 1);
+  }
+  void push(std::uint32_t n) { stack_.push_back(n); }
+  std::uint32_t top(std::size_t at) const {
+    if (stack_.size() <= (marks_.empty() ? 0 : marks_.back())) fail(at, "memo store with nothing on the stack");
+    return stack_.back();
+  }
+  std::uint32_t pop(std::size_t at) {
+    if (stack_.size() <= (marks_.empty() ? 0 : marks_.back())) fail(at, "stack underflow");
+    const std::uint32_t n = stack_.back();
+    stack_.pop_back();
+    return n;
+  }
+  // The values above the last MARK, which is removed.
+  std::vector<std::uint32_t> pop_mark(std::size_t at) {
+    if (marks_.empty()) fail(at, "no MARK to pop to");
+    const std::size_t m = marks_.back();
+    marks_.pop_back();
+    std::vector<std::uint32_t> out(stack_.begin() + std::ptrdiff_t(m), stack_.end());
+    stack_.resize(m);
+    return out;
+  }
+  void str(std::size_t at, std::uint64_t len) {
+    need(at, 0);
+    if (len > b_.size() - pos_) fail(at, fmt::format("a string of {} bytes runs past the end (truncated)", len));
+    const std::string_view s = b_.substr(pos_, std::size_t(len));
+    if (!valid_utf8(s)) fail(at, "a string that is not UTF-8");
+    pos_ += std::size_t(len);
+    const std::uint32_t n = make(Node::K::str);
+    nodes_[n].s = s;
+    push(n);
+  }
+  void get(std::size_t at, std::uint64_t idx) {
+    auto it = memo_.find(std::uint32_t(idx));
+    if (idx > 0xFFFFFFFFu || it == memo_.end()) fail(at, fmt::format("memo index {} was never stored", idx));
+    push(it->second);
+  }
+  void boolean(bool v) {
+    const std::uint32_t n = make(Node::K::boolean);
+    nodes_[n].i = v;
+    push(n);
+  }
+  void integer(std::int64_t v) {
+    const std::uint32_t n = make(Node::K::integer);
+    nodes_[n].i = v;
+    push(n);
+  }
+  void long1(std::size_t at) {
+    const auto len = int(le(at, 1));
+    if (len > 8) fail(at, fmt::format("an integer of {} bytes (more than 64 bits)", len));
+    if (len == 0) return integer(0);
+    std::uint64_t v = le(at, len);
+    if (len < 8 && (v >> (8 * len - 1)) & 1) v |= ~std::uint64_t(0) << (8 * len);  // sign-extend
+    integer(std::int64_t(v));
+  }
+  void binfloat(std::size_t at) {
+    need(at, 8);
+    std::uint64_t v = 0;
+    for (int k = 0; k < 8; ++k) v = (v << 8) | static_cast<std::uint8_t>(b_[pos_ + std::size_t(k)]);  // big-endian
+    pos_ += 8;
+    double d;
+    std::memcpy(&d, &v, sizeof d);
+    const std::uint32_t n = make(Node::K::real);
+    nodes_[n].d = d;
+    push(n);
+  }
+  Node& container(std::size_t at, std::uint32_t n, Node::K k, const char* op) {
+    if (nodes_[n].k != k) fail(at, fmt::format("{} on a value that is not a {}", op, k == Node::K::dict ? "dict" : "list"));
+    return nodes_[n];
+  }
+  void append(std::size_t at, int count) {
+    std::vector<std::uint32_t> items = count < 0 ? pop_mark(at) : std::vector<std::uint32_t>{pop(at)};
+    const std::uint32_t target = top(at);
+    Node& l = container(at, target, Node::K::list, count < 0 ? "APPENDS" : "APPEND");
+    l.kids.insert(l.kids.end(), items.begin(), items.end());
+  }
+  void setitems(std::size_t at, int count) {
+    std::vector<std::uint32_t> items;
+    if (count < 0) {
+      items = pop_mark(at);
+    } else {
+      const std::uint32_t v = pop(at), k = pop(at);
+      items = {k, v};
+    }
+    if (items.size() % 2) fail(at, "SETITEMS with a key and no value");
+    const std::uint32_t target = top(at);
+    Node& d = container(at, target, Node::K::dict, count < 0 ? "SETITEMS" : "SETITEM");
+    for (std::size_t i = 0; i < items.size(); i += 2) {
+      const Node::K kk = nodes_[items[i]].k;
+      if (kk != Node::K::str && kk != Node::K::integer) fail(at, "a dict key that is neither a string nor an int");
+    }
+    d.kids.insert(d.kids.end(), items.begin(), items.end());
+  }
+  void tuple(std::size_t at, int count) {
+    std::vector<std::uint32_t> items;
+    if (count < 0) {
+      items = pop_mark(at);
+    } else {
+      items.resize(std::size_t(count));
+      for (int k = count - 1; k >= 0; --k) items[std::size_t(k)] = pop(at);
+    }
+    const std::uint32_t n = make(Node::K::tuple);
+    nodes_[n].kids = std::move(items);
+    push(n);
+  }
+  void global(std::size_t at) {
+    auto line = [&]() {
+      const std::size_t nl = b_.find('\n', pos_);
+      if (nl == std::string_view::npos || nl - pos_ > 256) fail(at, "GLOBAL without its newline-ended name");
+      const std::string_view s = b_.substr(pos_, nl - pos_);
+      pos_ = nl + 1;
+      return s;
+    };
+    const std::string_view mod = line(), name = line();
+    if (mod == "torch.jit._pickle")
+      for (std::size_t k = 0; k < std::size(kIdentityGlobals); ++k)
+        if (name == kIdentityGlobals[k]) {
+          const std::uint32_t n = make(Node::K::global);
+          nodes_[n].i = std::int64_t(k);
+          return push(n);
+        }
+    fail(at, fmt::format("global {}.{} refused: only torch.jit._pickle's identity helpers are accepted",
+                         std::string(mod), std::string(name)));
+  }
+  void reduce(std::size_t at) {
+    const std::uint32_t args = pop(at), callable = pop(at);
+    if (nodes_[callable].k != Node::K::global) fail(at, "REDUCE of something that is not an accepted global");
+    if (nodes_[args].k != Node::K::tuple || nodes_[args].kids.empty())
+      fail(at, "REDUCE with no argument tuple");
+    push(nodes_[args].kids.front());  // the helpers return their first argument
+  }
+
+  json to_json(std::uint32_t n, int depth, std::size_t at) const {
+    if (depth > kMaxPickleDepth)
+      fail(at, fmt::format("values nested deeper than {} (or a container that holds itself)", kMaxPickleDepth));
+    const Node& x = nodes_[n];
+    switch (x.k) {
+      case Node::K::none: return nullptr;
+      case Node::K::boolean: return x.i != 0;
+      case Node::K::integer: return x.i;
+      case Node::K::real: return x.d;
+      case Node::K::str: return std::string(x.s);
+      case Node::K::list:
+      case Node::K::tuple: {
+        json a = json::array();
+        for (std::uint32_t k : x.kids) a.push_back(to_json(k, depth + 1, at));
+        return a;
+      }
+      case Node::K::dict: {
+        json o = json::object();
+        for (std::size_t k = 0; k < x.kids.size(); k += 2) {
+          const Node& key = nodes_[x.kids[k]];
+          std::string name = key.k == Node::K::str ? std::string(key.s) : std::to_string(key.i);
+          o[std::move(name)] = to_json(x.kids[k + 1], depth + 1, at);
+        }
+        return o;
+      }
+      case Node::K::global: fail(at, "a global left unapplied (no REDUCE)");
+    }
+    return nullptr;
+  }
+
+  std::string_view b_;
+  const std::string& file_;
+  std::size_t pos_ = 0;
+  std::vector<Node> nodes_;
+  std::vector<std::uint32_t> stack_;
+  std::vector<std::size_t> marks_;
+  std::unordered_map<std::uint32_t, std::uint32_t> memo_;
+};
+
+}  // namespace
+
+bool looks_like_pickle(std::string_view bytes) {
+  return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x80 && bytes[1] >= 2 && bytes[1] <= 5;
+}
+
+json read_pickle(std::string_view bytes, const std::string& file) { return Reader(bytes, file).run(); }
+
+}  // namespace sb

@@ -1,0 +1,451 @@
+#include "scenarios/collective/torch_fr.hpp"
+
+#include <algorithm>  // std::sort, std::max, std::min, std::count
+#include <cctype>     // std::isdigit
+#include <filesystem>  // std::filesystem::path: the file name
+#include <map>        // std::map
+#include <set>        // std::set
+
+#include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
+
+#include "harness/errors.hpp"       // UsageError
+#include "harness/json_read.hpp"    // JsonRef, parse_json_text
+#include "harness/pickle_read.hpp"  // read_pickle, looks_like_pickle
+
+namespace sb {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// A timestamp or counter the JSON form writes as 0 or a string where the
+// pickle has None or an int: 0 for none.
+std::int64_t int_or_zero(const JsonRef& v) {
+  if (!v.present() || v.raw().is_null()) return 0;
+  if (v.raw().is_string()) {
+    const std::string s = v.str();
+    try {
+      std::size_t used = 0;
+      const long long x = std::stoll(s, &used);
+      if (used == s.size()) return x;
+    } catch (const std::exception&) {
+    }
+    v.fail(fmt::format("expected an integer, got the string \"{}\"", s));
+  }
+  return v.integer();
+}
+
+std::vector<std::vector<std::int64_t>> sizes(const JsonRef& v) {
+  std::vector<std::vector<std::int64_t>> out;
+  if (!v.present() || v.raw().is_null()) return out;
+  for (std::size_t i = 0; i < v.array().size(); ++i) {
+    const JsonRef t = v.at(i);
+    std::vector<std::int64_t> dims;
+    for (std::size_t k = 0; k < t.array().size(); ++k) dims.push_back(t.at(k).integer(0, std::int64_t(1) << 48));
+    out.push_back(std::move(dims));
+  }
+  return out;
+}
+
+std::vector<std::string> strings(const JsonRef& v) {
+  std::vector<std::string> out;
+  if (!v.present() || v.raw().is_null()) return out;
+  for (std::size_t i = 0; i < v.array().size(); ++i) out.push_back(v.at(i).str());
+  return out;
+}
+
+// "[0, 1, 2]" (how the dumps write a group's ranks) or a list of ints.
+std::vector<int> rank_list(const JsonRef& v) {
+  std::vector<int> out;
+  if (v.raw().is_array()) {
+    for (std::size_t i = 0; i < v.size(); ++i) out.push_back(v.at(i).int32(0, 1 << 24));
+    return out;
+  }
+  const std::string s = v.str();
+  std::int64_t cur = -1;
+  for (char c : s) {
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      cur = (cur < 0 ? 0 : cur) * 10 + (c - '0');
+      if (cur > (1 << 24)) v.fail("a rank above 2^24");
+    } else if (c == ',' || c == ']') {
+      if (cur >= 0) out.push_back(int(cur));
+      cur = -1;
+    } else if (c != '[' && c != ' ') {
+      v.fail(fmt::format("expected a list of ranks like \"[0, 1]\", got \"{}\"", s));
+    }
+  }
+  if (cur >= 0) out.push_back(int(cur));
+  return out;
+}
+
+std::int64_t numel(const std::vector<std::int64_t>& dims) {
+  std::int64_t n = 1;
+  for (auto d : dims) n *= d;
+  return n;
+}
+
+std::string op_name(const std::string& profiling_name) {
+  const auto colon = profiling_name.find(':');
+  return colon == std::string::npos ? profiling_name : profiling_name.substr(colon + 1);
+}
+
+std::string describe(const TorchFrEntry& e) {
+  std::vector<std::string> in, out;
+  for (const auto& d : e.input_sizes) in.push_back(fmt::format("{}", fmt::join(d, "x")));
+  for (const auto& d : e.output_sizes) out.push_back(fmt::format("{}", fmt::join(d, "x")));
+  return fmt::format("{} in [{}] {} out [{}] {}", e.profiling_name, fmt::join(in, ", "), fmt::join(e.input_dtypes, ","),
+                     fmt::join(out, ", "), fmt::join(e.output_dtypes, ","));
+}
+
+int state_rank(const TorchFrEntry& e) { return torch_fr_done(e) ? 2 : e.state == "started" ? 1 : 0; }
+
+// The group size an all-gather's or reduce-scatter's sizes imply against
+// its group: output numel = n x input numel (all-gather), input = n x output
+// (reduce-scatter). false when the entry's own sizes contradict the group.
+bool sizes_fit_group(const TorchFrEntry& e, std::size_t n) {
+  if (e.input_sizes.empty() || e.output_sizes.empty()) return true;
+  std::int64_t in = 0, out = 0;
+  for (const auto& d : e.input_sizes) in += numel(d);
+  for (const auto& d : e.output_sizes) out += numel(d);
+  const std::string op = op_name(e.profiling_name);
+  if (op.find("all_gather") != std::string::npos || op == "_allgather_base") return out == in * std::int64_t(n);
+  if (op.find("reduce_scatter") != std::string::npos) return in == out * std::int64_t(n);
+  return true;
+}
+
+}  // namespace
+
+bool is_torch_fr_json(const json& j) {
+  return j.is_object() && j.contains("entries") && j.contains("version") && !j.contains("format");
+}
+
+int rank_from_file_name(const std::string& path) {
+  std::string name = std::filesystem::path(path).filename().string();
+  for (const char* ext : {".json", ".pkl", ".pickle"})
+    if (name.size() > std::string(ext).size() && name.ends_with(ext)) name.resize(name.size() - std::string(ext).size());
+  std::size_t i = name.size();
+  while (i > 0 && std::isdigit(static_cast<unsigned char>(name[i - 1]))) --i;
+  if (i == name.size() || name.size() - i > 7) return -1;
+  return std::stoi(name.substr(i));
+}
+
+TorchFrDump torch_fr_from_json(const json& j, const std::string& path, int rank) {
+  const JsonRef root(j, path);
+  TorchFrDump d;
+  d.rank = rank;
+  d.path = path;
+  d.version = root.at("version").raw().is_string() ? root.at("version").str() : root.at("version").raw().dump();
+  if (auto pgc = root.find("pg_config"))
+    for (const auto& [key, g] : pgc->members()) {
+      TorchFrDump::Group grp;
+      grp.name = g.find("name") && !g.at("name").str().empty() ? g.at("name").str() : key;
+      grp.desc = g.find("desc") ? g.at("desc").str() : "";
+      grp.ranks = rank_list(g.at("ranks"));
+      d.groups.push_back(std::move(grp));
+    }
+  const JsonRef entries = root.at("entries");
+  d.entries.reserve(entries.array().size());
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const JsonRef e = entries.at(i);
+    TorchFrEntry x;
+    x.record_id = int_or_zero(e.at("record_id"));
+    if (auto pg = e.find("process_group")) {
+      if (pg->raw().is_array() && pg->size() >= 1) {
+        x.pg_name = pg->at(std::size_t(0)).str();
+        if (pg->size() >= 2) x.pg_desc = pg->at(std::size_t(1)).str();
+      } else {
+        x.pg_name = pg->str();
+      }
+    } else if (auto pid = e.find("pg_id")) {
+      x.pg_name = std::to_string(int_or_zero(*pid));
+    }
+    x.collective_seq_id = int_or_zero(e.at("collective_seq_id"));
+    if (auto p = e.find("p2p_seq_id")) x.p2p_seq_id = int_or_zero(*p);
+    if (auto p = e.find("op_id")) x.op_id = int_or_zero(*p);
+    if (auto p = e.find("is_p2p"); p && !p->raw().is_null()) x.is_p2p = p->boolean();
+    x.profiling_name = e.at("profiling_name").raw().is_null() ? "" : e.at("profiling_name").str();
+    x.input_sizes = sizes(e.at("input_sizes"));
+    x.output_sizes = sizes(e.at("output_sizes"));
+    x.input_dtypes = strings(e.at("input_dtypes"));
+    x.output_dtypes = strings(e.at("output_dtypes"));
+    x.state = e.at("state").str();
+    if (auto t = e.find("retired"); t && !t->raw().is_null()) x.retired = t->boolean();
+    x.time_created_ns = int_or_zero(e.at("time_created_ns"));
+    if (auto t = e.find("time_discovered_started_ns")) x.time_started_ns = int_or_zero(*t);
+    if (auto t = e.find("time_discovered_completed_ns")) x.time_completed_ns = int_or_zero(*t);
+    if (auto t = e.find("duration_ms"); t && !t->raw().is_null()) x.duration_ms = t->number();
+    if (auto t = e.find("timeout_ms"); t && !t->raw().is_null()) x.timeout_ms = int_or_zero(*t);
+    if (auto fr = e.find("frames"); fr && fr->raw().is_array())
+      for (std::size_t k = 0; k < fr->size(); ++k) {
+        const JsonRef f = fr->at(k);
+        x.frames.push_back(fmt::format("{} ({}:{})", f.at("name").str(), f.at("filename").str(),
+                                       int_or_zero(f.at("line"))));
+      }
+    d.entries.push_back(std::move(x));
+  }
+  return d;
+}
+
+TorchFrDump read_torch_fr_file(const std::string& path, const std::string& bytes) {
+  const int rank = rank_from_file_name(path);
+  if (rank < 0) throw UsageError(fmt::format("{}: no rank number at the end of the file name (rank_0, rank_1, ...)", path));
+  const json j = looks_like_pickle(bytes) ? read_pickle(bytes, path) : parse_json_text(bytes, path);
+  if (!is_torch_fr_json(j)) throw UsageError(fmt::format("{}: not a PyTorch Flight Recorder dump (no version and entries)", path));
+  return torch_fr_from_json(j, path, rank);
+}
+
+HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
+  if (dumps.empty()) throw UsageError("analyze-hang: no PyTorch Flight Recorder dumps to analyse");
+  HangReport r;
+  r.format = kTorchFlightRecorderFormat;
+  r.run_id = "pytorch";
+  // One dump per rank: a second file of the same rank is a warning.
+  std::map<int, const TorchFrDump*> by_rank;
+  for (const auto& d : dumps) {
+    if (by_rank.count(d.rank)) {
+      r.warnings.push_back(fmt::format("two dumps of rank {}: {} ignored", d.rank, d.path));
+      continue;
+    }
+    by_rank[d.rank] = &d;
+  }
+  // The process groups and who is in them, from every dump's pg_config.
+  std::map<std::string, std::vector<int>> group_ranks;
+  for (const auto& [rank, d] : by_rank)
+    for (const auto& g : d->groups)
+      if (!group_ranks.count(g.name) || group_ranks[g.name].size() < g.ranks.size()) group_ranks[g.name] = g.ranks;
+  // The job: the largest group (the default one), else the ranks seen.
+  std::vector<int> world;
+  for (const auto& [name, ranks] : group_ranks)
+    if (ranks.size() > world.size()) world = ranks;
+  for (const auto& [rank, d] : by_rank)
+    if (std::find(world.begin(), world.end(), rank) == world.end()) world.push_back(rank);
+  std::sort(world.begin(), world.end());
+  r.size = world.empty() ? 0 : world.back() + 1;
+  for (int k = 0; k < r.size; ++k) (by_rank.count(k) ? r.ranks_found : r.ranks_missing).push_back(k);
+  const auto n = std::size_t(r.size);
+  r.last_completed.assign(n, -2);
+  r.last_enqueued.assign(n, -2);
+  r.where.assign(n, "");
+  r.per_rank_call.assign(n, "-");
+
+  // Collectives by process group, then rank, then seq (p2p calls apart).
+  struct View {
+    std::map<std::int64_t, const TorchFrEntry*> coll, p2p;
+  };
+  std::map<std::string, std::map<int, View>> pgs;
+  for (const auto& [rank, d] : by_rank) {
+    for (const auto& e : d->entries) {
+      View& v = pgs[e.pg_name][rank];
+      (e.is_p2p ? v.p2p[e.p2p_seq_id] : v.coll[e.collective_seq_id]) = &e;
+    }
+  }
+  // Each rank's last enqueued and completed collective (default group first).
+  for (const auto& [rank, d] : by_rank) {
+    std::int64_t enq = -1, done = -1;
+    for (const auto& e : d->entries) {
+      if (e.is_p2p) continue;
+      enq = std::max(enq, e.collective_seq_id);
+      if (torch_fr_done(e)) done = std::max(done, e.collective_seq_id);
+    }
+    r.last_enqueued[std::size_t(rank)] = enq;
+    r.last_completed[std::size_t(rank)] = done;
+    if (!d->entries.empty()) r.where[std::size_t(rank)] = fmt::format("{} entries, last: {} ({})", d->entries.size(),
+                                                                   d->entries.back().profiling_name, d->entries.back().state);
+  }
+
+  // The first divergence in any group, in the issue's order of checks.
+  for (const auto& [pg, ranks_view] : pgs) {
+    std::vector<int> members = group_ranks.count(pg) ? group_ranks[pg] : std::vector<int>{};
+    if (members.empty())
+      for (const auto& [rank, v] : ranks_view) members.push_back(rank);
+    std::vector<int> present;  // members with a dump
+    for (int m : members)
+      if (by_rank.count(m)) present.push_back(m);
+    if (present.empty()) continue;
+    auto view = [&](int rank) -> const View* {
+      auto it = ranks_view.find(rank);
+      return it == ranks_view.end() ? nullptr : &it->second;
+    };
+    // The window every present rank's ring still holds.
+    std::int64_t lo = 0, hi = -1;
+    for (int m : present) {
+      const View* v = view(m);
+      if (v && !v->coll.empty()) {
+        lo = std::max(lo, v->coll.begin()->first);
+        hi = std::max(hi, v->coll.rbegin()->first);
+      }
+    }
+    // Last seq every rank of the group completed.
+    std::int64_t all_done = hi;
+    for (int m : present) {
+      const View* v = view(m);
+      std::int64_t done = -1;
+      if (v)
+        for (const auto& [seq, e] : v->coll)
+          if (torch_fr_done(*e)) done = std::max(done, seq);
+      all_done = std::min(all_done, done);
+    }
+    if (r.process_group.empty() || all_done > r.last_all_completed_seq) {
+      r.last_all_completed_seq = all_done;
+      if (all_done >= 0)
+        if (const View* v = view(present.front()); v && v->coll.count(all_done))
+          r.last_all_completed = describe(*v->coll.at(all_done));
+    }
+
+    // Who differs from the majority by `key` at one seq; on a tie, those
+    // whose key differs from the lowest rank's.
+    auto minority = [&](std::int64_t seq, auto key) {
+      std::map<std::string, std::vector<int>> groups;
+      for (int m : present) groups[key(*view(m)->coll.at(seq))].push_back(m);
+      if (groups.size() < 2) return std::vector<int>{};
+      std::size_t best = 0;
+      int ties = 0;
+      for (const auto& [k, v] : groups) best = std::max(best, v.size());
+      for (const auto& [k, v] : groups) ties += v.size() == best;
+      std::vector<int> out;
+      const std::string ref = key(*view(present.front())->coll.at(seq));
+      for (const auto& [k, v] : groups)
+        if (ties > 1 ? k != ref : v.size() != best) out.insert(out.end(), v.begin(), v.end());
+      std::sort(out.begin(), out.end());
+      return out;
+    };
+    for (std::int64_t seq = lo; seq <= hi; ++seq) {
+      std::vector<int> have, lack;
+      for (int m : present) {
+        const View* v = view(m);
+        (v && v->coll.count(seq) ? have : lack).push_back(m);
+      }
+      if (have.empty()) continue;
+      DivergenceKind kind = DivergenceKind::none;
+      std::vector<int> culprits;
+      if (!lack.empty()) {
+        kind = DivergenceKind::missing;
+        culprits = lack;
+      } else if (auto c = minority(seq, [](const TorchFrEntry& e) { return op_name(e.profiling_name); }); !c.empty()) {
+        kind = DivergenceKind::op;
+        culprits = c;
+      } else if (auto c = minority(seq, [&](const TorchFrEntry& e) {
+                   return fmt::format("{}|{}|{}", fmt::join(e.input_sizes.empty() ? std::vector<std::int64_t>{}
+                                                                                   : e.input_sizes.front(), "x"),
+                                      e.input_sizes.size(), sizes_fit_group(e, members.size()) ? "" : "bad");
+                 });
+                 !c.empty()) {
+        kind = DivergenceKind::count;
+        culprits = c;
+      } else if (std::vector<int> bad; [&] {
+                   for (int m : present)
+                     if (!sizes_fit_group(*view(m)->coll.at(seq), members.size())) bad.push_back(m);
+                   return !bad.empty();
+                 }()) {
+        kind = DivergenceKind::count;
+        culprits = bad;
+      } else if (auto c = minority(seq, [](const TorchFrEntry& e) {
+                   return fmt::format("{}>{}", fmt::join(e.input_dtypes, ","), fmt::join(e.output_dtypes, ","));
+                 });
+                 !c.empty()) {
+        kind = DivergenceKind::dtype;
+        culprits = c;
+      } else {
+        // Same call everywhere: the ranks least far along with it, when not all agree.
+        int lo_state = 2, hi_state = 0;
+        for (int m : present) {
+          const int s = state_rank(*view(m)->coll.at(seq));
+          lo_state = std::min(lo_state, s);
+          hi_state = std::max(hi_state, s);
+        }
+        if (lo_state != hi_state) {
+          kind = DivergenceKind::state;
+          for (int m : present)
+            if (state_rank(*view(m)->coll.at(seq)) == lo_state) culprits.push_back(m);
+        }
+      }
+      if (kind == DivergenceKind::none) continue;
+
+      r.kind = kind;
+      r.seq = seq;
+      r.culprits = culprits;
+      r.process_group = pg;
+      for (int m : present)
+        if (const View* v = view(m); v && v->coll.count(seq))
+          r.per_rank_call[std::size_t(m)] = describe(*v->coll.at(seq)) + " " + v->coll.at(seq)->state +
+                                            (v->coll.at(seq)->retired ? " (retired)" : "");
+      // What the others issued there: the first rank not among the culprits.
+      for (int m : have)
+        if (std::find(culprits.begin(), culprits.end(), m) == culprits.end()) {
+          r.expected = describe(*view(m)->coll.at(seq));
+          break;
+        }
+      // A rank that skipped a call shows, at this seq, what the others issue at seq+1.
+      if (kind == DivergenceKind::op || kind == DivergenceKind::count || kind == DivergenceKind::dtype) {
+        const int c0 = culprits.front();
+        for (int m : have)
+          if (std::find(culprits.begin(), culprits.end(), m) == culprits.end()) {
+            const View* v = view(m);
+            if (v->coll.count(seq + 1) &&
+                describe(*v->coll.at(seq + 1)) == describe(*view(c0)->coll.at(seq)))
+              r.pattern = "skip";
+            break;
+          }
+      }
+      if (const View* v = view(culprits.front()); v && v->coll.count(seq)) r.culprit_frames = v->coll.at(seq)->frames;
+      static const std::map<DivergenceKind, const char*> kMatch = {
+          {DivergenceKind::missing, "not all ranks joining the collective"},
+          {DivergenceKind::op, "COLLECTIVE_TYPE_MISMATCH"},
+          {DivergenceKind::count, "SIZE_OR_SYNTAX_MISMATCH"},
+          {DivergenceKind::dtype, "COLLECTIVE_DTYPE_MISMATCH"},
+          {DivergenceKind::state, "COLLECTIVE_STATE_MISMATCH"}};
+      r.torch_match_state = kMatch.at(kind);
+      const char* what = kind == DivergenceKind::missing ? "never joined"
+                         : kind == DivergenceKind::op    ? "issued a different collective"
+                         : kind == DivergenceKind::count ? "issued different sizes"
+                         : kind == DivergenceKind::dtype ? "issued a different dtype"
+                                                         : "did not get as far";
+      r.summary = fmt::format("process group {} collective seq {}: rank{} {} {}{} ({}){}", pg, seq,
+                              culprits.size() == 1 ? "" : "s", fmt::join(culprits, ", "), what,
+                              r.pattern == "skip" ? " (it skipped the call the others are in)" : "",
+                              r.expected.empty() ? "-" : r.expected,
+                              r.ranks_missing.empty() ? ""
+                                                      : fmt::format("; no dump from rank{} {}",
+                                                                    r.ranks_missing.size() == 1 ? "" : "s",
+                                                                    fmt::join(r.ranks_missing, ", ")));
+      break;
+    }
+    if (r.kind != DivergenceKind::none) break;
+  }
+
+  if (r.kind == DivergenceKind::none) {
+    // Every rank issued the same calls: the slowest arrival at any seq.
+    for (const auto& [pg, ranks_view] : pgs) {
+      std::map<std::int64_t, std::pair<std::int64_t, std::int64_t>> span;  // seq -> (min, max) created
+      std::map<std::int64_t, int> last_rank;
+      for (const auto& [rank, v] : ranks_view)
+        for (const auto& [seq, e] : v.coll) {
+          if (e->time_created_ns <= 0) continue;
+          auto [it, fresh] = span.try_emplace(seq, e->time_created_ns, e->time_created_ns);
+          it->second.first = std::min(it->second.first, e->time_created_ns);
+          if (fresh || e->time_created_ns >= it->second.second) last_rank[seq] = rank;
+          it->second.second = std::max(it->second.second, e->time_created_ns);
+        }
+      for (const auto& [seq, mm] : span) {
+        const double lost = double(mm.second - mm.first) / 1e6;
+        if (lost > r.stall_lost_ms) {
+          r.stall_lost_ms = lost;
+          r.stall_seq = seq;
+          r.stall_rank = last_rank[seq];
+        }
+      }
+    }
+    r.torch_match_state = "FULLY_MATCHED";
+    r.summary = fmt::format("every rank issued the same collectives{}{}", 
+                            r.stall_lost_ms > 1.0 ? fmt::format("; slowest arrival rank {} at seq {}, {:.1f} ms after the first",
+                                                                r.stall_rank, r.stall_seq, r.stall_lost_ms)
+                                                  : std::string(),
+                            r.ranks_missing.empty() ? "" : fmt::format("; no dump from rank{} {}",
+                                                                       r.ranks_missing.size() == 1 ? "" : "s",
+                                                                       fmt::join(r.ranks_missing, ", ")));
+  }
+  return r;
+}
+
+}  // namespace sb

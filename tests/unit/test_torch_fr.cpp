@@ -1,0 +1,253 @@
+// PyTorch Flight Recorder dumps: the strict pickle reader (every opcode of
+// the subset, the memo's sharing, refusals with their offsets, every
+// truncation and thousands of byte mutations of a real dump), and the
+// analysis on hand-made dumps of each kind. The real dumps' verdicts are
+// checked end to end by tests/scenario/test_torch_fr.py.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "harness/errors.hpp"
+#include "harness/pickle_read.hpp"
+#include "scenarios/collective/torch_fr.hpp"
+
+namespace sb {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::string bytes(std::initializer_list<int> b) {
+  std::string s;
+  for (int x : b) s.push_back(char(x));
+  return s;
+}
+std::string binunicode(const std::string& s) {
+  std::string out = "X";
+  const auto n = std::uint32_t(s.size());
+  for (int k = 0; k < 4; ++k) out.push_back(char((n >> (8 * k)) & 0xFF));
+  return out + s;
+}
+
+TEST(PickleRead, TheSubsetAndTheMemoShareContainers) {
+  // {'a': [1, -2, 300, 2**40, None, True, False, 1.5, ('x', 'y')], 'b': <the same list>, 7: 'seven'}
+  std::string p = bytes({0x80, 2, '}'});
+  p += "q" + bytes({0});                       // memo 0: the dict
+  p += "(" + binunicode("a");
+  p += "]" + std::string("q") + bytes({1});    // memo 1: the list, still empty
+  p += "(" + bytes({'K', 1}) + bytes({'J', 0xFE, 0xFF, 0xFF, 0xFF}) + bytes({'M', 0x2C, 0x01});
+  p += bytes({0x8a, 6, 0, 0, 0, 0, 0, 1});     // LONG1 2**40
+  p += "N" + bytes({0x88, 0x89});
+  p += bytes({'G', 0x3F, 0xF8, 0, 0, 0, 0, 0, 0});  // 1.5 big-endian
+  p += binunicode("x") + binunicode("y") + bytes({0x86});
+  p += "e";                                    // APPENDS fills the memoized list
+  p += binunicode("b") + "h" + bytes({1});     // BINGET: the same (now full) list
+  p += bytes({'K', 7}) + binunicode("seven");
+  p += "u.";
+  const json j = read_pickle(p, "t");
+  EXPECT_EQ(j["a"], json::parse(R"([1, -2, 300, 1099511627776, null, true, false, 1.5, ["x", "y"]])"));
+  EXPECT_EQ(j["b"], j["a"]);
+  EXPECT_EQ(j["7"], "seven");
+}
+
+TEST(PickleRead, TorchIdentityGlobalsAndNothingElse) {
+  std::string ok = bytes({0x80, 2}) + "ctorch.jit._pickle\nbuild_intlist\n(" + "]" + "(" + bytes({'K', 3}) + "e" +
+                   "tR.";
+  EXPECT_EQ(read_pickle(ok, "t"), json::parse("[3]"));
+  const std::string evil = bytes({0x80, 2}) + "cos\nsystem\n(" + binunicode("true") + "tR.";
+  try {
+    read_pickle(evil, "dump");
+    FAIL() << "os.system accepted";
+  } catch (const UsageError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("os.system refused"), std::string::npos) << m;
+    EXPECT_NE(m.find("at offset 2"), std::string::npos) << m;
+  }
+  // An opcode outside the subset names itself and its offset.
+  try {
+    read_pickle(bytes({0x80, 2, 'B', 0, 0, 0, 0, '.'}), "dump");
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("opcode 0x42 ('B')"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("offset 2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PickleRead, HostileShapesAreUsageErrors) {
+  const std::vector<std::string> bad = {
+      "",                                                     // empty
+      bytes({'{', '}'}),                                      // JSON, not a pickle
+      bytes({0x80, 2}),                                       // no STOP
+      bytes({0x80, 2, 'X', 0xFF, 0xFF, 0xFF, 0x7F, 'a'}),     // a string past the end
+      bytes({0x80, 2, 'h', 9, '.'}),                          // memo never stored
+      bytes({0x80, 2, 'N', 'N', '.'}),                        // two values at STOP
+      bytes({0x80, 2, 'u', '.'}),                             // SETITEMS without MARK
+      bytes({0x80, 2, 'X', 2, 0, 0, 0, 0xC0, 0x80, '.'}),     // overlong UTF-8
+      bytes({0x80, 2, 0x8a, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1, '.'}),  // a 72-bit integer
+      bytes({0x80, 2, ']', 'q', 0, 'h', 0, 'a', '.'}),        // a list that holds itself
+  };
+  for (const auto& b : bad) EXPECT_THROW(read_pickle(b, "t"), UsageError) << testing::PrintToString(b);
+  // Deep nesting stops at the limit instead of the stack's end.
+  std::string deep = bytes({0x80, 2});
+  for (int i = 0; i < 10000; ++i) deep += "]";
+  for (int i = 0; i < 9999; ++i) deep += "a";
+  deep += ".";
+  EXPECT_THROW(read_pickle(deep, "t"), UsageError);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Every prefix of a real dump, and every byte of it replaced by three other
+// values: a report or a UsageError each time, never a crash or a hang (the
+// ASan build in CI runs this too).
+TEST(PickleRead, EveryTruncationAndMutationOfARealDump) {
+  const std::string dir = std::string(SB_TEST_DATA) + "/fr/healthy-2r";
+  if (!std::filesystem::exists(dir + "/rank_0")) GTEST_SKIP() << dir << "/rank_0 is not there";
+  const std::string real = slurp(dir + "/rank_0");
+  ASSERT_TRUE(looks_like_pickle(real));
+  ASSERT_NO_THROW(read_torch_fr_file("d/rank_0", real));
+  int refused = 0, read = 0;
+  auto attempt = [&](const std::string& b) {
+    try {
+      const TorchFrDump d = read_torch_fr_file("d/rank_0", b);
+      (void)analyze_torch_fr({d});
+      ++read;
+    } catch (const UsageError&) {
+      ++refused;
+    }
+  };
+  for (std::size_t n = 0; n < real.size(); ++n) attempt(real.substr(0, n));
+  EXPECT_EQ(read, 0) << "a truncated dump was read as whole";
+  for (std::size_t i = 2; i < real.size(); ++i)
+    for (unsigned char v : {0x00, 0xFF, 0x2E}) {
+      std::string m = real;
+      if (static_cast<unsigned char>(m[i]) == v) continue;
+      m[i] = char(v);
+      attempt(m);
+    }
+  EXPECT_GT(refused + read, int(3 * real.size()));
+}
+
+// ---- the analysis on hand-made dumps ----
+
+TorchFrEntry entry(std::int64_t seq, const std::string& op, std::int64_t n, const std::string& dtype = "Float",
+                   const std::string& state = "completed") {
+  TorchFrEntry e;
+  e.pg_name = "0";
+  e.collective_seq_id = seq;
+  e.profiling_name = "nccl:" + op;
+  e.input_sizes = {{n}};
+  e.output_sizes = {{op == "all_gather" ? 2 * n : n}};
+  e.input_dtypes = e.output_dtypes = {dtype};
+  e.state = state;
+  e.time_created_ns = 1000000 * seq;
+  e.frames = {"train (train.py:42)"};
+  return e;
+}
+
+TorchFrDump dump(int rank, int world, std::vector<TorchFrEntry> es) {
+  TorchFrDump d;
+  d.rank = rank;
+  d.path = "rank_" + std::to_string(rank);
+  TorchFrDump::Group g{"0", "default_pg", {}};
+  for (int k = 0; k < world; ++k) g.ranks.push_back(k);
+  d.groups = {g};
+  d.entries = std::move(es);
+  return d;
+}
+
+TEST(TorchFrAnalysis, EachKindNamesSeqAndCulprit) {
+  auto healthy = [](int r) {
+    (void)r;
+    return std::vector<TorchFrEntry>{entry(1, "all_reduce", 16), entry(2, "broadcast", 8)};
+  };
+  {  // missing: rank 2 never issued seq 3
+    std::vector<TorchFrDump> ds;
+    for (int r = 0; r < 3; ++r) {
+      auto es = healthy(r);
+      if (r != 2) es.push_back(entry(3, "all_reduce", 16, "Float", "started"));
+      ds.push_back(dump(r, 3, es));
+    }
+    const HangReport rep = analyze_torch_fr(ds);
+    EXPECT_EQ(rep.kind, DivergenceKind::missing);
+    EXPECT_EQ(rep.seq, 3);
+    EXPECT_EQ(rep.culprits, std::vector<int>{2});
+    EXPECT_EQ(rep.last_all_completed_seq, 2);
+  }
+  {  // skip: rank 1 issues at seq 3 what the others issue at seq 4
+    std::vector<TorchFrDump> ds;
+    for (int r = 0; r < 3; ++r) {
+      auto es = healthy(r);
+      if (r == 1) {
+        es.push_back(entry(3, "all_gather", 4, "Float", "started"));
+      } else {
+        es.push_back(entry(3, "all_reduce", 16, "Float", "started"));
+        es.push_back(entry(4, "all_gather", 4, "Float", "scheduled"));
+      }
+      ds.push_back(dump(r, 3, es));
+    }
+    const HangReport rep = analyze_torch_fr(ds);
+    EXPECT_EQ(rep.kind, DivergenceKind::op);
+    EXPECT_EQ(rep.seq, 3);
+    EXPECT_EQ(rep.culprits, std::vector<int>{1});
+    EXPECT_EQ(rep.pattern, "skip");
+    EXPECT_EQ(rep.torch_match_state, "COLLECTIVE_TYPE_MISMATCH");
+    EXPECT_EQ(rep.culprit_frames, std::vector<std::string>{"train (train.py:42)"});
+  }
+  {  // count, dtype, state on 4 ranks; rank 3 the odd one
+    struct Case {
+      TorchFrEntry odd;
+      DivergenceKind kind;
+    };
+    for (const Case& c : {Case{entry(3, "all_reduce", 8), DivergenceKind::count},
+                          Case{entry(3, "all_reduce", 16, "Double"), DivergenceKind::dtype},
+                          Case{entry(3, "all_reduce", 16, "Float", "scheduled"), DivergenceKind::state}}) {
+      std::vector<TorchFrDump> ds;
+      for (int r = 0; r < 4; ++r) {
+        auto es = healthy(r);
+        es.push_back(r == 3 ? c.odd : entry(3, "all_reduce", 16));
+        ds.push_back(dump(r, 4, es));
+      }
+      const HangReport rep = analyze_torch_fr(ds);
+      EXPECT_EQ(rep.kind, c.kind) << to_string(c.kind);
+      EXPECT_EQ(rep.seq, 3);
+      EXPECT_EQ(rep.culprits, std::vector<int>{3}) << to_string(c.kind);
+    }
+  }
+  {  // an all-gather whose output is not group size x input on one rank
+    std::vector<TorchFrDump> ds;
+    for (int r = 0; r < 2; ++r) {
+      TorchFrEntry e = entry(1, "all_gather", 4);
+      if (r == 1) e.output_sizes = {{12}};
+      ds.push_back(dump(r, 2, {e}));
+    }
+    const HangReport rep = analyze_torch_fr(ds);
+    EXPECT_EQ(rep.kind, DivergenceKind::count);
+    EXPECT_EQ(rep.culprits, std::vector<int>{1});
+  }
+  {  // a rank's dump file is missing: named, and the rest still analysed
+    std::vector<TorchFrDump> ds;
+    for (int r : {0, 1, 3}) ds.push_back(dump(r, 4, healthy(r)));
+    const HangReport rep = analyze_torch_fr(ds);
+    EXPECT_EQ(rep.ranks_missing, std::vector<int>{2});
+    EXPECT_EQ(rep.kind, DivergenceKind::none);
+    EXPECT_NE(rep.summary.find("no dump from rank 2"), std::string::npos) << rep.summary;
+  }
+}
+
+TEST(TorchFrAnalysis, RankComesFromTheFileName) {
+  EXPECT_EQ(rank_from_file_name("/tmp/x/rank_12"), 12);
+  EXPECT_EQ(rank_from_file_name("nccl_trace_rank_3.json"), 3);
+  EXPECT_EQ(rank_from_file_name("README.md"), -1);
+}
+
+}  // namespace
+}  // namespace sb
