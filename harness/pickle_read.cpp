@@ -1,6 +1,7 @@
 #include "harness/pickle_read.hpp"
 
 #include <cstdint>        // std::uint8_t, std::uint32_t, std::int64_t
+#include <algorithm>      // std::max, std::min
 #include <cstring>        // std::memcpy
 #include <string>         // std::string
 #include <unordered_map>  // std::unordered_map: the memo
@@ -16,17 +17,7 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// Values live in an arena and refer to each other by index, so that a
-// container memoized before it is filled (as picklers do) is the same
-// container when it is fetched from the memo later.
-struct Node {
-  enum class K : std::uint8_t { none, boolean, integer, real, str, list, tuple, dict, global };
-  K k = K::none;
-  std::int64_t i = 0;  // boolean, integer; global: which helper
-  double d = 0;
-  std::string_view s;               // str: UTF-8 bytes inside the input
-  std::vector<std::uint32_t> kids;  // list, tuple; dict: key, value, key, value, ...
-};
+using Node = PickleDoc::Node;
 
 // torch.jit._pickle's helpers: each returns its first argument.
 constexpr const char* kIdentityGlobals[] = {"restore_type_tag", "build_intlist", "build_doublelist",
@@ -57,11 +48,18 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
-class Reader {
- public:
-  Reader(std::string_view b, const std::string& file) : b_(b), file_(file) {}
+}  // namespace
 
-  json run() {
+// Values live in an arena and refer to each other by index, so that a
+// container memoized before it is filled (as picklers do) is the same
+// container when it is fetched from the memo later.
+class PickleParser {
+ public:
+  PickleParser(std::string_view b, const std::string& file, std::vector<Node>& nodes)
+      : b_(b), file_(file), nodes_(nodes) {}
+
+  // The root value's index.
+  std::uint32_t run() {
     if (!looks_like_pickle(b_)) fail(0, "not a pickle (no PROTO 2..5 opcode at the start)");
     for (;;) {
       const std::size_t at = pos_;
@@ -72,7 +70,8 @@ class Reader {
         case 0x95: pos_ += 8; need(at, 0); break;  // FRAME len: framing only
         case 0x2e: {                               // STOP
           if (stack_.size() != 1 || !marks_.empty()) fail(at, "STOP with a stack that is not one value");
-          return to_json(stack_.back(), 0, at);
+          check_depth(stack_.back(), 0, at);
+          return stack_.back();
         }
         case 0x7d: push(make(Node::K::dict)); break;   // EMPTY_DICT
         case 0x5d: push(make(Node::K::list)); break;   // EMPTY_LIST
@@ -265,51 +264,97 @@ class Reader {
     push(nodes_[args].kids.front());  // the helpers return their first argument
   }
 
-  json to_json(std::uint32_t n, int depth, std::size_t at) const {
-    if (depth > kMaxPickleDepth)
-      fail(at, fmt::format("values nested deeper than {} (or a container that holds itself)", kMaxPickleDepth));
-    const Node& x = nodes_[n];
-    switch (x.k) {
-      case Node::K::none: return nullptr;
-      case Node::K::boolean: return x.i != 0;
-      case Node::K::integer: return x.i;
-      case Node::K::real: return x.d;
-      case Node::K::str: return std::string(x.s);
-      case Node::K::list:
-      case Node::K::tuple: {
-        json a = json::array();
-        for (std::uint32_t k : x.kids) a.push_back(to_json(k, depth + 1, at));
-        return a;
-      }
-      case Node::K::dict: {
-        json o = json::object();
-        for (std::size_t k = 0; k < x.kids.size(); k += 2) {
-          const Node& key = nodes_[x.kids[k]];
-          std::string name = key.k == Node::K::str ? std::string(key.s) : std::to_string(key.i);
-          o[std::move(name)] = to_json(x.kids[k + 1], depth + 1, at);
-        }
-        return o;
-      }
-      case Node::K::global: fail(at, "a global left unapplied (no REDUCE)");
-    }
-    return nullptr;
+  // Nesting over kMaxPickleDepth (or a container that holds itself) is
+  // refused here, once, so that every later walk is bounded. Values are
+  // shared through the memo, so this is a walk of a graph: each node's
+  // height is computed once.
+  void check_depth(std::uint32_t root, int, std::size_t at) const {
+    std::vector<std::uint8_t> height(nodes_.size(), 0);  // 0: not yet; else 1 + the height below
+    std::vector<std::uint8_t> open(nodes_.size(), 0);
+    auto walk = [&](auto&& self, std::uint32_t n, int depth) -> int {
+      if (depth > kMaxPickleDepth || open[n])
+        fail(at, fmt::format("values nested deeper than {} (or a container that holds itself)", kMaxPickleDepth));
+      if (height[n]) return height[n];
+      const Node& x = nodes_[n];
+      if (x.k == Node::K::global) fail(at, "a global left unapplied (no REDUCE)");
+      open[n] = 1;
+      int h = 1;
+      for (std::uint32_t k : x.kids) h = std::max(h, 1 + self(self, k, depth + 1));
+      open[n] = 0;
+      height[n] = std::uint8_t(std::min(h, 255));
+      return h;
+    };
+    walk(walk, root, 0);
   }
 
   std::string_view b_;
   const std::string& file_;
   std::size_t pos_ = 0;
-  std::vector<Node> nodes_;
+  std::vector<Node>& nodes_;
   std::vector<std::uint32_t> stack_;
   std::vector<std::size_t> marks_;
   std::unordered_map<std::uint32_t, std::uint32_t> memo_;
 };
 
+namespace {
+
+// `budget` bounds the output: shared values are copied where each is used,
+// and a small pickle can share its way to billions of them.
+json to_json_rec(const std::vector<Node>& nodes, std::uint32_t n, std::size_t& budget, const std::string& file) {
+  if (budget-- == 0)
+    throw UsageError(fmt::format("{}: pickle: expands to more than {} values", file, kMaxPickleNodes));
+  const Node& x = nodes[n];
+  switch (x.k) {
+    case Node::K::none: return nullptr;
+    case Node::K::boolean: return x.i != 0;
+    case Node::K::integer: return x.i;
+    case Node::K::real: return x.d;
+    case Node::K::str: return std::string(x.s);
+    case Node::K::list:
+    case Node::K::tuple: {
+      json a = json::array();
+      for (std::uint32_t k : x.kids) a.push_back(to_json_rec(nodes, k, budget, file));
+      return a;
+    }
+    case Node::K::dict: {
+      json o = json::object();
+      for (std::size_t k = 0; k < x.kids.size(); k += 2) {
+        const Node& key = nodes[x.kids[k]];
+        std::string name = key.k == Node::K::str ? std::string(key.s) : std::to_string(key.i);
+        o[std::move(name)] = to_json_rec(nodes, x.kids[k + 1], budget, file);
+      }
+      return o;
+    }
+    case Node::K::global: break;  // refused by the parser's depth check
+  }
+  return nullptr;
+}
+
 }  // namespace
+
+std::optional<PickleDoc::Ref> PickleDoc::Ref::find(std::string_view key) const {
+  if (!is_dict()) return std::nullopt;
+  const auto& kids = node().kids;
+  for (std::size_t k = 0; k < kids.size(); k += 2) {
+    const Node& kn = doc_->nodes_[kids[k]];
+    if (kn.k == Node::K::str && kn.s == key) return Ref{doc_, kids[k + 1]};
+  }
+  return std::nullopt;
+}
+
+PickleDoc::PickleDoc(std::string_view bytes, const std::string& file) : file_(file) {
+  root_ = PickleParser(bytes, file_, nodes_).run();
+}
+
+json PickleDoc::to_json() const {
+  std::size_t budget = kMaxPickleNodes;
+  return to_json_rec(nodes_, root_, budget, file_);
+}
 
 bool looks_like_pickle(std::string_view bytes) {
   return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x80 && bytes[1] >= 2 && bytes[1] <= 5;
 }
 
-json read_pickle(std::string_view bytes, const std::string& file) { return Reader(bytes, file).run(); }
+json read_pickle(std::string_view bytes, const std::string& file) { return PickleDoc(bytes, file).to_json(); }
 
 }  // namespace sb

@@ -12,20 +12,73 @@
 #pragma once
 
 #include <cstddef>      // std::size_t
+#include <cstdint>      // std::int64_t, std::uint32_t, std::uint8_t
+#include <optional>     // std::optional
 #include <string>       // std::string
 #include <string_view>  // std::string_view
+#include <vector>       // std::vector
 
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
 
 namespace sb {
 
 inline constexpr int kMaxPickleDepth = 64;
-inline constexpr std::size_t kMaxPickleNodes = std::size_t(1) << 27;
+inline constexpr std::size_t kMaxPickleNodes = std::size_t(1) << 24;  // ~1 GiB of arena; a 20k-entry dump has ~1M
 
 // True when bytes start like a pickle (PROTO 2..5).
 bool looks_like_pickle(std::string_view bytes);
 
-// Throws UsageError("<file>: pickle: ... at offset N").
+// A parsed pickle: its values in an arena, read in place (a large dump's
+// millions of values are never copied into JSON). Strings point into the
+// input bytes, which must outlive the document.
+class PickleDoc {
+ public:
+  struct Node {
+    enum class K : std::uint8_t { none, boolean, integer, real, str, list, tuple, dict, global };
+    K k = K::none;
+    std::int64_t i = 0;  // boolean, integer; global: which helper
+    double d = 0;
+    std::string_view s;               // str
+    std::vector<std::uint32_t> kids;  // list, tuple; dict: key, value, key, value, ...
+  };
+  // A value of the document.
+  class Ref {
+   public:
+    Ref(const PickleDoc* doc, std::uint32_t n) : doc_(doc), n_(n) {}
+    const Node& node() const { return doc_->nodes_[n_]; }
+    bool is_null() const { return node().k == Node::K::none; }
+    bool is_str() const { return node().k == Node::K::str; }
+    bool is_int() const { return node().k == Node::K::integer; }
+    bool is_bool() const { return node().k == Node::K::boolean; }
+    bool is_real() const { return node().k == Node::K::real; }
+    bool is_seq() const { return node().k == Node::K::list || node().k == Node::K::tuple; }
+    bool is_dict() const { return node().k == Node::K::dict; }
+    std::size_t size() const { return is_dict() ? node().kids.size() / 2 : node().kids.size(); }
+    Ref at(std::size_t i) const { return {doc_, node().kids[i]}; }
+    // A dict's member by string key (nullopt when absent or not a dict).
+    std::optional<Ref> find(std::string_view key) const;
+    // A dict's i-th key and value.
+    Ref key(std::size_t i) const { return {doc_, node().kids[2 * i]}; }
+    Ref value(std::size_t i) const { return {doc_, node().kids[2 * i + 1]}; }
+
+   private:
+    const PickleDoc* doc_;
+    std::uint32_t n_;
+  };
+
+  // Throws UsageError("<file>: pickle: ... at offset N").
+  PickleDoc(std::string_view bytes, const std::string& file);
+  Ref root() const { return {this, root_}; }
+  nlohmann::ordered_json to_json() const;
+
+ private:
+  friend class PickleParser;
+  std::vector<Node> nodes_;
+  std::uint32_t root_ = 0;
+  std::string file_;
+};
+
+// The document as JSON values. Throws UsageError as PickleDoc does.
 nlohmann::ordered_json read_pickle(std::string_view bytes, const std::string& file);
 
 }  // namespace sb

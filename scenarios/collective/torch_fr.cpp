@@ -6,12 +6,14 @@
 #include <map>        // std::map
 #include <set>        // std::set
 
+#include <limits>     // std::numeric_limits
+
 #include <fmt/format.h>  // fmt::format
 #include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"       // UsageError
 #include "harness/json_read.hpp"    // JsonRef, parse_json_text
-#include "harness/pickle_read.hpp"  // read_pickle, looks_like_pickle
+#include "harness/pickle_read.hpp"  // PickleDoc, looks_like_pickle
 
 namespace sb {
 
@@ -19,11 +21,100 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
+// A value of a pickled dump with JsonRef's reading interface, so that one
+// template reads both forms. Its path is built only for an error message.
+class PVal {
+ public:
+  PVal(std::optional<PickleDoc::Ref> r, const std::string& file, const PVal* parent, std::string_view key,
+       std::size_t index = 0)
+      : r_(r), file_(&file), parent_(parent), key_(key), index_(index) {}
+  bool present() const { return r_.has_value(); }
+  [[noreturn]] void fail(std::string_view detail) const {
+    throw UsageError(fmt::format("{}: {}: {}", *file_, where(), detail));
+  }
+  std::string where() const {
+    if (!parent_) return "the document";
+    const std::string up = parent_->parent_ ? parent_->where() : "";
+    return key_.empty() ? fmt::format("{}[{}]", up, index_) : up.empty() ? std::string(key_) : up + "." + std::string(key_);
+  }
+  bool is_null() const { return !r_ || r_->is_null(); }
+  bool is_string() const { return r_ && r_->is_str(); }
+  bool is_array() const { return r_ && r_->is_seq(); }
+  std::string str() const {
+    if (!is_string()) fail(kind_error("a string"));
+    return std::string(r_->node().s);
+  }
+  std::int64_t integer(std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
+                       std::int64_t hi = std::numeric_limits<std::int64_t>::max()) const {
+    if (!r_ || !r_->is_int()) fail(kind_error("an integer"));
+    const std::int64_t v = r_->node().i;
+    if (v < lo || v > hi) fail(fmt::format("{} is outside {}..{}", v, lo, hi));
+    return v;
+  }
+  int int32(int lo, int hi) const { return int(integer(lo, hi)); }
+  bool boolean() const {
+    if (!r_ || !r_->is_bool()) fail(kind_error("a boolean"));
+    return r_->node().i != 0;
+  }
+  double number() const {
+    if (r_ && r_->is_int()) return double(r_->node().i);
+    if (!r_ || !r_->is_real()) fail(kind_error("a number"));
+    return r_->node().d;
+  }
+  const PVal& array() const {
+    if (!is_array()) fail(kind_error("a list"));
+    return *this;
+  }
+  std::size_t size() const {
+    if (!r_ || (!r_->is_seq() && !r_->is_dict())) fail(kind_error("a list or a dict"));
+    return r_->size();
+  }
+  PVal at(std::size_t i) const { return PVal(r_->at(i), *file_, this, {}, i); }
+  PVal at(std::string_view key) const {
+    if (!r_ || !r_->is_dict()) fail(kind_error("a dict"));
+    return PVal(r_->find(key), *file_, this, key);
+  }
+  std::optional<PVal> find(std::string_view key) const {
+    if (!r_ || !r_->is_dict()) fail(kind_error("a dict"));
+    auto v = r_->find(key);
+    if (!v) return std::nullopt;
+    return PVal(v, *file_, this, key);
+  }
+  std::vector<std::pair<std::string, PVal>> members() const {
+    if (!r_ || !r_->is_dict()) fail(kind_error("a dict"));
+    std::vector<std::pair<std::string, PVal>> out;
+    for (std::size_t i = 0; i < r_->size(); ++i) {
+      const PickleDoc::Ref k = r_->key(i);
+      std::string name = k.is_str() ? std::string(k.node().s) : std::to_string(k.node().i);
+      out.emplace_back(name, PVal(r_->value(i), *file_, this, {}, i));
+    }
+    return out;
+  }
+
+ private:
+  std::string kind_error(const char* want) const {
+    return fmt::format("expected {}, got {}", want, !r_ ? "nothing: the field is missing" : "another type");
+  }
+  std::optional<PickleDoc::Ref> r_;
+  const std::string* file_;
+  const PVal* parent_;
+  std::string_view key_;
+  std::size_t index_;
+};
+
+bool is_null(const JsonRef& v) { return !v.present() || v.raw().is_null(); }
+bool is_string(const JsonRef& v) { return v.present() && v.raw().is_string(); }
+bool is_array(const JsonRef& v) { return v.present() && v.raw().is_array(); }
+bool is_null(const PVal& v) { return v.is_null(); }
+bool is_string(const PVal& v) { return v.is_string(); }
+bool is_array(const PVal& v) { return v.is_array(); }
+
 // A timestamp or counter the JSON form writes as 0 or a string where the
 // pickle has None or an int: 0 for none.
-std::int64_t int_or_zero(const JsonRef& v) {
-  if (!v.present() || v.raw().is_null()) return 0;
-  if (v.raw().is_string()) {
+template <class V>
+std::int64_t int_or_zero(const V& v) {
+  if (is_null(v)) return 0;
+  if (is_string(v)) {
     const std::string s = v.str();
     try {
       std::size_t used = 0;
@@ -36,29 +127,42 @@ std::int64_t int_or_zero(const JsonRef& v) {
   return v.integer();
 }
 
-std::vector<std::vector<std::int64_t>> sizes(const JsonRef& v) {
+// Bounds on what one entry may hold: a shared (memoized) list is copied
+// where each entry uses it, and these keep that linear in the file.
+constexpr std::size_t kMaxTensorsPerEntry = 4096, kMaxDims = 16, kMaxFrames = 64;
+
+template <class V>
+std::vector<std::vector<std::int64_t>> sizes(const V& v) {
   std::vector<std::vector<std::int64_t>> out;
-  if (!v.present() || v.raw().is_null()) return out;
-  for (std::size_t i = 0; i < v.array().size(); ++i) {
-    const JsonRef t = v.at(i);
+  if (is_null(v)) return out;
+  const std::size_t n = v.array().size();
+  if (n > kMaxTensorsPerEntry) v.fail(fmt::format("{} tensors in one collective (at most {})", n, kMaxTensorsPerEntry));
+  for (std::size_t i = 0; i < n; ++i) {
+    const V t = v.at(i);
+    const std::size_t nd = t.array().size();
+    if (nd > kMaxDims) t.fail(fmt::format("{} dimensions (at most {})", nd, kMaxDims));
     std::vector<std::int64_t> dims;
-    for (std::size_t k = 0; k < t.array().size(); ++k) dims.push_back(t.at(k).integer(0, std::int64_t(1) << 48));
+    for (std::size_t k = 0; k < nd; ++k) dims.push_back(t.at(k).integer(0, std::int64_t(1) << 48));
     out.push_back(std::move(dims));
   }
   return out;
 }
 
-std::vector<std::string> strings(const JsonRef& v) {
+template <class V>
+std::vector<std::string> strings(const V& v) {
   std::vector<std::string> out;
-  if (!v.present() || v.raw().is_null()) return out;
-  for (std::size_t i = 0; i < v.array().size(); ++i) out.push_back(v.at(i).str());
+  if (is_null(v)) return out;
+  const std::size_t n = v.array().size();
+  if (n > kMaxTensorsPerEntry) v.fail(fmt::format("{} dtypes in one collective (at most {})", n, kMaxTensorsPerEntry));
+  for (std::size_t i = 0; i < n; ++i) out.push_back(v.at(i).str());
   return out;
 }
 
 // "[0, 1, 2]" (how the dumps write a group's ranks) or a list of ints.
-std::vector<int> rank_list(const JsonRef& v) {
+template <class V>
+std::vector<int> rank_list(const V& v) {
   std::vector<int> out;
-  if (v.raw().is_array()) {
+  if (is_array(v)) {
     for (std::size_t i = 0; i < v.size(); ++i) out.push_back(v.at(i).int32(0, 1 << 24));
     return out;
   }
@@ -76,12 +180,14 @@ std::vector<int> rank_list(const JsonRef& v) {
     }
   }
   if (cur >= 0) out.push_back(int(cur));
+  if (out.size() > (1 << 20)) v.fail("more than 2^20 ranks in one group");
   return out;
 }
 
 std::int64_t numel(const std::vector<std::int64_t>& dims) {
   std::int64_t n = 1;
-  for (auto d : dims) n *= d;
+  for (auto d : dims)
+    if (__builtin_mul_overflow(n, d, &n)) return std::numeric_limits<std::int64_t>::max();
   return n;
 }
 
@@ -105,12 +211,12 @@ int state_rank(const TorchFrEntry& e) { return torch_fr_done(e) ? 2 : e.state ==
 // (reduce-scatter). false when the entry's own sizes contradict the group.
 bool sizes_fit_group(const TorchFrEntry& e, std::size_t n) {
   if (e.input_sizes.empty() || e.output_sizes.empty()) return true;
-  std::int64_t in = 0, out = 0;
+  __int128 in = 0, out = 0;
   for (const auto& d : e.input_sizes) in += numel(d);
   for (const auto& d : e.output_sizes) out += numel(d);
   const std::string op = op_name(e.profiling_name);
-  if (op.find("all_gather") != std::string::npos || op == "_allgather_base") return out == in * std::int64_t(n);
-  if (op.find("reduce_scatter") != std::string::npos) return in == out * std::int64_t(n);
+  if (op.find("all_gather") != std::string::npos || op == "_allgather_base") return out == in * __int128(n);
+  if (op.find("reduce_scatter") != std::string::npos) return in == out * __int128(n);
   return true;
 }
 
@@ -130,12 +236,15 @@ int rank_from_file_name(const std::string& path) {
   return std::stoi(name.substr(i));
 }
 
-TorchFrDump torch_fr_from_json(const json& j, const std::string& path, int rank) {
-  const JsonRef root(j, path);
+namespace {
+
+template <class V>
+TorchFrDump torch_fr_from(const V& root, const std::string& path, int rank) {
   TorchFrDump d;
   d.rank = rank;
   d.path = path;
-  d.version = root.at("version").raw().is_string() ? root.at("version").str() : root.at("version").raw().dump();
+  const V ver = root.at("version");
+  d.version = is_string(ver) ? ver.str() : fmt::format("{}", ver.number());
   if (auto pgc = root.find("pg_config"))
     for (const auto& [key, g] : pgc->members()) {
       TorchFrDump::Group grp;
@@ -144,14 +253,14 @@ TorchFrDump torch_fr_from_json(const json& j, const std::string& path, int rank)
       grp.ranks = rank_list(g.at("ranks"));
       d.groups.push_back(std::move(grp));
     }
-  const JsonRef entries = root.at("entries");
+  const V entries = root.at("entries");
   d.entries.reserve(entries.array().size());
   for (std::size_t i = 0; i < entries.size(); ++i) {
-    const JsonRef e = entries.at(i);
+    const V e = entries.at(i);
     TorchFrEntry x;
     x.record_id = int_or_zero(e.at("record_id"));
     if (auto pg = e.find("process_group")) {
-      if (pg->raw().is_array() && pg->size() >= 1) {
+      if (is_array(*pg) && pg->size() >= 1) {
         x.pg_name = pg->at(std::size_t(0)).str();
         if (pg->size() >= 2) x.pg_desc = pg->at(std::size_t(1)).str();
       } else {
@@ -163,22 +272,22 @@ TorchFrDump torch_fr_from_json(const json& j, const std::string& path, int rank)
     x.collective_seq_id = int_or_zero(e.at("collective_seq_id"));
     if (auto p = e.find("p2p_seq_id")) x.p2p_seq_id = int_or_zero(*p);
     if (auto p = e.find("op_id")) x.op_id = int_or_zero(*p);
-    if (auto p = e.find("is_p2p"); p && !p->raw().is_null()) x.is_p2p = p->boolean();
-    x.profiling_name = e.at("profiling_name").raw().is_null() ? "" : e.at("profiling_name").str();
+    if (auto p = e.find("is_p2p"); p && !is_null(*p)) x.is_p2p = p->boolean();
+    x.profiling_name = is_null(e.at("profiling_name")) ? "" : e.at("profiling_name").str();
     x.input_sizes = sizes(e.at("input_sizes"));
     x.output_sizes = sizes(e.at("output_sizes"));
     x.input_dtypes = strings(e.at("input_dtypes"));
     x.output_dtypes = strings(e.at("output_dtypes"));
     x.state = e.at("state").str();
-    if (auto t = e.find("retired"); t && !t->raw().is_null()) x.retired = t->boolean();
+    if (auto t = e.find("retired"); t && !is_null(*t)) x.retired = t->boolean();
     x.time_created_ns = int_or_zero(e.at("time_created_ns"));
     if (auto t = e.find("time_discovered_started_ns")) x.time_started_ns = int_or_zero(*t);
     if (auto t = e.find("time_discovered_completed_ns")) x.time_completed_ns = int_or_zero(*t);
-    if (auto t = e.find("duration_ms"); t && !t->raw().is_null()) x.duration_ms = t->number();
-    if (auto t = e.find("timeout_ms"); t && !t->raw().is_null()) x.timeout_ms = int_or_zero(*t);
-    if (auto fr = e.find("frames"); fr && fr->raw().is_array())
-      for (std::size_t k = 0; k < fr->size(); ++k) {
-        const JsonRef f = fr->at(k);
+    if (auto t = e.find("duration_ms"); t && !is_null(*t)) x.duration_ms = t->number();
+    if (auto t = e.find("timeout_ms"); t && !is_null(*t)) x.timeout_ms = int_or_zero(*t);
+    if (auto fr = e.find("frames"); fr && is_array(*fr))
+      for (std::size_t k = 0; k < std::min(fr->size(), kMaxFrames); ++k) {
+        const V f = fr->at(k);
         x.frames.push_back(fmt::format("{} ({}:{})", f.at("name").str(), f.at("filename").str(),
                                        int_or_zero(f.at("line"))));
       }
@@ -187,11 +296,27 @@ TorchFrDump torch_fr_from_json(const json& j, const std::string& path, int rank)
   return d;
 }
 
+}  // namespace
+
+TorchFrDump torch_fr_from_json(const json& j, const std::string& path, int rank) {
+  return torch_fr_from(JsonRef(j, path), path, rank);
+}
+
 TorchFrDump read_torch_fr_file(const std::string& path, const std::string& bytes) {
   const int rank = rank_from_file_name(path);
   if (rank < 0) throw UsageError(fmt::format("{}: no rank number at the end of the file name (rank_0, rank_1, ...)", path));
-  const json j = looks_like_pickle(bytes) ? read_pickle(bytes, path) : parse_json_text(bytes, path);
-  if (!is_torch_fr_json(j)) throw UsageError(fmt::format("{}: not a PyTorch Flight Recorder dump (no version and entries)", path));
+  const auto not_a_dump = [&] {
+    return UsageError(fmt::format("{}: not a PyTorch Flight Recorder dump (no version and entries)", path));
+  };
+  if (looks_like_pickle(bytes)) {
+    // Read in place: a 20,000-entry dump is a million values.
+    const PickleDoc doc(bytes, path);
+    const PVal root(doc.root(), path, nullptr, {});
+    if (!doc.root().is_dict() || !root.find("entries") || !root.find("version")) throw not_a_dump();
+    return torch_fr_from(root, path, rank);
+  }
+  const json j = parse_json_text(bytes, path);
+  if (!is_torch_fr_json(j)) throw not_a_dump();
   return torch_fr_from_json(j, path, rank);
 }
 
@@ -255,7 +380,10 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
   }
 
   // The first divergence in any group, in the issue's order of checks.
-  for (const auto& [pg, ranks_view] : pgs) {
+  for (const auto& pg_views : pgs) {
+    // (not a structured binding: lambdas below capture these, which clang before 16 refuses)
+    const std::string& pg = pg_views.first;
+    const auto& ranks_view = pg_views.second;
     std::vector<int> members = group_ranks.count(pg) ? group_ranks[pg] : std::vector<int>{};
     if (members.empty())
       for (const auto& [rank, v] : ranks_view) members.push_back(rank);
@@ -310,7 +438,13 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
       std::sort(out.begin(), out.end());
       return out;
     };
-    for (std::int64_t seq = lo; seq <= hi; ++seq) {
+    // The seqs any rank holds in the window, in order (never a count from lo
+    // to hi: a damaged dump's seq can be 2^62).
+    std::set<std::int64_t> seqs;
+    for (int m : present)
+      if (const View* v = view(m))
+        for (auto it = v->coll.lower_bound(lo); it != v->coll.end() && it->first <= hi; ++it) seqs.insert(it->first);
+    for (const std::int64_t seq : seqs) {
       std::vector<int> have, lack;
       for (int m : present) {
         const View* v = view(m);
@@ -377,7 +511,8 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
           break;
         }
       // A rank that skipped a call shows, at this seq, what the others issue at seq+1.
-      if (kind == DivergenceKind::op || kind == DivergenceKind::count || kind == DivergenceKind::dtype) {
+      if ((kind == DivergenceKind::op || kind == DivergenceKind::count || kind == DivergenceKind::dtype) &&
+          seq < std::numeric_limits<std::int64_t>::max()) {
         const int c0 = culprits.front();
         for (int m : have)
           if (std::find(culprits.begin(), culprits.end(), m) == culprits.end()) {
@@ -428,7 +563,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
           it->second.second = std::max(it->second.second, e->time_created_ns);
         }
       for (const auto& [seq, mm] : span) {
-        const double lost = double(mm.second - mm.first) / 1e6;
+        const double lost = (double(mm.second) - double(mm.first)) / 1e6;
         if (lost > r.stall_lost_ms) {
           r.stall_lost_ms = lost;
           r.stall_seq = seq;

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""`stallbench analyze-hang` on real PyTorch Flight Recorder dumps.
+
+tests/data/fr holds dumps made by PyTorch 2.15's gloo process group (pickle and
+JSON forms; tests/data/fr/make_dumps.py), each case with a manifest.json that
+says what the job did and what the answer must be (kind, collective seq,
+culprit rank). Every case must be named right, in both forms, through the
+CLI, and the report must be valid JSON with the fields users read.
+
+Usage: test_torch_fr.py STALLBENCH DATA_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+
+# The manifest's kinds (PyTorch's vocabulary) and analyze-hang's.
+KINDS = {None: "none", "healthy": "none", "missing": "missing", "collective_type": "op", "op": "op",
+         "size": "count", "count": "count", "allgather_count": "count", "dtype": "dtype", "state": "state"}
+
+
+def main():
+    stallbench, data = sys.argv[1], sys.argv[2]
+    cases = sorted(d for d in os.listdir(data) if os.path.isfile(os.path.join(data, d, "manifest.json")))
+    if not cases:
+        print(f"no cases with a manifest.json in {data}")
+        return 1
+    failures, checked = [], 0
+    for case in cases:
+        with open(os.path.join(data, case, "manifest.json")) as f:
+            manifest = json.load(f)
+        want = manifest["expected"]
+        for form in (case, case + "-json"):
+            path = os.path.join(data, form)
+            if not os.path.isdir(path):
+                continue
+            r = subprocess.run([stallbench, "analyze-hang", path, "--json"], capture_output=True, text=True,
+                               timeout=60)
+            if r.returncode != 0:
+                failures.append(f"{form}: exit {r.returncode}: {r.stderr.strip()[-300:]}")
+                continue
+            rep = json.loads(r.stdout)
+            got = (rep["kind"], rep["seq"] if rep["kind"] != "none" else None,
+                   rep["culprits"][0] if len(rep["culprits"]) == 1 else rep["culprits"] or None)
+            exp = (KINDS.get(want.get("kind"), want.get("kind")), want.get("seq"), want.get("culprit"))
+            if got != exp:
+                failures.append(f"{form}: got kind/seq/culprit {got}, the manifest says {exp}: {rep['summary']}")
+            if rep.get("format") != "pytorch-flight-recorder":
+                failures.append(f"{form}: format {rep.get('format')!r}")
+            for rank in manifest.get("dump_missing", []):
+                if rank not in rep["ranks_missing"]:
+                    failures.append(f"{form}: rank {rank}'s dump is gone but ranks_missing is {rep['ranks_missing']}")
+            checked += 1
+            print(f"{form:28s} {got[0]:8s} seq {str(got[1]):5s} culprit {got[2]}  ({rep['torch_match_state']})")
+    for f in failures:
+        print("FAIL", f)
+    print(f"{checked - len(failures)} passed, {len(failures)} failed")
+    return 1 if failures or checked == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
