@@ -4,7 +4,6 @@
 #include <algorithm>      // std::max, std::min
 #include <cstring>        // std::memcpy
 #include <string>         // std::string
-#include <unordered_map>  // std::unordered_map: the memo
 #include <vector>         // std::vector
 
 #include <fmt/format.h>  // fmt::format
@@ -80,9 +79,9 @@ class PickleParser {
         case 0x58: str(at, le(at, 4)); break;               // BINUNICODE
         case 0x8c: str(at, le(at, 1)); break;               // SHORT_BINUNICODE
         case 0x8d: str(at, le(at, 8)); break;               // BINUNICODE8
-        case 0x71: memo_[std::uint32_t(le(at, 1))] = top(at); break;  // BINPUT
-        case 0x72: memo_[std::uint32_t(le(at, 4))] = top(at); break;  // LONG_BINPUT
-        case 0x94: memo_[std::uint32_t(memo_.size())] = top(at); break;  // MEMOIZE
+        case 0x71: put(at, le(at, 1)); break;         // BINPUT
+        case 0x72: put(at, le(at, 4)); break;         // LONG_BINPUT
+        case 0x94: put(at, memo_.size()); break;      // MEMOIZE
         case 0x68: get(at, le(at, 1)); break;  // BINGET
         case 0x6a: get(at, le(at, 4)); break;  // LONG_BINGET
         case 0x4e: push(make(Node::K::none)); break;  // NONE
@@ -164,10 +163,17 @@ class PickleParser {
     nodes_[n].s = s;
     push(n);
   }
+  // Picklers number the memo from 0 as they go; an index far beyond the
+  // values read so far is damage, and would make the table huge.
+  void put(std::size_t at, std::uint64_t idx) {
+    const std::uint32_t v = top(at);
+    if (idx > nodes_.size() + 16) fail(at, fmt::format("memo index {} beyond the {} values read", idx, nodes_.size()));
+    if (idx >= memo_.size()) memo_.resize(idx + 1, kNoMemo);
+    memo_[idx] = v;
+  }
   void get(std::size_t at, std::uint64_t idx) {
-    auto it = memo_.find(std::uint32_t(idx));
-    if (idx > 0xFFFFFFFFu || it == memo_.end()) fail(at, fmt::format("memo index {} was never stored", idx));
-    push(it->second);
+    if (idx >= memo_.size() || memo_[idx] == kNoMemo) fail(at, fmt::format("memo index {} was never stored", idx));
+    push(memo_[idx]);
   }
   void boolean(bool v) {
     const std::uint32_t n = make(Node::K::boolean);
@@ -293,7 +299,8 @@ class PickleParser {
   std::vector<Node>& nodes_;
   std::vector<std::uint32_t> stack_;
   std::vector<std::size_t> marks_;
-  std::unordered_map<std::uint32_t, std::uint32_t> memo_;
+  static constexpr std::uint32_t kNoMemo = 0xFFFFFFFFu;
+  std::vector<std::uint32_t> memo_;  // memo index -> node
 };
 
 namespace {
@@ -343,6 +350,7 @@ std::optional<PickleDoc::Ref> PickleDoc::Ref::find(std::string_view key) const {
 }
 
 PickleDoc::PickleDoc(std::string_view bytes, const std::string& file) : file_(file) {
+  nodes_.reserve(bytes.size() / 3);  // about one value per 3 bytes in a dump: no regrowth copies
   root_ = PickleParser(bytes, file_, nodes_).run();
 }
 

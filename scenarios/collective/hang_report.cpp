@@ -4,6 +4,9 @@
 #include "scenarios/collective/hang_analysis.hpp"
 
 #include <algorithm>     // std::sort, std::max
+#include <atomic>        // std::atomic: the next file to read
+#include <optional>      // std::optional
+#include <thread>        // std::thread: files read in parallel
 #include <filesystem>    // std::filesystem: the dump directory
 #include <map>           // std::map: run id -> dumps
 #include <system_error>  // std::error_code
@@ -118,32 +121,59 @@ HangReport analyze_hang_dir(const std::string& dir) {
   std::sort(files.begin(), files.end());
 
   // PyTorch's dumps (a pickle, or JSON with version and entries) go to the
-  // PyTorch analysis; ours (*.json with our format tag) to ours.
-  std::vector<std::string> ours;
-  std::vector<TorchFrDump> torch;
-  std::vector<std::string> torch_warnings;
-  for (const auto& f : files) {
+  // PyTorch analysis; ours (*.json with our format tag) to ours. Files are
+  // read and parsed on every CPU at once: a 16-rank job's dumps are tens of
+  // MB of pickle.
+  struct Slot {
+    std::optional<TorchFrDump> torch;
+    bool ours = false;
+    std::string warning;
+  };
+  std::vector<Slot> slots(files.size());
+  auto read_one = [&](std::size_t i) {
+    const std::string& f = files[i];
     const bool is_json = fs::path(f).extension() == ".json";
     try {
-      const std::string bytes = read_regular_file(f, "flight-recorder dump");
+      std::string bytes = read_regular_file(f, "flight-recorder dump");
       if (looks_like_pickle(bytes)) {
-        torch.push_back(read_torch_fr_file(f, bytes));
-        continue;
+        slots[i].torch = read_torch_fr_file(f, std::move(bytes));
+        return;
       }
-      if (!is_json && (bytes.empty() || bytes.front() != '{')) continue;  // a note or a log beside the dumps
+      if (!is_json && (bytes.empty() || bytes.front() != '{')) return;  // a note or a log beside the dumps
       const json j = parse_json_text(bytes, f);
       if (is_torch_fr_json(j)) {
         const int rank = rank_from_file_name(f);
         if (rank < 0) throw UsageError(fmt::format("{}: no rank number at the end of the file name", f));
-        torch.push_back(torch_fr_from_json(j, f, rank));
+        slots[i].torch = torch_fr_from_json(j, f, rank);
       } else if (is_json) {
-        ours.push_back(f);
+        slots[i].ours = true;
       }
     } catch (const UsageError& e) {
       // Ours are re-read below and warned about there.
-      if (is_json) ours.push_back(f);
-      else torch_warnings.push_back(fmt::format("skipped {}: {}", f, without_file_prefix(e.what(), f)));
+      if (is_json) slots[i].ours = true;
+      else slots[i].warning = fmt::format("skipped {}: {}", f, without_file_prefix(e.what(), f));
+    } catch (const std::bad_alloc&) {
+      slots[i].warning = fmt::format("skipped {}: out of memory reading it", f);
     }
+  };
+  {
+    std::atomic<std::size_t> next{0};
+    const std::size_t n = std::min<std::size_t>(files.size(), std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (std::size_t t = 1; t < n; ++t)
+      pool.emplace_back([&] {
+        for (std::size_t i; (i = next++) < files.size();) read_one(i);
+      });
+    for (std::size_t i; (i = next++) < files.size();) read_one(i);
+    for (auto& t : pool) t.join();
+  }
+  std::vector<std::string> ours;
+  std::vector<TorchFrDump> torch;
+  std::vector<std::string> torch_warnings;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (slots[i].torch) torch.push_back(std::move(*slots[i].torch));
+    if (slots[i].ours) ours.push_back(files[i]);
+    if (!slots[i].warning.empty()) torch_warnings.push_back(std::move(slots[i].warning));
   }
   if (!torch.empty()) {
     HangReport r = analyze_torch_fr(torch);

@@ -4,6 +4,8 @@
 #include <cctype>     // std::isdigit
 #include <filesystem>  // std::filesystem::path: the file name
 #include <map>        // std::map
+#include <memory>     // std::shared_ptr: what frames_of reads from
+#include <optional>   // std::optional
 #include <set>        // std::set
 
 #include <limits>     // std::numeric_limits
@@ -191,9 +193,9 @@ std::int64_t numel(const std::vector<std::int64_t>& dims) {
   return n;
 }
 
-std::string op_name(const std::string& profiling_name) {
+std::string_view op_name(std::string_view profiling_name) {
   const auto colon = profiling_name.find(':');
-  return colon == std::string::npos ? profiling_name : profiling_name.substr(colon + 1);
+  return colon == std::string_view::npos ? profiling_name : profiling_name.substr(colon + 1);
 }
 
 std::string describe(const TorchFrEntry& e) {
@@ -214,7 +216,7 @@ bool sizes_fit_group(const TorchFrEntry& e, std::size_t n) {
   __int128 in = 0, out = 0;
   for (const auto& d : e.input_sizes) in += numel(d);
   for (const auto& d : e.output_sizes) out += numel(d);
-  const std::string op = op_name(e.profiling_name);
+  const std::string_view op = op_name(e.profiling_name);
   if (op.find("all_gather") != std::string::npos || op == "_allgather_base") return out == in * __int128(n);
   if (op.find("reduce_scatter") != std::string::npos) return in == out * __int128(n);
   return true;
@@ -237,6 +239,17 @@ int rank_from_file_name(const std::string& path) {
 }
 
 namespace {
+
+template <class V>
+std::vector<std::string> read_frames(const V& entry) {
+  std::vector<std::string> out;
+  if (auto fr = entry.find("frames"); fr && is_array(*fr))
+    for (std::size_t k = 0; k < std::min(fr->size(), kMaxFrames); ++k) {
+      const V f = fr->at(k);
+      out.push_back(fmt::format("{} ({}:{})", f.at("name").str(), f.at("filename").str(), int_or_zero(f.at("line"))));
+    }
+  return out;
+}
 
 template <class V>
 TorchFrDump torch_fr_from(const V& root, const std::string& path, int rank) {
@@ -285,12 +298,7 @@ TorchFrDump torch_fr_from(const V& root, const std::string& path, int rank) {
     if (auto t = e.find("time_discovered_completed_ns")) x.time_completed_ns = int_or_zero(*t);
     if (auto t = e.find("duration_ms"); t && !is_null(*t)) x.duration_ms = t->number();
     if (auto t = e.find("timeout_ms"); t && !is_null(*t)) x.timeout_ms = int_or_zero(*t);
-    if (auto fr = e.find("frames"); fr && is_array(*fr))
-      for (std::size_t k = 0; k < std::min(fr->size(), kMaxFrames); ++k) {
-        const V f = fr->at(k);
-        x.frames.push_back(fmt::format("{} ({}:{})", f.at("name").str(), f.at("filename").str(),
-                                       int_or_zero(f.at("line"))));
-      }
+    x.index = i;
     d.entries.push_back(std::move(x));
   }
   return d;
@@ -299,21 +307,39 @@ TorchFrDump torch_fr_from(const V& root, const std::string& path, int rank) {
 }  // namespace
 
 TorchFrDump torch_fr_from_json(const json& j, const std::string& path, int rank) {
-  return torch_fr_from(JsonRef(j, path), path, rank);
+  auto doc = std::make_shared<const json>(j);
+  TorchFrDump d = torch_fr_from(JsonRef(*doc, path), path, rank);
+  d.frames_of = [doc, path](std::size_t i) {
+    return read_frames(JsonRef(*doc, path).at("entries").at(i));
+  };
+  return d;
 }
 
-TorchFrDump read_torch_fr_file(const std::string& path, const std::string& bytes) {
+TorchFrDump read_torch_fr_file(const std::string& path, std::string bytes) {
   const int rank = rank_from_file_name(path);
   if (rank < 0) throw UsageError(fmt::format("{}: no rank number at the end of the file name (rank_0, rank_1, ...)", path));
   const auto not_a_dump = [&] {
     return UsageError(fmt::format("{}: not a PyTorch Flight Recorder dump (no version and entries)", path));
   };
   if (looks_like_pickle(bytes)) {
-    // Read in place: a 20,000-entry dump is a million values.
-    const PickleDoc doc(bytes, path);
-    const PVal root(doc.root(), path, nullptr, {});
-    if (!doc.root().is_dict() || !root.find("entries") || !root.find("version")) throw not_a_dump();
-    return torch_fr_from(root, path, rank);
+    // Read in place: a 20,000-entry dump is a million values. The bytes and
+    // the parsed document stay alive for frames_of.
+    struct Held {
+      std::string bytes;
+      std::optional<PickleDoc> doc;
+    };
+    auto held = std::make_shared<Held>();
+    held->bytes = std::move(bytes);
+    held->doc.emplace(held->bytes, path);
+    const PVal root(held->doc->root(), path, nullptr, {});
+    if (!held->doc->root().is_dict() || !root.find("entries") || !root.find("version")) throw not_a_dump();
+    TorchFrDump d = torch_fr_from(root, path, rank);
+    d.frames_of = [held, path](std::size_t i) {
+      const PVal r(held->doc->root(), path, nullptr, {});
+      const PVal entries = r.at("entries");
+      return read_frames(entries.at(i));
+    };
+    return d;
   }
   const json j = parse_json_text(bytes, path);
   if (!is_torch_fr_json(j)) throw not_a_dump();
@@ -384,7 +410,15 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     // (not a structured binding: lambdas below capture these, which clang before 16 refuses)
     const std::string& pg = pg_views.first;
     const auto& ranks_view = pg_views.second;
+    // The group's ranks from pg_config; the default group (gloo's dumps key
+    // its pg_config by "" while entries name it "0") is the whole job. Never
+    // the ranks that happen to have a dump: a missing file must not shrink
+    // the group an all-gather's sizes are checked against.
     std::vector<int> members = group_ranks.count(pg) ? group_ranks[pg] : std::vector<int>{};
+    const std::string& desc = ranks_view.begin()->second.coll.empty()
+                                  ? std::string()
+                                  : ranks_view.begin()->second.coll.begin()->second->pg_desc;
+    if (members.empty() && (pg == "0" || desc == "default_pg" || group_ranks.size() <= 1)) members = world;
     if (members.empty())
       for (const auto& [rank, v] : ranks_view) members.push_back(rank);
     std::vector<int> present;  // members with a dump
@@ -421,23 +455,41 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
           r.last_all_completed = describe(*v->coll.at(all_done));
     }
 
-    // Who differs from the majority by `key` at one seq; on a tie, those
-    // whose key differs from the lowest rank's.
-    auto minority = [&](std::int64_t seq, auto key) {
-      std::map<std::string, std::vector<int>> groups;
-      for (int m : present) groups[key(*view(m)->coll.at(seq))].push_back(m);
+    // Who differs from the majority by `same` at one seq; on a tie, those
+    // who differ from the lowest rank. Groups are found by comparison, not
+    // by formatting a key: this runs for every seq of every rank.
+    auto minority = [&](std::int64_t seq, auto same) {
+      std::vector<std::pair<const TorchFrEntry*, std::vector<int>>> groups;
+      for (int m : present) {
+        const TorchFrEntry* e = view(m)->coll.at(seq);
+        auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return same(*x.first, *e); });
+        if (g == groups.end()) groups.push_back({e, {m}});
+        else g->second.push_back(m);
+      }
       if (groups.size() < 2) return std::vector<int>{};
       std::size_t best = 0;
       int ties = 0;
-      for (const auto& [k, v] : groups) best = std::max(best, v.size());
-      for (const auto& [k, v] : groups) ties += v.size() == best;
+      for (const auto& g : groups) best = std::max(best, g.second.size());
+      for (const auto& g : groups) ties += g.second.size() == best;
       std::vector<int> out;
-      const std::string ref = key(*view(present.front())->coll.at(seq));
-      for (const auto& [k, v] : groups)
-        if (ties > 1 ? k != ref : v.size() != best) out.insert(out.end(), v.begin(), v.end());
+      for (std::size_t k = 0; k < groups.size(); ++k)
+        if (ties > 1 ? k != 0 : groups[k].second.size() != best)
+          out.insert(out.end(), groups[k].second.begin(), groups[k].second.end());
       std::sort(out.begin(), out.end());
       return out;
     };
+    // Each rank's newest completed collective in this group.
+    std::map<int, std::int64_t> max_done;
+    for (int m : present) {
+      std::int64_t done = std::numeric_limits<std::int64_t>::min();
+      if (const View* v = view(m))
+        for (auto it = v->coll.rbegin(); it != v->coll.rend(); ++it)
+          if (torch_fr_done(*it->second)) {
+            done = it->first;
+            break;
+          }
+      max_done[m] = done;
+    }
     // The seqs any rank holds in the window, in order (never a count from lo
     // to hi: a damaged dump's seq can be 2^62).
     std::set<std::int64_t> seqs;
@@ -456,13 +508,14 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
       if (!lack.empty()) {
         kind = DivergenceKind::missing;
         culprits = lack;
-      } else if (auto c = minority(seq, [](const TorchFrEntry& e) { return op_name(e.profiling_name); }); !c.empty()) {
+      } else if (auto c = minority(seq, [](const TorchFrEntry& a, const TorchFrEntry& b) {
+                   return op_name(a.profiling_name) == op_name(b.profiling_name);
+                 });
+                 !c.empty()) {
         kind = DivergenceKind::op;
         culprits = c;
-      } else if (auto c = minority(seq, [&](const TorchFrEntry& e) {
-                   return fmt::format("{}|{}|{}", fmt::join(e.input_sizes.empty() ? std::vector<std::int64_t>{}
-                                                                                   : e.input_sizes.front(), "x"),
-                                      e.input_sizes.size(), sizes_fit_group(e, members.size()) ? "" : "bad");
+      } else if (auto c = minority(seq, [](const TorchFrEntry& a, const TorchFrEntry& b) {
+                   return a.input_sizes == b.input_sizes;
                  });
                  !c.empty()) {
         kind = DivergenceKind::count;
@@ -474,25 +527,33 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
                  }()) {
         kind = DivergenceKind::count;
         culprits = bad;
-      } else if (auto c = minority(seq, [](const TorchFrEntry& e) {
-                   return fmt::format("{}>{}", fmt::join(e.input_dtypes, ","), fmt::join(e.output_dtypes, ","));
+      } else if (auto c = minority(seq, [](const TorchFrEntry& a, const TorchFrEntry& b) {
+                   return a.input_dtypes == b.input_dtypes && a.output_dtypes == b.output_dtypes;
                  });
                  !c.empty()) {
         kind = DivergenceKind::dtype;
         culprits = c;
       } else {
-        // Same call everywhere: the ranks least far along with it, when not all agree.
+        // Same call everywhere: the ranks least far along with it, when not
+        // all agree. A group's collectives complete in order on a rank, so a
+        // later completed call means this one completed too.
+        auto state_of = [&](int m) {
+          return seq <= max_done.at(m) ? 2 : state_rank(*view(m)->coll.at(seq));
+        };
         int lo_state = 2, hi_state = 0;
         for (int m : present) {
-          const int s = state_rank(*view(m)->coll.at(seq));
+          const int s = state_of(m);
           lo_state = std::min(lo_state, s);
           hi_state = std::max(hi_state, s);
         }
-        if (lo_state != hi_state) {
-          kind = DivergenceKind::state;
+        // A rank behind on its newest call is only in flight (gloo retires a
+        // work item some time after it finished); one that has moved on to
+        // later calls without completing this one is a real divergence.
+        if (lo_state != hi_state)
           for (int m : present)
-            if (state_rank(*view(m)->coll.at(seq)) == lo_state) culprits.push_back(m);
-        }
+            if (state_of(m) == lo_state && view(m)->coll.rbegin()->first > seq)
+              culprits.push_back(m);
+        if (!culprits.empty()) kind = DivergenceKind::state;
       }
       if (kind == DivergenceKind::none) continue;
 
@@ -523,7 +584,15 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
             break;
           }
       }
-      if (const View* v = view(culprits.front()); v && v->coll.count(seq)) r.culprit_frames = v->coll.at(seq)->frames;
+      if (const View* v = view(culprits.front()); v && v->coll.count(seq)) {
+        const TorchFrEntry& e = *v->coll.at(seq);
+        const TorchFrDump& owner = *by_rank.at(culprits.front());
+        try {
+          r.culprit_frames = !e.frames.empty() || !owner.frames_of ? e.frames : owner.frames_of(e.index);
+        } catch (const UsageError& err) {
+          r.warnings.push_back(fmt::format("the culprit's frames are unreadable: {}", err.what()));
+        }
+      }
       static const std::map<DivergenceKind, const char*> kMatch = {
           {DivergenceKind::missing, "not all ranks joining the collective"},
           {DivergenceKind::op, "COLLECTIVE_TYPE_MISMATCH"},

@@ -16,9 +16,11 @@
 // nothing diverges. A missing dump is named and the rest is analysed.
 #pragma once
 
-#include <cstdint>  // std::int64_t
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <cstddef>     // std::size_t
+#include <cstdint>     // std::int64_t
+#include <functional>  // std::function: frames_of
+#include <string>      // std::string
+#include <vector>      // std::vector
 
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
 
@@ -41,7 +43,8 @@ struct TorchFrEntry {
   std::int64_t time_created_ns = 0, time_started_ns = 0, time_completed_ns = 0;  // 0: not reached
   double duration_ms = -1;
   std::int64_t timeout_ms = 0;
-  std::vector<std::string> frames;  // "name (file:line)"
+  std::size_t index = 0;            // its position in the dump's entries
+  std::vector<std::string> frames;  // "name (file:line)"; empty: read through TorchFrDump::frames_of
 };
 
 // Completed, as far as the dump can tell.
@@ -57,13 +60,17 @@ struct TorchFrDump {
   };
   std::vector<Group> groups;
   std::vector<TorchFrEntry> entries;
+  // The Python frames of entries[i], read from the dump only when asked
+  // (the culprit's): a 20,000-entry dump has 160,000 of them. Throws
+  // UsageError for a malformed frame. Empty for hand-made dumps.
+  std::function<std::vector<std::string>(std::size_t)> frames_of;
 };
 
 // True when a parsed JSON document is a PyTorch Flight Recorder dump.
 bool is_torch_fr_json(const nlohmann::ordered_json& j);
 // Reads one dump (the pickle or the JSON form, decided by its bytes).
 // Throws UsageError naming the file and the field (or the pickle offset).
-TorchFrDump read_torch_fr_file(const std::string& path, const std::string& bytes);
+TorchFrDump read_torch_fr_file(const std::string& path, std::string bytes);
 TorchFrDump torch_fr_from_json(const nlohmann::ordered_json& j, const std::string& path, int rank);
 // The trailing decimal number of a file's name ("rank_12", "nccl_trace_rank_3.json"), or -1.
 int rank_from_file_name(const std::string& path);

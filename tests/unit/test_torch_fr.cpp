@@ -214,6 +214,7 @@ TEST(TorchFrAnalysis, EachKindNamesSeqAndCulprit) {
       for (int r = 0; r < 4; ++r) {
         auto es = healthy(r);
         es.push_back(r == 3 ? c.odd : entry(3, "all_reduce", 16));
+        es.push_back(entry(4, "broadcast", 8, "Float", "scheduled"));  // every rank moved on
         ds.push_back(dump(r, 4, es));
       }
       const HangReport rep = analyze_torch_fr(ds);
@@ -232,6 +233,21 @@ TEST(TorchFrAnalysis, EachKindNamesSeqAndCulprit) {
     const HangReport rep = analyze_torch_fr(ds);
     EXPECT_EQ(rep.kind, DivergenceKind::count);
     EXPECT_EQ(rep.culprits, std::vector<int>{1});
+  }
+  {  // the newest call not yet completed on one rank is in flight, not a divergence
+    std::vector<TorchFrDump> ds;
+    for (int r = 0; r < 3; ++r) {
+      auto es = healthy(r);
+      es.push_back(entry(3, "all_reduce", 16, "Float", r == 0 ? "scheduled" : "completed"));
+      ds.push_back(dump(r, 3, es));
+    }
+    EXPECT_EQ(analyze_torch_fr(ds).kind, DivergenceKind::none);
+  }
+  {  // an all-gather checked against the whole group even when a dump is missing
+    std::vector<TorchFrDump> ds;
+    for (int r : {0, 2}) ds.push_back(dump(r, 3, {entry(1, "all_gather", 4)}));
+    for (auto& d : ds) d.entries[0].output_sizes = {{3, 4}};
+    EXPECT_EQ(analyze_torch_fr(ds).kind, DivergenceKind::none);
   }
   {  // a rank's dump file is missing: named, and the rest still analysed
     std::vector<TorchFrDump> ds;
