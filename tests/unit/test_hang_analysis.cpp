@@ -580,7 +580,8 @@ TEST(HangAnalysis, ReportTextAndJson) {
   EXPECT_EQ(keys, (std::vector<std::string>{"dir", "run_id", "size", "ranks_found", "ranks_missing", "kind",
                                             "pattern", "seq", "step", "call", "culprits", "expected",
                                             "per_rank_call", "ranks", "wrong_data_from", "stall", "summary",
-                                            "warnings"}));
+                                            "warnings", "format"}));
+  EXPECT_EQ(j["format"], "stallbench-flight-recorder");
   EXPECT_EQ(j["kind"], "missing");
   EXPECT_EQ(j["pattern"], "skip");
   EXPECT_EQ(j["seq"], 10);
