@@ -533,6 +533,18 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
                  !c.empty()) {
         kind = DivergenceKind::dtype;
         culprits = c;
+        // An even split (two ranks, or a lost dump) has no majority: the odd
+        // one out is then the side whose dtype its own earlier calls never used.
+        std::vector<int> novel;
+        for (int m : present) {
+          const View* v = view(m);
+          const auto& mine = v->coll.at(seq)->input_dtypes;
+          bool seen = false;
+          for (auto it = v->coll.begin(); it != v->coll.end() && it->first < seq && !seen; ++it)
+            seen = it->second->input_dtypes == mine;
+          if (!seen) novel.push_back(m);
+        }
+        if (!novel.empty() && novel.size() < present.size() && 2 * c.size() >= present.size()) culprits = novel;
       } else {
         // Same call everywhere: the ranks least far along with it, when not
         // all agree. A group's collectives complete in order on a rank, so a
@@ -546,13 +558,11 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
           lo_state = std::min(lo_state, s);
           hi_state = std::max(hi_state, s);
         }
-        // A rank behind on its newest call is only in flight (gloo retires a
-        // work item some time after it finished); one that has moved on to
-        // later calls without completing this one is a real divergence.
+        // (fr_trace's COLLECTIVE_STATE_MISMATCH: a call some ranks finished
+        // and others did not, or that some started and others never did.)
         if (lo_state != hi_state)
           for (int m : present)
-            if (state_of(m) == lo_state && view(m)->coll.rbegin()->first > seq)
-              culprits.push_back(m);
+            if (state_of(m) == lo_state) culprits.push_back(m);
         if (!culprits.empty()) kind = DivergenceKind::state;
       }
       if (kind == DivergenceKind::none) continue;
@@ -618,6 +628,38 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     if (r.kind != DivergenceKind::none) break;
   }
 
+  if (r.kind == DivergenceKind::none && !r.ranks_missing.empty()) {
+    // The dumps present agree, but every one of them still waits in its
+    // newest call: the ranks without a dump are the ones they wait for (a
+    // crashed or killed rank writes none).
+    for (const auto& pg_views : pgs) {
+      std::int64_t newest = -1;
+      bool all_waiting = true, any = false;
+      for (const auto& [rank, v] : pg_views.second) {
+        if (v.coll.empty()) continue;
+        any = true;
+        const TorchFrEntry& e = *v.coll.rbegin()->second;
+        if (newest < 0) newest = e.collective_seq_id;
+        all_waiting = all_waiting && !torch_fr_done(e) && e.collective_seq_id == newest;
+      }
+      if (!any || !all_waiting) continue;
+      r.kind = DivergenceKind::missing;
+      r.pattern = "no dump";
+      r.seq = newest;
+      r.culprits = r.ranks_missing;
+      r.process_group = pg_views.first;
+      r.torch_match_state = "not all ranks joining the collective";
+      const TorchFrEntry& e = *pg_views.second.begin()->second.coll.rbegin()->second;
+      r.expected = describe(e);
+      for (const auto& [rank, v] : pg_views.second)
+        if (!v.coll.empty()) r.per_rank_call[std::size_t(rank)] = describe(*v.coll.rbegin()->second) + " waiting";
+      r.summary = fmt::format("process group {} collective seq {}: every rank with a dump waits in it ({}); "
+                              "rank{} {} left no dump and never completed it",
+                              pg_views.first, newest, r.expected, r.ranks_missing.size() == 1 ? "" : "s",
+                              fmt::join(r.ranks_missing, ", "));
+      break;
+    }
+  }
   if (r.kind == DivergenceKind::none) {
     // Every rank issued the same calls: the slowest arrival at any seq.
     for (const auto& [pg, ranks_view] : pgs) {

@@ -214,7 +214,6 @@ TEST(TorchFrAnalysis, EachKindNamesSeqAndCulprit) {
       for (int r = 0; r < 4; ++r) {
         auto es = healthy(r);
         es.push_back(r == 3 ? c.odd : entry(3, "all_reduce", 16));
-        es.push_back(entry(4, "broadcast", 8, "Float", "scheduled"));  // every rank moved on
         ds.push_back(dump(r, 4, es));
       }
       const HangReport rep = analyze_torch_fr(ds);
@@ -234,14 +233,39 @@ TEST(TorchFrAnalysis, EachKindNamesSeqAndCulprit) {
     EXPECT_EQ(rep.kind, DivergenceKind::count);
     EXPECT_EQ(rep.culprits, std::vector<int>{1});
   }
-  {  // the newest call not yet completed on one rank is in flight, not a divergence
+  {  // a call not retired on a rank whose later call is: calls complete in order, so it did
     std::vector<TorchFrDump> ds;
     for (int r = 0; r < 3; ++r) {
       auto es = healthy(r);
       es.push_back(entry(3, "all_reduce", 16, "Float", r == 0 ? "scheduled" : "completed"));
+      es.push_back(entry(4, "all_reduce", 16));
       ds.push_back(dump(r, 3, es));
     }
     EXPECT_EQ(analyze_torch_fr(ds).kind, DivergenceKind::none);
+  }
+  {  // the culprit's dump is lost and every other rank waits in seq 3: it is the one they wait for
+    std::vector<TorchFrDump> ds;
+    for (int r = 0; r < 2; ++r) {
+      auto es = healthy(r);
+      es.push_back(entry(3, "all_reduce", 16, "Float", "scheduled"));
+      ds.push_back(dump(r, 3, es));
+    }
+    const HangReport rep = analyze_torch_fr(ds);
+    EXPECT_EQ(rep.kind, DivergenceKind::missing);
+    EXPECT_EQ(rep.pattern, "no dump");
+    EXPECT_EQ(rep.seq, 3);
+    EXPECT_EQ(rep.culprits, std::vector<int>{2});
+  }
+  {  // a dtype split evenly: the side using a dtype its own history never used
+    std::vector<TorchFrDump> ds;
+    for (int r : {1, 2}) {
+      auto es = healthy(r);
+      es.push_back(entry(3, "all_reduce", 16, r == 1 ? "Double" : "Float"));
+      ds.push_back(dump(r, 3, es));
+    }
+    const HangReport rep = analyze_torch_fr(ds);
+    EXPECT_EQ(rep.kind, DivergenceKind::dtype);
+    EXPECT_EQ(rep.culprits, std::vector<int>{1});
   }
   {  // an all-gather checked against the whole group even when a dump is missing
     std::vector<TorchFrDump> ds;
