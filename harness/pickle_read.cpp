@@ -54,8 +54,8 @@ bool valid_utf8(std::string_view s) {
 // container when it is fetched from the memo later.
 class PickleParser {
  public:
-  PickleParser(std::string_view b, const std::string& file, std::vector<Node>& nodes)
-      : b_(b), file_(file), nodes_(nodes) {}
+  PickleParser(std::string_view b, const std::string& file, PickleDoc& doc)
+      : b_(b), file_(file), doc_(doc), nodes_(doc.nodes_) {}
 
   // The root value's index.
   std::uint32_t run() {
@@ -130,7 +130,7 @@ class PickleParser {
   }
   std::uint32_t make(Node::K k) {
     if (nodes_.size() >= kMaxPickleNodes) fail(pos_, fmt::format("more than {} values", kMaxPickleNodes));
-    nodes_.push_back(Node{k});
+    nodes_.emplace_back(k);
     return std::uint32_t(nodes_.size() - 1);
   }
   void push(std::uint32_t n) { stack_.push_back(n); }
@@ -144,23 +144,38 @@ class PickleParser {
     stack_.pop_back();
     return n;
   }
-  // The values above the last MARK, which is removed.
-  std::vector<std::uint32_t> pop_mark(std::size_t at) {
+  // Where the last MARK is (the values above it are its items); the mark is removed.
+  std::size_t pop_mark(std::size_t at) {
     if (marks_.empty()) fail(at, "no MARK to pop to");
     const std::size_t m = marks_.back();
     marks_.pop_back();
-    std::vector<std::uint32_t> out(stack_.begin() + std::ptrdiff_t(m), stack_.end());
-    stack_.resize(m);
-    return out;
+    return m;
+  }
+  // Appends stack_[from, end) to container n as one chunk and drops them.
+  void add_items(std::uint32_t n, std::size_t from) {
+    const std::size_t count = stack_.size() - from;
+    if (count == 0) return;
+    if (doc_.pool_.size() + count >= 0xFFFFFFFFu) fail(pos_, "more container items than 2^32");
+    const auto start = std::uint32_t(doc_.pool_.size());
+    doc_.pool_.insert(doc_.pool_.end(), stack_.begin() + std::ptrdiff_t(from), stack_.end());
+    stack_.resize(from);
+    doc_.chunks_.push_back({start, std::uint32_t(count), 0});
+    const auto c = std::uint32_t(doc_.chunks_.size());  // its index + 1
+    Node& x = nodes_[n];
+    if (x.last) doc_.chunks_[x.last - 1].next = c;
+    else x.first = c;
+    x.last = c;
+    x.count += std::uint32_t(count);
   }
   void str(std::size_t at, std::uint64_t len) {
     need(at, 0);
     if (len > b_.size() - pos_) fail(at, fmt::format("a string of {} bytes runs past the end (truncated)", len));
     const std::string_view s = b_.substr(pos_, std::size_t(len));
     if (!valid_utf8(s)) fail(at, "a string that is not UTF-8");
-    pos_ += std::size_t(len);
     const std::uint32_t n = make(Node::K::str);
-    nodes_[n].s = s;
+    nodes_[n].first = std::uint32_t(pos_);  // the input is at most kMaxInputBytes
+    nodes_[n].count = std::uint32_t(len);
+    pos_ += std::size_t(len);
     push(n);
   }
   // Picklers number the memo from 0 as they go; an index far beyond the
@@ -209,38 +224,47 @@ class PickleParser {
     return nodes_[n];
   }
   void append(std::size_t at, int count) {
-    std::vector<std::uint32_t> items = count < 0 ? pop_mark(at) : std::vector<std::uint32_t>{pop(at)};
-    const std::uint32_t target = top(at);
-    Node& l = container(at, target, Node::K::list, count < 0 ? "APPENDS" : "APPEND");
-    l.kids.insert(l.kids.end(), items.begin(), items.end());
+    std::size_t from;
+    if (count < 0) {
+      from = pop_mark(at);
+    } else {
+      (void)top(at);  // the item
+      from = stack_.size() - 1;
+    }
+    if (from == 0 || (!marks_.empty() && from <= marks_.back())) fail(at, "APPEND with no list below its items");
+    const std::uint32_t target = stack_[from - 1];
+    container(at, target, Node::K::list, count < 0 ? "APPENDS" : "APPEND");
+    add_items(target, from);
   }
   void setitems(std::size_t at, int count) {
-    std::vector<std::uint32_t> items;
+    std::size_t from;
     if (count < 0) {
-      items = pop_mark(at);
+      from = pop_mark(at);
     } else {
-      const std::uint32_t v = pop(at), k = pop(at);
-      items = {k, v};
+      if (stack_.size() < 2 + (marks_.empty() ? 0 : marks_.back())) fail(at, "SETITEM without a key and a value");
+      from = stack_.size() - 2;
     }
-    if (items.size() % 2) fail(at, "SETITEMS with a key and no value");
-    const std::uint32_t target = top(at);
-    Node& d = container(at, target, Node::K::dict, count < 0 ? "SETITEMS" : "SETITEM");
-    for (std::size_t i = 0; i < items.size(); i += 2) {
-      const Node::K kk = nodes_[items[i]].k;
+    if ((stack_.size() - from) % 2) fail(at, "SETITEMS with a key and no value");
+    if (from == 0 || (!marks_.empty() && from <= marks_.back())) fail(at, "SETITEMS with no dict below its items");
+    const std::uint32_t target = stack_[from - 1];
+    container(at, target, Node::K::dict, count < 0 ? "SETITEMS" : "SETITEM");
+    for (std::size_t i = from; i < stack_.size(); i += 2) {
+      const Node::K kk = nodes_[stack_[i]].k;
       if (kk != Node::K::str && kk != Node::K::integer) fail(at, "a dict key that is neither a string nor an int");
     }
-    d.kids.insert(d.kids.end(), items.begin(), items.end());
+    add_items(target, from);
   }
   void tuple(std::size_t at, int count) {
-    std::vector<std::uint32_t> items;
+    std::size_t from;
     if (count < 0) {
-      items = pop_mark(at);
+      from = pop_mark(at);
     } else {
-      items.resize(std::size_t(count));
-      for (int k = count - 1; k >= 0; --k) items[std::size_t(k)] = pop(at);
+      if (stack_.size() < std::size_t(count) + (marks_.empty() ? 0 : marks_.back()))
+        fail(at, "stack underflow");
+      from = stack_.size() - std::size_t(count);
     }
     const std::uint32_t n = make(Node::K::tuple);
-    nodes_[n].kids = std::move(items);
+    add_items(n, from);
     push(n);
   }
   void global(std::size_t at) {
@@ -265,9 +289,8 @@ class PickleParser {
   void reduce(std::size_t at) {
     const std::uint32_t args = pop(at), callable = pop(at);
     if (nodes_[callable].k != Node::K::global) fail(at, "REDUCE of something that is not an accepted global");
-    if (nodes_[args].k != Node::K::tuple || nodes_[args].kids.empty())
-      fail(at, "REDUCE with no argument tuple");
-    push(nodes_[args].kids.front());  // the helpers return their first argument
+    if (nodes_[args].k != Node::K::tuple || nodes_[args].count == 0) fail(at, "REDUCE with no argument tuple");
+    push(doc_.kid(args, 0));  // the helpers return their first argument
   }
 
   // Nesting over kMaxPickleDepth (or a container that holds itself) is
@@ -285,7 +308,10 @@ class PickleParser {
       if (x.k == Node::K::global) fail(at, "a global left unapplied (no REDUCE)");
       open[n] = 1;
       int h = 1;
-      for (std::uint32_t k : x.kids) h = std::max(h, 1 + self(self, k, depth + 1));
+      const bool container = x.k == Node::K::list || x.k == Node::K::tuple || x.k == Node::K::dict;
+      for (std::uint32_t c = container ? x.first : 0; c; c = doc_.chunks_[c - 1].next)
+        for (std::uint32_t j = 0; j < doc_.chunks_[c - 1].count; ++j)
+          h = std::max(h, 1 + self(self, doc_.pool_[doc_.chunks_[c - 1].start + j], depth + 1));
       open[n] = 0;
       height[n] = std::uint8_t(std::min(h, 255));
       return h;
@@ -296,6 +322,7 @@ class PickleParser {
   std::string_view b_;
   const std::string& file_;
   std::size_t pos_ = 0;
+  PickleDoc& doc_;
   std::vector<Node>& nodes_;
   std::vector<std::uint32_t> stack_;
   std::vector<std::size_t> marks_;
@@ -307,56 +334,75 @@ namespace {
 
 // `budget` bounds the output: shared values are copied where each is used,
 // and a small pickle can share its way to billions of them.
-json to_json_rec(const std::vector<Node>& nodes, std::uint32_t n, std::size_t& budget, const std::string& file) {
+json to_json_rec(const PickleDoc& doc, PickleDoc::Ref x, std::size_t& budget, const std::string& file) {
   if (budget-- == 0)
     throw UsageError(fmt::format("{}: pickle: expands to more than {} values", file, kMaxPickleNodes));
-  const Node& x = nodes[n];
-  switch (x.k) {
-    case Node::K::none: return nullptr;
-    case Node::K::boolean: return x.i != 0;
-    case Node::K::integer: return x.i;
-    case Node::K::real: return x.d;
-    case Node::K::str: return std::string(x.s);
-    case Node::K::list:
-    case Node::K::tuple: {
-      json a = json::array();
-      for (std::uint32_t k : x.kids) a.push_back(to_json_rec(nodes, k, budget, file));
-      return a;
-    }
-    case Node::K::dict: {
-      json o = json::object();
-      for (std::size_t k = 0; k < x.kids.size(); k += 2) {
-        const Node& key = nodes[x.kids[k]];
-        std::string name = key.k == Node::K::str ? std::string(key.s) : std::to_string(key.i);
-        o[std::move(name)] = to_json_rec(nodes, x.kids[k + 1], budget, file);
-      }
-      return o;
-    }
-    case Node::K::global: break;  // refused by the parser's depth check
+  if (x.is_null()) return nullptr;
+  if (x.is_bool()) return x.integer() != 0;
+  if (x.is_int()) return x.integer();
+  if (x.is_real()) return x.real();
+  if (x.is_str()) return std::string(x.str());
+  if (x.is_seq()) {
+    json a = json::array();
+    for (std::size_t k = 0; k < x.size(); ++k) a.push_back(to_json_rec(doc, x.at(k), budget, file));
+    return a;
   }
-  return nullptr;
+  json o = json::object();
+  for (std::size_t k = 0; k < x.size(); ++k) {
+    const PickleDoc::Ref key = x.key(k);
+    std::string name = key.is_str() ? std::string(key.str()) : std::to_string(key.integer());
+    o[std::move(name)] = to_json_rec(doc, x.value(k), budget, file);
+  }
+  return o;
 }
 
 }  // namespace
 
-std::optional<PickleDoc::Ref> PickleDoc::Ref::find(std::string_view key) const {
+std::uint32_t PickleDoc::kid(std::uint32_t n, std::size_t i) const {
+  for (std::uint32_t c = nodes_[n].first; c; c = chunks_[c - 1].next) {
+    const Chunk& ch = chunks_[c - 1];
+    if (i < ch.count) return pool_[ch.start + i];
+    i -= ch.count;
+  }
+  return 0;  // out of range: callers check size() first
+}
+
+std::optional<PickleDoc::Ref> PickleDoc::Ref::find(std::string_view key, std::size_t* hint) const {
   if (!is_dict()) return std::nullopt;
-  const auto& kids = node().kids;
-  for (std::size_t k = 0; k < kids.size(); k += 2) {
-    const Node& kn = doc_->nodes_[kids[k]];
-    if (kn.k == Node::K::str && kn.s == key) return Ref{doc_, kids[k + 1]};
+  const std::size_t pairs = size();
+  if (pairs == 0) return std::nullopt;
+  if (node().first == node().last) {  // one chunk (the usual): pairs by index, from the hint round
+    const Chunk& ch = doc_->chunks_[node().first - 1];
+    const std::size_t start = hint ? *hint % pairs : 0;
+    for (std::size_t j = 0; j < pairs; ++j) {
+      const std::size_t p = (start + j) % pairs;
+      const Ref k{doc_, doc_->pool_[ch.start + 2 * p]};
+      if (k.is_str() && k.str() == key) {
+        if (hint) *hint = p + 1;
+        return Ref{doc_, doc_->pool_[ch.start + 2 * p + 1]};
+      }
+    }
+    return std::nullopt;
+  }
+  for (std::uint32_t c = node().first; c; c = doc_->chunks_[c - 1].next) {
+    const Chunk& ch = doc_->chunks_[c - 1];
+    for (std::uint32_t j = 0; j + 1 < ch.count; j += 2) {
+      const Ref k{doc_, doc_->pool_[ch.start + j]};
+      if (k.is_str() && k.str() == key) return Ref{doc_, doc_->pool_[ch.start + j + 1]};
+    }
   }
   return std::nullopt;
 }
 
-PickleDoc::PickleDoc(std::string_view bytes, const std::string& file) : file_(file) {
+PickleDoc::PickleDoc(std::string_view bytes, const std::string& file) : bytes_(bytes), file_(file) {
   nodes_.reserve(bytes.size() / 3);  // about one value per 3 bytes in a dump: no regrowth copies
-  root_ = PickleParser(bytes, file_, nodes_).run();
+  pool_.reserve(bytes.size() / 3);
+  root_ = PickleParser(bytes, file_, *this).run();
 }
 
 json PickleDoc::to_json() const {
   std::size_t budget = kMaxPickleNodes;
-  return to_json_rec(nodes_, root_, budget, file_);
+  return to_json_rec(*this, root(), budget, file_);
 }
 
 bool looks_like_pickle(std::string_view bytes) {

@@ -33,19 +33,29 @@ bool looks_like_pickle(std::string_view bytes);
 // input bytes, which must outlive the document.
 class PickleDoc {
  public:
+  // 24 bytes a value: a large dump is millions of them. A container's items
+  // live in one shared pool, in chunks (one per APPENDS/SETITEMS batch, as
+  // picklers fill a memoized container in batches), chained from the node.
   struct Node {
     enum class K : std::uint8_t { none, boolean, integer, real, str, list, tuple, dict, global };
     K k = K::none;
-    std::int64_t i = 0;  // boolean, integer; global: which helper
-    double d = 0;
-    std::string_view s;               // str
-    std::vector<std::uint32_t> kids;  // list, tuple; dict: key, value, key, value, ...
+    std::uint32_t count = 0;  // str: bytes; containers: items (a dict's keys and values both)
+    std::uint32_t first = 0;  // str: offset in the input; containers: first chunk + 1 (0: none)
+    std::uint32_t last = 0;   // containers: last chunk + 1
+    union {
+      std::int64_t i;  // boolean, integer; global: which helper
+      double d;
+    };
+    Node() : i(0) {}
+    explicit Node(K kind) : k(kind), i(0) {}
+  };
+  struct Chunk {
+    std::uint32_t start = 0, count = 0, next = 0;  // next chunk + 1 (0: none)
   };
   // A value of the document.
   class Ref {
    public:
     Ref(const PickleDoc* doc, std::uint32_t n) : doc_(doc), n_(n) {}
-    const Node& node() const { return doc_->nodes_[n_]; }
     bool is_null() const { return node().k == Node::K::none; }
     bool is_str() const { return node().k == Node::K::str; }
     bool is_int() const { return node().k == Node::K::integer; }
@@ -53,27 +63,39 @@ class PickleDoc {
     bool is_real() const { return node().k == Node::K::real; }
     bool is_seq() const { return node().k == Node::K::list || node().k == Node::K::tuple; }
     bool is_dict() const { return node().k == Node::K::dict; }
-    std::size_t size() const { return is_dict() ? node().kids.size() / 2 : node().kids.size(); }
-    Ref at(std::size_t i) const { return {doc_, node().kids[i]}; }
+    std::string_view str() const { return doc_->bytes_.substr(node().first, node().count); }
+    std::int64_t integer() const { return node().i; }  // also a boolean's 0 or 1
+    double real() const { return node().d; }
+    std::size_t size() const { return is_dict() ? node().count / 2 : node().count; }
+    Ref at(std::size_t i) const { return {doc_, doc_->kid(n_, i)}; }
     // A dict's member by string key (nullopt when absent or not a dict).
-    std::optional<Ref> find(std::string_view key) const;
+    // With a hint (the pair after the previous hit), a reader that asks for
+    // the fields in about the order they were written compares few keys.
+    std::optional<Ref> find(std::string_view key, std::size_t* hint = nullptr) const;
     // A dict's i-th key and value.
-    Ref key(std::size_t i) const { return {doc_, node().kids[2 * i]}; }
-    Ref value(std::size_t i) const { return {doc_, node().kids[2 * i + 1]}; }
+    Ref key(std::size_t i) const { return {doc_, doc_->kid(n_, 2 * i)}; }
+    Ref value(std::size_t i) const { return {doc_, doc_->kid(n_, 2 * i + 1)}; }
 
    private:
+    const Node& node() const { return doc_->nodes_[n_]; }
     const PickleDoc* doc_;
     std::uint32_t n_;
   };
 
-  // Throws UsageError("<file>: pickle: ... at offset N").
+  // Throws UsageError("<file>: pickle: ... at offset N"). bytes must
+  // outlive the document (strings are read in place).
   PickleDoc(std::string_view bytes, const std::string& file);
   Ref root() const { return {this, root_}; }
   nlohmann::ordered_json to_json() const;
 
  private:
   friend class PickleParser;
+  // The i-th item of container n.
+  std::uint32_t kid(std::uint32_t n, std::size_t i) const;
+  std::string_view bytes_;
   std::vector<Node> nodes_;
+  std::vector<Chunk> chunks_;
+  std::vector<std::uint32_t> pool_;
   std::uint32_t root_ = 0;
   std::string file_;
 };

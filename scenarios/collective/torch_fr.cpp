@@ -44,24 +44,24 @@ class PVal {
   bool is_array() const { return r_ && r_->is_seq(); }
   std::string str() const {
     if (!is_string()) fail(kind_error("a string"));
-    return std::string(r_->node().s);
+    return std::string(r_->str());
   }
   std::int64_t integer(std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
                        std::int64_t hi = std::numeric_limits<std::int64_t>::max()) const {
     if (!r_ || !r_->is_int()) fail(kind_error("an integer"));
-    const std::int64_t v = r_->node().i;
+    const std::int64_t v = r_->integer();
     if (v < lo || v > hi) fail(fmt::format("{} is outside {}..{}", v, lo, hi));
     return v;
   }
   int int32(int lo, int hi) const { return int(integer(lo, hi)); }
   bool boolean() const {
     if (!r_ || !r_->is_bool()) fail(kind_error("a boolean"));
-    return r_->node().i != 0;
+    return r_->integer() != 0;
   }
   double number() const {
-    if (r_ && r_->is_int()) return double(r_->node().i);
+    if (r_ && r_->is_int()) return double(r_->integer());
     if (!r_ || !r_->is_real()) fail(kind_error("a number"));
-    return r_->node().d;
+    return r_->real();
   }
   const PVal& array() const {
     if (!is_array()) fail(kind_error("a list"));
@@ -74,11 +74,11 @@ class PVal {
   PVal at(std::size_t i) const { return PVal(r_->at(i), *file_, this, {}, i); }
   PVal at(std::string_view key) const {
     if (!r_ || !r_->is_dict()) fail(kind_error("a dict"));
-    return PVal(r_->find(key), *file_, this, key);
+    return PVal(r_->find(key, &hint_), *file_, this, key);
   }
   std::optional<PVal> find(std::string_view key) const {
     if (!r_ || !r_->is_dict()) fail(kind_error("a dict"));
-    auto v = r_->find(key);
+    auto v = r_->find(key, &hint_);
     if (!v) return std::nullopt;
     return PVal(v, *file_, this, key);
   }
@@ -87,7 +87,7 @@ class PVal {
     std::vector<std::pair<std::string, PVal>> out;
     for (std::size_t i = 0; i < r_->size(); ++i) {
       const PickleDoc::Ref k = r_->key(i);
-      std::string name = k.is_str() ? std::string(k.node().s) : std::to_string(k.node().i);
+      std::string name = k.is_str() ? std::string(k.str()) : std::to_string(k.integer());
       out.emplace_back(name, PVal(r_->value(i), *file_, this, {}, i));
     }
     return out;
@@ -102,6 +102,7 @@ class PVal {
   const PVal* parent_;
   std::string_view key_;
   std::size_t index_;
+  mutable std::size_t hint_ = 0;  // where the next find starts (fields are read in about written order)
 };
 
 bool is_null(const JsonRef& v) { return !v.present() || v.raw().is_null(); }
@@ -282,22 +283,24 @@ TorchFrDump torch_fr_from(const V& root, const std::string& path, int rank) {
     } else if (auto pid = e.find("pg_id")) {
       x.pg_name = std::to_string(int_or_zero(*pid));
     }
+    // In the order PyTorch writes the fields (the lookups start where the
+    // previous one ended).
     x.collective_seq_id = int_or_zero(e.at("collective_seq_id"));
     if (auto p = e.find("p2p_seq_id")) x.p2p_seq_id = int_or_zero(*p);
     if (auto p = e.find("op_id")) x.op_id = int_or_zero(*p);
-    if (auto p = e.find("is_p2p"); p && !is_null(*p)) x.is_p2p = p->boolean();
     x.profiling_name = is_null(e.at("profiling_name")) ? "" : e.at("profiling_name").str();
+    x.time_created_ns = int_or_zero(e.at("time_created_ns"));
     x.input_sizes = sizes(e.at("input_sizes"));
-    x.output_sizes = sizes(e.at("output_sizes"));
     x.input_dtypes = strings(e.at("input_dtypes"));
+    x.output_sizes = sizes(e.at("output_sizes"));
     x.output_dtypes = strings(e.at("output_dtypes"));
     x.state = e.at("state").str();
-    if (auto t = e.find("retired"); t && !is_null(*t)) x.retired = t->boolean();
-    x.time_created_ns = int_or_zero(e.at("time_created_ns"));
     if (auto t = e.find("time_discovered_started_ns")) x.time_started_ns = int_or_zero(*t);
     if (auto t = e.find("time_discovered_completed_ns")) x.time_completed_ns = int_or_zero(*t);
-    if (auto t = e.find("duration_ms"); t && !is_null(*t)) x.duration_ms = t->number();
+    if (auto t = e.find("retired"); t && !is_null(*t)) x.retired = t->boolean();
     if (auto t = e.find("timeout_ms"); t && !is_null(*t)) x.timeout_ms = int_or_zero(*t);
+    if (auto p = e.find("is_p2p"); p && !is_null(*p)) x.is_p2p = p->boolean();
+    if (auto t = e.find("duration_ms"); t && !is_null(*t)) x.duration_ms = t->number();  // NCCL only
     x.index = i;
     d.entries.push_back(std::move(x));
   }
@@ -322,20 +325,21 @@ TorchFrDump read_torch_fr_file(const std::string& path, std::string bytes) {
     return UsageError(fmt::format("{}: not a PyTorch Flight Recorder dump (no version and entries)", path));
   };
   if (looks_like_pickle(bytes)) {
-    // Read in place: a 20,000-entry dump is a million values. The bytes and
-    // the parsed document stay alive for frames_of.
-    struct Held {
-      std::string bytes;
-      std::optional<PickleDoc> doc;
-    };
-    auto held = std::make_shared<Held>();
-    held->bytes = std::move(bytes);
-    held->doc.emplace(held->bytes, path);
-    const PVal root(held->doc->root(), path, nullptr, {});
-    if (!held->doc->root().is_dict() || !root.find("entries") || !root.find("version")) throw not_a_dump();
-    TorchFrDump d = torch_fr_from(root, path, rank);
+    // Read in place: a 20,000-entry dump is a million values. Only the bytes
+    // are kept, for frames_of, which parses them again for the one dump
+    // whose frames a report shows (tens of ms) rather than holding every
+    // rank's parsed document (40 MB each at that size).
+    auto held = std::make_shared<const std::string>(std::move(bytes));
+    TorchFrDump d;
+    {
+      const PickleDoc doc(*held, path);
+      const PVal root(doc.root(), path, nullptr, {});
+      if (!doc.root().is_dict() || !root.find("entries") || !root.find("version")) throw not_a_dump();
+      d = torch_fr_from(root, path, rank);
+    }
     d.frames_of = [held, path](std::size_t i) {
-      const PVal r(held->doc->root(), path, nullptr, {});
+      const PickleDoc doc(*held, path);
+      const PVal r(doc.root(), path, nullptr, {});
       const PVal entries = r.at("entries");
       return read_frames(entries.at(i));
     };
@@ -458,10 +462,13 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     // Who differs from the majority by `same` at one seq; on a tie, those
     // who differ from the lowest rank. Groups are found by comparison, not
     // by formatting a key: this runs for every seq of every rank.
+    // Each present rank's entry at the seq being checked (null: none), by
+    // rank, looked up once per seq: the checks below read it many times.
+    std::vector<const TorchFrEntry*> at_seq(n, nullptr);
     auto minority = [&](std::int64_t seq, auto same) {
       std::vector<std::pair<const TorchFrEntry*, std::vector<int>>> groups;
       for (int m : present) {
-        const TorchFrEntry* e = view(m)->coll.at(seq);
+        const TorchFrEntry* e = at_seq[std::size_t(m)];
         auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return same(*x.first, *e); });
         if (g == groups.end()) groups.push_back({e, {m}});
         else g->second.push_back(m);
@@ -500,7 +507,10 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
       std::vector<int> have, lack;
       for (int m : present) {
         const View* v = view(m);
-        (v && v->coll.count(seq) ? have : lack).push_back(m);
+        const auto it = v ? v->coll.find(seq) : decltype(v->coll.end()){};
+        const bool has = v && it != v->coll.end();
+        at_seq[std::size_t(m)] = has ? it->second : nullptr;
+        (has ? have : lack).push_back(m);
       }
       if (have.empty()) continue;
       DivergenceKind kind = DivergenceKind::none;
@@ -522,7 +532,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
         culprits = c;
       } else if (std::vector<int> bad; [&] {
                    for (int m : present)
-                     if (!sizes_fit_group(*view(m)->coll.at(seq), members.size())) bad.push_back(m);
+                     if (!sizes_fit_group(*at_seq[std::size_t(m)], members.size())) bad.push_back(m);
                    return !bad.empty();
                  }()) {
         kind = DivergenceKind::count;
@@ -550,7 +560,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
         // all agree. A group's collectives complete in order on a rank, so a
         // later completed call means this one completed too.
         auto state_of = [&](int m) {
-          return seq <= max_done.at(m) ? 2 : state_rank(*view(m)->coll.at(seq));
+          return seq <= max_done.at(m) ? 2 : state_rank(*at_seq[std::size_t(m)]);
         };
         int lo_state = 2, hi_state = 0;
         for (int m : present) {
