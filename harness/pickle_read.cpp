@@ -69,7 +69,6 @@ class PickleParser {
         case 0x95: pos_ += 8; need(at, 0); break;  // FRAME len: framing only
         case 0x2e: {                               // STOP
           if (stack_.size() != 1 || !marks_.empty()) fail(at, "STOP with a stack that is not one value");
-          check_depth(stack_.back(), 0, at);
           return stack_.back();
         }
         case 0x7d: push(make(Node::K::dict)); break;   // EMPTY_DICT
@@ -293,32 +292,6 @@ class PickleParser {
     push(doc_.kid(args, 0));  // the helpers return their first argument
   }
 
-  // Nesting over kMaxPickleDepth (or a container that holds itself) is
-  // refused here, once, so that every later walk is bounded. Values are
-  // shared through the memo, so this is a walk of a graph: each node's
-  // height is computed once.
-  void check_depth(std::uint32_t root, int, std::size_t at) const {
-    std::vector<std::uint8_t> height(nodes_.size(), 0);  // 0: not yet; else 1 + the height below
-    std::vector<std::uint8_t> open(nodes_.size(), 0);
-    auto walk = [&](auto&& self, std::uint32_t n, int depth) -> int {
-      if (depth > kMaxPickleDepth || open[n])
-        fail(at, fmt::format("values nested deeper than {} (or a container that holds itself)", kMaxPickleDepth));
-      if (height[n]) return height[n];
-      const Node& x = nodes_[n];
-      if (x.k == Node::K::global) fail(at, "a global left unapplied (no REDUCE)");
-      open[n] = 1;
-      int h = 1;
-      const bool container = x.k == Node::K::list || x.k == Node::K::tuple || x.k == Node::K::dict;
-      for (std::uint32_t c = container ? x.first : 0; c; c = doc_.chunks_[c - 1].next)
-        for (std::uint32_t j = 0; j < doc_.chunks_[c - 1].count; ++j)
-          h = std::max(h, 1 + self(self, doc_.pool_[doc_.chunks_[c - 1].start + j], depth + 1));
-      open[n] = 0;
-      height[n] = std::uint8_t(std::min(h, 255));
-      return h;
-    };
-    walk(walk, root, 0);
-  }
-
   std::string_view b_;
   const std::string& file_;
   std::size_t pos_ = 0;
@@ -334,9 +307,16 @@ namespace {
 
 // `budget` bounds the output: shared values are copied where each is used,
 // and a small pickle can share its way to billions of them.
-json to_json_rec(const PickleDoc& doc, PickleDoc::Ref x, std::size_t& budget, const std::string& file) {
+// Nesting is checked here, where it is walked (a reader of known fields,
+// like torch_fr's, goes a fixed depth and never needs it): over
+// kMaxPickleDepth, or a container that holds itself, is refused.
+json to_json_rec(const PickleDoc& doc, PickleDoc::Ref x, std::size_t& budget, int depth, const std::string& file) {
   if (budget-- == 0)
     throw UsageError(fmt::format("{}: pickle: expands to more than {} values", file, kMaxPickleNodes));
+  if (depth > kMaxPickleDepth)
+    throw UsageError(fmt::format("{}: pickle: values nested deeper than {} (or a container that holds itself)", file,
+                                 kMaxPickleDepth));
+  if (x.is_global()) throw UsageError(fmt::format("{}: pickle: a global left unapplied (no REDUCE)", file));
   if (x.is_null()) return nullptr;
   if (x.is_bool()) return x.integer() != 0;
   if (x.is_int()) return x.integer();
@@ -344,14 +324,14 @@ json to_json_rec(const PickleDoc& doc, PickleDoc::Ref x, std::size_t& budget, co
   if (x.is_str()) return std::string(x.str());
   if (x.is_seq()) {
     json a = json::array();
-    for (std::size_t k = 0; k < x.size(); ++k) a.push_back(to_json_rec(doc, x.at(k), budget, file));
+    for (std::size_t k = 0; k < x.size(); ++k) a.push_back(to_json_rec(doc, x.at(k), budget, depth + 1, file));
     return a;
   }
   json o = json::object();
   for (std::size_t k = 0; k < x.size(); ++k) {
     const PickleDoc::Ref key = x.key(k);
     std::string name = key.is_str() ? std::string(key.str()) : std::to_string(key.integer());
-    o[std::move(name)] = to_json_rec(doc, x.value(k), budget, file);
+    o[std::move(name)] = to_json_rec(doc, x.value(k), budget, depth + 1, file);
   }
   return o;
 }
@@ -402,7 +382,7 @@ PickleDoc::PickleDoc(std::string_view bytes, const std::string& file) : bytes_(b
 
 json PickleDoc::to_json() const {
   std::size_t budget = kMaxPickleNodes;
-  return to_json_rec(*this, root(), budget, file_);
+  return to_json_rec(*this, root(), budget, 0, file_);
 }
 
 bool looks_like_pickle(std::string_view bytes) {

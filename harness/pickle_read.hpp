@@ -1,14 +1,15 @@
 // A strict reader of the pickle subset that PyTorch's Flight Recorder dumps
 // use (protocol 2 from torch's C++ pickler; protocols up to 5 from Python's),
-// turned into JSON values: dict -> object (keys must be strings or ints, ints
+// read in place (PickleDoc) or turned into JSON values: dict -> object (keys must be strings or ints, ints
 // become their decimal text), list and tuple -> array, None -> null, bool,
 // int (up to 64 bits), float, str. Nothing is ever executed or imported: the
 // only globals accepted are torch.jit._pickle's identity helpers
 // (restore_type_tag, build_intlist, build_doublelist, build_boollist,
 // build_tensorlist is refused), which return their first argument. Any other
-// opcode or global, a truncated stream, a bad memo index, nesting deeper than
-// kMaxPickleDepth or more than kMaxPickleNodes values is a UsageError naming
-// the file, the opcode and its byte offset.
+// opcode or global, a truncated stream, a bad memo index or more than
+// kMaxPickleNodes values is a UsageError naming the file, the opcode and its
+// byte offset; nesting deeper than kMaxPickleDepth (or a container that holds
+// itself) is one where the values are walked whole (to_json).
 #pragma once
 
 #include <cstddef>      // std::size_t
@@ -63,6 +64,7 @@ class PickleDoc {
     bool is_real() const { return node().k == Node::K::real; }
     bool is_seq() const { return node().k == Node::K::list || node().k == Node::K::tuple; }
     bool is_dict() const { return node().k == Node::K::dict; }
+    bool is_global() const { return node().k == Node::K::global; }
     std::string_view str() const { return doc_->bytes_.substr(node().first, node().count); }
     std::int64_t integer() const { return node().i; }  // also a boolean's 0 or 1
     double real() const { return node().d; }
