@@ -87,6 +87,27 @@ dnnl::matmul::primitive_desc matmul_pd(dnnl::engine& eng, const dnnl::memory::de
 }
 
 // eager: QK^T and dO V^T write the dtype (a bf16 matmul's output is bf16).
+// Element e of a tensor stored with sz bytes per element.
+char* element(const LedgerBlock& b, std::size_t e, std::size_t sz) { return b.as<char>() + e * sz; }
+
+// Makes a GEMM's primitive and its operands' memory (src/dst may be
+// DNNL_MEMORY_NONE, bound per call), the scratchpad shared by every GEMM.
+void bind(Mm& m, dnnl::engine& eng, void* a, void* w, void* c, void* scratch) {
+  m.prim = SB_DNNL_CHECK(dnnl::matmul(m.pd));
+  m.src = SB_DNNL_CHECK(dnnl::memory(m.pd.src_desc(), eng, a));
+  m.wei = SB_DNNL_CHECK(dnnl::memory(m.pd.weights_desc(), eng, w));
+  m.dst = SB_DNNL_CHECK(dnnl::memory(m.pd.dst_desc(), eng, c));
+  m.scratch = SB_DNNL_CHECK(dnnl::memory(m.pd.scratchpad_desc(), eng, scratch));
+}
+
+// Runs one bound GEMM on the stream.
+void exec(Mm& m, dnnl::stream& strm) {
+  SB_DNNL_CHECK(m.prim.execute(strm, {{DNNL_ARG_SRC, m.src},
+                                      {DNNL_ARG_WEIGHTS, m.wei},
+                                      {DNNL_ARG_DST, m.dst},
+                                      {DNNL_ARG_SCRATCHPAD, m.scratch}}));
+}
+
 NaivePlan plan(dnnl::engine& eng, const AttnShape& s, DType t, bool eager) {
   NaivePlan p;
   const dt in = t == DType::bf16 ? dt::bf16 : dt::f32;
@@ -280,26 +301,18 @@ class NaiveAttention final : public CpuAttention {
     d_ = alloc_workspace(plan_.rows * 4, "rowsum(dO*O)");
     scratch_ = alloc_workspace(plan_.scratch, "oneDNN scratchpad");
     auto& eng = env_.eng;
-    // Element e of a tensor stored with esz bytes per element.
-    auto at = [](const LedgerBlock& b, std::size_t e, std::size_t sz) { return b.as<char>() + e * sz; };
+    void* scratch = scratch_.data();
     for (Group& g : plan_.groups) {
       const std::size_t off = std::size_t(g.off);
-      auto bind = [&](Mm& m, void* a, void* w, void* c) {
-        m.prim = SB_DNNL_CHECK(dnnl::matmul(m.pd));
-        m.src = SB_DNNL_CHECK(dnnl::memory(m.pd.src_desc(), eng, a));
-        m.wei = SB_DNNL_CHECK(dnnl::memory(m.pd.weights_desc(), eng, w));
-        m.dst = SB_DNNL_CHECK(dnnl::memory(m.pd.dst_desc(), eng, c));
-        m.scratch = SB_DNNL_CHECK(dnnl::memory(m.pd.scratchpad_desc(), eng, scratch_.data()));
-      };
-      void* S = at(s_, g.s_off, 4);
-      void* P = at(p_, g.s_off, esz);
-      void* dS = at(ds_, g.s_off, esz);
-      bind(g.qk, at(q_, off, esz), at(k_, off, esz), S);
-      bind(g.pv, P, at(v_, off, esz), at(o_, off, 4));
-      bind(g.dv, P, at(do_, off, esz), at(dv_, off, 4));
-      bind(g.dp, at(do_, off, esz), at(v_, off, esz), S);
-      bind(g.dq, dS, at(k_, off, esz), at(dq_, off, 4));
-      bind(g.dk, dS, at(q_, off, esz), at(dk_, off, 4));
+      void* S = element(s_, g.s_off, 4);
+      void* P = element(p_, g.s_off, esz);
+      void* dS = element(ds_, g.s_off, esz);
+      bind(g.qk, eng, element(q_, off, esz), element(k_, off, esz), S, scratch);
+      bind(g.pv, eng, P, element(v_, off, esz), element(o_, off, 4), scratch);
+      bind(g.dv, eng, P, element(do_, off, esz), element(dv_, off, 4), scratch);
+      bind(g.dp, eng, element(do_, off, esz), element(v_, off, esz), S, scratch);
+      bind(g.dq, eng, dS, element(k_, off, esz), element(dq_, off, 4), scratch);
+      bind(g.dk, eng, dS, element(q_, off, esz), element(dk_, off, 4), scratch);
     }
     std::set<std::string> impls;
     for (Mm* m : {&plan_.groups[0].qk, &plan_.groups[0].pv, &plan_.groups[0].dv, &plan_.groups[0].dk})
@@ -348,12 +361,7 @@ class NaiveAttention final : public CpuAttention {
   }
 
  private:
-  void exec(Mm& m) {
-    SB_DNNL_CHECK(m.prim.execute(strm_, {{DNNL_ARG_SRC, m.src},
-                                         {DNNL_ARG_WEIGHTS, m.wei},
-                                         {DNNL_ARG_DST, m.dst},
-                                         {DNNL_ARG_SCRATCHPAD, m.scratch}}));
-  }
+  void exec(Mm& m) { sb::cpu::exec(m, strm_); }
 
   template <class T>
   void softmax() {
@@ -423,24 +431,18 @@ class EagerAttention final : public CpuAttention {
     scratch_ = alloc_workspace(plan_.scratch, "oneDNN scratchpad");
     auto& eng = env_.eng;
     const std::size_t esz = std::size_t(storage_bytes(t));
-    auto at = [](const LedgerBlock& b, std::size_t e, std::size_t sz) { return b.as<char>() + e * sz; };
+    void* scratch = scratch_.data();
     // Operands of the op are bound once; the S x S side of each GEMM is a
     // fresh tensor every call, bound by set_data_handle before it runs.
     for (Group& g : plan_.groups) {
       const std::size_t off = std::size_t(g.off);
-      auto bind = [&](Mm& m, void* a, void* w, void* c) {
-        m.prim = SB_DNNL_CHECK(dnnl::matmul(m.pd));
-        m.src = SB_DNNL_CHECK(dnnl::memory(m.pd.src_desc(), eng, a));
-        m.wei = SB_DNNL_CHECK(dnnl::memory(m.pd.weights_desc(), eng, w));
-        m.dst = SB_DNNL_CHECK(dnnl::memory(m.pd.dst_desc(), eng, c));
-        m.scratch = SB_DNNL_CHECK(dnnl::memory(m.pd.scratchpad_desc(), eng, scratch_.data()));
-      };
-      bind(g.qk, at(q_, off, esz), at(k_, off, esz), DNNL_MEMORY_NONE);
-      bind(g.pv, DNNL_MEMORY_NONE, at(v_, off, esz), at(o_, off, 4));
-      bind(g.dv, DNNL_MEMORY_NONE, at(do_, off, esz), at(dv_, off, 4));
-      bind(g.dp, at(do_, off, esz), at(v_, off, esz), DNNL_MEMORY_NONE);
-      bind(g.dq, DNNL_MEMORY_NONE, at(k_, off, esz), at(dq_, off, 4));
-      bind(g.dk, DNNL_MEMORY_NONE, at(q_, off, esz), at(dk_, off, 4));
+      void* none = DNNL_MEMORY_NONE;
+      bind(g.qk, eng, element(q_, off, esz), element(k_, off, esz), none, scratch);
+      bind(g.pv, eng, none, element(v_, off, esz), element(o_, off, 4), scratch);
+      bind(g.dv, eng, none, element(do_, off, esz), element(dv_, off, 4), scratch);
+      bind(g.dp, eng, element(do_, off, esz), element(v_, off, esz), none, scratch);
+      bind(g.dq, eng, none, element(k_, off, esz), element(dq_, off, 4), scratch);
+      bind(g.dk, eng, none, element(q_, off, esz), element(dk_, off, 4), scratch);
     }
     const dnnl_version_t* ver = dnnl_version();
     detail_ = fmt::format("eager, op by op: oneDNN {}.{} matmul ({}) and C++ elementwise ops ({} OpenMP threads), "
@@ -538,10 +540,7 @@ class EagerAttention final : public CpuAttention {
   void exec(Mm& m, void* src, void* dst) {
     if (src) m.src.set_data_handle(src);
     if (dst) m.dst.set_data_handle(dst);
-    SB_DNNL_CHECK(m.prim.execute(strm_, {{DNNL_ARG_SRC, m.src},
-                                         {DNNL_ARG_WEIGHTS, m.wei},
-                                         {DNNL_ARG_DST, m.dst},
-                                         {DNNL_ARG_SCRATCHPAD, m.scratch}}));
+    sb::cpu::exec(m, strm_);
   }
 
   // out = f(in) elementwise over n elements of the dtype.
