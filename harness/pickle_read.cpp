@@ -74,7 +74,10 @@ class PickleParser {
         case 0x7d: push(make(Node::K::dict)); break;   // EMPTY_DICT
         case 0x5d: push(make(Node::K::list)); break;   // EMPTY_LIST
         case 0x29: push(make(Node::K::tuple)); break;  // EMPTY_TUPLE
-        case 0x28: marks_.push_back(stack_.size()); break;  // MARK
+        case 0x28:  // MARK
+          if (marks_.size() >= std::size_t(4 * kMaxPickleDepth)) fail(at, "MARKs nested deeper than any dump's");
+          marks_.push_back(stack_.size());
+          break;
         case 0x58: str(at, le(at, 4)); break;               // BINUNICODE
         case 0x8c: str(at, le(at, 1)); break;               // SHORT_BINUNICODE
         case 0x8d: str(at, le(at, 8)); break;               // BINUNICODE8
@@ -375,9 +378,25 @@ std::optional<PickleDoc::Ref> PickleDoc::Ref::find(std::string_view key, std::si
 }
 
 PickleDoc::PickleDoc(std::string_view bytes, const std::string& file) : bytes_(bytes), file_(file) {
-  nodes_.reserve(bytes.size() / 3);  // about one value per 3 bytes in a dump: no regrowth copies
-  pool_.reserve(bytes.size() / 3);
+  // About one value per 3 bytes in a dump: no regrowth copies.
+  nodes_.reserve(std::min(bytes.size() / 3, kMaxPickleNodes));
+  pool_.reserve(std::min(bytes.size() / 3, kMaxPickleNodes));
   root_ = PickleParser(bytes, file_, *this).run();
+  // A container filled in several batches is one contiguous chunk from now
+  // on, so that its i-th item is one lookup (a list of a million APPENDs
+  // would otherwise make every access walk a million chunks).
+  for (Node& x : nodes_) {
+    const bool container = x.k == Node::K::list || x.k == Node::K::tuple || x.k == Node::K::dict;
+    if (!container || x.first == x.last) continue;
+    const auto start = std::uint32_t(pool_.size());
+    for (std::uint32_t c = x.first; c; c = chunks_[c - 1].next)
+      for (std::uint32_t j = 0; j < chunks_[c - 1].count; ++j) {
+        const std::uint32_t item = pool_[chunks_[c - 1].start + j];  // a copy: push_back may reallocate
+        pool_.push_back(item);
+      }
+    chunks_.push_back({start, x.count, 0});
+    x.first = x.last = std::uint32_t(chunks_.size());
+  }
 }
 
 json PickleDoc::to_json() const {

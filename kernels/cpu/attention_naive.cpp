@@ -457,7 +457,8 @@ class EagerAttention final : public CpuAttention {
  protected:
   void run_forward() override {
     const std::size_t n = plan_.scores, e = esz();
-    p32_ = {};  // the previous step's saved tensors go with its graph
+    saved_ = false;  // the previous step's saved tensors go with its graph
+    p32_ = {};
     pt_ = {};
     LedgerBlock s = tensor(n * e, "Q K^T");
     for (Group& g : plan_.groups) exec(g.qk, nullptr, s.as<char>() + g.s_off * e);
@@ -485,10 +486,13 @@ class EagerAttention final : public CpuAttention {
     const LedgerBlock& p = bf16() ? pt_ : p32_;
     for (Group& g : plan_.groups) exec(g.pv, p.as<char>() + g.s_off * e, nullptr);
     SB_DNNL_CHECK(strm_.wait());
+    saved_ = true;  // only a forward that finished leaves what the backward reads
   }
 
   void run_backward() override {
-    if (!p32_.data()) throw Error(ErrorKind::runtime, label_ + ": backward without a forward (nothing saved)");
+    if (!saved_)
+      throw Error(ErrorKind::runtime, label_ + ": backward without a completed forward (nothing saved)");
+    saved_ = false;
     const std::size_t n = plan_.scores, e = esz();
     const LedgerBlock& p = bf16() ? pt_ : p32_;
     // matmul(P, V)'s backward: dV = P^T dO, dP = dO V^T.
@@ -620,6 +624,7 @@ class EagerAttention final : public CpuAttention {
   HostReservation host_;     // the peak of the per-op tensors, against the host budget
   LedgerBlock scratch_;
   LedgerBlock p32_, pt_;     // saved for the backward: softmax's fp32 output, and P in bf16
+  bool saved_ = false;       // a forward completed and its tensors are kept (compute thread only)
   std::string detail_;
 };
 

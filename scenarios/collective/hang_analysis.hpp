@@ -111,6 +111,8 @@ HangReport analyze_hang_files(const std::string& dir, const std::vector<std::str
 HangReport analyze_dumps(const std::vector<RankDump>& dumps);
 
 std::string format_hang_report(const HangReport& r);  // readable, several lines
+// "0, 2-5, 9" of sorted ranks ("none" for none).
+std::string rank_ranges(const std::vector<int>& ranks);
 nlohmann::ordered_json to_json(const HangReport& r);
 
 }  // namespace sb

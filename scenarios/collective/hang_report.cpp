@@ -9,7 +9,7 @@
 #include <thread>        // std::thread: files read in parallel
 #include <filesystem>    // std::filesystem: the dump directory
 #include <map>           // std::map: run id -> dumps
-#include <system_error>  // std::error_code
+#include <system_error>  // std::error_code, std::system_error (a thread that cannot be made)
 
 #include <fmt/format.h>  // fmt::format
 #include <fmt/ranges.h>  // fmt::join
@@ -128,6 +128,7 @@ HangReport analyze_hang_dir(const std::string& dir) {
     std::optional<TorchFrDump> torch;
     bool ours = false;
     std::string warning;
+    bool out_of_memory = false;  // set where formatting a message could itself fail
   };
   std::vector<Slot> slots(files.size());
   auto read_one = [&](std::size_t i) {
@@ -140,30 +141,45 @@ HangReport analyze_hang_dir(const std::string& dir) {
         return;
       }
       if (!is_json && (bytes.empty() || bytes.front() != '{')) return;  // a note or a log beside the dumps
-      const json j = parse_json_text(bytes, f);
+      json j;
+      try {
+        j = parse_json_text(bytes, f);
+      } catch (const UsageError&) {
+        if (is_json) slots[i].ours = true;  // ours are re-read below and warned about there
+        else throw;
+        return;
+      }
       if (is_torch_fr_json(j)) {
+        // A PyTorch dump that does not read is warned about as one (not
+        // handed to our reader, which would only say it is not ours).
         const int rank = rank_from_file_name(f);
         if (rank < 0) throw UsageError(fmt::format("{}: no rank number at the end of the file name", f));
-        slots[i].torch = torch_fr_from_json(j, f, rank);
+        slots[i].torch = torch_fr_from_json(std::move(j), f, rank);
       } else if (is_json) {
         slots[i].ours = true;
       }
     } catch (const UsageError& e) {
-      // Ours are re-read below and warned about there.
-      if (is_json) slots[i].ours = true;
-      else slots[i].warning = fmt::format("skipped {}: {}", f, without_file_prefix(e.what(), f));
-    } catch (const std::bad_alloc&) {
-      slots[i].warning = fmt::format("skipped {}: out of memory reading it", f);
+      try {
+        slots[i].warning = fmt::format("skipped {}: {}", f, without_file_prefix(e.what(), f));
+      } catch (...) {
+        slots[i].out_of_memory = true;
+      }
+    } catch (...) {  // std::bad_alloc, std::length_error: nothing may leave a worker thread
+      slots[i].out_of_memory = true;
     }
   };
   {
     std::atomic<std::size_t> next{0};
     const std::size_t n = std::min<std::size_t>(files.size(), std::max(1u, std::thread::hardware_concurrency()));
     std::vector<std::thread> pool;
-    for (std::size_t t = 1; t < n; ++t)
-      pool.emplace_back([&] {
-        for (std::size_t i; (i = next++) < files.size();) read_one(i);
-      });
+    try {
+      for (std::size_t t = 1; t < n; ++t)
+        pool.emplace_back([&] {
+          for (std::size_t i; (i = next++) < files.size();) read_one(i);
+        });
+    } catch (const std::system_error&) {
+      // No more threads to be had (a pid limit): this thread reads the rest.
+    }
     for (std::size_t i; (i = next++) < files.size();) read_one(i);
     for (auto& t : pool) t.join();
   }
@@ -174,6 +190,7 @@ HangReport analyze_hang_dir(const std::string& dir) {
     if (slots[i].torch) torch.push_back(std::move(*slots[i].torch));
     if (slots[i].ours) ours.push_back(files[i]);
     if (!slots[i].warning.empty()) torch_warnings.push_back(std::move(slots[i].warning));
+    if (slots[i].out_of_memory) torch_warnings.push_back(fmt::format("skipped {}: out of memory reading it", files[i]));
   }
   if (!torch.empty()) {
     HangReport r = analyze_torch_fr(torch);
@@ -234,12 +251,26 @@ HangReport analyze_hang_files(const std::string& dir, const std::vector<std::str
   return r;
 }
 
+std::string rank_ranges(const std::vector<int>& ranks) {
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += (out.empty() ? "" : ", ") +
+           (j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
+    i = j + 1;
+  }
+  return out.empty() ? "none" : out;
+}
+
 std::string format_hang_report(const HangReport& r) {
   std::string out = fmt::format("analyze-hang {}: {}{}, size {}, ranks found {}, missing {}\n",
                                 r.dir.empty() ? "(dumps)" : r.dir,
                                 r.format == kFlightRecorderFormat ? "run " + r.run_id : "PyTorch Flight Recorder",
                                 r.process_group.empty() ? "" : ", process group " + r.process_group, r.size,
-                                int_list(r.ranks_found), int_list(r.ranks_missing));
+                                r.format == kFlightRecorderFormat ? int_list(r.ranks_found) : rank_ranges(r.ranks_found),
+                                r.format == kFlightRecorderFormat ? int_list(r.ranks_missing)
+                                                                  : rank_ranges(r.ranks_missing));
   if (r.kind == DivergenceKind::none) {
     out += "verdict: no divergence\n";
   } else {
@@ -272,9 +303,13 @@ std::string format_hang_report(const HangReport& r) {
                  : fmt::format("{:>5}  {:>14}  {:>14}  {}\n", rank, done, issued, where);
   };
   out += row("rank", "last completed", "last enqueued", call_head, "where");
+  // PyTorch's dumps: a row per dump (a job of thousands of ranks may come
+  // with a few of them; the rest are named as ranges above).
+  const bool every_rank = r.format == kFlightRecorderFormat;
   for (int k = 0; k < r.size; ++k) {
     const auto i = static_cast<std::size_t>(k);
     const bool has = i < r.last_enqueued.size() && r.last_enqueued[i] != -2;
+    if (!every_rank && !has) continue;
     const std::string call = i < r.per_rank_call.size() ? r.per_rank_call[i] : "-";
     if (has)
       out += row(std::to_string(k), seq_text(r.last_completed[i]), seq_text(r.last_enqueued[i]), call,
@@ -316,6 +351,7 @@ json to_json(const HangReport& r) {
   json ranks = json::array();
   for (int k = 0; k < r.size; ++k) {
     const auto i = static_cast<std::size_t>(k);
+    if (r.format != kFlightRecorderFormat && (i >= r.last_enqueued.size() || r.last_enqueued[i] == -2)) continue;
     json rk;
     rk["rank"] = k;
     rk["last_completed_seq"] = i < r.last_completed.size() ? r.last_completed[i] : -2;

@@ -28,9 +28,18 @@ using json = nlohmann::ordered_json;
 class PVal {
  public:
   PVal(std::optional<PickleDoc::Ref> r, const std::string& file, const PVal* parent, std::string_view key,
-       std::size_t index = 0)
-      : r_(r), file_(&file), parent_(parent), key_(key), index_(index) {}
+       std::size_t index = 0, std::size_t* budget = nullptr)
+      : r_(r), file_(&file), parent_(parent), key_(key), index_(index),
+        budget_(budget ? budget : parent ? parent->budget_ : nullptr) {}
   bool present() const { return r_.has_value(); }
+  // Values copied out of the document so far are charged here: one shared
+  // (memoized) list can stand in a thousand places for two bytes each, so
+  // what is copied is bounded by the file's size, not by each place's.
+  void spend(std::size_t n) const {
+    if (!budget_) return;
+    if (n > *budget_) fail("the dump's shared values expand past what its size allows (a damaged or hostile file)");
+    *budget_ -= n;
+  }
   [[noreturn]] void fail(std::string_view detail) const {
     throw UsageError(fmt::format("{}: {}: {}", *file_, where(), detail));
   }
@@ -102,8 +111,12 @@ class PVal {
   const PVal* parent_;
   std::string_view key_;
   std::size_t index_;
+  std::size_t* budget_;          // shared by the whole document (null: unbounded)
   mutable std::size_t hint_ = 0;  // where the next find starts (fields are read in about written order)
 };
+
+void spend(const JsonRef&, std::size_t) {}  // JSON shares nothing: its size bounds it already
+void spend(const PVal& v, std::size_t n) { v.spend(n); }
 
 bool is_null(const JsonRef& v) { return !v.present() || v.raw().is_null(); }
 bool is_string(const JsonRef& v) { return v.present() && v.raw().is_string(); }
@@ -133,6 +146,9 @@ std::int64_t int_or_zero(const V& v) {
 // Bounds on what one entry may hold: a shared (memoized) list is copied
 // where each entry uses it, and these keep that linear in the file.
 constexpr std::size_t kMaxTensorsPerEntry = 4096, kMaxDims = 16, kMaxFrames = 64;
+// More ranks than any job has run (as our own dumps' limit): a larger rank
+// number in a dump or a file name is damage, not a job.
+constexpr int kMaxRank = (1 << 20) - 1;
 
 template <class V>
 std::vector<std::vector<std::int64_t>> sizes(const V& v) {
@@ -144,6 +160,7 @@ std::vector<std::vector<std::int64_t>> sizes(const V& v) {
     const V t = v.at(i);
     const std::size_t nd = t.array().size();
     if (nd > kMaxDims) t.fail(fmt::format("{} dimensions (at most {})", nd, kMaxDims));
+    spend(t, nd + 1);
     std::vector<std::int64_t> dims;
     for (std::size_t k = 0; k < nd; ++k) dims.push_back(t.at(k).integer(0, std::int64_t(1) << 48));
     out.push_back(std::move(dims));
@@ -157,6 +174,7 @@ std::vector<std::string> strings(const V& v) {
   if (is_null(v)) return out;
   const std::size_t n = v.array().size();
   if (n > kMaxTensorsPerEntry) v.fail(fmt::format("{} dtypes in one collective (at most {})", n, kMaxTensorsPerEntry));
+  spend(v, n);
   for (std::size_t i = 0; i < n; ++i) out.push_back(v.at(i).str());
   return out;
 }
@@ -166,15 +184,15 @@ template <class V>
 std::vector<int> rank_list(const V& v) {
   std::vector<int> out;
   if (is_array(v)) {
-    for (std::size_t i = 0; i < v.size(); ++i) out.push_back(v.at(i).int32(0, 1 << 24));
-    return out;
-  }
+    spend(v, v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) out.push_back(v.at(i).int32(0, kMaxRank));
+  } else {
   const std::string s = v.str();
   std::int64_t cur = -1;
   for (char c : s) {
     if (std::isdigit(static_cast<unsigned char>(c))) {
       cur = (cur < 0 ? 0 : cur) * 10 + (c - '0');
-      if (cur > (1 << 24)) v.fail("a rank above 2^24");
+      if (cur > kMaxRank) v.fail(fmt::format("a rank above {}", kMaxRank));
     } else if (c == ',' || c == ']') {
       if (cur >= 0) out.push_back(int(cur));
       cur = -1;
@@ -183,7 +201,10 @@ std::vector<int> rank_list(const V& v) {
     }
   }
   if (cur >= 0) out.push_back(int(cur));
-  if (out.size() > (1 << 20)) v.fail("more than 2^20 ranks in one group");
+  }
+  // Sorted and unique: the lowest rank decides ties.
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
@@ -236,7 +257,8 @@ int rank_from_file_name(const std::string& path) {
   std::size_t i = name.size();
   while (i > 0 && std::isdigit(static_cast<unsigned char>(name[i - 1]))) --i;
   if (i == name.size() || name.size() - i > 7) return -1;
-  return std::stoi(name.substr(i));
+  const int r = std::stoi(name.substr(i));
+  return r > kMaxRank ? -1 : r;
 }
 
 namespace {
@@ -247,6 +269,7 @@ std::vector<std::string> read_frames(const V& entry) {
   if (auto fr = entry.find("frames"); fr && is_array(*fr))
     for (std::size_t k = 0; k < std::min(fr->size(), kMaxFrames); ++k) {
       const V f = fr->at(k);
+      spend(f, 3);
       out.push_back(fmt::format("{} ({}:{})", f.at("name").str(), f.at("filename").str(), int_or_zero(f.at("line"))));
     }
   return out;
@@ -271,6 +294,7 @@ TorchFrDump torch_fr_from(const V& root, const std::string& path, int rank) {
   d.entries.reserve(entries.array().size());
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const V e = entries.at(i);
+    spend(e, 24);  // the entry's own fields
     TorchFrEntry x;
     x.record_id = int_or_zero(e.at("record_id"));
     if (auto pg = e.find("process_group")) {
@@ -309,8 +333,8 @@ TorchFrDump torch_fr_from(const V& root, const std::string& path, int rank) {
 
 }  // namespace
 
-TorchFrDump torch_fr_from_json(const json& j, const std::string& path, int rank) {
-  auto doc = std::make_shared<const json>(j);
+TorchFrDump torch_fr_from_json(json j, const std::string& path, int rank) {
+  auto doc = std::make_shared<const json>(std::move(j));
   TorchFrDump d = torch_fr_from(JsonRef(*doc, path), path, rank);
   d.frames_of = [doc, path](std::size_t i) {
     return read_frames(JsonRef(*doc, path).at("entries").at(i));
@@ -333,21 +357,23 @@ TorchFrDump read_torch_fr_file(const std::string& path, std::string bytes) {
     TorchFrDump d;
     {
       const PickleDoc doc(*held, path);
-      const PVal root(doc.root(), path, nullptr, {});
+      std::size_t budget = 8 * held->size() + (std::size_t(1) << 20);
+      const PVal root(doc.root(), path, nullptr, {}, 0, &budget);
       if (!doc.root().is_dict() || !root.find("entries") || !root.find("version")) throw not_a_dump();
       d = torch_fr_from(root, path, rank);
     }
     d.frames_of = [held, path](std::size_t i) {
       const PickleDoc doc(*held, path);
-      const PVal r(doc.root(), path, nullptr, {});
+      std::size_t budget = 8 * held->size() + (std::size_t(1) << 20);
+      const PVal r(doc.root(), path, nullptr, {}, 0, &budget);
       const PVal entries = r.at("entries");
       return read_frames(entries.at(i));
     };
     return d;
   }
-  const json j = parse_json_text(bytes, path);
+  json j = parse_json_text(bytes, path);
   if (!is_torch_fr_json(j)) throw not_a_dump();
-  return torch_fr_from_json(j, path, rank);
+  return torch_fr_from_json(std::move(j), path, rank);
 }
 
 HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
@@ -409,6 +435,11 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
                                                                    d->entries.back().profiling_name, d->entries.back().state);
   }
 
+  // Each present rank's entry at the seq being checked (null: none), by
+  // rank, looked up once per seq: the checks below read it many times.
+  std::vector<const TorchFrEntry*> at_seq(n, nullptr);
+  // Per group: the last collective every rank completed (seq, description).
+  std::map<std::string, std::pair<std::int64_t, std::string>> all_done_by_pg;
   // The first divergence in any group, in the order of checks.
   for (const auto& pg_views : pgs) {
     // (not a structured binding: lambdas below capture these, which clang before 16 refuses)
@@ -452,19 +483,20 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
           if (torch_fr_done(*e)) done = std::max(done, seq);
       all_done = std::min(all_done, done);
     }
-    if (r.process_group.empty() || all_done > r.last_all_completed_seq) {
-      r.last_all_completed_seq = all_done;
+    {
+      std::string what;
       if (all_done >= 0)
-        if (const View* v = view(present.front()); v && v->coll.count(all_done))
-          r.last_all_completed = describe(*v->coll.at(all_done));
+        for (int m : present)
+          if (const View* v = view(m); v && v->coll.count(all_done)) {
+            what = describe(*v->coll.at(all_done));
+            break;
+          }
+      all_done_by_pg[pg] = {all_done, what};
     }
 
     // Who differs from the majority by `same` at one seq; on a tie, those
     // who differ from the lowest rank. Groups are found by comparison, not
     // by formatting a key: this runs for every seq of every rank.
-    // Each present rank's entry at the seq being checked (null: none), by
-    // rank, looked up once per seq: the checks below read it many times.
-    std::vector<const TorchFrEntry*> at_seq(n, nullptr);
     auto minority = [&](std::int64_t seq, auto same) {
       std::vector<std::pair<const TorchFrEntry*, std::vector<int>>> groups;
       for (int m : present) {
@@ -632,7 +664,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
                               r.ranks_missing.empty() ? ""
                                                       : fmt::format("; no dump from rank{} {}",
                                                                     r.ranks_missing.size() == 1 ? "" : "s",
-                                                                    fmt::join(r.ranks_missing, ", ")));
+                                                                    rank_ranges(r.ranks_missing)));
       break;
     }
     if (r.kind != DivergenceKind::none) break;
@@ -659,15 +691,30 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
       r.culprits = r.ranks_missing;
       r.process_group = pg_views.first;
       r.torch_match_state = "not all ranks joining the collective";
-      const TorchFrEntry& e = *pg_views.second.begin()->second.coll.rbegin()->second;
-      r.expected = describe(e);
+      for (const auto& [rank, v] : pg_views.second)
+        if (!v.coll.empty()) {
+          r.expected = describe(*v.coll.rbegin()->second);
+          break;
+        }
       for (const auto& [rank, v] : pg_views.second)
         if (!v.coll.empty()) r.per_rank_call[std::size_t(rank)] = describe(*v.coll.rbegin()->second) + " waiting";
       r.summary = fmt::format("process group {} collective seq {}: every rank with a dump waits in it ({}); "
                               "rank{} {} left no dump and never completed it",
                               pg_views.first, newest, r.expected, r.ranks_missing.size() == 1 ? "" : "s",
-                              fmt::join(r.ranks_missing, ", "));
+                              rank_ranges(r.ranks_missing));
       break;
+    }
+  }
+  {
+    // The group the report is about: the divergent one, else the default
+    // group ("0"), else the first.
+    std::string pg = r.process_group;
+    if (pg.empty() || !all_done_by_pg.count(pg)) pg = all_done_by_pg.count("0") ? "0" : "";
+    if (pg.empty() && !all_done_by_pg.empty()) pg = all_done_by_pg.begin()->first;
+    if (auto it = all_done_by_pg.find(pg); it != all_done_by_pg.end()) {
+      r.last_all_completed_seq = it->second.first;
+      r.last_all_completed = it->second.second;
+      if (r.process_group.empty()) r.process_group = pg;
     }
   }
   if (r.kind == DivergenceKind::none) {
@@ -699,7 +746,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
                                                   : std::string(),
                             r.ranks_missing.empty() ? "" : fmt::format("; no dump from rank{} {}",
                                                                        r.ranks_missing.size() == 1 ? "" : "s",
-                                                                       fmt::join(r.ranks_missing, ", ")));
+                                                                       rank_ranges(r.ranks_missing)));
   }
   return r;
 }

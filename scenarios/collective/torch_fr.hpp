@@ -71,12 +71,11 @@ bool is_torch_fr_json(const nlohmann::ordered_json& j);
 // Reads one dump (the pickle or the JSON form, decided by its bytes).
 // Throws UsageError naming the file and the field (or the pickle offset).
 TorchFrDump read_torch_fr_file(const std::string& path, std::string bytes);
-TorchFrDump torch_fr_from_json(const nlohmann::ordered_json& j, const std::string& path, int rank);
+TorchFrDump torch_fr_from_json(nlohmann::ordered_json j, const std::string& path, int rank);
 // The trailing decimal number of a file's name ("rank_12", "nccl_trace_rank_3.json"), or -1.
 int rank_from_file_name(const std::string& path);
 
-// The analysis; `expected_ranks` (0: from the dumps' process groups) names
-// missing dump files.
+// The analysis. Ranks of the job without a dump are named.
 HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps);
 
 }  // namespace sb

@@ -98,6 +98,46 @@ TEST(PickleRead, HostileShapesAreUsageErrors) {
   EXPECT_THROW(read_pickle(deep, "t"), UsageError);
 }
 
+// A list filled one APPEND at a time (a chunk each) reads whole, in order.
+TEST(PickleRead, AListOfManySmallAppendsReadsWhole) {
+  std::string p = bytes({0x80, 2, ']'});
+  for (int i = 0; i < 50000; ++i) p += bytes({'K', i % 256, 'a'});
+  p += ".";
+  const json j = read_pickle(p, "t");
+  ASSERT_EQ(j.size(), 50000u);
+  EXPECT_EQ(j[49999], 49999 % 256);
+  EXPECT_EQ(j[256], 0);
+}
+
+// One entry dict, memoized, standing in a thousand places, each holding
+// 4096 references to one 16-int list: a few KB that would copy into GBs.
+TEST(TorchFrRead, SharedValuesCannotExpandPastTheFileSize) {
+  std::string p = bytes({0x80, 2, '}'}) + "(" + binunicode("version") + binunicode("2.10") + binunicode("entries");
+  p += "]" + std::string("(");  // the entries list, then its items
+  // the entry dict
+  p += "}" + std::string("q") + bytes({0}) + "(";
+  for (const char* k : {"record_id", "collective_seq_id", "time_created_ns"}) p += binunicode(k) + bytes({'K', 1});
+  p += binunicode("profiling_name") + binunicode("nccl:all_reduce") + binunicode("state") + binunicode("completed");
+  p += binunicode("input_dtypes") + "]" + binunicode("output_dtypes") + "]" + binunicode("output_sizes") + "]";
+  p += binunicode("input_sizes") + "](";
+  p += "]" + std::string("q") + bytes({1}) + "(";  // the 16-int list, memo 1
+  for (int k = 0; k < 16; ++k) p += bytes({'K', 2});
+  p += "e";
+  for (int k = 1; k < 4096; ++k) p += "h" + bytes({1});
+  p += "e";   // input_sizes filled
+  p += "u";   // the entry dict filled
+  for (int k = 1; k < 1000; ++k) p += "h" + bytes({0});
+  p += "e";   // entries filled
+  p += "u.";  // the root
+  ASSERT_LT(p.size(), 20000u);
+  try {
+    read_torch_fr_file("d/rank_0", p);
+    FAIL() << "a " << p.size() << "-byte dump was expanded";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("expand"), std::string::npos) << e.what();
+  }
+}
+
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::stringstream ss;
@@ -287,6 +327,7 @@ TEST(TorchFrAnalysis, RankComesFromTheFileName) {
   EXPECT_EQ(rank_from_file_name("/tmp/x/rank_12"), 12);
   EXPECT_EQ(rank_from_file_name("nccl_trace_rank_3.json"), 3);
   EXPECT_EQ(rank_from_file_name("README.md"), -1);
+  EXPECT_EQ(rank_from_file_name("rank_9999999"), -1);  // past any job: damage, not a rank
 }
 
 }  // namespace
