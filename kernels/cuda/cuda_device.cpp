@@ -47,6 +47,8 @@
 #include "kernels/cuda/detail/cudnn_sdpa.hpp"  // make_naive_attention, make_cudnn_attention, AttnContext
 #include "kernels/cuda/gate.cuh"               // launch_stream_gate
 #include "kernels/cuda/nvml_probe.hpp"         // NvmlGpu
+#include "kernels/cuda/train_kernels.cuh"      // make_cuda_train_ops
+#include "harness/train_ops.hpp"               // TrainOps
 
 namespace sb {
 namespace {
@@ -237,6 +239,11 @@ class CudaDevice final : public Device {
 
   std::unique_ptr<AttentionOp> make_attention(const AttnShape& shape, AttnImpl impl, DType dtype,
                                               std::uint64_t seed) override;
+
+  // cuBLAS GEMMs and the kernels of train_kernels.cu (train_ops.cpp).
+  std::unique_ptr<TrainOps> make_train_ops() override {
+    return cuda_detail::make_cuda_train_ops({this, index_, stream(), lt(), info_.id});
+  }
 
   // The ledger's figures; the source also gives the driver's view
   // (cudaMemGetInfo), which includes what libraries and the context hold

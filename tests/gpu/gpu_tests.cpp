@@ -8,10 +8,13 @@
 #include <cmath>      // std::fabs, std::isfinite
 #include <cstdint>    // std::int64_t, std::uint64_t
 #include <cstdio>     // std::printf
+#include <cstdlib>    // std::calloc, std::free: the host reference's tensors
 #include <cstring>    // std::memset
 #include <exception>  // std::exception
+#include <limits>     // std::numeric_limits
 #include <memory>     // std::unique_ptr
 #include <random>     // std::mt19937_64, std::uniform_real_distribution
+#include <span>       // std::span
 #include <stdexcept>  // std::logic_error
 #include <string>     // std::string, std::stod
 #include <utility>    // std::pair
@@ -27,6 +30,7 @@
 #include "harness/errors.hpp"             // Error, OutOfMemory, UsageError
 #include "harness/gemm_check.hpp"         // check_gemm: the pre-timing check the CLI runs
 #include "harness/measure.hpp"            // measure, MeasureConfig, TimingMode
+#include "harness/train_ops.hpp"          // TrainOps, DTensor, Act, read_stats
 #include "kernels/cuda/cuda_backend.hpp"  // make_cuda_backend
 #include "tests/gpu/gpu_main.hpp"          // gpu_test_main: SKIP (77) without a device
 #include "kernels/cuda/fill.cuh"          // cuda_kernels::uniform_value
@@ -655,6 +659,517 @@ TEST(CudaAttention, EventsTimeForwardAndBackward) {
                 std::string(to_string(impl)).c_str(), (long long)s.seq, fwd_ms, f / (fwd_ms * 1e-3) / 1e12, bwd_ms,
                 2.5 * f / (bwd_ms * 1e-3) / 1e12, op->workspace_bytes());
   }
+}
+
+// ---- Training ops (harness/train_ops.hpp) ----
+//
+// The same small sequence runs on the cuda device's TrainOps and on a host
+// reference that computes each op's definition in the header in double and
+// rounds what it stores to the tensor's dtype (harness round_to: nearest
+// even), then the two are compared with tolerances by dtype. The reference is
+// a TrainOps too, so the sequence is written once; the cpu device's TrainOps
+// could stand in for it (make_cpu_backend().open(0)->make_train_ops()) once
+// this binary links kernels_cpu_lib, which tests/meson.build does not.
+
+// Host tensors hold one float per element (already rounded to the dtype),
+// whatever the dtype: only this class reads them.
+class HostRefOps final : public TrainOps {
+ public:
+  std::string impl() const override { return "host reference (double, rounded on store)"; }
+  std::string gemm_impl(DType) const override { return "host loops in double"; }
+
+  DTensor alloc(std::int64_t numel, DType dtype, const std::string&) override {
+    const std::size_t bytes = std::size_t(numel) * sizeof(float);
+    void* p = std::calloc(std::size_t(numel) + 1, sizeof(float));
+    if (p == nullptr) throw OutOfMemory("host reference tensor");
+    DTensor t;
+    t.buf = Buffer(p, bytes, MemKind::host_pageable, [](void* q) { std::free(q); });
+    t.dtype = dtype;
+    t.numel = numel;
+    return t;
+  }
+  void upload(DTensor& t, std::span<const float> host) override {
+    for (std::size_t i = 0; i < host.size(); ++i) put(t, std::int64_t(i), host[i]);
+  }
+  void download(const DTensor& t, std::span<float> host, std::int64_t) override {
+    for (std::size_t i = 0; i < host.size(); ++i) host[i] = get(t, std::int64_t(i));
+  }
+
+  void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const DTensor& a,
+            const DTensor& b, float beta, DTensor& c) override {
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (std::int64_t q = 0; q < k; ++q)
+          s += double(get(a, ta ? q * m + i : i * k + q)) * double(get(b, tb ? j * k + q : q * n + j));
+        const double old = beta != 0.0f ? double(beta) * get(c, i * n + j) : 0.0;
+        put(c, i * n + j, double(alpha) * s + old);
+      }
+  }
+  void cast(const DTensor& src, DTensor& dst, std::int64_t n) override {
+    for (std::int64_t i = 0; i < n; ++i) put(dst, i, get(src, i));
+  }
+  void bias_act(DTensor& z, const DTensor* bias, Act act, const DTensor* residual, DTensor& y, std::int64_t rows,
+                std::int64_t cols) override {
+    for (std::int64_t i = 0; i < rows * cols; ++i) {
+      if (bias != nullptr) put(z, i, double(get(z, i)) + get(*bias, i % cols));
+      double v = act_fwd(act, get(z, i));
+      if (residual != nullptr) v += get(*residual, i);
+      put(y, i, v);
+    }
+  }
+  void act_backward(const DTensor& dy, const DTensor& z, Act act, DTensor& dz, std::int64_t n) override {
+    for (std::int64_t i = 0; i < n; ++i) put(dz, i, act_bwd(act, get(dy, i), get(z, i)));
+  }
+  void bias_grad(const DTensor& dz, DTensor& db, std::int64_t rows, std::int64_t cols) override {
+    for (std::int64_t j = 0; j < cols; ++j) {
+      double s = 0;
+      for (std::int64_t r = 0; r < rows; ++r) s += get(dz, r * cols + j);
+      put(db, j, s);
+    }
+  }
+  void rmsnorm(const DTensor& x, DTensor& y, DTensor& rstd, std::int64_t rows, std::int64_t cols,
+               float eps) override {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (std::int64_t j = 0; j < cols; ++j) ss += double(get(x, r * cols + j)) * get(x, r * cols + j);
+      const double inv = 1.0 / std::sqrt(ss / double(cols) + double(eps));
+      put(rstd, r, inv);
+      for (std::int64_t j = 0; j < cols; ++j) put(y, r * cols + j, get(x, r * cols + j) * inv);
+    }
+  }
+  void rmsnorm_backward(const DTensor& dy, const DTensor& y, const DTensor& rstd, DTensor& dx, std::int64_t rows,
+                        std::int64_t cols) override {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double dot = 0;
+      for (std::int64_t j = 0; j < cols; ++j) dot += double(get(dy, r * cols + j)) * get(y, r * cols + j);
+      dot /= double(cols);
+      for (std::int64_t j = 0; j < cols; ++j)
+        put(dx, r * cols + j, double(get(rstd, r)) * (get(dy, r * cols + j) - get(y, r * cols + j) * dot));
+    }
+  }
+  void mse_loss(const DTensor& y, const DTensor& target, DTensor& loss, DTensor& dy, std::int64_t n,
+                float scale) override {
+    double s = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double d = double(get(y, i)) - get(target, i);
+      s += d * d;
+      put(dy, i, double(scale) * 2.0 * d / double(n));
+    }
+    put(loss, 0, s / double(n));
+  }
+  void xent_loss(const DTensor& logits, const DTensor& labels, DTensor& loss, DTensor& dlogits, std::int64_t rows,
+                 std::int64_t classes, float scale) override {
+    double total = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t base = r * classes, label = std::int64_t(get(labels, r));
+      double m = -INFINITY, sum = 0;
+      for (std::int64_t j = 0; j < classes; ++j) m = std::max(m, double(get(logits, base + j)));
+      for (std::int64_t j = 0; j < classes; ++j) sum += std::exp(get(logits, base + j) - m);
+      total += m + std::log(sum) - get(logits, base + label);
+      for (std::int64_t j = 0; j < classes; ++j) {
+        const double p = std::exp(get(logits, base + j) - m) / sum;
+        put(dlogits, base + j, double(scale) * (p - (j == label ? 1.0 : 0.0)) / double(rows));
+      }
+    }
+    put(loss, 0, total / double(rows));
+  }
+  void stats(const DTensor& t, std::int64_t n, DTensor& out, std::int64_t slot) override {
+    double s[kStatsPerTensor] = {0, 0, 0, 0};
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double v = get(t, i);
+      if (!std::isfinite(v)) {
+        s[1] += 1;
+      } else {
+        s[0] += v * v;
+        if (v == 0) s[2] += 1;
+        else if (std::fabs(v) < std::ldexp(1.0, -14)) s[3] += 1;
+      }
+    }
+    for (int q = 0; q < kStatsPerTensor; ++q) put(out, slot * kStatsPerTensor + q, s[q]);
+  }
+  void poke(DTensor& t, std::int64_t index, float value) override { put(t, index, value); }
+  void sgd(DTensor& p, const DTensor& g, std::int64_t n, float lr, float weight_decay, float grad_scale) override {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double gv = double(get(g, i)) * grad_scale, pv = get(p, i);
+      put(p, i, pv - double(lr) * double(weight_decay) * pv - double(lr) * gv);
+    }
+  }
+  void adamw(DTensor& p, const DTensor& g, DTensor& m, DTensor& v, std::int64_t n, float lr, float beta1,
+             float beta2, float eps, float weight_decay, int step, float grad_scale) override {
+    const double bc1 = 1.0 - std::pow(double(beta1), step), bc2 = 1.0 - std::pow(double(beta2), step);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double gv = double(get(g, i)) * grad_scale;
+      const double mi = double(beta1) * get(m, i) + (1.0 - beta1) * gv;
+      const double vi = double(beta2) * get(v, i) + (1.0 - beta2) * gv * gv;
+      put(m, i, mi);
+      put(v, i, vi);
+      double pv = double(get(p, i)) * (1.0 - double(lr) * weight_decay);
+      pv -= double(lr) * (mi / bc1) / (std::sqrt(vi / bc2) + double(eps));
+      put(p, i, pv);
+    }
+  }
+
+ private:
+  static float get(const DTensor& t, std::int64_t i) { return static_cast<const float*>(t.data())[i]; }
+  static void put(DTensor& t, std::int64_t i, double v) {
+    static_cast<float*>(t.data())[i] = round_to(t.dtype, float(v));
+  }
+  static double act_fwd(Act a, double x) {
+    constexpr double kBeta = 0.7978845608028654, kKappa = 0.044715;
+    switch (a) {
+      case Act::none: return x;
+      case Act::relu: return (x > 0 || std::isnan(x)) ? x : 0.0;
+      case Act::gelu: return 0.5 * x * (1.0 + std::tanh(kBeta * (x + kKappa * x * x * x)));
+      case Act::sigmoid: return 1.0 / (1.0 + std::exp(-x));
+      case Act::tanh: return std::tanh(x);
+    }
+    return x;
+  }
+  static double act_bwd(Act a, double dy, double z) {
+    constexpr double kBeta = 0.7978845608028654, kKappa = 0.044715;
+    switch (a) {
+      case Act::none: return dy;
+      case Act::relu: return z > 0 ? dy : 0.0;
+      case Act::gelu: {
+        const double t = std::tanh(kBeta * (z + kKappa * z * z * z));
+        return dy * (0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * kBeta * (1.0 + 3.0 * kKappa * z * z));
+      }
+      case Act::sigmoid: {
+        const double s = 1.0 / (1.0 + std::exp(-z));
+        return dy * s * (1.0 - s);
+      }
+      case Act::tanh: {
+        const double t = std::tanh(z);
+        return dy * (1.0 - t * t);
+      }
+    }
+    return dy;
+  }
+};
+
+// One tensor on both sides: [0] the cuda device, [1] the host reference.
+struct Twin {
+  DTensor t[2];
+};
+
+// Relative tolerance of one stored value: two units in the last place of the
+// dtype (the two sides may round a value on either side of a boundary, and an
+// intermediate they stored may differ the same way); fp32 values are computed
+// in fp32 on the device against double on the host.
+double value_rtol(DType d) { return d == DType::fp32 ? 2e-5 : 4.0 * unit_roundoff(d); }
+// Absolute slack for a value computed from stored intermediates that the two
+// sides may have rounded one unit apart (bf16: 2^-8 of values near 1), where
+// a sum can cancel to far below them.
+double carried_atol(DType d) { return d == DType::fp32 ? 1e-5 : 2e-2; }
+
+class TrainOpsPair {
+ public:
+  TrainOpsPair(TrainOps& dev, TrainOps& ref) : ops_{&dev, &ref} {}
+
+  Twin tensor(const std::vector<float>& values, DType d, const std::string& name) {
+    Twin w = zeros(std::int64_t(values.size()), d, name);
+    for (int s = 0; s < 2; ++s) ops_[s]->upload(w.t[s], values);
+    return w;
+  }
+  Twin zeros(std::int64_t n, DType d, const std::string& name) {
+    Twin w;
+    for (int s = 0; s < 2; ++s) w.t[s] = ops_[s]->alloc(n, d, name);
+    return w;
+  }
+  // Runs f on each side with that side's ops and the index of its tensors.
+  template <class F>
+  void both(F f) {
+    for (int s = 0; s < 2; ++s) f(*ops_[s], s);
+  }
+  std::vector<float> values(const Twin& w, int side) {
+    std::vector<float> out(std::size_t(w.t[side].numel));
+    ops_[side]->download(w.t[side], out, 30000);
+    return out;
+  }
+  // "" or a report of the first mismatches: |dev - ref| <= atol + rtol |ref|;
+  // NaN matches NaN and an infinity the same infinity.
+  std::string compare(const Twin& w, const std::string& what, double rtol, double atol) {
+    const std::vector<float> dev = values(w, 0), ref = values(w, 1);
+    std::string report;
+    std::int64_t bad = 0;
+    for (std::size_t i = 0; i < dev.size(); ++i) {
+      const double a = dev[i], b = ref[i];
+      bool ok;
+      if (std::isnan(b) || std::isinf(b))
+        ok = (std::isnan(a) && std::isnan(b)) || a == b;
+      else
+        ok = std::isfinite(a) && std::fabs(a - b) <= atol + rtol * std::fabs(b);
+      if (!ok && bad++ < 5)
+        report += fmt::format("  [{}]: cuda {:.8g}, reference {:.8g} (tol {:.3g})\n", i, a, b,
+                              atol + rtol * std::fabs(b));
+    }
+    if (bad == 0) return "";
+    return fmt::format("{}: {} of {} values differ:\n{}", what, bad, dev.size(), report);
+  }
+
+ private:
+  TrainOps* ops_[2];
+};
+
+std::vector<float> uniform_values(std::size_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+std::unique_ptr<TrainOps> gpu_train_ops(Device& dev) {
+  auto ops = dev.make_train_ops();
+  EXPECT_TRUE(ops->computes());
+  EXPECT_NE(ops->impl().find("cublasGemmEx"), std::string::npos) << ops->impl();
+  return ops;
+}
+
+class TrainOpsTest : public testing::TestWithParam<DType> {};
+
+std::string dtype_name(const testing::TestParamInfo<DType>& info) { return std::string(to_string(info.param)); }
+
+// The three GEMMs of a Linear and the fourth transpose combination, with
+// non-square odd sizes (a wrong leading dimension or operand order cannot
+// pass), C in fp32 and in the input dtype, and beta = 1 accumulating.
+TEST_P(TrainOpsTest, GemmAllTransposesMatchReference) {
+  const DType dt = GetParam();
+  auto dev = open_gpu();
+  auto ops = gpu_train_ops(*dev);
+  HostRefOps ref;
+  TrainOpsPair p(*ops, ref);
+  const std::int64_t m = 23, n = 37, k = 41;
+  const double acc = dt == DType::fp32 ? 1e-6 : 1e-4;  // of sum |a||b| <= k: fp32 accumulation
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (DType cd : {DType::fp32, dt}) {
+        const std::string what = fmt::format("{} gemm ta={} tb={} C {}", to_string(dt), ta, tb, to_string(cd));
+        Twin a = p.tensor(uniform_values(std::size_t(m * k), 10 + std::uint64_t(2 * ta + tb)), dt, "A");
+        Twin b = p.tensor(uniform_values(std::size_t(k * n), 20 + std::uint64_t(2 * ta + tb)), dt, "B");
+        Twin c = p.tensor(uniform_values(std::size_t(m * n), 30), cd, "C");  // beta 0: never read
+        p.both([&](TrainOps& o, int s) { o.gemm(ta, tb, m, n, k, 0.5f, a.t[s], b.t[s], 0.0f, c.t[s]); });
+        EXPECT_EQ(p.compare(c, what, value_rtol(cd), acc * double(k)), "");
+        p.both([&](TrainOps& o, int s) { o.gemm(ta, tb, m, n, k, 1.0f, a.t[s], b.t[s], 1.0f, c.t[s]); });
+        EXPECT_EQ(p.compare(c, what + " beta=1", value_rtol(cd), 2 * acc * double(k)), "");
+      }
+}
+
+// Every activation forward (with bias and residual, and bare) and backward,
+// and the bias gradient.
+TEST_P(TrainOpsTest, BiasActBackwardAndBiasGradMatchReference) {
+  const DType dt = GetParam();
+  auto dev = open_gpu();
+  auto ops = gpu_train_ops(*dev);
+  HostRefOps ref;
+  TrainOpsPair p(*ops, ref);
+  const std::int64_t rows = 19, cols = 45, n = rows * cols;
+  const double rtol = value_rtol(dt), atol = 1e-6;
+  for (Act act : {Act::none, Act::relu, Act::gelu, Act::sigmoid, Act::tanh}) {
+    const std::string name = fmt::format("{} {}", to_string(dt), to_string(act));
+    Twin z = p.tensor(uniform_values(std::size_t(n), 40, -4.0f, 4.0f), dt, "z");
+    Twin bias = p.tensor(uniform_values(std::size_t(cols), 41), DType::fp32, "bias");
+    Twin res = p.tensor(uniform_values(std::size_t(n), 42), dt, "residual");
+    Twin y = p.zeros(n, dt, "y");
+    p.both([&](TrainOps& o, int s) { o.bias_act(z.t[s], &bias.t[s], act, &res.t[s], y.t[s], rows, cols); });
+    EXPECT_EQ(p.compare(z, name + " z + bias", rtol, atol), "");
+    EXPECT_EQ(p.compare(y, name + " y = act(z) + residual", rtol, atol), "");
+    Twin y2 = p.zeros(n, dt, "y2");
+    p.both([&](TrainOps& o, int s) { o.bias_act(z.t[s], nullptr, act, nullptr, y2.t[s], rows, cols); });
+    EXPECT_EQ(p.compare(y2, name + " y = act(z)", rtol, atol), "");
+
+    Twin dy = p.tensor(uniform_values(std::size_t(n), 43), dt, "dy");
+    Twin dz = p.zeros(n, dt, "dz");
+    p.both([&](TrainOps& o, int s) { o.act_backward(dy.t[s], z.t[s], act, dz.t[s], n); });
+    EXPECT_EQ(p.compare(dz, name + " act_backward", rtol, atol), "");
+    for (DType bd : {DType::fp32, dt}) {
+      Twin db = p.zeros(cols, bd, "db");
+      p.both([&](TrainOps& o, int s) { o.bias_grad(dz.t[s], db.t[s], rows, cols); });
+      EXPECT_EQ(p.compare(db, name + " bias_grad in " + std::string(to_string(bd)), value_rtol(bd), carried_atol(dt)),
+                "");
+    }
+  }
+}
+
+TEST_P(TrainOpsTest, RmsnormForwardBackwardMatchReference) {
+  const DType dt = GetParam();
+  auto dev = open_gpu();
+  auto ops = gpu_train_ops(*dev);
+  HostRefOps ref;
+  TrainOpsPair p(*ops, ref);
+  // 300 columns: more than one pass of a 256-thread block per row.
+  const std::int64_t rows = 7, cols = 300, n = rows * cols;
+  Twin x = p.tensor(uniform_values(std::size_t(n), 50, -3.0f, 3.0f), dt, "x");
+  Twin y = p.zeros(n, dt, "y");
+  Twin rstd = p.zeros(rows, DType::fp32, "rstd");
+  p.both([&](TrainOps& o, int s) { o.rmsnorm(x.t[s], y.t[s], rstd.t[s], rows, cols, 1e-5f); });
+  EXPECT_EQ(p.compare(rstd, "rstd", 1e-5, 0), "");
+  EXPECT_EQ(p.compare(y, "rmsnorm y", value_rtol(dt), 1e-6), "");
+  Twin dy = p.tensor(uniform_values(std::size_t(n), 51), dt, "dy");
+  Twin dx = p.zeros(n, dt, "dx");
+  p.both([&](TrainOps& o, int s) { o.rmsnorm_backward(dy.t[s], y.t[s], rstd.t[s], dx.t[s], rows, cols); });
+  EXPECT_EQ(p.compare(dx, "rmsnorm dx", value_rtol(dt), carried_atol(dt)), "");
+}
+
+TEST_P(TrainOpsTest, LossesMatchReference) {
+  const DType dt = GetParam();
+  auto dev = open_gpu();
+  auto ops = gpu_train_ops(*dev);
+  HostRefOps ref;
+  TrainOpsPair p(*ops, ref);
+  const float scale = 1024.0f;  // a loss scale: dy carries it, the loss does not
+  {
+    const std::int64_t n = 5000;  // more than one block
+    Twin y = p.tensor(uniform_values(std::size_t(n), 60), dt, "y");
+    Twin t = p.tensor(uniform_values(std::size_t(n), 61), dt, "target");
+    Twin loss = p.zeros(1, DType::fp32, "loss");
+    Twin dy = p.zeros(n, dt, "dy");
+    p.both([&](TrainOps& o, int s) { o.mse_loss(y.t[s], t.t[s], loss.t[s], dy.t[s], n, scale); });
+    EXPECT_EQ(p.compare(loss, "mse loss", 1e-5, 0), "");
+    EXPECT_EQ(p.compare(dy, "mse dy", value_rtol(dt), 1e-7), "");
+  }
+  {
+    // 1100 rows: more rows than the loss has partial sums, so blocks take
+    // several rows; 300 classes: several passes per row.
+    const std::int64_t rows = 1100, classes = 300;
+    Twin logits = p.tensor(uniform_values(std::size_t(rows * classes), 62, -6.0f, 6.0f), dt, "logits");
+    std::vector<float> labels(static_cast<std::size_t>(rows));
+    for (std::size_t r = 0; r < labels.size(); ++r) labels[r] = float((r * 37) % std::size_t(classes));
+    Twin lab = p.tensor(labels, DType::fp32, "labels");
+    Twin loss = p.zeros(1, DType::fp32, "loss");
+    Twin dl = p.zeros(rows * classes, dt, "dlogits");
+    p.both([&](TrainOps& o, int s) { o.xent_loss(logits.t[s], lab.t[s], loss.t[s], dl.t[s], rows, classes, scale); });
+    EXPECT_EQ(p.compare(loss, "xent loss", 1e-5, 0), "");
+    EXPECT_EQ(p.compare(dl, "xent dlogits", value_rtol(dt), 1e-7), "");
+    // The same loss in place (dlogits over the logits).
+    Twin again = p.tensor(p.values(logits, 1), dt, "logits in place");
+    p.both([&](TrainOps& o, int s) {
+      o.xent_loss(again.t[s], lab.t[s], loss.t[s], again.t[s], rows, classes, scale);
+    });
+    EXPECT_EQ(p.compare(loss, "xent loss in place", 1e-5, 0), "");
+    EXPECT_EQ(p.compare(again, "xent dlogits in place", value_rtol(dt), 1e-7), "");
+  }
+}
+
+// Planted NaN, infinities, zeros and values below 2^-14, in slot 1 of the
+// output; stats twice into one slot is not a sum of the two; poke plants one.
+TEST_P(TrainOpsTest, StatsCountPlantedValuesAndPokeInjects) {
+  const DType dt = GetParam();
+  auto dev = open_gpu();
+  auto ops = gpu_train_ops(*dev);
+  HostRefOps ref;
+  TrainOpsPair p(*ops, ref);
+  std::vector<float> v = uniform_values(3000, 70, 0.5f, 2.0f);  // all normal and nonzero
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::pair<std::size_t, float>> planted = {
+      {3, nan}, {100, inf}, {101, -inf}, {500, 0.0f}, {501, -0.0f}, {502, 0.0f},
+      {900, 1e-6f}, {901, -3e-5f}, {902, 6e-5f}, {903, 7e-5f}, {2999, nan}};
+  for (const auto& [i, x] : planted) v[i] = x;
+  Twin t = p.tensor(v, dt, "t");
+  Twin out = p.zeros(3 * kStatsPerTensor, DType::fp32, "stats");
+  p.both([&](TrainOps& o, int s) {
+    o.stats(t.t[s], std::int64_t(v.size()), out.t[s], 1);
+    o.stats(t.t[s], std::int64_t(v.size()), out.t[s], 1);
+  });
+  EXPECT_EQ(p.compare(out, "stats", 1e-5, 0), "");
+  const std::vector<float> got = p.values(out, 0);
+  const TensorStats st = read_stats(got, 1);
+  EXPECT_EQ(st.nonfinite, 4);
+  EXPECT_EQ(st.zero, 3);
+  EXPECT_EQ(st.tiny, 3);  // 1e-6, -3e-5, 6e-5 (7e-5 is above 2^-14 ~ 6.1e-5)
+  EXPECT_EQ(read_stats(got, 0).sumsq, 0);  // other slots untouched
+  EXPECT_EQ(read_stats(got, 2).sumsq, 0);
+
+  p.both([&](TrainOps& o, int s) {
+    o.poke(t.t[s], 7, nan);
+    o.stats(t.t[s], std::int64_t(v.size()), out.t[s], 0);
+  });
+  EXPECT_EQ(p.compare(t, "after poke", 0, 0), "");
+  EXPECT_EQ(read_stats(p.values(out, 0), 0).nonfinite, 5);
+}
+
+// One SGD step and three AdamW steps, g in the dtype scaled by grad_scale.
+TEST_P(TrainOpsTest, OptimizersMatchReference) {
+  const DType dt = GetParam();
+  auto dev = open_gpu();
+  auto ops = gpu_train_ops(*dev);
+  HostRefOps ref;
+  TrainOpsPair p(*ops, ref);
+  const std::int64_t n = 3000;
+  Twin w = p.tensor(uniform_values(std::size_t(n), 80), DType::fp32, "p sgd");
+  Twin g = p.tensor(uniform_values(std::size_t(n), 81, -4.0f, 4.0f), dt, "g");
+  p.both([&](TrainOps& o, int s) { o.sgd(w.t[s], g.t[s], n, 0.1f, 0.01f, 0.25f); });
+  EXPECT_EQ(p.compare(w, "sgd p", 1e-6, 1e-6), "");
+
+  Twin pa = p.tensor(uniform_values(std::size_t(n), 82), DType::fp32, "p adamw");
+  Twin m = p.zeros(n, DType::fp32, "m");
+  Twin v = p.zeros(n, DType::fp32, "v");
+  for (int step = 1; step <= 3; ++step) {
+    Twin gs = p.tensor(uniform_values(std::size_t(n), 90 + std::uint64_t(step), -2.0f, 2.0f), dt, "g step");
+    p.both([&](TrainOps& o, int s) {
+      o.adamw(pa.t[s], gs.t[s], m.t[s], v.t[s], n, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, step, 0.5f);
+    });
+  }
+  EXPECT_EQ(p.compare(m, "adamw m", 1e-5, 1e-7), "");
+  EXPECT_EQ(p.compare(v, "adamw v", 1e-5, 1e-9), "");
+  EXPECT_EQ(p.compare(pa, "adamw p", 1e-5, 1e-6), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp32Bf16, TrainOpsTest, testing::Values(DType::fp32, DType::bf16), dtype_name);
+
+// Casts between the three dtypes, fp16's overflow to inf and flush to zero
+// included; a same-dtype cast copies.
+TEST(CudaTrainOps, CastsRoundAsTheDtypesDo) {
+  auto dev = open_gpu();
+  auto ops = gpu_train_ops(*dev);
+  HostRefOps ref;
+  TrainOpsPair p(*ops, ref);
+  std::vector<float> v = uniform_values(1000, 100, -3.0f, 3.0f);
+  const std::vector<float> special = {70000.0f, -70000.0f, 65504.0f, 1e-8f, 3e-8f, 1e-6f, 1e-40f, 0.0f,
+                                      std::numeric_limits<float>::infinity(),
+                                      std::numeric_limits<float>::quiet_NaN()};
+  std::copy(special.begin(), special.end(), v.begin());
+  const auto n = std::int64_t(v.size());
+  for (DType from : {DType::fp32, DType::bf16, DType::fp16})
+    for (DType to : {DType::fp32, DType::bf16, DType::fp16}) {
+      Twin src = p.tensor(v, from, "src");
+      Twin dst = p.zeros(n, to, "dst");
+      p.both([&](TrainOps& o, int s) { o.cast(src.t[s], dst.t[s], n); });
+      EXPECT_EQ(p.compare(dst, fmt::format("cast {} -> {}", to_string(from), to_string(to)), 0, 0), "");
+    }
+  Twin h = p.tensor(v, DType::fp16, "fp16");
+  const std::vector<float> got = p.values(h, 0);
+  EXPECT_TRUE(std::isinf(got[0]) && got[0] > 0);  // past 65504
+  EXPECT_EQ(got[2], 65504.0f);
+  EXPECT_EQ(got[3], 0.0f);                         // below 2^-25: flushed
+  EXPECT_EQ(got[4], std::ldexp(1.0f, -24));        // the smallest subnormal
+}
+
+// Tensors come through the device's allocator: the ledger sees them, a cap
+// makes alloc throw OutOfMemory naming the tensor, and alloc zero-fills.
+TEST(CudaTrainOps, AllocIsLedgeredZeroedAndOutOfMemoryNamesTheTensor) {
+  auto dev = open_gpu();
+  auto ops = gpu_train_ops(*dev);
+  const std::size_t base = dev->memory_stats().in_use;
+  {
+    DTensor t = ops->alloc(1 << 20, DType::bf16, "activations");
+    EXPECT_EQ(dev->memory_stats().in_use, base + (2u << 20));
+    std::vector<float> host(1 << 20, 1.0f);
+    ops->download(t, host);
+    EXPECT_EQ(std::count(host.begin(), host.end(), 0.0f), std::ptrdiff_t(host.size()));
+  }
+  EXPECT_EQ(dev->memory_stats().in_use, base);
+  dev->set_memory_limit(base + (16u << 20));
+  try {
+    (void)ops->alloc(std::int64_t(64) << 20, DType::fp32, "huge weights");
+    FAIL() << "a 256 MiB tensor under a 16 MiB limit was allocated";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("huge weights"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(dev->memory_stats().in_use, base);
+  dev->set_memory_limit(0);
+  EXPECT_THROW((void)ops->alloc(16, DType::fp8_e4m3, "fp8"), UnsupportedError);
 }
 
 TEST(CudaBackend, ReportsDevicesAndVersions) {
