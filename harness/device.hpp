@@ -26,6 +26,8 @@
 
 namespace sb {
 
+class TrainOps;  // harness/train_ops.hpp
+
 enum class DeviceKind { cpu, cuda, sim };
 
 // What a user names on the command line: "cpu", "cuda:0", "sim:h100", "auto".
@@ -228,6 +230,13 @@ class Device {
   // Throws OutOfMemory naming the bytes needed, UnsupportedError.
   virtual std::unique_ptr<AttentionOp> make_attention(const AttnShape&, AttnImpl, DType, std::uint64_t /*seed*/) {
     throw UnsupportedError("this device has no attention operations");
+  }
+
+  // The ops a training step is built from (harness/train_ops.hpp), working
+  // on tensors allocated through this device. Throws UnsupportedError where
+  // the device has none.
+  virtual std::unique_ptr<TrainOps> make_train_ops() {
+    throw UnsupportedError("this device has no training ops");
   }
 
   // Device memory in use and its high-water mark, and an optional cap that

@@ -124,6 +124,9 @@ std::string format_result_table(const Result& r) {
     const json& info = r.points[i].info;
     if (info.contains("sparkline") && info["sparkline"].is_string() && !info["sparkline"].get<std::string>().empty())
       out += fmt::format("    util {} {}\n", info["sparkline"].get<std::string>(), info.value("pattern", ""));
+    if (info.contains("lines") && info["lines"].is_array())
+      for (const auto& l : info["lines"])
+        if (l.is_string()) out += fmt::format("    {}\n", l.get<std::string>());
     if (info.contains("warning") && info["warning"].is_string())
       out += fmt::format("    warning: {}\n", info["warning"].get<std::string>());
   }

@@ -9,7 +9,8 @@
   X(dataloader)         \
   X(attention)          \
   X(packing)            \
-  X(collective)
+  X(collective)         \
+  X(numerics)
 
 namespace sb {
 

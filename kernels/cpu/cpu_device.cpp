@@ -29,6 +29,7 @@
 #include "kernels/cpu/detail/dnnl_check.hpp"       // SB_DNNL_CHECK
 #include "kernels/cpu/detail/mem_ledger.hpp"       // MemLedger, LedgerBlock
 #include "kernels/cpu/detail/stream_device.hpp"    // record_event, StreamBusyProbe
+#include "kernels/cpu/detail/train_ops.hpp"        // make_train_ops
 
 namespace sb {
 namespace {
@@ -210,6 +211,11 @@ class CpuDevice : public Device {
   std::unique_ptr<AttentionOp> make_attention(const AttnShape& s, AttnImpl impl, DType t,
                                               std::uint64_t seed) override {
     return cpu::make_attention(cpu::AttnEnv{eng_, cs_, ledger_}, s, impl, t, seed);
+  }
+
+  std::unique_ptr<TrainOps> make_train_ops() override {
+    return cpu::make_train_ops(
+        cpu::TrainEnv{eng_, cs_, ledger_, [this](std::chrono::milliseconds t) { synchronize(t); }});
   }
 
   MemoryStats memory_stats() const override { return ledger_->stats(); }

@@ -1,0 +1,564 @@
+// The cpu device's training ops (harness/train_ops.hpp): GEMMs through oneDNN
+// matmul, everything else C++ loops (OpenMP over rows) on the compute thread.
+//
+// GEMM: op(A) and op(B) are described to oneDNN by their strides (tag ab or
+// ba), so no transpose is ever copied. The product goes to an fp32 scratch
+// and one epilogue pass writes C = alpha * T + beta * C in C's dtype, rounded
+// once: a bf16 GEMM here is what a GPU's is (bf16 inputs, fp32 products and
+// sums, one rounding). Where oneDNN has no bf16 (or fp16) matmul on this CPU
+// (oneDNN 2.6 needs AVX-512 BF16 / AVX512-FP16), the inputs are widened to
+// fp32 first — exact, since every bf16 and fp16 value is an fp32 value — and
+// an fp32 matmul runs: the same numbers, not the same speed. gemm_impl() says
+// which ran.
+#include "kernels/cpu/detail/train_ops.hpp"
+
+#include <algorithm>  // std::max
+#include <bit>        // std::bit_cast
+#include <cmath>      // std::exp, std::tanh, std::sqrt, std::isfinite
+#include <cstring>    // std::memset, std::memcpy
+#include <map>        // std::map: the primitive cache
+#include <mutex>      // std::mutex: the primitive cache and scratch
+#include <tuple>      // std::tuple: cache keys
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"                 // Error, OutOfMemory, UsageError
+#include "harness/units.hpp"                  // format_bytes
+#include "kernels/cpu/detail/dnnl_check.hpp"  // SB_DNNL_CHECK
+
+namespace sb::cpu {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+// Element access by dtype. bf16 and fp16 round to nearest even; NaN stays NaN;
+// fp16 overflows to inf and flushes below 2^-24 to zero (IEEE binary16).
+inline float bf16_to_f(std::uint16_t b) { return std::bit_cast<float>(std::uint32_t(b) << 16); }
+inline std::uint16_t f_to_bf16(float x) {
+  std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return std::uint16_t(u >> 16);
+}
+inline float fp16_to_f(std::uint16_t b) { return float(std::bit_cast<_Float16>(b)); }
+inline std::uint16_t f_to_fp16(float x) { return std::bit_cast<std::uint16_t>(static_cast<_Float16>(x)); }
+
+inline float ld(const void* p, DType t, std::int64_t i) {
+  switch (t) {
+    case DType::bf16: return bf16_to_f(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::fp16: return fp16_to_f(static_cast<const std::uint16_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+inline void st(void* p, DType t, std::int64_t i, float v) {
+  switch (t) {
+    case DType::bf16: static_cast<std::uint16_t*>(p)[i] = f_to_bf16(v); break;
+    case DType::fp16: static_cast<std::uint16_t*>(p)[i] = f_to_fp16(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
+
+inline float act_f(Act a, float z) {
+  switch (a) {
+    case Act::relu: return z > 0 || z != z ? z : 0.0f;  // NaN stays NaN (torch.relu's semantics)
+    case Act::gelu: return 0.5f * z * (1.0f + std::tanh(kGeluC * (z + 0.044715f * z * z * z)));
+    case Act::sigmoid: return 1.0f / (1.0f + std::exp(-z));
+    case Act::tanh: return std::tanh(z);
+    case Act::none: break;
+  }
+  return z;
+}
+inline float act_d(Act a, float z) {
+  switch (a) {
+    case Act::relu: return z > 0 ? 1.0f : 0.0f;
+    case Act::gelu: {
+      const float u = kGeluC * (z + 0.044715f * z * z * z);
+      const float t = std::tanh(u);
+      return 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * 0.044715f * z * z);
+    }
+    case Act::sigmoid: {
+      const float s = 1.0f / (1.0f + std::exp(-z));
+      return s * (1.0f - s);
+    }
+    case Act::tanh: {
+      const float t = std::tanh(z);
+      return 1.0f - t * t;
+    }
+    case Act::none: break;
+  }
+  return 1.0f;
+}
+
+template <class T, DType D>
+inline float ld_t(const T* p, std::int64_t i) {
+  if constexpr (D == DType::bf16) return bf16_to_f(p[i]);
+  else if constexpr (D == DType::fp16) return fp16_to_f(p[i]);
+  else return p[i];
+}
+
+// sumsq of the finite values, NaN/inf count, exact zeros, nonzero |v| < 2^-14.
+template <class T, DType D>
+void stats_of(const void* pv, std::int64_t n, double r[4]) {
+  const T* p = static_cast<const T*>(pv);
+  double ss = 0, nonfinite = 0, zero = 0, tiny = 0;
+  constexpr float kTiny = 6.103515625e-05f;  // 2^-14, fp16's smallest normal
+#pragma omp parallel for schedule(static) reduction(+ : ss, nonfinite, zero, tiny) if (n > 32768)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = ld_t<T, D>(p, i);
+    const float a = std::fabs(v);
+    const bool fin = a <= 3.402823466e38f;  // false for NaN and inf
+    nonfinite += fin ? 0.0 : 1.0;
+    zero += v == 0.0f ? 1.0 : 0.0;
+    tiny += (a < kTiny && v != 0.0f) ? 1.0 : 0.0;
+    ss += fin ? double(v) * double(v) : 0.0;
+  }
+  r[0] = ss;
+  r[1] = nonfinite;
+  r[2] = zero;
+  r[3] = tiny;
+}
+
+void check_dtype(const DTensor& t, const char* what) {
+  if (t.dtype != DType::fp32 && t.dtype != DType::bf16 && t.dtype != DType::fp16)
+    throw UsageError(fmt::format("training op {}: dtype {} is not one of fp32, bf16, fp16", what, to_string(t.dtype)));
+}
+void check_size(const DTensor& t, std::int64_t n, const char* what) {
+  if (n < 0 || n > t.numel)
+    throw Error(ErrorKind::runtime,
+                fmt::format("training op {}: {} elements asked of a tensor of {}", what, n, t.numel));
+}
+
+class CpuTrainOps final : public TrainOps {
+ public:
+  explicit CpuTrainOps(TrainEnv env) : env_(std::move(env)), strm_(SB_DNNL_CHECK(dnnl::stream(env_.eng))) {
+    native_[DType::bf16] = has_native(dt::bf16);
+    native_[DType::fp16] = has_native(dt::f16);
+    native_[DType::fp32] = true;
+  }
+
+  std::string impl() const override {
+    return fmt::format("oneDNN matmul ({}) + C++ loops on the compute thread", gemm_impl(DType::bf16));
+  }
+  std::string gemm_impl(DType t) const override {
+    if (t == DType::fp32) return "fp32 matmul";
+    auto it = native_.find(t);
+    if (it != native_.end() && it->second) return fmt::format("{} matmul, fp32 accumulation", to_string(t));
+    return fmt::format("{} emulated: inputs widened exactly to fp32, fp32 matmul, output rounded to {} "
+                       "(oneDNN has no {} matmul on this CPU)",
+                       to_string(t), to_string(t), to_string(t));
+  }
+
+  DTensor alloc(std::int64_t numel, DType dtype, const std::string& what) override {
+    if (numel < 0) throw UsageError(fmt::format("{}: negative size", what));
+    DTensor t;
+    t.dtype = dtype;
+    t.numel = numel;
+    check_dtype(t, what.c_str());
+    const std::size_t bytes = t.bytes();
+    auto block = std::make_shared<LedgerBlock>(env_.ledger->alloc(bytes, what));
+    void* p = block->data();
+    t.buf = Buffer(p, bytes, MemKind::device, [block](void*) mutable { block.reset(); });
+    if (p) env_.cs.enqueue("zero " + what, [p, bytes] { std::memset(p, 0, bytes); });
+    return t;
+  }
+
+  void upload(DTensor& t, std::span<const float> host) override {
+    check_size(t, std::int64_t(host.size()), "upload");
+    void* p = t.data();
+    const DType d = t.dtype;
+    env_.cs.enqueue("upload", [p, d, host] {
+      for (std::size_t i = 0; i < host.size(); ++i) st(p, d, std::int64_t(i), host[i]);
+    });
+    env_.sync(std::chrono::minutes(5));
+  }
+  void download(const DTensor& t, std::span<float> host, std::int64_t timeout_ms) override {
+    check_size(t, std::int64_t(host.size()), "download");
+    env_.sync(std::chrono::milliseconds(timeout_ms));
+    for (std::size_t i = 0; i < host.size(); ++i) host[i] = ld(t.data(), t.dtype, std::int64_t(i));
+  }
+
+  void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const DTensor& a,
+            const DTensor& b, float beta, DTensor& c) override {
+    if (m <= 0 || n <= 0 || k <= 0) throw UsageError(fmt::format("gemm {}x{}x{}: sizes must be positive", m, n, k));
+    if (a.dtype != b.dtype) throw UsageError("gemm: A and B must share a dtype");
+    if (c.dtype != DType::fp32 && c.dtype != a.dtype) throw UsageError("gemm: C must be fp32 or A's dtype");
+    if (beta != 0.0f && beta != 1.0f) throw UsageError("gemm: beta must be 0 or 1");
+    check_dtype(a, "gemm");
+    check_size(a, m * k, "gemm A");
+    check_size(b, k * n, "gemm B");
+    check_size(c, m * n, "gemm C");
+    const DType in = a.dtype;
+    const bool widen = !native_.at(in);
+    const dt mm_t = widen || in == DType::fp32 ? dt::f32 : (in == DType::bf16 ? dt::bf16 : dt::f16);
+    auto prim = primitive(ta, tb, m, n, k, mm_t);
+    // scratch: T [m,n] fp32, and the widened A and B where emulated
+    const std::size_t t_b = std::size_t(m * n) * 4, aw_b = widen ? std::size_t(m * k) * 4 : 0,
+                      bw_b = widen ? std::size_t(k * n) * 4 : 0, sp_b = prim->sp_bytes;
+    auto scratch = scratch_of(t_b + aw_b + bw_b + sp_b + 4 * 64);
+    const void* ap = a.data();
+    const void* bp = b.data();
+    void* cp = c.data();
+    const DType ct = c.dtype;
+    const std::string label = fmt::format("gemm {}{} {}x{}x{} {}", ta ? "T" : "N", tb ? "T" : "N", m, n, k,
+                                          to_string(in));
+    env_.cs.enqueue(label, [=, strm = strm_, eng = env_.eng] () mutable {
+      auto* base = static_cast<unsigned char*>(scratch->data());
+      auto align = [](std::size_t x) { return (x + 63) / 64 * 64; };
+      auto* tp = reinterpret_cast<float*>(base);
+      auto* awp = reinterpret_cast<float*>(base + align(t_b));
+      auto* bwp = reinterpret_cast<float*>(base + align(t_b) + align(aw_b));
+      void* spp = base + align(t_b) + align(aw_b) + align(bw_b);
+      const void* asrc = ap;
+      const void* bsrc = bp;
+      if (widen) {
+#pragma omp parallel for schedule(static)
+        for (std::int64_t i = 0; i < m * k; ++i) awp[i] = ld(ap, in, i);
+#pragma omp parallel for schedule(static)
+        for (std::int64_t i = 0; i < k * n; ++i) bwp[i] = ld(bp, in, i);
+        asrc = awp;
+        bsrc = bwp;
+      }
+      dnnl::memory am(prim->a_md, eng, const_cast<void*>(asrc));
+      dnnl::memory bm(prim->b_md, eng, const_cast<void*>(bsrc));
+      dnnl::memory tm(prim->c_md, eng, tp);
+      dnnl::memory spm(prim->pd.scratchpad_desc(), eng, spp);
+      SB_DNNL_CHECK(prim->prim.execute(
+          strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, tm}, {DNNL_ARG_SCRATCHPAD, spm}}));
+      SB_DNNL_CHECK(strm.wait());
+#pragma omp parallel for schedule(static)
+      for (std::int64_t i = 0; i < m * n; ++i) {
+        const float v = alpha * tp[i] + (beta != 0.0f ? ld(cp, ct, i) : 0.0f);
+        st(cp, ct, i, v);
+      }
+    });
+  }
+
+  void cast(const DTensor& src, DTensor& dst, std::int64_t n) override {
+    check_size(src, n, "cast src");
+    check_size(dst, n, "cast dst");
+    const void* s = src.data();
+    void* d = dst.data();
+    const DType st_ = src.dtype, dt_ = dst.dtype;
+    env_.cs.enqueue("cast", [=] {
+#pragma omp parallel for schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) st(d, dt_, i, ld(s, st_, i));
+    });
+  }
+
+  void bias_act(DTensor& z, const DTensor* bias, Act act, const DTensor* residual, DTensor& y, std::int64_t rows,
+                std::int64_t cols) override {
+    const std::int64_t n = rows * cols;
+    check_size(z, n, "bias_act z");
+    check_size(y, n, "bias_act y");
+    if (bias) check_size(*bias, cols, "bias_act bias");
+    if (residual) check_size(*residual, n, "bias_act residual");
+    void* zp = z.data();
+    void* yp = y.data();
+    const void* bp = bias ? bias->data() : nullptr;
+    const void* rp = residual ? residual->data() : nullptr;
+    const DType zt = z.dtype, yt = y.dtype, bt = bias ? bias->dtype : DType::fp32,
+                rt = residual ? residual->dtype : DType::fp32;
+    env_.cs.enqueue("bias_act", [=] {
+#pragma omp parallel for schedule(static)
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t j = 0; j < cols; ++j) {
+          const std::int64_t i = r * cols + j;
+          float v = ld(zp, zt, i);
+          if (bp) {
+            v += ld(bp, bt, j);
+            st(zp, zt, i, v);
+            v = ld(zp, zt, i);  // what the backward will read
+          }
+          float out = act_f(act, v);
+          if (rp) out += ld(rp, rt, i);
+          st(yp, yt, i, out);
+        }
+    });
+  }
+
+  void act_backward(const DTensor& dy, const DTensor& z, Act act, DTensor& dz, std::int64_t n) override {
+    check_size(dy, n, "act_backward dy");
+    check_size(z, n, "act_backward z");
+    check_size(dz, n, "act_backward dz");
+    const void* dyp = dy.data();
+    const void* zp = z.data();
+    void* dzp = dz.data();
+    const DType a = dy.dtype, b = z.dtype, c = dz.dtype;
+    env_.cs.enqueue("act_backward", [=] {
+#pragma omp parallel for schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float zi = ld(zp, b, i);
+        // relu selects (torch's threshold_backward): a NaN dy at z <= 0 gives 0, not NaN * 0
+        st(dzp, c, i, act == Act::relu ? (zi > 0 ? ld(dyp, a, i) : 0.0f) : ld(dyp, a, i) * act_d(act, zi));
+      }
+    });
+  }
+
+  void bias_grad(const DTensor& dz, DTensor& db, std::int64_t rows, std::int64_t cols) override {
+    check_size(dz, rows * cols, "bias_grad dz");
+    check_size(db, cols, "bias_grad db");
+    const void* zp = dz.data();
+    void* bp = db.data();
+    const DType zt = dz.dtype, bt = db.dtype;
+    env_.cs.enqueue("bias_grad", [=] {
+#pragma omp parallel for schedule(static)
+      for (std::int64_t j = 0; j < cols; ++j) {
+        float s = 0;
+        for (std::int64_t r = 0; r < rows; ++r) s += ld(zp, zt, r * cols + j);
+        st(bp, bt, j, s);
+      }
+    });
+  }
+
+  void rmsnorm(const DTensor& x, DTensor& y, DTensor& rstd, std::int64_t rows, std::int64_t cols,
+               float eps) override {
+    check_size(x, rows * cols, "rmsnorm x");
+    check_size(y, rows * cols, "rmsnorm y");
+    check_size(rstd, rows, "rmsnorm rstd");
+    const void* xp = x.data();
+    void* yp = y.data();
+    void* rp = rstd.data();
+    const DType xt = x.dtype, yt = y.dtype, rt = rstd.dtype;
+    env_.cs.enqueue("rmsnorm", [=] {
+#pragma omp parallel for schedule(static)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float ss = 0;
+        for (std::int64_t j = 0; j < cols; ++j) {
+          const float v = ld(xp, xt, r * cols + j);
+          ss += v * v;
+        }
+        const float rs = 1.0f / std::sqrt(ss / float(cols) + eps);
+        st(rp, rt, r, rs);
+        for (std::int64_t j = 0; j < cols; ++j) st(yp, yt, r * cols + j, ld(xp, xt, r * cols + j) * rs);
+      }
+    });
+  }
+  void rmsnorm_backward(const DTensor& dy, const DTensor& y, const DTensor& rstd, DTensor& dx, std::int64_t rows,
+                        std::int64_t cols) override {
+    check_size(dy, rows * cols, "rmsnorm_backward dy");
+    check_size(y, rows * cols, "rmsnorm_backward y");
+    check_size(rstd, rows, "rmsnorm_backward rstd");
+    check_size(dx, rows * cols, "rmsnorm_backward dx");
+    const void* dyp = dy.data();
+    const void* yp = y.data();
+    const void* rp = rstd.data();
+    void* dxp = dx.data();
+    const DType a = dy.dtype, b = y.dtype, c = rstd.dtype, d = dx.dtype;
+    env_.cs.enqueue("rmsnorm_backward", [=] {
+#pragma omp parallel for schedule(static)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float dot = 0;
+        for (std::int64_t j = 0; j < cols; ++j) dot += ld(dyp, a, r * cols + j) * ld(yp, b, r * cols + j);
+        const float mean = dot / float(cols), rs = ld(rp, c, r);
+        for (std::int64_t j = 0; j < cols; ++j) {
+          const std::int64_t i = r * cols + j;
+          st(dxp, d, i, rs * (ld(dyp, a, i) - ld(yp, b, i) * mean));
+        }
+      }
+    });
+  }
+
+  void mse_loss(const DTensor& y, const DTensor& target, DTensor& loss, DTensor& dy, std::int64_t n,
+                float scale) override {
+    check_size(y, n, "mse_loss y");
+    check_size(target, n, "mse_loss target");
+    check_size(loss, 1, "mse_loss loss");
+    check_size(dy, n, "mse_loss dy");
+    const void* yp = y.data();
+    const void* tp = target.data();
+    void* lp = loss.data();
+    void* dp = dy.data();
+    const DType a = y.dtype, b = target.dtype, c = loss.dtype, d = dy.dtype;
+    env_.cs.enqueue("mse_loss", [=] {
+      double s = 0;
+#pragma omp parallel for schedule(static) reduction(+ : s)
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float e = ld(yp, a, i) - ld(tp, b, i);
+        s += double(e) * double(e);
+        st(dp, d, i, scale * 2.0f * e / float(n));
+      }
+      st(lp, c, 0, float(s / double(n)));
+    });
+  }
+
+  void xent_loss(const DTensor& logits, const DTensor& labels, DTensor& loss, DTensor& dlogits, std::int64_t rows,
+                 std::int64_t classes, float scale) override {
+    check_size(logits, rows * classes, "xent_loss logits");
+    check_size(labels, rows, "xent_loss labels");
+    check_size(loss, 1, "xent_loss loss");
+    check_size(dlogits, rows * classes, "xent_loss dlogits");
+    const void* zp = logits.data();
+    const void* lp = labels.data();
+    void* op = loss.data();
+    void* dp = dlogits.data();
+    const DType a = logits.dtype, b = labels.dtype, c = loss.dtype, d = dlogits.dtype;
+    env_.cs.enqueue("xent_loss", [=] {
+      double s = 0;
+#pragma omp parallel for schedule(static) reduction(+ : s)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float mx = -INFINITY;
+        for (std::int64_t j = 0; j < classes; ++j) mx = std::max(mx, ld(zp, a, r * classes + j));
+        double sum = 0;
+        for (std::int64_t j = 0; j < classes; ++j) sum += std::exp(double(ld(zp, a, r * classes + j) - mx));
+        const auto label = std::int64_t(ld(lp, b, r));
+        const bool in = label >= 0 && label < classes;
+        const double lse = double(mx) + std::log(sum);
+        s += in ? lse - double(ld(zp, a, r * classes + label)) : NAN;
+        for (std::int64_t j = 0; j < classes; ++j) {
+          const double p = std::exp(double(ld(zp, a, r * classes + j)) - lse);
+          st(dp, d, r * classes + j, float(double(scale) * (p - (j == label ? 1.0 : 0.0)) / double(rows)));
+        }
+      }
+      st(op, c, 0, float(s / double(rows)));
+    });
+  }
+
+  void stats(const DTensor& t, std::int64_t n, DTensor& out, std::int64_t slot) override {
+    const DTensor* one[] = {&t};
+    const std::int64_t ns[] = {n};
+    stats_many(one, ns, out, slot);
+  }
+
+  // One work item and one parallel region for every tensor (what torch's
+  // _amp_foreach_non_finite_check_and_unscale_ does on a GPU): the per-op
+  // cost of a stream item and a thread team's fork is paid once.
+  void stats_many(std::span<const DTensor* const> ts, std::span<const std::int64_t> ns, DTensor& out,
+                  std::int64_t first_slot) override {
+    if (ts.size() != ns.size()) throw Error(ErrorKind::runtime, "stats_many: one count per tensor");
+    check_size(out, (first_slot + std::int64_t(ts.size())) * kStatsPerTensor, "stats out");
+    if (out.dtype != DType::fp32) throw UsageError("stats: the output must be fp32");
+    struct Job {
+      const void* p;
+      DType d;
+      std::int64_t n;
+      float* o;
+    };
+    std::vector<Job> jobs;
+    for (std::size_t k = 0; k < ts.size(); ++k) {
+      check_size(*ts[k], ns[k], "stats");
+      jobs.push_back({ts[k]->data(), ts[k]->dtype, ns[k],
+                      static_cast<float*>(out.data()) + (first_slot + std::int64_t(k)) * kStatsPerTensor});
+    }
+    env_.cs.enqueue("stats", [jobs = std::move(jobs)] {
+      for (const Job& j : jobs) {
+        double r[4];
+        switch (j.d) {
+          case DType::bf16: stats_of<std::uint16_t, DType::bf16>(j.p, j.n, r); break;
+          case DType::fp16: stats_of<std::uint16_t, DType::fp16>(j.p, j.n, r); break;
+          default: stats_of<float, DType::fp32>(j.p, j.n, r); break;
+        }
+        for (int i = 0; i < 4; ++i) j.o[i] = float(r[i]);
+      }
+    });
+  }
+
+  void poke(DTensor& t, std::int64_t index, float value) override {
+    check_size(t, index + 1, "poke");
+    void* p = t.data();
+    const DType d = t.dtype;
+    env_.cs.enqueue("poke", [=] { st(p, d, index, value); });
+  }
+
+  void sgd(DTensor& p, const DTensor& g, std::int64_t n, float lr, float weight_decay, float grad_scale) override {
+    check_size(p, n, "sgd p");
+    check_size(g, n, "sgd g");
+    if (p.dtype != DType::fp32) throw UsageError("sgd: parameters must be fp32 (master weights)");
+    auto* pp = static_cast<float*>(p.data());
+    const void* gp = g.data();
+    const DType gt = g.dtype;
+    env_.cs.enqueue("sgd", [=] {
+#pragma omp parallel for schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) pp[i] -= lr * (ld(gp, gt, i) * grad_scale + weight_decay * pp[i]);
+    });
+  }
+
+  void adamw(DTensor& p, const DTensor& g, DTensor& m, DTensor& v, std::int64_t n, float lr, float beta1, float beta2,
+             float eps, float weight_decay, int step, float grad_scale) override {
+    for (const DTensor* t : {&p, &m, &v}) {
+      check_size(*t, n, "adamw state");
+      if (t->dtype != DType::fp32) throw UsageError("adamw: parameters and moments must be fp32");
+    }
+    check_size(g, n, "adamw g");
+    if (step < 1) throw UsageError("adamw: step counts from 1");
+    auto* pp = static_cast<float*>(p.data());
+    auto* mp = static_cast<float*>(m.data());
+    auto* vp = static_cast<float*>(v.data());
+    const void* gp = g.data();
+    const DType gt = g.dtype;
+    const float bc1 = 1.0f - std::pow(beta1, float(step)), bc2 = 1.0f - std::pow(beta2, float(step));
+    env_.cs.enqueue("adamw", [=] {
+#pragma omp parallel for schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float gi = ld(gp, gt, i) * grad_scale;
+        mp[i] = beta1 * mp[i] + (1.0f - beta1) * gi;
+        vp[i] = beta2 * vp[i] + (1.0f - beta2) * gi * gi;
+        pp[i] -= lr * weight_decay * pp[i];
+        pp[i] -= lr * (mp[i] / bc1) / (std::sqrt(vp[i] / bc2) + eps);
+      }
+    });
+  }
+
+ private:
+  struct Prim {
+    dnnl::memory::desc a_md, b_md, c_md;
+    dnnl::matmul::primitive_desc pd;
+    dnnl::matmul prim;
+    std::size_t sp_bytes = 0;
+  };
+
+  bool has_native(dt t) const {
+    try {
+      const dnnl::matmul::desc d({{64, 64}, t, tag::ab}, {{64, 64}, t, tag::ab}, {{64, 64}, dt::f32, tag::ab});
+      dnnl::matmul::primitive_desc pd(d, env_.eng);
+      // oneDNN 2.6 may answer with a reference (unoptimised) kernel: not "native".
+      return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }
+
+  std::shared_ptr<Prim> primitive(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, dt t) {
+    const auto key = std::make_tuple(ta, tb, m, n, k, int(t));
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = prims_.find(key);
+    if (it != prims_.end()) return it->second;
+    auto p = std::make_shared<Prim>();
+    p->a_md = dnnl::memory::desc({m, k}, t, ta ? tag::ba : tag::ab);
+    p->b_md = dnnl::memory::desc({k, n}, t, tb ? tag::ba : tag::ab);
+    p->c_md = dnnl::memory::desc({m, n}, dt::f32, tag::ab);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    p->pd = SB_DNNL_CHECK(dnnl::matmul::primitive_desc(dnnl::matmul::desc(p->a_md, p->b_md, p->c_md), attr, env_.eng));
+    p->prim = SB_DNNL_CHECK(dnnl::matmul(p->pd));
+    p->sp_bytes = p->pd.scratchpad_desc().get_size();
+    prims_.emplace(key, p);
+    return p;
+  }
+
+  // The GEMM scratch: grown, never shrunk; a block a queued GEMM still uses
+  // lives as long as its work item (shared ownership). Counted in the
+  // ledger as workspace, so memory_stats() sees it.
+  std::shared_ptr<LedgerBlock> scratch_of(std::size_t bytes) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!scratch_ || scratch_->bytes() < bytes)
+      scratch_ = std::make_shared<LedgerBlock>(
+          env_.ledger->alloc(bytes, fmt::format("training-op GEMM workspace ({})", format_bytes(double(bytes)))));
+    return scratch_;
+  }
+
+  TrainEnv env_;
+  dnnl::stream strm_;
+  std::map<DType, bool> native_;
+  std::mutex mu_;
+  std::map<std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, int>, std::shared_ptr<Prim>> prims_;
+  std::shared_ptr<LedgerBlock> scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainOps> make_train_ops(TrainEnv env) { return std::make_unique<CpuTrainOps>(std::move(env)); }
+
+}  // namespace sb::cpu
