@@ -108,8 +108,10 @@ void Mlp::forward_backward(float loss_scale, int step, const Injection& inj) {
   for (int l = last; l >= 0; --l) {
     Layer& L = ls_[std::size_t(l)];
     const std::int64_t in = in_of(l), out = out_of(l);
-    if (inject_now && inj.into == InjectInto::gradient && inj.layer == l) ops_.poke(l == last ? L.dz : L.dh, 0, inj.value);
     if (l < last) ops_.act_backward(L.dh, L.z, cfg_.act, L.dz, B * out);
+    // at dz, the gradient at the Linear's output: a poke at dh could land
+    // on a relu unit that is off and be zeroed there
+    if (inject_now && inj.into == InjectInto::gradient && inj.layer == l) ops_.poke(L.dz, 0, inj.value);
     ops_.gemm(true, false, out, in, B, 1.0f, L.dz, input_of(l), 0.0f, L.dw);
     ops_.bias_grad(L.dz, L.db, B, out);
     if (l == 0) break;

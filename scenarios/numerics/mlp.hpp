@@ -37,7 +37,8 @@ struct MlpConfig {
 };
 
 // Where a fault is injected: the output of layer `layer` in the forward
-// (activation), or the gradient arriving at that output in the backward.
+// (activation), or in the backward the gradient at that layer's Linear
+// output, dz (gradient): element 0 either way.
 enum class InjectInto { activation, gradient };
 struct Injection {
   bool active = false;

@@ -35,14 +35,14 @@ double normal(std::uint64_t seed, std::uint64_t i) {
 
 }  // namespace
 
-Dataset make_dataset(const TrainSpec& spec, int batches, std::uint64_t seed) {
+Dataset make_dataset(const TrainSpec& spec, int batches, std::uint64_t teacher_seed, std::uint64_t seed) {
   const MlpConfig& m = spec.model;
   Dataset d;
   d.rows = m.batch * batches;
   const std::int64_t hidden = 64;
   std::vector<double> w1(std::size_t(hidden * m.in)), w2(std::size_t(m.out * hidden));
-  for (std::size_t i = 0; i < w1.size(); ++i) w1[i] = 2.0 * uniform_pm1(seed ^ 0x7eac4e5, i) / std::sqrt(double(m.in));
-  for (std::size_t i = 0; i < w2.size(); ++i) w2[i] = 2.0 * uniform_pm1(seed ^ 0x7eac4e6, i) / std::sqrt(double(hidden));
+  for (std::size_t i = 0; i < w1.size(); ++i) w1[i] = 2.0 * uniform_pm1(teacher_seed ^ 0x7eac4e5, i) / std::sqrt(double(m.in));
+  for (std::size_t i = 0; i < w2.size(); ++i) w2[i] = 2.0 * uniform_pm1(teacher_seed ^ 0x7eac4e6, i) / std::sqrt(double(hidden));
   d.x.resize(std::size_t(d.rows * m.in));
   for (std::size_t i = 0; i < d.x.size(); ++i) d.x[i] = uniform_pm1(seed ^ 0xda7a, i);
   std::vector<double> out(std::size_t(d.rows * m.out));
@@ -86,9 +86,9 @@ TrainRecord train(TrainOps& ops, Device& dev, const TrainSpec& spec, std::int64_
   Mlp mlp(ops, mc, spec.seed);
   const StatsLayout& lay = mlp.layout();
   const int L = mlp.layers();
-  const Dataset data = make_dataset(spec, spec.dataset_batches, spec.seed + 1000);
-  const Dataset eval = spec.eval_every > 0 ? make_dataset(spec, 2, spec.seed + 1000 + 777) : Dataset{};
-  // The eval set comes from the same teacher: same seed for the network, other inputs.
+  const Dataset data = make_dataset(spec, spec.dataset_batches, spec.seed + 1000, spec.seed + 2000);
+  // the eval set: the same teacher, other inputs
+  const Dataset eval = spec.eval_every > 0 ? make_dataset(spec, 2, spec.seed + 1000, spec.seed + 3000) : Dataset{};
   const std::int64_t xb = mc.batch * mc.in, yb = mc.task == Task::regression ? mc.batch * mc.out : mc.batch;
   auto batch_of = [&](const Dataset& d, int i, const std::vector<float>& v, std::int64_t per) {
     const std::size_t n = std::size_t(d.rows / mc.batch);
@@ -113,7 +113,7 @@ TrainRecord train(TrainOps& ops, Device& dev, const TrainSpec& spec, std::int64_
     if (s % 50 == 0) progress(s);
     mlp.set_batch(batch_of(data, s, data.x, xb), batch_of(data, s, data.y, yb));
     const EventPtr e0 = dev.record();
-    mlp.forward_backward(float(scale), s, spec.inject);
+    mlp.forward_backward(float(scale * spec.loss_mult), s, spec.inject);
     const EventPtr e1 = dev.record();
     mlp.grad_stats();
     const EventPtr e2 = dev.record();

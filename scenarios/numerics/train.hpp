@@ -47,7 +47,12 @@ struct TrainSpec {
   int patience = 10;             // evals
   double min_delta = 0.0;
   double label_noise = 0.0;      // std of noise added to regression targets
-  double target_scale = 1.0;     // regression targets' std (the teacher's output is normalised to it)
+  double target_scale = 1.0;
+  // The loss is multiplied by this before the backward: 1/N when a trainer
+  // divides it by N accumulated micro-batches (HF Trainer divides by
+  // gradient_accumulation_steps), or a mean over N times more tokens. The
+  // gradients are N times smaller; the update (Adam) is not.
+  double loss_mult = 1.0;     // regression targets' std (the teacher's output is normalised to it)
   int dataset_batches = 16;
   std::uint64_t seed = 1;
 };
@@ -95,6 +100,8 @@ struct Dataset {
   std::vector<float> x, y;
   std::int64_t rows = 0;
 };
-Dataset make_dataset(const TrainSpec& spec, int batches, std::uint64_t seed);
+// The teacher network comes from teacher_seed, the inputs (and noise) from
+// data_seed: a held-out set shares the teacher and not the inputs.
+Dataset make_dataset(const TrainSpec& spec, int batches, std::uint64_t teacher_seed, std::uint64_t data_seed);
 
 }  // namespace sb::numerics

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>      // std::chrono::milliseconds
+#include <cstdint>     // std::uint16_t
 #include <functional>  // std::function
 #include <memory>      // std::shared_ptr, std::unique_ptr
 
@@ -24,5 +25,10 @@ struct TrainEnv {
 };
 
 std::unique_ptr<TrainOps> make_train_ops(TrainEnv env);
+
+// The fp16 conversions the ops use (bit manipulation, no F16C needed);
+// exposed for the unit test that checks them against _Float16.
+std::uint16_t fp16_bits_fast(float x);
+float fp16_value_fast(std::uint16_t bits);
 
 }  // namespace sb::cpu
