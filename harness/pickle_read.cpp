@@ -54,8 +54,16 @@ bool valid_utf8(std::string_view s) {
 // container when it is fetched from the memo later.
 class PickleParser {
  public:
-  PickleParser(std::string_view b, const std::string& file, PickleDoc& doc)
-      : b_(b), file_(file), doc_(doc), nodes_(doc.nodes_) {}
+  // The stack, MARKs, memo and the list of containers filled in several
+  // batches live in `scratch` (cleared here; their capacity is reused).
+  PickleParser(std::string_view b, const std::string& file, PickleDoc& doc, PickleScratch& scratch)
+      : b_(b), file_(file), doc_(doc), nodes_(doc.nodes_), stack_(scratch.stack), marks_(scratch.marks),
+        memo_(scratch.memo), multi_(scratch.multi) {
+    stack_.clear();
+    marks_.clear();
+    memo_.clear();
+    multi_.clear();
+  }
 
   // The root value's index.
   std::uint32_t run() {
@@ -159,11 +167,17 @@ class PickleParser {
     if (count == 0) return;
     if (doc_.pool_.size() + count >= 0xFFFFFFFFu) fail(pos_, "more container items than 2^32");
     const auto start = std::uint32_t(doc_.pool_.size());
-    doc_.pool_.insert(doc_.pool_.end(), stack_.begin() + std::ptrdiff_t(from), stack_.end());
-    stack_.resize(from);
+    if (count == 1) {  // APPEND, TUPLE1: most batches of a dump
+      doc_.pool_.push_back(stack_.back());
+      stack_.pop_back();
+    } else {
+      doc_.pool_.insert(doc_.pool_.end(), stack_.begin() + std::ptrdiff_t(from), stack_.end());
+      stack_.resize(from);
+    }
     doc_.chunks_.push_back({start, std::uint32_t(count), 0});
     const auto c = std::uint32_t(doc_.chunks_.size());  // its index + 1
     Node& x = nodes_[n];
+    if (x.last && x.first == x.last) multi_.push_back(n);  // its second batch: made one chunk after parsing
     if (x.last) doc_.chunks_[x.last - 1].next = c;
     else x.first = c;
     x.last = c;
@@ -300,10 +314,14 @@ class PickleParser {
   std::size_t pos_ = 0;
   PickleDoc& doc_;
   std::vector<Node>& nodes_;
-  std::vector<std::uint32_t> stack_;
-  std::vector<std::size_t> marks_;
+  std::vector<std::uint32_t>& stack_;
+  std::vector<std::size_t>& marks_;
   static constexpr std::uint32_t kNoMemo = 0xFFFFFFFFu;
-  std::vector<std::uint32_t> memo_;  // memo index -> node
+  std::vector<std::uint32_t>& memo_;  // memo index -> node
+  std::vector<std::uint32_t>& multi_;  // containers filled in more than one batch
+
+ public:
+  const std::vector<std::uint32_t>& multi() const { return multi_; }
 };
 
 namespace {
@@ -377,17 +395,38 @@ std::optional<PickleDoc::Ref> PickleDoc::Ref::find(std::string_view key, std::si
   return std::nullopt;
 }
 
-PickleDoc::PickleDoc(std::string_view bytes, const std::string& file) : bytes_(bytes), file_(file) {
+PickleDoc::PickleDoc(std::string_view bytes, const std::string& file, PickleScratch* scratch)
+    : bytes_(bytes), file_(file), scratch_(scratch) {
+  PickleScratch own;
+  PickleScratch& s = scratch ? *scratch : own;
+  if (scratch) {  // borrowed until the destructor: cleared, capacity kept
+    nodes_.swap(s.nodes);
+    chunks_.swap(s.chunks);
+    pool_.swap(s.pool);
+    nodes_.clear();
+    chunks_.clear();
+    pool_.clear();
+  }
+  try {  // a document that throws hands the scratch's storage back (no destructor runs)
+    parse(s);
+  } catch (...) {
+    give_back();
+    throw;
+  }
+}
+
+void PickleDoc::parse(PickleScratch& s) {
   // About one value per 3 bytes in a dump: no regrowth copies.
-  nodes_.reserve(std::min(bytes.size() / 3, kMaxPickleNodes));
-  pool_.reserve(std::min(bytes.size() / 3, kMaxPickleNodes));
-  root_ = PickleParser(bytes, file_, *this).run();
+  nodes_.reserve(std::min(bytes_.size() / 3, kMaxPickleNodes));
+  pool_.reserve(std::min(bytes_.size() / 3, kMaxPickleNodes));
+  s.memo.reserve(std::min(bytes_.size() / 6, kMaxPickleNodes));
+  PickleParser parser(bytes_, file_, *this, s);
+  root_ = parser.run();
   // A container filled in several batches is one contiguous chunk from now
   // on, so that its i-th item is one lookup (a list of a million APPENDs
   // would otherwise make every access walk a million chunks).
-  for (Node& x : nodes_) {
-    const bool container = x.k == Node::K::list || x.k == Node::K::tuple || x.k == Node::K::dict;
-    if (!container || x.first == x.last) continue;
+  for (const std::uint32_t n : parser.multi()) {
+    Node& x = nodes_[n];
     const auto start = std::uint32_t(pool_.size());
     for (std::uint32_t c = x.first; c; c = chunks_[c - 1].next)
       for (std::uint32_t j = 0; j < chunks_[c - 1].count; ++j) {
@@ -396,6 +435,54 @@ PickleDoc::PickleDoc(std::string_view bytes, const std::string& file) : bytes_(b
       }
     chunks_.push_back({start, x.count, 0});
     x.first = x.last = std::uint32_t(chunks_.size());
+  }
+}
+
+PickleDoc::~PickleDoc() { give_back(); }
+
+void PickleDoc::give_back() noexcept {
+  if (!scratch_) return;
+  nodes_.swap(scratch_->nodes);
+  chunks_.swap(scratch_->chunks);
+  pool_.swap(scratch_->pool);
+  scratch_ = nullptr;
+}
+
+PickleKeys::PickleKeys(const PickleDoc& doc, const std::string_view* names, std::size_t count,
+                       std::vector<std::uint8_t>* buffer)
+    : doc_(doc), names_(names), count_(std::min<std::size_t>(count, 250)), buffer_(buffer) {
+  if (buffer_) of_node_.swap(*buffer_);
+  of_node_.assign(doc.nodes_.size(), 0);
+}
+
+PickleKeys::~PickleKeys() {
+  if (buffer_) of_node_.swap(*buffer_);
+}
+
+void PickleKeys::read(PickleDoc::Ref dict, std::uint32_t* out) const {
+  std::fill(out, out + count_, kAbsent);
+  if (!dict.is_dict()) return;
+  const Node& x = doc_.nodes_[dict.id()];
+  // A dict's batches hold whole pairs (SETITEMS checks), so pairs never straddle chunks.
+  for (std::uint32_t c = x.first; c; c = doc_.chunks_[c - 1].next) {
+    const PickleDoc::Chunk& ch = doc_.chunks_[c - 1];
+    const std::uint32_t* p = doc_.pool_.data() + ch.start;
+    for (std::uint32_t j = 0; j + 1 < ch.count; j += 2) {
+      std::uint8_t& tag = of_node_[p[j]];
+      if (tag == 0) {
+        tag = 1;
+        const Node& k = doc_.nodes_[p[j]];
+        if (k.k == Node::K::str) {
+          const std::string_view key = doc_.bytes_.substr(k.first, k.count);
+          for (std::size_t i = 0; i < count_; ++i)
+            if (names_[i] == key) {
+              tag = std::uint8_t(2 + i);
+              break;
+            }
+        }
+      }
+      if (tag >= 2) out[tag - 2] = p[j + 1];
+    }
   }
 }
 

@@ -29,6 +29,8 @@ inline constexpr std::size_t kMaxPickleNodes = std::size_t(1) << 24;  // ~1 GiB 
 // True when bytes start like a pickle (PROTO 2..5).
 bool looks_like_pickle(std::string_view bytes);
 
+struct PickleScratch;
+
 // A parsed pickle: its values in an arena, read in place (a large dump's
 // millions of values are never copied into JSON). Strings point into the
 // input bytes, which must outlive the document.
@@ -57,6 +59,9 @@ class PickleDoc {
   class Ref {
    public:
     Ref(const PickleDoc* doc, std::uint32_t n) : doc_(doc), n_(n) {}
+    // The value's index in the document: the same value fetched from the
+    // memo twice (a shared key string, a shared list) has the same id.
+    std::uint32_t id() const { return n_; }
     bool is_null() const { return node().k == Node::K::none; }
     bool is_str() const { return node().k == Node::K::str; }
     bool is_int() const { return node().k == Node::K::integer; }
@@ -85,21 +90,68 @@ class PickleDoc {
   };
 
   // Throws UsageError("<file>: pickle: ... at offset N"). bytes must
-  // outlive the document (strings are read in place).
-  PickleDoc(std::string_view bytes, const std::string& file);
+  // outlive the document (strings are read in place). With scratch, the
+  // arena is the scratch's storage, handed back when the document ends
+  // (the scratch must outlive it, and serve one document at a time).
+  PickleDoc(std::string_view bytes, const std::string& file, PickleScratch* scratch = nullptr);
+  ~PickleDoc();
+  PickleDoc(const PickleDoc&) = delete;
+  PickleDoc& operator=(const PickleDoc&) = delete;
   Ref root() const { return {this, root_}; }
   nlohmann::ordered_json to_json() const;
 
  private:
   friend class PickleParser;
+  friend class PickleKeys;
   // The i-th item of container n.
   std::uint32_t kid(std::uint32_t n, std::size_t i) const;
+  void parse(PickleScratch& s);
+  void give_back() noexcept;
   std::string_view bytes_;
   std::vector<Node> nodes_;
   std::vector<Chunk> chunks_;
   std::vector<std::uint32_t> pool_;
   std::uint32_t root_ = 0;
   std::string file_;
+  PickleScratch* scratch_ = nullptr;
+};
+
+// Storage that a reader of many documents (a thread reading a directory of
+// dumps) reuses from one to the next: a 20,000-entry dump is a million
+// values, ~30 MB of arena, which fresh each time is page faults and zeroing.
+struct PickleScratch {
+  std::vector<PickleDoc::Node> nodes;
+  std::vector<PickleDoc::Chunk> chunks;
+  std::vector<std::uint32_t> pool, stack, memo, multi;
+  std::vector<std::size_t> marks;
+};
+
+// Reads records (dicts) by a fixed list of string keys in one pass over
+// each record's pairs. A pickler memoizes a key string once and every
+// record fetches that same value, so each distinct key value is compared
+// with the names once per document, and after that by its id. A key that
+// is no string, or no name on the list, is skipped; a repeated key's last
+// value wins (as Python's unpickler and to_json have it).
+class PickleKeys {
+ public:
+  static constexpr std::uint32_t kAbsent = 0xFFFFFFFFu;
+  // At most 250 names; names must outlive this. With buffer, its storage
+  // (a byte a value of the document) is used, and left there.
+  PickleKeys(const PickleDoc& doc, const std::string_view* names, std::size_t count,
+             std::vector<std::uint8_t>* buffer = nullptr);
+  ~PickleKeys();
+  PickleKeys(const PickleKeys&) = delete;
+  PickleKeys& operator=(const PickleKeys&) = delete;
+  // out[k]: the id of names[k]'s value in dict (kAbsent: not there, or
+  // dict is no dict); out holds count slots.
+  void read(PickleDoc::Ref dict, std::uint32_t* out) const;
+
+ private:
+  const PickleDoc& doc_;
+  const std::string_view* names_;
+  std::size_t count_;
+  std::vector<std::uint8_t>* buffer_;
+  mutable std::vector<std::uint8_t> of_node_;  // 0: not yet seen; 1: no name; 2 + k: names_[k]
 };
 
 // The document as JSON values. Throws UsageError as PickleDoc does.

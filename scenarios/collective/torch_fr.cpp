@@ -1,12 +1,13 @@
 #include "scenarios/collective/torch_fr.hpp"
 
 #include <algorithm>  // std::sort, std::max, std::min, std::count
+#include <array>      // std::array: Sharer
 #include <cctype>     // std::isdigit
 #include <filesystem>  // std::filesystem::path: the file name
 #include <map>        // std::map
 #include <memory>     // std::shared_ptr: what frames_of reads from
 #include <optional>   // std::optional
-#include <set>        // std::set
+#include <unordered_map>  // std::unordered_map: op names, numbered
 
 #include <limits>     // std::numeric_limits
 
@@ -55,6 +56,10 @@ class PVal {
     if (!is_string()) fail(kind_error("a string"));
     return std::string(r_->str());
   }
+  void str_into(std::string& out) const {
+    if (!is_string()) fail(kind_error("a string"));
+    out.assign(r_->str());
+  }
   std::int64_t integer(std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
                        std::int64_t hi = std::numeric_limits<std::int64_t>::max()) const {
     if (!r_ || !r_->is_int()) fail(kind_error("an integer"));
@@ -81,6 +86,17 @@ class PVal {
     return r_->size();
   }
   PVal at(std::size_t i) const { return PVal(r_->at(i), *file_, this, {}, i); }
+  // The member `key` found by id (PickleKeys::kAbsent: missing), as at(key) would give it.
+  PVal member(const PickleDoc& doc, std::uint32_t id, std::string_view key) const {
+    return PVal(id == PickleKeys::kAbsent ? std::nullopt : std::optional<PickleDoc::Ref>(PickleDoc::Ref(&doc, id)),
+                *file_, this, key);
+  }
+  // Fails as at(key) does on a value that is not a dict.
+  const PVal& dict() const {
+    if (!r_ || !r_->is_dict()) fail(kind_error("a dict"));
+    return *this;
+  }
+  const PickleDoc::Ref& ref() const { return *r_; }
   PVal at(std::string_view key) const {
     if (!r_ || !r_->is_dict()) fail(kind_error("a dict"));
     return PVal(r_->find(key, &hint_), *file_, this, key);
@@ -122,6 +138,9 @@ bool is_null(const JsonRef& v) { return !v.present() || v.raw().is_null(); }
 bool is_string(const JsonRef& v) { return v.present() && v.raw().is_string(); }
 bool is_array(const JsonRef& v) { return v.present() && v.raw().is_array(); }
 bool is_null(const PVal& v) { return v.is_null(); }
+// A string read into `out` (its buffer reused).
+void str_into(const JsonRef& v, std::string& out) { out = v.str(); }
+void str_into(const PVal& v, std::string& out) { v.str_into(out); }
 bool is_string(const PVal& v) { return v.is_string(); }
 bool is_array(const PVal& v) { return v.is_array(); }
 
@@ -150,33 +169,88 @@ constexpr std::size_t kMaxTensorsPerEntry = 4096, kMaxDims = 16, kMaxFrames = 64
 // number in a dump or a file name is damage, not a job.
 constexpr int kMaxRank = (1 << 20) - 1;
 
+// Equal values of a dump held once: a direct-mapped cache of the distinct
+// values seen last (one hash and at most one comparison a lookup, whatever
+// the file holds; a dump with many distinct values only shares fewer).
+template <class T>
+class Sharer {
+ public:
+  TorchFrShared<T> share(const T& v) {
+    if (v.empty()) return {};
+    const std::size_t h = hash(v);
+    Slot& s = slots_[(h ^ (h >> 29) ^ (h >> 47)) % kSlots];  // (the high bits too: sizes differ there)
+    if (!s.p || s.h != h || *s.p != v) {
+      s.p = std::make_shared<const T>(v);
+      s.h = h;
+    }
+    return TorchFrShared<T>(s.p);
+  }
+
+ private:
+  static std::size_t mix(std::size_t h, std::size_t x) { return (h ^ x) * 0x100000001b3ull; }
+  static std::size_t hash(const std::vector<std::vector<std::int64_t>>& v) {
+    std::size_t h = 0xcbf29ce484222325ull;
+    for (const auto& t : v) {
+      h = mix(h, t.size());
+      for (const std::int64_t d : t) h = mix(h, std::size_t(d));
+    }
+    return h;
+  }
+  static std::size_t hash(const std::vector<std::string>& v) {
+    std::size_t h = 0xcbf29ce484222325ull;
+    for (const auto& x : v) {
+      h = mix(h, x.size());
+      for (const char c : x) h = mix(h, static_cast<unsigned char>(c));
+    }
+    return h;
+  }
+  static constexpr std::size_t kSlots = 64;
+  struct Slot {
+    std::size_t h = 0;
+    std::shared_ptr<const T> p;
+  };
+  std::array<Slot, kSlots> slots_;
+};
+
+// What one dump's entries share, and the buffers values are read into.
+struct EntryValues {
+  Sharer<std::vector<std::vector<std::int64_t>>> sizes;
+  Sharer<std::vector<std::string>> dtypes;
+  std::vector<std::vector<std::int64_t>> sizes_buf;
+  std::vector<std::string> dtypes_buf;
+};
+
 template <class V>
-std::vector<std::vector<std::int64_t>> sizes(const V& v) {
-  std::vector<std::vector<std::int64_t>> out;
-  if (is_null(v)) return out;
+TorchFrSizes sizes(const V& v, EntryValues& ev) {
+  if (is_null(v)) return {};
   const std::size_t n = v.array().size();
   if (n > kMaxTensorsPerEntry) v.fail(fmt::format("{} tensors in one collective (at most {})", n, kMaxTensorsPerEntry));
+  auto& out = ev.sizes_buf;  // its vectors' capacity is kept from entry to entry
+  if (out.size() < n) out.resize(n);
+  while (out.size() > n) out.pop_back();
   for (std::size_t i = 0; i < n; ++i) {
     const V t = v.at(i);
     const std::size_t nd = t.array().size();
     if (nd > kMaxDims) t.fail(fmt::format("{} dimensions (at most {})", nd, kMaxDims));
     spend(t, nd + 1);
-    std::vector<std::int64_t> dims;
+    std::vector<std::int64_t>& dims = out[i];
+    dims.clear();
     for (std::size_t k = 0; k < nd; ++k) dims.push_back(t.at(k).integer(0, std::int64_t(1) << 48));
-    out.push_back(std::move(dims));
   }
-  return out;
+  return ev.sizes.share(out);
 }
 
 template <class V>
-std::vector<std::string> strings(const V& v) {
-  std::vector<std::string> out;
-  if (is_null(v)) return out;
+TorchFrDtypes strings(const V& v, EntryValues& ev) {
+  if (is_null(v)) return {};
   const std::size_t n = v.array().size();
   if (n > kMaxTensorsPerEntry) v.fail(fmt::format("{} dtypes in one collective (at most {})", n, kMaxTensorsPerEntry));
   spend(v, n);
-  for (std::size_t i = 0; i < n; ++i) out.push_back(v.at(i).str());
-  return out;
+  auto& out = ev.dtypes_buf;
+  if (out.size() < n) out.resize(n);
+  while (out.size() > n) out.pop_back();
+  for (std::size_t i = 0; i < n; ++i) str_into(v.at(i), out[i]);
+  return ev.dtypes.share(out);
 }
 
 // "[0, 1, 2]" (how the dumps write a group's ranks) or a list of ints.
@@ -230,18 +304,24 @@ std::string describe(const TorchFrEntry& e) {
 
 int state_rank(const TorchFrEntry& e) { return torch_fr_done(e) ? 2 : e.state == "started" ? 1 : 0; }
 
-// The group size an all-gather's or reduce-scatter's sizes imply against
-// its group: output numel = n x input numel (all-gather), input = n x output
-// (reduce-scatter). false when the entry's own sizes contradict the group.
-bool sizes_fit_group(const TorchFrEntry& e, std::size_t n) {
-  if (e.input_sizes.empty() || e.output_sizes.empty()) return true;
+// How an op's sizes relate to its group's size n: all-gather's output numel
+// is n x its input's, reduce-scatter's input n x its output's.
+enum class SizeRule : std::uint8_t { none, gather, scatter };
+SizeRule size_rule(std::string_view profiling_name) {
+  const std::string_view op = op_name(profiling_name);
+  if (op.find("all_gather") != std::string::npos || op == "_allgather_base") return SizeRule::gather;
+  if (op.find("reduce_scatter") != std::string::npos) return SizeRule::scatter;
+  return SizeRule::none;
+}
+
+// false when an entry's own sizes contradict its group of n ranks.
+bool sizes_fit_group(SizeRule rule, const std::vector<std::vector<std::int64_t>>& in_sizes,
+                     const std::vector<std::vector<std::int64_t>>& out_sizes, std::size_t n) {
+  if (rule == SizeRule::none || in_sizes.empty() || out_sizes.empty()) return true;
   __int128 in = 0, out = 0;
-  for (const auto& d : e.input_sizes) in += numel(d);
-  for (const auto& d : e.output_sizes) out += numel(d);
-  const std::string_view op = op_name(e.profiling_name);
-  if (op.find("all_gather") != std::string::npos || op == "_allgather_base") return out == in * __int128(n);
-  if (op.find("reduce_scatter") != std::string::npos) return in == out * __int128(n);
-  return true;
+  for (const auto& d : in_sizes) in += numel(d);
+  for (const auto& d : out_sizes) out += numel(d);
+  return rule == SizeRule::gather ? out == in * __int128(n) : in == out * __int128(n);
 }
 
 }  // namespace
@@ -275,8 +355,50 @@ std::vector<std::string> read_frames(const V& entry) {
   return out;
 }
 
-template <class V>
-TorchFrDump torch_fr_from(const V& root, const std::string& path, int rank) {
+// An entry's fields, in the order PyTorch writes them.
+enum Field : std::uint8_t {
+  kRecordId, kProcessGroup, kPgId, kCollectiveSeqId, kP2pSeqId, kOpId, kProfilingName, kTimeCreatedNs,
+  kInputSizes, kInputDtypes, kOutputSizes, kOutputDtypes, kState, kTimeStartedNs, kTimeCompletedNs, kRetired,
+  kTimeoutMs, kIsP2p, kDurationMs, kFieldCount
+};
+constexpr std::string_view kFieldNames[kFieldCount] = {
+    "record_id", "process_group", "pg_id", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
+    "time_created_ns", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "state",
+    "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "timeout_ms", "is_p2p", "duration_ms"};
+
+// An entry's fields by name: the JSON form's members looked up by name.
+class JsonFields {
+ public:
+  explicit JsonFields(const JsonRef& e) : e_(e) {}
+  JsonRef at(Field f) const { return e_.at(kFieldNames[f]); }
+  std::optional<JsonRef> find(Field f) const { return e_.find(kFieldNames[f]); }
+
+ private:
+  const JsonRef& e_;
+};
+
+// A pickled entry's fields, read in one pass over its pairs (PickleKeys:
+// the key strings are the document's shared values, resolved once).
+class PickleFields {
+ public:
+  PickleFields(const PVal& e, const PickleDoc& doc, const PickleKeys& keys) : e_(e), doc_(doc) {
+    keys.read(e.dict().ref(), ids_);
+  }
+  PVal at(Field f) const { return e_.member(doc_, ids_[f], kFieldNames[f]); }
+  std::optional<PVal> find(Field f) const {
+    if (ids_[f] == PickleKeys::kAbsent) return std::nullopt;
+    return at(f);
+  }
+
+ private:
+  const PVal& e_;
+  const PickleDoc& doc_;
+  std::uint32_t ids_[kFieldCount];
+};
+
+// fields(e): the entry e's fields (JsonFields, PickleFields).
+template <class V, class MakeFields>
+TorchFrDump torch_fr_from(const V& root, const std::string& path, int rank, MakeFields fields) {
   TorchFrDump d;
   d.rank = rank;
   d.path = path;
@@ -292,41 +414,43 @@ TorchFrDump torch_fr_from(const V& root, const std::string& path, int rank) {
     }
   const V entries = root.at("entries");
   d.entries.reserve(entries.array().size());
+  EntryValues ev;
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const V e = entries.at(i);
     spend(e, 24);  // the entry's own fields
-    TorchFrEntry x;
-    x.record_id = int_or_zero(e.at("record_id"));
-    if (auto pg = e.find("process_group")) {
+    const auto f = fields(e);
+    TorchFrEntry& x = d.entries.emplace_back();  // (d is dropped whole if a field throws)
+    x.record_id = int_or_zero(f.at(kRecordId));
+    if (auto pg = f.find(kProcessGroup)) {
       if (is_array(*pg) && pg->size() >= 1) {
         x.pg_name = pg->at(std::size_t(0)).str();
         if (pg->size() >= 2) x.pg_desc = pg->at(std::size_t(1)).str();
       } else {
         x.pg_name = pg->str();
       }
-    } else if (auto pid = e.find("pg_id")) {
+    } else if (auto pid = f.find(kPgId)) {
       x.pg_name = std::to_string(int_or_zero(*pid));
     }
-    // In the order PyTorch writes the fields (the lookups start where the
-    // previous one ended).
-    x.collective_seq_id = int_or_zero(e.at("collective_seq_id"));
-    if (auto p = e.find("p2p_seq_id")) x.p2p_seq_id = int_or_zero(*p);
-    if (auto p = e.find("op_id")) x.op_id = int_or_zero(*p);
-    x.profiling_name = is_null(e.at("profiling_name")) ? "" : e.at("profiling_name").str();
-    x.time_created_ns = int_or_zero(e.at("time_created_ns"));
-    x.input_sizes = sizes(e.at("input_sizes"));
-    x.input_dtypes = strings(e.at("input_dtypes"));
-    x.output_sizes = sizes(e.at("output_sizes"));
-    x.output_dtypes = strings(e.at("output_dtypes"));
-    x.state = e.at("state").str();
-    if (auto t = e.find("time_discovered_started_ns")) x.time_started_ns = int_or_zero(*t);
-    if (auto t = e.find("time_discovered_completed_ns")) x.time_completed_ns = int_or_zero(*t);
-    if (auto t = e.find("retired"); t && !is_null(*t)) x.retired = t->boolean();
-    if (auto t = e.find("timeout_ms"); t && !is_null(*t)) x.timeout_ms = int_or_zero(*t);
-    if (auto p = e.find("is_p2p"); p && !is_null(*p)) x.is_p2p = p->boolean();
-    if (auto t = e.find("duration_ms"); t && !is_null(*t)) x.duration_ms = t->number();  // NCCL only
+    x.collective_seq_id = int_or_zero(f.at(kCollectiveSeqId));
+    if (auto p = f.find(kP2pSeqId)) x.p2p_seq_id = int_or_zero(*p);
+    if (auto p = f.find(kOpId)) x.op_id = int_or_zero(*p);
+    {
+      const V pn = f.at(kProfilingName);
+      x.profiling_name = is_null(pn) ? "" : pn.str();
+    }
+    x.time_created_ns = int_or_zero(f.at(kTimeCreatedNs));
+    x.input_sizes = sizes(f.at(kInputSizes), ev);
+    x.input_dtypes = strings(f.at(kInputDtypes), ev);
+    x.output_sizes = sizes(f.at(kOutputSizes), ev);
+    x.output_dtypes = strings(f.at(kOutputDtypes), ev);
+    x.state = f.at(kState).str();
+    if (auto t = f.find(kTimeStartedNs)) x.time_started_ns = int_or_zero(*t);
+    if (auto t = f.find(kTimeCompletedNs)) x.time_completed_ns = int_or_zero(*t);
+    if (auto t = f.find(kRetired); t && !is_null(*t)) x.retired = t->boolean();
+    if (auto t = f.find(kTimeoutMs); t && !is_null(*t)) x.timeout_ms = int_or_zero(*t);
+    if (auto p = f.find(kIsP2p); p && !is_null(*p)) x.is_p2p = p->boolean();
+    if (auto t = f.find(kDurationMs); t && !is_null(*t)) x.duration_ms = t->number();  // NCCL only
     x.index = i;
-    d.entries.push_back(std::move(x));
   }
   return d;
 }
@@ -335,12 +459,28 @@ TorchFrDump torch_fr_from(const V& root, const std::string& path, int rank) {
 
 TorchFrDump torch_fr_from_json(json j, const std::string& path, int rank) {
   auto doc = std::make_shared<const json>(std::move(j));
-  TorchFrDump d = torch_fr_from(JsonRef(*doc, path), path, rank);
+  TorchFrDump d = torch_fr_from(JsonRef(*doc, path), path, rank, [](const JsonRef& e) { return JsonFields(e); });
   d.frames_of = [doc, path](std::size_t i) {
     return read_frames(JsonRef(*doc, path).at("entries").at(i));
   };
   return d;
 }
+
+namespace {
+
+// What a thread reuses from one pickle to the next (the reader threads of
+// a directory, and then the frames of the culprit read again): a dump's
+// parse is ~30 MB of arena, which fresh each time is page faults.
+struct ThreadArena {
+  PickleScratch scratch;
+  std::vector<std::uint8_t> keys;  // PickleKeys' buffer
+};
+ThreadArena& thread_arena() {
+  thread_local ThreadArena arena;
+  return arena;
+}
+
+}  // namespace
 
 TorchFrDump read_torch_fr_file(const std::string& path, std::string bytes) {
   const int rank = rank_from_file_name(path);
@@ -356,14 +496,16 @@ TorchFrDump read_torch_fr_file(const std::string& path, std::string bytes) {
     auto held = std::make_shared<const std::string>(std::move(bytes));
     TorchFrDump d;
     {
-      const PickleDoc doc(*held, path);
+      ThreadArena& arena = thread_arena();
+      const PickleDoc doc(*held, path, &arena.scratch);
       std::size_t budget = 8 * held->size() + (std::size_t(1) << 20);
       const PVal root(doc.root(), path, nullptr, {}, 0, &budget);
       if (!doc.root().is_dict() || !root.find("entries") || !root.find("version")) throw not_a_dump();
-      d = torch_fr_from(root, path, rank);
+      const PickleKeys keys(doc, kFieldNames, kFieldCount, &arena.keys);
+      d = torch_fr_from(root, path, rank, [&](const PVal& e) { return PickleFields(e, doc, keys); });
     }
     d.frames_of = [held, path](std::size_t i) {
-      const PickleDoc doc(*held, path);
+      const PickleDoc doc(*held, path, &thread_arena().scratch);
       std::size_t budget = 8 * held->size() + (std::size_t(1) << 20);
       const PVal r(doc.root(), path, nullptr, {}, 0, &budget);
       const PVal entries = r.at("entries");
@@ -375,6 +517,52 @@ TorchFrDump read_torch_fr_file(const std::string& path, std::string bytes) {
   if (!is_torch_fr_json(j)) throw not_a_dump();
   return torch_fr_from_json(std::move(j), path, rank);
 }
+
+namespace {
+
+// What the checks at every seq read of one rank's collective, gathered in
+// one pass over the entries: a 16-rank, 20,000-entry job is 100 MB of
+// entries, and reading them seq by seq, rank by rank, is a cache miss per
+// field. Sizes and dtypes point at the entries' shared values.
+struct Row {
+  std::int64_t seq;
+  const TorchFrEntry* e;
+  const std::vector<std::vector<std::int64_t>>* in;  // input_sizes
+  const std::vector<std::vector<std::int64_t>>* out;
+  const std::vector<std::string>* din;  // input_dtypes
+  const std::vector<std::string>* dout;
+  std::int64_t created;  // time_created_ns
+  std::uint32_t op;      // op_name(profiling_name), numbered by the analysis
+  std::uint8_t state;    // state_rank
+  SizeRule rule;
+};
+
+// One rank's collectives in one process group, by seq.
+using SeqList = std::vector<Row>;
+
+// In seq order (a dump's ring is, nearly always, already), one entry a seq:
+// of entries with the same seq, the last in the dump's order.
+void settle(SeqList& v) {
+  auto by_seq = [](const Row& a, const Row& b) { return a.seq < b.seq; };
+  if (!std::is_sorted(v.begin(), v.end(), by_seq)) std::stable_sort(v.begin(), v.end(), by_seq);
+  std::size_t out = 0;
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (i + 1 == v.size() || v[i + 1].seq != v[i].seq) v[out++] = v[i];
+  v.resize(out);
+}
+
+// The row at seq (null: none).
+const Row* find_seq(const SeqList& v, std::int64_t seq) {
+  auto it = std::lower_bound(v.begin(), v.end(), seq, [](const Row& x, std::int64_t s) { return x.seq < s; });
+  return it != v.end() && it->seq == seq ? &*it : nullptr;
+}
+
+template <class T>
+bool same_value(const T* a, const T* b) {
+  return a == b || *a == *b;
+}
+
+}  // namespace
 
 HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
   if (dumps.empty()) throw UsageError("analyze-hang: no PyTorch Flight Recorder dumps to analyse");
@@ -410,34 +598,51 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
   r.where.assign(n, "");
   r.per_rank_call.assign(n, "-");
 
-  // Collectives by process group, then rank, then seq (p2p calls apart).
+  // Collectives by process group, then rank, then seq (p2p calls apart):
+  // each rank's in seq order, one a seq (a seq written twice: the later
+  // entry, as the dump's order has it). A rank with only p2p calls in a
+  // group still has its (empty) view there. One pass over each dump's
+  // entries, in order, gathers everything the checks below read.
   struct View {
-    std::map<std::int64_t, const TorchFrEntry*> coll, p2p;
+    SeqList coll;
   };
   std::map<std::string, std::map<int, View>> pgs;
+  std::unordered_map<std::string_view, std::uint32_t> op_ids;  // op names, numbered
+  std::vector<SizeRule> op_rules;                              // by number
   for (const auto& [rank, d] : by_rank) {
+    View* v = nullptr;
+    const std::string* pg = nullptr;
+    std::int64_t enq = -1, done = -1;  // the rank's last enqueued and completed collective, any group
     for (const auto& e : d->entries) {
-      View& v = pgs[e.pg_name][rank];
-      (e.is_p2p ? v.p2p[e.p2p_seq_id] : v.coll[e.collective_seq_id]) = &e;
-    }
-  }
-  // Each rank's last enqueued and completed collective (default group first).
-  for (const auto& [rank, d] : by_rank) {
-    std::int64_t enq = -1, done = -1;
-    for (const auto& e : d->entries) {
+      if (!pg || e.pg_name != *pg) {  // a dump's entries mostly stay in one group
+        // (room for every entry in the first group only: a reservation per
+        // group would be entries x groups, which a damaged dump makes huge)
+        if (!pg) pgs[e.pg_name][rank].coll.reserve(d->entries.size());
+        pg = &e.pg_name;
+        v = &pgs[e.pg_name][rank];
+      }
       if (e.is_p2p) continue;
       enq = std::max(enq, e.collective_seq_id);
       if (torch_fr_done(e)) done = std::max(done, e.collective_seq_id);
+      const auto [op, fresh] = op_ids.try_emplace(op_name(e.profiling_name), std::uint32_t(op_ids.size()));
+      if (fresh) op_rules.push_back(size_rule(e.profiling_name));
+      v->coll.push_back(Row{e.collective_seq_id, &e, &e.input_sizes.get(), &e.output_sizes.get(),
+                            &e.input_dtypes.get(), &e.output_dtypes.get(), e.time_created_ns, op->second,
+                            std::uint8_t(state_rank(e)), op_rules[op->second]});
     }
     r.last_enqueued[std::size_t(rank)] = enq;
     r.last_completed[std::size_t(rank)] = done;
     if (!d->entries.empty()) r.where[std::size_t(rank)] = fmt::format("{} entries, last: {} ({})", d->entries.size(),
                                                                    d->entries.back().profiling_name, d->entries.back().state);
   }
+  for (auto& [pg, ranks_view] : pgs)
+    for (auto& [rank, v] : ranks_view) settle(v.coll);
 
-  // Each present rank's entry at the seq being checked (null: none), by
+  // Each present rank's row at the seq being checked (null: none), by
   // rank, looked up once per seq: the checks below read it many times.
-  std::vector<const TorchFrEntry*> at_seq(n, nullptr);
+  std::vector<const Row*> at_seq(n, nullptr);
+  // Each rank's newest completed collective in the group being checked.
+  std::vector<std::int64_t> max_done(n, std::numeric_limits<std::int64_t>::min());
   // Per group: the last collective every rank completed (seq, description).
   std::map<std::string, std::pair<std::int64_t, std::string>> all_done_by_pg;
   // The first divergence in any group, in the issue's order of checks.
@@ -452,7 +657,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     std::vector<int> members = group_ranks.count(pg) ? group_ranks[pg] : std::vector<int>{};
     const std::string& desc = ranks_view.begin()->second.coll.empty()
                                   ? std::string()
-                                  : ranks_view.begin()->second.coll.begin()->second->pg_desc;
+                                  : ranks_view.begin()->second.coll.front().e->pg_desc;
     if (members.empty() && (pg == "0" || desc == "default_pg" || group_ranks.size() <= 1)) members = world;
     if (members.empty())
       for (const auto& [rank, v] : ranks_view) members.push_back(rank);
@@ -460,52 +665,62 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     for (int m : members)
       if (by_rank.count(m)) present.push_back(m);
     if (present.empty()) continue;
-    auto view = [&](int rank) -> const View* {
+    // Each present rank's collectives here (null: none in this group), by its place in `present`.
+    std::vector<const SeqList*> colls(present.size(), nullptr);
+    for (std::size_t j = 0; j < present.size(); ++j)
+      if (auto it = ranks_view.find(present[j]); it != ranks_view.end()) colls[j] = &it->second.coll;
+    auto coll_of = [&](int rank) -> const SeqList* {
       auto it = ranks_view.find(rank);
-      return it == ranks_view.end() ? nullptr : &it->second;
+      return it == ranks_view.end() ? nullptr : &it->second.coll;
     };
     // The window every present rank's ring still holds.
     std::int64_t lo = 0, hi = -1;
-    for (int m : present) {
-      const View* v = view(m);
-      if (v && !v->coll.empty()) {
-        lo = std::max(lo, v->coll.begin()->first);
-        hi = std::max(hi, v->coll.rbegin()->first);
+    for (const SeqList* c : colls)
+      if (c && !c->empty()) {
+        lo = std::max(lo, c->front().seq);
+        hi = std::max(hi, c->back().seq);
       }
-    }
-    // Last seq every rank of the group completed.
+    // Each rank's newest completed collective, and the last seq every rank
+    // of the group completed.
     std::int64_t all_done = hi;
-    for (int m : present) {
-      const View* v = view(m);
-      std::int64_t done = -1;
-      if (v)
-        for (const auto& [seq, e] : v->coll)
-          if (torch_fr_done(*e)) done = std::max(done, seq);
-      all_done = std::min(all_done, done);
+    for (std::size_t j = 0; j < present.size(); ++j) {
+      std::int64_t newest = std::numeric_limits<std::int64_t>::min();
+      if (colls[j])
+        for (auto it = colls[j]->rbegin(); it != colls[j]->rend(); ++it)
+          if (it->state == 2) {
+            newest = it->seq;
+            break;
+          }
+      max_done[std::size_t(present[j])] = newest;
+      all_done = std::min(all_done, std::max<std::int64_t>(newest, -1));
     }
     {
       std::string what;
       if (all_done >= 0)
-        for (int m : present)
-          if (const View* v = view(m); v && v->coll.count(all_done)) {
-            what = describe(*v->coll.at(all_done));
+        for (const SeqList* c : colls)
+          if (const Row* x = c ? find_seq(*c, all_done) : nullptr) {
+            what = describe(*x->e);
             break;
           }
       all_done_by_pg[pg] = {all_done, what};
     }
 
-    // Who differs from the majority by `same` at one seq; on a tie, those
-    // who differ from the lowest rank. Groups are found by comparison, not
-    // by formatting a key: this runs for every seq of every rank.
-    auto minority = [&](std::int64_t seq, auto same) {
-      std::vector<std::pair<const TorchFrEntry*, std::vector<int>>> groups;
+    // Who differs from the majority by `same` (an equivalence) at the seq
+    // being checked; on a tie, those who differ from the lowest rank. Groups
+    // are found by comparison, not by formatting a key: this runs for every
+    // seq of every rank, and nearly always finds everyone the same.
+    auto minority = [&](auto same) {
+      const Row* first = at_seq[std::size_t(present.front())];
+      if (std::all_of(present.begin() + 1, present.end(),
+                      [&](int m) { return same(*first, *at_seq[std::size_t(m)]); }))
+        return std::vector<int>{};
+      std::vector<std::pair<const Row*, std::vector<int>>> groups;
       for (int m : present) {
-        const TorchFrEntry* e = at_seq[std::size_t(m)];
-        auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return same(*x.first, *e); });
-        if (g == groups.end()) groups.push_back({e, {m}});
+        const Row* x = at_seq[std::size_t(m)];
+        auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& y) { return same(*y.first, *x); });
+        if (g == groups.end()) groups.push_back({x, {m}});
         else g->second.push_back(m);
       }
-      if (groups.size() < 2) return std::vector<int>{};
       std::size_t best = 0;
       int ties = 0;
       for (const auto& g : groups) best = std::max(best, g.second.size());
@@ -517,60 +732,55 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
       std::sort(out.begin(), out.end());
       return out;
     };
-    // Each rank's newest completed collective in this group.
-    std::map<int, std::int64_t> max_done;
-    for (int m : present) {
-      std::int64_t done = std::numeric_limits<std::int64_t>::min();
-      if (const View* v = view(m))
-        for (auto it = v->coll.rbegin(); it != v->coll.rend(); ++it)
-          if (torch_fr_done(*it->second)) {
-            done = it->first;
-            break;
-          }
-      max_done[m] = done;
-    }
     // The seqs any rank holds in the window, in order (never a count from lo
-    // to hi: a damaged dump's seq can be 2^62).
-    std::set<std::int64_t> seqs;
-    for (int m : present)
-      if (const View* v = view(m))
-        for (auto it = v->coll.lower_bound(lo); it != v->coll.end() && it->first <= hi; ++it) seqs.insert(it->first);
-    for (const std::int64_t seq : seqs) {
-      std::vector<int> have, lack;
-      for (int m : present) {
-        const View* v = view(m);
-        const auto it = v ? v->coll.find(seq) : decltype(v->coll.end()){};
-        const bool has = v && it != v->coll.end();
-        at_seq[std::size_t(m)] = has ? it->second : nullptr;
+    // to hi: a damaged dump's seq can be 2^62), walked by one cursor a rank.
+    std::vector<std::size_t> cursor(present.size(), 0);
+    for (std::size_t j = 0; j < present.size(); ++j)
+      if (colls[j])
+        cursor[j] = std::size_t(std::lower_bound(colls[j]->begin(), colls[j]->end(), lo,
+                                                 [](const Row& x, std::int64_t s) { return x.seq < s; }) -
+                                colls[j]->begin());
+    std::vector<int> have, lack;
+    for (;;) {
+      bool any = false;
+      std::int64_t seq = 0;
+      for (std::size_t j = 0; j < present.size(); ++j)
+        if (colls[j] && cursor[j] < colls[j]->size() && (*colls[j])[cursor[j]].seq <= hi &&
+            (!any || (*colls[j])[cursor[j]].seq < seq)) {
+          seq = (*colls[j])[cursor[j]].seq;
+          any = true;
+        }
+      if (!any) break;
+      have.clear();
+      lack.clear();
+      for (std::size_t j = 0; j < present.size(); ++j) {
+        const int m = present[j];
+        const bool has = colls[j] && cursor[j] < colls[j]->size() && (*colls[j])[cursor[j]].seq == seq;
+        at_seq[std::size_t(m)] = has ? &(*colls[j])[cursor[j]++] : nullptr;
         (has ? have : lack).push_back(m);
       }
-      if (have.empty()) continue;
       DivergenceKind kind = DivergenceKind::none;
       std::vector<int> culprits;
       if (!lack.empty()) {
         kind = DivergenceKind::missing;
         culprits = lack;
-      } else if (auto c = minority(seq, [](const TorchFrEntry& a, const TorchFrEntry& b) {
-                   return op_name(a.profiling_name) == op_name(b.profiling_name);
-                 });
-                 !c.empty()) {
+      } else if (auto c = minority([](const Row& a, const Row& b) { return a.op == b.op; }); !c.empty()) {
         kind = DivergenceKind::op;
         culprits = c;
-      } else if (auto c = minority(seq, [](const TorchFrEntry& a, const TorchFrEntry& b) {
-                   return a.input_sizes == b.input_sizes;
-                 });
-                 !c.empty()) {
+      } else if (auto c = minority([](const Row& a, const Row& b) { return same_value(a.in, b.in); }); !c.empty()) {
         kind = DivergenceKind::count;
         culprits = c;
       } else if (std::vector<int> bad; [&] {
-                   for (int m : present)
-                     if (!sizes_fit_group(*at_seq[std::size_t(m)], members.size())) bad.push_back(m);
+                   for (int m : present) {
+                     const Row& x = *at_seq[std::size_t(m)];
+                     if (!sizes_fit_group(x.rule, *x.in, *x.out, members.size())) bad.push_back(m);
+                   }
                    return !bad.empty();
                  }()) {
         kind = DivergenceKind::count;
         culprits = bad;
-      } else if (auto c = minority(seq, [](const TorchFrEntry& a, const TorchFrEntry& b) {
-                   return a.input_dtypes == b.input_dtypes && a.output_dtypes == b.output_dtypes;
+      } else if (auto c = minority([](const Row& a, const Row& b) {
+                   return same_value(a.din, b.din) && same_value(a.dout, b.dout);
                  });
                  !c.empty()) {
         kind = DivergenceKind::dtype;
@@ -578,13 +788,12 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
         // An even split (two ranks, or a lost dump) has no majority: the odd
         // one out is then the side whose dtype its own earlier calls never used.
         std::vector<int> novel;
-        for (int m : present) {
-          const View* v = view(m);
-          const auto& mine = v->coll.at(seq)->input_dtypes;
+        for (std::size_t j = 0; j < present.size(); ++j) {
+          const auto* mine = at_seq[std::size_t(present[j])]->din;
           bool seen = false;
-          for (auto it = v->coll.begin(); it != v->coll.end() && it->first < seq && !seen; ++it)
-            seen = it->second->input_dtypes == mine;
-          if (!seen) novel.push_back(m);
+          for (auto it = colls[j]->begin(); it != colls[j]->end() && it->seq < seq && !seen; ++it)
+            seen = same_value(it->din, mine);
+          if (!seen) novel.push_back(present[j]);
         }
         if (!novel.empty() && novel.size() < present.size() && 2 * c.size() >= present.size()) culprits = novel;
       } else {
@@ -592,7 +801,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
         // all agree. A group's collectives complete in order on a rank, so a
         // later completed call means this one completed too.
         auto state_of = [&](int m) {
-          return seq <= max_done.at(m) ? 2 : state_rank(*at_seq[std::size_t(m)]);
+          return seq <= max_done[std::size_t(m)] ? 2 : int(at_seq[std::size_t(m)]->state);
         };
         int lo_state = 2, hi_state = 0;
         for (int m : present) {
@@ -614,13 +823,12 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
       r.culprits = culprits;
       r.process_group = pg;
       for (int m : present)
-        if (const View* v = view(m); v && v->coll.count(seq))
-          r.per_rank_call[std::size_t(m)] = describe(*v->coll.at(seq)) + " " + v->coll.at(seq)->state +
-                                            (v->coll.at(seq)->retired ? " (retired)" : "");
+        if (const Row* x = at_seq[std::size_t(m)])
+          r.per_rank_call[std::size_t(m)] = describe(*x->e) + " " + x->e->state + (x->e->retired ? " (retired)" : "");
       // What the others issued there: the first rank not among the culprits.
       for (int m : have)
         if (std::find(culprits.begin(), culprits.end(), m) == culprits.end()) {
-          r.expected = describe(*view(m)->coll.at(seq));
+          r.expected = describe(*at_seq[std::size_t(m)]->e);
           break;
         }
       // A rank that skipped a call shows, at this seq, what the others issue at seq+1.
@@ -629,15 +837,14 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
         const int c0 = culprits.front();
         for (int m : have)
           if (std::find(culprits.begin(), culprits.end(), m) == culprits.end()) {
-            const View* v = view(m);
-            if (v->coll.count(seq + 1) &&
-                describe(*v->coll.at(seq + 1)) == describe(*view(c0)->coll.at(seq)))
+            if (const Row* next = find_seq(*coll_of(m), seq + 1);
+                next && describe(*next->e) == describe(*at_seq[std::size_t(c0)]->e))
               r.pattern = "skip";
             break;
           }
       }
-      if (const View* v = view(culprits.front()); v && v->coll.count(seq)) {
-        const TorchFrEntry& e = *v->coll.at(seq);
+      if (const Row* x = at_seq[std::size_t(culprits.front())]) {
+        const TorchFrEntry& e = *x->e;
         const TorchFrDump& owner = *by_rank.at(culprits.front());
         try {
           r.culprit_frames = !e.frames.empty() || !owner.frames_of ? e.frames : owner.frames_of(e.index);
@@ -680,7 +887,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
       for (const auto& [rank, v] : pg_views.second) {
         if (v.coll.empty()) continue;
         any = true;
-        const TorchFrEntry& e = *v.coll.rbegin()->second;
+        const TorchFrEntry& e = *v.coll.back().e;
         if (newest < 0) newest = e.collective_seq_id;
         all_waiting = all_waiting && !torch_fr_done(e) && e.collective_seq_id == newest;
       }
@@ -693,11 +900,11 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
       r.torch_match_state = "not all ranks joining the collective";
       for (const auto& [rank, v] : pg_views.second)
         if (!v.coll.empty()) {
-          r.expected = describe(*v.coll.rbegin()->second);
+          r.expected = describe(*v.coll.back().e);
           break;
         }
       for (const auto& [rank, v] : pg_views.second)
-        if (!v.coll.empty()) r.per_rank_call[std::size_t(rank)] = describe(*v.coll.rbegin()->second) + " waiting";
+        if (!v.coll.empty()) r.per_rank_call[std::size_t(rank)] = describe(*v.coll.back().e) + " waiting";
       r.summary = fmt::format("process group {} collective seq {}: every rank with a dump waits in it ({}); "
                               "rank{} {} left no dump and never completed it",
                               pg_views.first, newest, r.expected, r.ranks_missing.size() == 1 ? "" : "s",
@@ -718,25 +925,36 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     }
   }
   if (r.kind == DivergenceKind::none) {
-    // Every rank issued the same calls: the slowest arrival at any seq.
+    // Every rank issued the same calls: the slowest arrival at any seq (the
+    // earliest seq of the largest spread; at a seq, the highest rank of
+    // those that came last).
+    struct Arrival {
+      std::int64_t seq, t;
+      int rank;
+    };
+    std::vector<Arrival> arrivals;
     for (const auto& [pg, ranks_view] : pgs) {
-      std::map<std::int64_t, std::pair<std::int64_t, std::int64_t>> span;  // seq -> (min, max) created
-      std::map<std::int64_t, int> last_rank;
+      arrivals.clear();
       for (const auto& [rank, v] : ranks_view)
-        for (const auto& [seq, e] : v.coll) {
-          if (e->time_created_ns <= 0) continue;
-          auto [it, fresh] = span.try_emplace(seq, e->time_created_ns, e->time_created_ns);
-          it->second.first = std::min(it->second.first, e->time_created_ns);
-          if (fresh || e->time_created_ns >= it->second.second) last_rank[seq] = rank;
-          it->second.second = std::max(it->second.second, e->time_created_ns);
+        for (const Row& x : v.coll)
+          if (x.created > 0) arrivals.push_back({x.seq, x.created, rank});
+      std::stable_sort(arrivals.begin(), arrivals.end(), [](const Arrival& a, const Arrival& b) { return a.seq < b.seq; });
+      for (std::size_t i = 0; i < arrivals.size();) {
+        std::int64_t first = arrivals[i].t, last = arrivals[i].t;
+        int last_rank = arrivals[i].rank;
+        std::size_t j = i + 1;
+        for (; j < arrivals.size() && arrivals[j].seq == arrivals[i].seq; ++j) {
+          first = std::min(first, arrivals[j].t);
+          if (arrivals[j].t >= last) last_rank = arrivals[j].rank;
+          last = std::max(last, arrivals[j].t);
         }
-      for (const auto& [seq, mm] : span) {
-        const double lost = (double(mm.second) - double(mm.first)) / 1e6;
+        const double lost = (double(last) - double(first)) / 1e6;
         if (lost > r.stall_lost_ms) {
           r.stall_lost_ms = lost;
-          r.stall_seq = seq;
-          r.stall_rank = last_rank[seq];
+          r.stall_seq = arrivals[i].seq;
+          r.stall_rank = last_rank;
         }
+        i = j;
       }
     }
     r.torch_match_state = "FULLY_MATCHED";

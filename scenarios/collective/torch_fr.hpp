@@ -19,6 +19,8 @@
 #include <cstddef>     // std::size_t
 #include <cstdint>     // std::int64_t
 #include <functional>  // std::function: frames_of
+#include <initializer_list>  // std::initializer_list
+#include <memory>      // std::shared_ptr: TorchFrShared
 #include <string>      // std::string
 #include <vector>      // std::vector
 
@@ -30,17 +32,51 @@ namespace sb {
 
 inline constexpr const char* kTorchFlightRecorderFormat = "pytorch-flight-recorder";
 
+// An immutable list that entries share: a dump's 20,000 entries issue a
+// handful of distinct sizes and dtypes, and its reader holds each distinct
+// one once (entries then stay small and the analysis, which compares them
+// for every seq of every rank, reads few cache lines). Reads as a const T;
+// assigned like one (e.input_sizes = {{16}}).
+template <class T>
+class TorchFrShared {
+ public:
+  using value_type = typename T::value_type;
+  TorchFrShared() = default;
+  TorchFrShared(T v) : p_(v.empty() ? nullptr : std::make_shared<const T>(std::move(v))) {}
+  TorchFrShared(std::initializer_list<value_type> v) : TorchFrShared(T(v)) {}
+  explicit TorchFrShared(std::shared_ptr<const T> p) : p_(p && !p->empty() ? std::move(p) : nullptr) {}
+  const T& get() const {
+    static const T kEmpty;
+    return p_ ? *p_ : kEmpty;
+  }
+  auto begin() const { return get().begin(); }
+  auto end() const { return get().end(); }
+  std::size_t size() const { return p_ ? p_->size() : 0; }
+  bool empty() const { return !p_; }
+  const value_type& operator[](std::size_t i) const { return (*p_)[i]; }
+  friend bool operator==(const TorchFrShared& a, const TorchFrShared& b) { return a.p_ == b.p_ || a.get() == b.get(); }
+
+ private:
+  std::shared_ptr<const T> p_;  // null: empty
+};
+using TorchFrSizes = TorchFrShared<std::vector<std::vector<std::int64_t>>>;  // each tensor's dimensions
+using TorchFrDtypes = TorchFrShared<std::vector<std::string>>;
+
 struct TorchFrEntry {
-  std::int64_t record_id = -1;
-  std::string pg_name, pg_desc;  // process_group: (name, desc)
-  std::int64_t collective_seq_id = -1, p2p_seq_id = -1, op_id = -1;
-  bool is_p2p = false;
+  // (what the analysis reads of every entry first, in three cache lines)
+  std::string pg_name;         // process_group: (name, desc)
   std::string profiling_name;  // "nccl:all_reduce", "gloo:broadcast"
-  std::vector<std::vector<std::int64_t>> input_sizes, output_sizes;
-  std::vector<std::string> input_dtypes, output_dtypes;
-  std::string state;  // scheduled, started, completed
+  std::string state;           // scheduled, started, completed
+  std::int64_t collective_seq_id = -1;
+  std::int64_t time_created_ns = 0;  // 0: not reached (as the other times)
+  bool is_p2p = false;
   bool retired = false;  // the process group let go of the work: it finished (gloo leaves state at scheduled)
-  std::int64_t time_created_ns = 0, time_started_ns = 0, time_completed_ns = 0;  // 0: not reached
+  std::int64_t p2p_seq_id = -1;
+  TorchFrSizes input_sizes, output_sizes;
+  TorchFrDtypes input_dtypes, output_dtypes;
+  std::string pg_desc;
+  std::int64_t record_id = -1, op_id = -1;
+  std::int64_t time_started_ns = 0, time_completed_ns = 0;
   double duration_ms = -1;
   std::int64_t timeout_ms = 0;
   std::size_t index = 0;            // its position in the dump's entries
@@ -70,6 +106,7 @@ struct TorchFrDump {
 bool is_torch_fr_json(const nlohmann::ordered_json& j);
 // Reads one dump (the pickle or the JSON form, decided by its bytes).
 // Throws UsageError naming the file and the field (or the pickle offset).
+// A pickle is parsed in storage the calling thread keeps for the next one.
 TorchFrDump read_torch_fr_file(const std::string& path, std::string bytes);
 TorchFrDump torch_fr_from_json(nlohmann::ordered_json j, const std::string& path, int rank);
 // The trailing decimal number of a file's name ("rank_12", "nccl_trace_rank_3.json"), or -1.

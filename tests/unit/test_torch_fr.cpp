@@ -3,8 +3,10 @@
 // truncation and thousands of byte mutations of a real dump), and the
 // analysis on hand-made dumps of each kind. The real dumps' verdicts are
 // checked end to end by tests/scenario/test_torch_fr.py.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -107,6 +109,58 @@ TEST(PickleRead, AListOfManySmallAppendsReadsWhole) {
   ASSERT_EQ(j.size(), 50000u);
   EXPECT_EQ(j[49999], 49999 % 256);
   EXPECT_EQ(j[256], 0);
+}
+
+// Records read by a fixed list of keys: a key string memoized once and
+// fetched by later records is the same value; absent names, keys that are
+// no string, and a repeated key (its last value, as Python reads it).
+TEST(PickleRead, KeysAreResolvedOncePerKeyValue) {
+  // [{'a': 1, 'b': 2, 7: 3}, {<memo 0: 'a'>: 4, 'c': 5}, {'a': 6, 'a': 8}]
+  std::string p = bytes({0x80, 2, ']', '(', '}', '('});
+  p += binunicode("a") + bytes({'q', 0, 'K', 1}) + binunicode("b") + bytes({'K', 2, 'K', 7, 'K', 3, 'u'});
+  p += bytes({'}', '(', 'h', 0, 'K', 4}) + binunicode("c") + bytes({'K', 5, 'u'});
+  p += bytes({'}', '(', 'h', 0, 'K', 6}) + binunicode("a") + bytes({'K', 8, 'u'});
+  p += "e.";
+  const PickleDoc doc(p, "t");
+  constexpr std::string_view names[] = {"a", "b", "z"};
+  const PickleKeys keys(doc, names, std::size(names));
+  std::uint32_t out[3];
+  auto value = [&](std::uint32_t id) { return PickleDoc::Ref(&doc, id).integer(); };
+  keys.read(doc.root().at(0), out);
+  EXPECT_EQ(value(out[0]), 1);
+  EXPECT_EQ(value(out[1]), 2);
+  EXPECT_EQ(out[2], PickleKeys::kAbsent);
+  keys.read(doc.root().at(1), out);
+  EXPECT_EQ(value(out[0]), 4);
+  EXPECT_EQ(out[1], PickleKeys::kAbsent);
+  keys.read(doc.root().at(2), out);
+  EXPECT_EQ(value(out[0]), 8);
+  keys.read(doc.root(), out);  // a list: nothing
+  EXPECT_EQ(out[0], PickleKeys::kAbsent);
+}
+
+// One scratch serves document after document, whether one failed between
+// them or not: each reads as it does parsed in fresh storage.
+TEST(PickleRead, AScratchIsReusedFromDocumentToDocument) {
+  const std::string dir = std::string(SB_TEST_DATA) + "/fr/op-3r";
+  ASSERT_TRUE(std::filesystem::exists(dir + "/rank_0")) << dir << "/rank_0 is missing from the tree";
+  std::vector<std::string> docs;
+  for (const char* f : {"/rank_0", "/rank_1", "/rank_2"}) {
+    std::ifstream in(dir + f, std::ios::binary);
+    docs.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  PickleScratch scratch;
+  for (int round = 0; round < 2; ++round)
+    for (const auto& b : docs) {
+      EXPECT_EQ(PickleDoc(b, "t", &scratch).to_json(), read_pickle(b, "t"));
+      EXPECT_THROW(PickleDoc(b.substr(0, b.size() / 2), "t", &scratch), UsageError);
+      {
+        const PickleDoc outer(b, "t", &scratch);
+        const PickleDoc inner(docs[0], "t", &scratch);  // nested: the inner one gets storage of its own
+        EXPECT_EQ(inner.to_json(), read_pickle(docs[0], "t"));
+        EXPECT_EQ(outer.to_json(), read_pickle(b, "t"));
+      }
+    }
 }
 
 // One entry dict, memoized, standing in a thousand places, each holding
@@ -322,6 +376,50 @@ TEST(TorchFrAnalysis, EachKindNamesSeqAndCulprit) {
     EXPECT_EQ(rep.kind, DivergenceKind::none);
     EXPECT_NE(rep.summary.find("no dump from rank 2"), std::string::npos) << rep.summary;
   }
+}
+
+// A dump's entries with equal sizes and dtypes share one copy of them; the
+// values compare equal whether shared or not.
+TEST(TorchFrRead, EntriesShareEqualSizesAndDtypes) {
+  const std::string dir = std::string(SB_TEST_DATA) + "/fr/healthy-2r";
+  ASSERT_TRUE(std::filesystem::exists(dir + "/rank_0")) << dir << "/rank_0 is missing from the tree";
+  const TorchFrDump d = read_torch_fr_file("d/rank_0", slurp(dir + "/rank_0"));
+  ASSERT_GE(d.entries.size(), 5u);
+  // Seqs 1 and 5 are broadcasts of [4] Float (tests/data/fr/make_dumps.py).
+  EXPECT_EQ(&d.entries[0].input_sizes.get(), &d.entries[4].input_sizes.get());
+  EXPECT_EQ(&d.entries[0].input_dtypes.get(), &d.entries[4].output_dtypes.get());
+  EXPECT_EQ(d.entries[0].input_sizes, TorchFrSizes({{4}}));
+  EXPECT_NE(d.entries[0].input_sizes, TorchFrSizes({{4, 1}}));
+  EXPECT_EQ(TorchFrSizes(), TorchFrSizes(std::vector<std::vector<std::int64_t>>{}));
+  EXPECT_TRUE(TorchFrDtypes().empty());
+  EXPECT_EQ(TorchFrDtypes({"Float"})[0], "Float");
+}
+
+// A dump's entries need not be in seq order, and a seq written twice is
+// read as its later entry, whatever order the dump holds them in.
+TEST(TorchFrAnalysis, EntryOrderAndRepeatedSeqs) {
+  auto job = [](auto edit) {
+    std::vector<TorchFrDump> ds;
+    for (int r = 0; r < 3; ++r) {
+      std::vector<TorchFrEntry> es = {entry(1, "all_reduce", 16), entry(2, "broadcast", 8),
+                                      entry(3, "all_reduce", 16, "Float", "started")};
+      edit(r, es);
+      ds.push_back(dump(r, 3, es));
+    }
+    return analyze_torch_fr(ds);
+  };
+  EXPECT_EQ(job([](int r, auto& es) { if (r == 1) std::reverse(es.begin(), es.end()); }).kind, DivergenceKind::none);
+  // Rank 2 wrote seq 3 twice: first an all-gather, then the all-reduce the others issued.
+  EXPECT_EQ(job([](int r, auto& es) {
+              if (r == 2) es.insert(es.end() - 1, entry(3, "all_gather", 16, "Float", "started"));
+            }).kind,
+            DivergenceKind::none);
+  const HangReport rep = job([](int r, auto& es) {
+    if (r == 2) es.push_back(entry(3, "all_gather", 16, "Float", "started"));
+  });
+  EXPECT_EQ(rep.kind, DivergenceKind::op);
+  EXPECT_EQ(rep.seq, 3);
+  EXPECT_EQ(rep.culprits, std::vector<int>{2});
 }
 
 TEST(TorchFrAnalysis, RankComesFromTheFileName) {
