@@ -152,6 +152,7 @@ void stats_of(const void* pv, std::int64_t n, double r[4]) {
     const std::int64_t b1 = std::min(n, b0 + 4096);
     float s = 0;
     std::int32_t nf = 0, z = 0, t = 0;
+#pragma omp simd reduction(+ : s, nf, z, t)
     for (std::int64_t i = b0; i < b1; ++i) {
       const float v = ld_t<T, D>(p, i);
       const float a = std::fabs(v);
