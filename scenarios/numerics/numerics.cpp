@@ -403,7 +403,14 @@ class NumericsRun : public ScenarioRun {
       } else if (c == "explode") {
         summary = fmt::format("{}: {} (largest gradient norm {})", fault, off ? txt(off) : "?",
                               off ? format_number(metric(off, "grad_norm_max")) : "?");
-        if (on) summary += fmt::format(" -> {}: {}", fixt, txt(on));
+        if (on) {
+          summary += fmt::format(" -> {}: {}", fixt, txt(on));
+          if (outcome(on) != "diverged" && outcome(on) != "nan")
+            summary += fmt::format("; it trains: loss {} -> {} in {} steps, largest gradient norm {}",
+                                   format_number(on->info.value("initial_loss", 0.0)),
+                                   format_number(metric(on, "final_loss")), on->info.value("steps", 0),
+                                   format_number(metric(on, "grad_norm_max")));
+        }
       } else if (c == "lr-low") {
         summary = fmt::format("{}: {}", fault, off ? txt(off) : "?");
         if (off && off->metric("est_steps_to_target"))
@@ -547,6 +554,16 @@ const Scenario numerics_scenario{
                   .help = "custom: std of noise on regression targets (the loss floor is its square)", .min = 0,
                   .max = 1e6},
     },
-    [](RunContext& ctx) { return std::make_unique<NumericsRun>(ctx); }};
+    [](RunContext& ctx) { return std::make_unique<NumericsRun>(ctx); },
+    false,
+    // before any point runs: an injection into a layer the model lacks is exit 2
+    [](const ParamSet& ps, const RunContext&) {
+      if (ps.get_str("case") != "custom") return;
+      const Injection inj = parse_inject(ps.get_str("inject"));
+      if (inj.active && inj.layer > ps.get_int("depth"))
+        throw UsageError(fmt::format("inject={}: the model has layers 0..{} (depth {}; the output Linear is {})",
+                                     ps.get_str("inject"), ps.get_int("depth"), ps.get_int("depth"),
+                                     ps.get_int("depth")));
+    }};
 
 }  // namespace sb
