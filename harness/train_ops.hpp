@@ -26,6 +26,7 @@
 
 #include "harness/device.hpp"  // Buffer, Device
 #include "harness/dtype.hpp"   // DType
+#include "harness/errors.hpp"  // UnsupportedError
 #include "harness/names.hpp"   // NameTable
 
 namespace sb {
@@ -53,6 +54,17 @@ struct TensorStats {
   double sumsq = 0, nonfinite = 0, zero = 0, tiny = 0;
 };
 inline constexpr int kStatsPerTensor = 4;
+
+// A captured sequence of ops: a CUDA graph on cuda; on cpu the ops' work
+// items gathered into one stream item. replay() enqueues the whole sequence
+// as one submission, on the same tensors and with the same scalars it was
+// captured with (a CUDA graph's semantics).
+class TrainGraph {
+ public:
+  virtual ~TrainGraph() = default;
+  virtual void replay() = 0;
+  virtual std::size_t nodes() const = 0;
+};
 
 class TrainOps {
  public:
@@ -123,6 +135,18 @@ class TrainOps {
     for (std::size_t k = 0; k < ts.size() && k < ns.size(); ++k)
       stats(*ts[k], ns[k], out, first_slot + std::int64_t(k));
   }
+  // t = 0 (optimizer.zero_grad before an accumulation window).
+  virtual void zero(DTensor& t) = 0;
+
+  // Between begin_capture() and end_capture() ops are recorded, not run
+  // (cudaStreamBeginCapture; on cpu, gathered). alloc, upload and download
+  // are not allowed while capturing. Throws UnsupportedError where the
+  // device cannot capture.
+  virtual void begin_capture() { throw UnsupportedError("this device cannot capture training ops"); }
+  virtual std::unique_ptr<TrainGraph> end_capture() {
+    throw UnsupportedError("this device cannot capture training ops");
+  }
+
   // t[index] = value (fault injection).
   virtual void poke(DTensor& t, std::int64_t index, float value) = 0;
 

@@ -10,7 +10,8 @@
   X(attention)          \
   X(packing)            \
   X(collective)         \
-  X(numerics)
+  X(numerics)           \
+  X(batch)
 
 namespace sb {
 

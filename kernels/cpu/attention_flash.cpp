@@ -270,7 +270,12 @@ class FlashAttention final : public CpuAttention {
     const std::int64_t D = shape_.head_dim, Dp = padded(D), units = std::int64_t(fwd_units_.size());
     const bool causal = shape_.causal;
     // dynamic: under the causal mask late row blocks have more keys to visit.
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
+    // The team is what the compute thread may use now (reserve_host_cpus
+    // sets it), at most the tiles made for: a team wider than the CPUs it is
+    // pinned to spins against itself at every barrier (a 4 ms scheduler tick
+    // each, measured: 72 ms for a 0.1 ms attention).
+    const int team = std::max(1, std::min(threads_, omp_get_max_threads()));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
     for (std::int64_t u = 0; u < units; ++u) {
       const Unit& un = fwd_units_[std::size_t(u)];
       const AttnSeq& sq = seqs_[un.seq];
@@ -307,7 +312,8 @@ class FlashAttention final : public CpuAttention {
   void backward_t() {
     const std::int64_t D = shape_.head_dim, Dp = padded(D), units = std::int64_t(bwd_units_.size());
     const bool causal = shape_.causal;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
+    const int team = std::max(1, std::min(threads_, omp_get_max_threads()));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
     for (std::int64_t u = 0; u < units; ++u) {
       const Unit& un = bwd_units_[std::size_t(u)];
       const AttnSeq& sq = seqs_[un.seq];

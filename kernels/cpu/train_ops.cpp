@@ -16,7 +16,9 @@
 #include <bit>        // std::bit_cast
 #include <cmath>      // std::exp, std::tanh, std::sqrt, std::isfinite
 #include <cstring>    // std::memset, std::memcpy
+#include <functional>  // std::function: captured ops
 #include <map>        // std::map: the primitive cache
+#include <vector>     // std::vector
 #include <mutex>      // std::mutex: the primitive cache and scratch
 #include <tuple>      // std::tuple: cache keys
 
@@ -204,6 +206,7 @@ class CpuTrainOps final : public TrainOps {
   }
 
   DTensor alloc(std::int64_t numel, DType dtype, const std::string& what) override {
+    no_capture("alloc");
     if (numel < 0) throw UsageError(fmt::format("{}: negative size", what));
     DTensor t;
     t.dtype = dtype;
@@ -218,6 +221,7 @@ class CpuTrainOps final : public TrainOps {
   }
 
   void upload(DTensor& t, std::span<const float> host) override {
+    no_capture("upload");
     check_size(t, std::int64_t(host.size()), "upload");
     void* p = t.data();
     const DType d = t.dtype;
@@ -227,6 +231,7 @@ class CpuTrainOps final : public TrainOps {
     env_.sync(std::chrono::minutes(5));
   }
   void download(const DTensor& t, std::span<float> host, std::int64_t timeout_ms) override {
+    no_capture("download");
     check_size(t, std::int64_t(host.size()), "download");
     env_.sync(std::chrono::milliseconds(timeout_ms));
     for (std::size_t i = 0; i < host.size(); ++i) host[i] = ld(t.data(), t.dtype, std::int64_t(i));
@@ -256,7 +261,7 @@ class CpuTrainOps final : public TrainOps {
     const DType ct = c.dtype;
     const std::string label = fmt::format("gemm {}{} {}x{}x{} {}", ta ? "T" : "N", tb ? "T" : "N", m, n, k,
                                           to_string(in));
-    env_.cs.enqueue(label, [=, strm = strm_, eng = env_.eng] () mutable {
+    submit(label, [=, strm = strm_, eng = env_.eng] () mutable {
       auto* base = static_cast<unsigned char*>(scratch->data());
       auto align = [](std::size_t x) { return (x + 63) / 64 * 64; };
       auto* tp = reinterpret_cast<float*>(base);
@@ -294,7 +299,7 @@ class CpuTrainOps final : public TrainOps {
     const void* s = src.data();
     void* d = dst.data();
     const DType st_ = src.dtype, dt_ = dst.dtype;
-    env_.cs.enqueue("cast", [=] {
+    submit("cast", [=] {
 #pragma omp parallel for schedule(static) if ((n) > kParallelMin)
       for (std::int64_t i = 0; i < n; ++i) st(d, dt_, i, ld(s, st_, i));
     });
@@ -313,7 +318,7 @@ class CpuTrainOps final : public TrainOps {
     const void* rp = residual ? residual->data() : nullptr;
     const DType zt = z.dtype, yt = y.dtype, bt = bias ? bias->dtype : DType::fp32,
                 rt = residual ? residual->dtype : DType::fp32;
-    env_.cs.enqueue("bias_act", [=] {
+    submit("bias_act", [=] {
 #pragma omp parallel for schedule(static) if ((rows * cols) > kParallelMin)
       for (std::int64_t r = 0; r < rows; ++r)
         for (std::int64_t j = 0; j < cols; ++j) {
@@ -339,7 +344,7 @@ class CpuTrainOps final : public TrainOps {
     const void* zp = z.data();
     void* dzp = dz.data();
     const DType a = dy.dtype, b = z.dtype, c = dz.dtype;
-    env_.cs.enqueue("act_backward", [=] {
+    submit("act_backward", [=] {
 #pragma omp parallel for schedule(static) if ((n) > kParallelMin)
       for (std::int64_t i = 0; i < n; ++i) {
         const float zi = ld(zp, b, i);
@@ -355,7 +360,7 @@ class CpuTrainOps final : public TrainOps {
     const void* zp = dz.data();
     void* bp = db.data();
     const DType zt = dz.dtype, bt = db.dtype;
-    env_.cs.enqueue("bias_grad", [=] {
+    submit("bias_grad", [=] {
 #pragma omp parallel for schedule(static) if ((rows * cols) > kParallelMin)
       for (std::int64_t j = 0; j < cols; ++j) {
         float s = 0;
@@ -374,7 +379,7 @@ class CpuTrainOps final : public TrainOps {
     void* yp = y.data();
     void* rp = rstd.data();
     const DType xt = x.dtype, yt = y.dtype, rt = rstd.dtype;
-    env_.cs.enqueue("rmsnorm", [=] {
+    submit("rmsnorm", [=] {
 #pragma omp parallel for schedule(static) if ((rows * cols) > kParallelMin)
       for (std::int64_t r = 0; r < rows; ++r) {
         float ss = 0;
@@ -399,7 +404,7 @@ class CpuTrainOps final : public TrainOps {
     const void* rp = rstd.data();
     void* dxp = dx.data();
     const DType a = dy.dtype, b = y.dtype, c = rstd.dtype, d = dx.dtype;
-    env_.cs.enqueue("rmsnorm_backward", [=] {
+    submit("rmsnorm_backward", [=] {
 #pragma omp parallel for schedule(static) if ((rows * cols) > kParallelMin)
       for (std::int64_t r = 0; r < rows; ++r) {
         float dot = 0;
@@ -424,7 +429,7 @@ class CpuTrainOps final : public TrainOps {
     void* lp = loss.data();
     void* dp = dy.data();
     const DType a = y.dtype, b = target.dtype, c = loss.dtype, d = dy.dtype;
-    env_.cs.enqueue("mse_loss", [=] {
+    submit("mse_loss", [=] {
       double s = 0;
 #pragma omp parallel for schedule(static) reduction(+ : s) if ((n) > kParallelMin)
       for (std::int64_t i = 0; i < n; ++i) {
@@ -447,7 +452,7 @@ class CpuTrainOps final : public TrainOps {
     void* op = loss.data();
     void* dp = dlogits.data();
     const DType a = logits.dtype, b = labels.dtype, c = loss.dtype, d = dlogits.dtype;
-    env_.cs.enqueue("xent_loss", [=] {
+    submit("xent_loss", [=] {
       double s = 0;
 #pragma omp parallel for schedule(static) reduction(+ : s) if ((rows * classes) > kParallelMin)
       for (std::int64_t r = 0; r < rows; ++r) {
@@ -494,7 +499,7 @@ class CpuTrainOps final : public TrainOps {
       jobs.push_back({ts[k]->data(), ts[k]->dtype, ns[k],
                       static_cast<float*>(out.data()) + (first_slot + std::int64_t(k)) * kStatsPerTensor});
     }
-    env_.cs.enqueue("stats", [jobs = std::move(jobs)] {
+    submit("stats", [jobs = std::move(jobs)] {
       for (const Job& j : jobs) {
         double r[4];
         switch (j.d) {
@@ -511,7 +516,7 @@ class CpuTrainOps final : public TrainOps {
     check_size(t, index + 1, "poke");
     void* p = t.data();
     const DType d = t.dtype;
-    env_.cs.enqueue("poke", [=] { st(p, d, index, value); });
+    submit("poke", [=] { st(p, d, index, value); });
   }
 
   void sgd(DTensor& p, const DTensor& g, std::int64_t n, float lr, float weight_decay, float grad_scale) override {
@@ -521,7 +526,7 @@ class CpuTrainOps final : public TrainOps {
     auto* pp = static_cast<float*>(p.data());
     const void* gp = g.data();
     const DType gt = g.dtype;
-    env_.cs.enqueue("sgd", [=] {
+    submit("sgd", [=] {
 #pragma omp parallel for schedule(static) if ((n) > kParallelMin)
       for (std::int64_t i = 0; i < n; ++i) pp[i] -= lr * (ld(gp, gt, i) * grad_scale + weight_decay * pp[i]);
     });
@@ -541,7 +546,7 @@ class CpuTrainOps final : public TrainOps {
     const void* gp = g.data();
     const DType gt = g.dtype;
     const float bc1 = 1.0f - std::pow(beta1, float(step)), bc2 = 1.0f - std::pow(beta2, float(step));
-    env_.cs.enqueue("adamw", [=] {
+    submit("adamw", [=] {
 #pragma omp parallel for schedule(static) if ((n) > kParallelMin)
       for (std::int64_t i = 0; i < n; ++i) {
         const float gi = ld(gp, gt, i) * grad_scale;
@@ -553,7 +558,58 @@ class CpuTrainOps final : public TrainOps {
     });
   }
 
+  void zero(DTensor& t) override {
+    void* p = t.data();
+    const std::size_t bytes = t.bytes();
+    submit("zero", [p, bytes] {
+      if (p) std::memset(p, 0, bytes);
+    });
+  }
+
+  void begin_capture() override {
+    if (capturing_) throw Error(ErrorKind::runtime, "training ops: begin_capture while capturing");
+    capturing_ = true;
+    captured_ = std::make_shared<std::vector<std::function<void()>>>();
+  }
+  std::unique_ptr<TrainGraph> end_capture() override {
+    if (!capturing_) throw Error(ErrorKind::runtime, "training ops: end_capture without begin_capture");
+    capturing_ = false;
+    return std::make_unique<Graph>(env_.cs, std::move(captured_));
+  }
+
  private:
+  // A replay is one stream item that runs every captured op in order: the
+  // per-op submission (queue, lock, wake-up) is paid once per graph, not
+  // per op: what a CUDA graph saves a GPU's launches, here.
+  class Graph final : public TrainGraph {
+   public:
+    Graph(ComputeStream& cs, std::shared_ptr<std::vector<std::function<void()>>> fns) : cs_(cs), fns_(std::move(fns)) {}
+    void replay() override {
+      cs_.enqueue(fmt::format("graph replay ({} ops)", fns_->size()), [f = fns_] {
+        for (auto& fn : *f) fn();
+      });
+    }
+    std::size_t nodes() const override { return fns_->size(); }
+
+   private:
+    ComputeStream& cs_;
+    std::shared_ptr<std::vector<std::function<void()>>> fns_;
+  };
+
+  void submit(std::string label, std::function<void()> fn) {
+    if (capturing_) {
+      captured_->push_back(std::move(fn));
+      return;
+    }
+    env_.cs.enqueue(std::move(label), std::move(fn));
+  }
+  void no_capture(const char* what) const {
+    if (capturing_) throw Error(ErrorKind::runtime, fmt::format("training ops: {} while capturing", what));
+  }
+
+  bool capturing_ = false;
+  std::shared_ptr<std::vector<std::function<void()>>> captured_;
+
   struct Prim {
     dnnl::memory::desc a_md, b_md, c_md;
     dnnl::matmul::primitive_desc pd;

@@ -347,6 +347,33 @@ class CudaTrainOps final : public TrainOps {
                               ctx_.stream);
   }
 
+  void zero(DTensor& t) override {
+    check_tensor(t, "zero", "t");
+    bind();
+    if (t.bytes() > 0) SB_CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.bytes(), ctx_.stream));
+  }
+
+  // CUDA graphs: the stream's work between begin and end is captured, not
+  // run (cuBLAS is capturable with its workspace set, which it is here).
+  void begin_capture() override {
+    bind();
+    SB_CUDA_CHECK(cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal));
+  }
+  std::unique_ptr<TrainGraph> end_capture() override {
+    bind();
+    cudaGraph_t g = nullptr;
+    SB_CUDA_CHECK(cudaStreamEndCapture(ctx_.stream, &g));
+    std::size_t n = 0;
+    cudaGraphExec_t ex = nullptr;
+    const cudaError_t e1 = cudaGraphGetNodes(g, nullptr, &n);
+    const cudaError_t e2 = e1 == cudaSuccess ? cudaGraphInstantiate(&ex, g, 0) : e1;
+    if (e2 != cudaSuccess) {
+      cudaGraphDestroy(g);
+      SB_CUDA_CHECK(e2);
+    }
+    return std::make_unique<Graph>(g, ex, n, ctx_.stream, ctx_.index);
+  }
+
   void poke(DTensor& t, std::int64_t index, float value) override {
     check_tensor(t, "poke", "t");
     if (index < 0 || index >= t.numel)
@@ -391,6 +418,30 @@ class CudaTrainOps final : public TrainOps {
   }
 
  private:
+  class Graph final : public TrainGraph {
+   public:
+    Graph(cudaGraph_t g, cudaGraphExec_t ex, std::size_t n, cudaStream_t s, int index)
+        : g_(g), ex_(ex), n_(n), s_(s), index_(index) {}
+    ~Graph() override {
+      cudaGraphExecDestroy(ex_);  // no throw in a destructor; errors here leave nothing to undo
+      cudaGraphDestroy(g_);
+    }
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+    void replay() override {
+      SB_CUDA_CHECK(cudaSetDevice(index_));
+      SB_CUDA_CHECK(cudaGraphLaunch(ex_, s_));
+    }
+    std::size_t nodes() const override { return n_; }
+
+   private:
+    cudaGraph_t g_;
+    cudaGraphExec_t ex_;
+    std::size_t n_;
+    cudaStream_t s_;
+    int index_;
+  };
+
   void bind() const { SB_CUDA_CHECK(cudaSetDevice(ctx_.index)); }
   float* partials() const { return static_cast<float*>(partials_.data()); }
   static std::size_t esize(const DTensor& t) { return std::size_t(storage_bytes(t.dtype)); }

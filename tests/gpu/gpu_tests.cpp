@@ -789,6 +789,9 @@ class HostRefOps final : public TrainOps {
     for (int q = 0; q < kStatsPerTensor; ++q) put(out, slot * kStatsPerTensor + q, s[q]);
   }
   void poke(DTensor& t, std::int64_t index, float value) override { put(t, index, value); }
+  void zero(DTensor& t) override {
+    for (std::int64_t i = 0; i < t.numel; ++i) put(t, i, 0.0f);
+  }
   void sgd(DTensor& p, const DTensor& g, std::int64_t n, float lr, float weight_decay, float grad_scale) override {
     for (std::int64_t i = 0; i < n; ++i) {
       const double gv = double(get(g, i)) * grad_scale, pv = get(p, i);

@@ -1,0 +1,332 @@
+// batch: a micro batch too small — launch-bound steps, steady-low
+// utilization. A decoder stack's training step (decoder.hpp) over
+// micro_batch x seq tokens, grad_accum micro steps per optimizer step, with
+// the framework's per-op dispatch cost modelled on the host.
+//
+// Definitions (per point, over `trials` timed optimizer steps):
+//   wall W: host clock over the timed steps;
+//   host submit H: host time inside submissions (the modelled dispatch plus
+//     the enqueue itself); sync wait S: host time in synchronize; other O:
+//     host time between them (bookkeeping). H + S + O is checked against W.
+//   device busy B: the device's busy time over W (cpu: the compute thread's;
+//     cuda: NVML's busy share; sim: the stream's); gaps = W - B.
+//   launches: submissions per micro step (ops, attention calls, graph replays).
+//   launch-bound (HTA's short-kernel rule): the device time per launch
+//     (B / launches) is below the host time per launch (H / launches), and
+//     the device is idle more than half the time.
+#include <algorithm>  // std::max
+#include <chrono>     // std::chrono
+#include <cmath>      // std::isfinite
+#include <map>        // std::map
+#include <thread>     // std::this_thread
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/cpu_affinity.hpp"    // allowed_cpus
+#include "harness/errors.hpp"          // UsageError, UnsupportedError
+#include "harness/printer.hpp"         // format_number
+#include "harness/sampler.hpp"         // Sampler, classify, sparkline
+#include "harness/scenario.hpp"        // Scenario, ScenarioRun
+#include "harness/train_ops.hpp"       // TrainOps
+#include "scenarios/batch/decoder.hpp"  // DecoderStep
+
+namespace sb {
+namespace {
+
+using json = nlohmann::ordered_json;
+using namespace batch;
+using clk = std::chrono::steady_clock;
+
+inline constexpr NameTable<OptKind, 3> kOptKindNames{{{{OptKind::adamw, "adamw"}, {OptKind::sgd, "sgd"}, {OptKind::none, "none"}}}};
+
+double secs(clk::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The framework's per-op dispatch cost, spent as real host CPU work (a spin
+// on the clock), as PyTorch eager spends it in the dispatcher.
+void spin_for(double us) {
+  if (us <= 0) return;
+  const auto until = clk::now() + std::chrono::nanoseconds(std::int64_t(us * 1000.0));
+  while (clk::now() < until) {
+  }
+}
+
+class BatchRun : public ScenarioRun {
+ public:
+  explicit BatchRun(RunContext& ctx) : ctx_(ctx) {}
+
+  Point run_point(const ParamSet& ps) override {
+    Device& dev = ctx_.device;
+    DecoderConfig cfg;
+    cfg.micro_batch = ps.get_int("micro_batch");
+    cfg.seq = ps.get_int("seq_len");
+    cfg.d_model = ps.get_int("d_model");
+    cfg.heads = ps.get_int("heads");
+    cfg.layers = int(ps.get_int("layers"));
+    cfg.dtype = ps.get_choice("dtype", kDTypeNames);
+    if (cfg.dtype != DType::fp32 && cfg.dtype != DType::bf16 && cfg.dtype != DType::fp16)
+      throw UsageError(fmt::format("dtype={}: batch trains in fp32, bf16 or fp16", to_string(cfg.dtype)));
+    const int accum = int(ps.get_int("grad_accum"));
+    const bool graphs = ps.get_str("graphs") == "on";
+    const OptKind opt = ps.get_choice("optimizer", kOptKindNames);
+    const double dispatch_us = ps.get_real("dispatch_us");
+    const int trials = int(ps.get_int("trials"));
+    // attention: the fused kernel this device has
+    cfg.attention = AttnImpl::flash;
+    if (dev.attention_unsupported(AttnImpl::flash, cfg.dtype) && !dev.attention_unsupported(AttnImpl::cudnn, cfg.dtype))
+      cfg.attention = AttnImpl::cudnn;
+    if (auto why = dev.attention_unsupported(cfg.attention, cfg.dtype)) throw UnsupportedError(*why);
+
+    // keep one CPU for the host thread, as a GPU job's host has its own core
+    const int ncpu = int(allowed_cpus().size());
+    const std::vector<int> compute_cpus = dev.reserve_host_cpus(ncpu > 1 ? ncpu - 1 : 0);
+    struct Restore {
+      Device& d;
+      ~Restore() { d.reserve_host_cpus(0); }
+    } restore{dev};
+
+    auto ops = dev.make_train_ops();
+    clk::duration submit{0};
+    bool timing = false;
+    DecoderStep step(dev, *ops, cfg, 7, [&] { spin_for(dispatch_us); });
+    step.set_graphs(graphs);
+    const float mult = 1.0f / float(accum);
+    int opt_step = 0;
+    auto window = [&](EventPtr* opt0, EventPtr* opt1) {
+      const auto t0 = clk::now();
+      step.zero_grad();
+      for (int i = 0; i < accum; ++i) step.micro_step(mult);
+      if (opt0) *opt0 = dev.record();
+      step.optimizer(opt, 1e-4f, ++opt_step);
+      if (opt1) *opt1 = dev.record();
+      if (timing) submit += clk::now() - t0;
+    };
+    const std::string where = fmt::format("batch micro_batch={} grad_accum={} graphs={}", cfg.micro_batch, accum,
+                                          graphs ? "on" : "off");
+    // warm-up: one window (captures the graphs, makes the AdamW moments)
+    ctx_.progress(where + ": warm-up");
+    window(nullptr, nullptr);
+    dev.synchronize(ctx_.measure.sync_timeout);
+
+    ctx_.progress(where + ": timing");
+    auto busy = dev.utilization_probe();
+    Sampler sampler(dev.utilization_probe());
+    clk::duration sync{0}, other{0};
+    std::vector<double> opt_ms;
+    timing = true;
+    sampler.start();
+    if (busy) (void)busy->sample();  // starts its interval
+    const auto w0 = clk::now();
+    for (int t = 0; t < trials; ++t) {
+      EventPtr o0, o1;
+      window(&o0, &o1);
+      const auto s0 = clk::now();
+      dev.synchronize(ctx_.measure.sync_timeout);  // a training loop's loss.item() at each step
+      const auto s1 = clk::now();
+      sync += s1 - s0;
+      opt_ms.push_back(dev.elapsed_ms(o0, o1));
+      other += clk::now() - s1;
+    }
+    const auto w1 = clk::now();
+    const double busy_frac = busy ? busy->sample().util : 0.0;
+    sampler.stop();
+    timing = false;
+
+    const double W = secs(w1 - w0), H = secs(submit), S = secs(sync), O = secs(other);
+    const double micro_steps = double(trials) * accum;
+    const double launches = double(step.last_submissions());
+    const double tokens = double(step.tokens()) * micro_steps;
+    const double B = busy_frac * W;
+    std::vector<double> util;
+    for (const auto& s : sampler.series()) util.push_back(s.s.util);
+    const Pattern pat = util.size() >= 5 ? classify(util) : (busy_frac >= 0.9 ? Pattern::healthy : Pattern::steady_low);
+    double opt_total = 0;
+    for (double x : opt_ms) opt_total += x;
+    const double host_per_launch_us = launches > 0 ? 1e6 * H / (micro_steps * launches) : 0;
+    const double dev_per_launch_us = launches > 0 ? 1e6 * B / (micro_steps * launches) : 0;
+    const bool launch_bound = dev_per_launch_us < host_per_launch_us && busy_frac < 0.5;
+
+    Point p;
+    p.add({"tokens_per_s", tokens / W, "tokens/s", Direction::higher, std::nullopt,
+           "micro_batch x seq_len x grad_accum tokens per optimizer step, over the timed steps"});
+    p.add({"step_ms", 1e3 * W / trials, "ms", Direction::lower, std::nullopt, "wall time per optimizer step"});
+    p.add({"busy_pct", 100.0 * busy_frac, "%", Direction::higher, std::nullopt,
+           "device busy time over the wall time of the timed steps"});
+    p.add({"launches", launches, "per micro step", Direction::lower, std::nullopt,
+           "submissions per micro step: ops, attention calls, graph replays"});
+    p.add({"host_us_per_launch", host_per_launch_us, "us", Direction::lower, std::nullopt,
+           "host time per submission: the modelled dispatch plus the enqueue"});
+    p.add({"device_us_per_launch", dev_per_launch_us, "us", Direction::higher, std::nullopt,
+           "device busy time per submission"});
+    p.add({"optimizer_pct", W > 0 ? 100.0 * opt_total / 1e3 / W : 0, "%", Direction::lower, std::nullopt,
+           "device time of the optimizer over the wall time"});
+    p.add({"gemm_tflops", step.gemm_flops() * micro_steps / W / 1e12, "TFLOP/s", Direction::higher, std::nullopt,
+           "the step's GEMM FLOPs (3 x 2 x tokens x parameters) over the wall time"});
+    if (ctx_.expected)
+      if (auto peak = ctx_.expected->peak_tflops(cfg.dtype))
+        p.add({"gemm_pct_of_peak", 100.0 * step.gemm_flops() * micro_steps / W / 1e12 / peak->first, "%",
+               Direction::higher, std::nullopt, fmt::format("of {} TFLOP/s, {}", format_number(peak->first), peak->second)});
+    const double sum = H + S + O;
+    p.add({"decomp_error_pct", W > 0 ? 100.0 * std::abs(sum - W) / W : 0, "%", Direction::lower, std::nullopt,
+           "|host submit + sync wait + other - wall| / wall: what the timeline leaves unaccounted", false});
+    p.info = json{{"pattern", std::string(to_string(pat))},
+                  {"sparkline", sparkline(util)},
+                  {"util_source", sampler.source()},
+                  {"launch_bound", launch_bound},
+                  {"timeline_ms_per_step",
+                   json{{"wall", 1e3 * W / trials},
+                        {"device_busy", 1e3 * B / trials},
+                        {"device_gaps", 1e3 * (W - B) / trials},
+                        {"host_submit", 1e3 * H / trials},
+                        {"host_sync_wait", 1e3 * S / trials},
+                        {"host_other", 1e3 * O / trials}}},
+                  {"dispatch_us", dispatch_us},
+                  {"dispatch_note", "a modelled framework cost per submission (PyTorch eager: 5-20 us per op, "
+                                    "docs/REFERENCE.md), spent as host CPU work: an assumption, not a measurement"},
+                  {"graph_nodes", step.graph_nodes()},
+                  {"graphs_note", graphs ? (dev.info().kind == DeviceKind::cuda
+                                                ? "CUDA graphs: each run of ops between attention calls captured once "
+                                                  "and replayed; attention launches eagerly"
+                                                : "cpu: each run of ops between attention calls gathered into one "
+                                                  "stream submission (what a graph saves: per-op submission)")
+                                         : "eager"},
+                  {"attention", std::string(to_string(cfg.attention))},
+                  {"parameters", step.parameters()},
+                  {"tokens_per_micro_step", step.tokens()},
+                  {"trials", trials},
+                  {"compute_cpus", compute_cpus},
+                  {"impl", ops->impl()}};
+    if (launch_bound)
+      p.info["lines"] = json::array({fmt::format("launch-bound: {:.1f} us of device work per launch, {:.1f} us of "
+                                                 "host time per launch",
+                                                 dev_per_launch_us, host_per_launch_us)});
+    return p;
+  }
+
+  void analyze(Result& res) override {
+    // per (grad_accum, graphs) series over micro_batch
+    struct Pt {
+      std::int64_t mb;
+      double tps, busy;
+      std::string pattern;
+    };
+    std::map<std::pair<int, std::string>, std::vector<Pt>> series;
+    for (const Point& p : res.points) {
+      if (p.status != Status::ok || !p.metric("tokens_per_s")) continue;
+      series[{p.params.value("grad_accum", 1), p.params.value("graphs", std::string("off"))}].push_back(
+          {p.params.value("micro_batch", std::int64_t(0)), p.metric("tokens_per_s")->value, p.metric("busy_pct")->value,
+           p.info.value("pattern", std::string())});
+    }
+    for (auto& [key, v] : series) {
+      std::sort(v.begin(), v.end(), [](const Pt& a, const Pt& b) { return a.mb < b.mb; });
+      double best = 0;
+      std::int64_t best_mb = 0;
+      for (const Pt& x : v)
+        if (x.tps > best) best = x.tps, best_mb = x.mb;
+      const Pt* knee = nullptr;
+      for (const Pt& x : v)
+        if (x.tps >= 0.9 * best) {
+          knee = &x;
+          break;
+        }
+      if (!knee || v.size() < 2) continue;
+      const Pt& small = v.front();
+      res.findings.push_back(
+          {"a batch too small",
+           fmt::format("grad_accum={} graphs={}: micro_batch {} gives {} tokens/s ({:.0f}% busy, {}); the smallest "
+                       "micro batch within 90% of the best ({} tokens/s at {}) is {} -> micro_batch_size: {}",
+                       key.first, key.second, small.mb, format_number(small.tps), small.busy, small.pattern,
+                       format_number(best), best_mb, knee->mb, knee->mb),
+           small.tps > 0 ? std::optional<double>(knee->tps / small.tps) : std::nullopt,
+           json{{"grad_accum", key.first}, {"graphs", key.second}, {"smallest_within_90pct", knee->mb},
+                {"best_micro_batch", best_mb}, {"best_tokens_per_s", best}, {"micro_batch_1_pattern", small.pattern}}});
+    }
+    // grad_accum at a fixed micro batch: what it buys (the optimizer, amortized) and what it does not
+    std::map<std::pair<std::int64_t, std::string>, std::map<int, const Point*>> by_mb;
+    for (const Point& p : res.points)
+      if (p.status == Status::ok && p.metric("tokens_per_s"))
+        by_mb[{p.params.value("micro_batch", std::int64_t(0)), p.params.value("graphs", std::string("off"))}]
+             [p.params.value("grad_accum", 1)] = &p;
+    for (const auto& [key, m] : by_mb) {
+      if (m.size() < 2) continue;
+      const Point* a = m.begin()->second;
+      const Point* b = m.rbegin()->second;
+      const double gain = b->metric("tokens_per_s")->value / a->metric("tokens_per_s")->value;
+      if (key.first != by_mb.begin()->first.first) continue;  // the smallest micro batch only: one line
+      res.findings.push_back(
+          {"a batch too small",
+           fmt::format("micro_batch {} (graphs={}): grad_accum {} -> {} gives {:.2f}x tokens/s; it amortizes the "
+                       "optimizer step ({:.1f}% -> {:.1f}% of the time) and nothing else: the device stays {:.0f}% -> "
+                       "{:.0f}% busy. Raise micro_batch_size first; use gradient_accumulation_steps for the effective "
+                       "batch when memory is short",
+                       key.first, key.second, m.begin()->first, m.rbegin()->first, gain,
+                       a->metric("optimizer_pct")->value, b->metric("optimizer_pct")->value,
+                       a->metric("busy_pct")->value, b->metric("busy_pct")->value),
+           gain, json{{"micro_batch", key.first}, {"graphs", key.second}}});
+    }
+    // graphs at the smallest micro batch
+    for (const auto& [key, m] : by_mb) (void)key, (void)m;
+    std::map<std::pair<std::int64_t, int>, std::map<std::string, const Point*>> by_graph;
+    for (const Point& p : res.points)
+      if (p.status == Status::ok && p.metric("tokens_per_s"))
+        by_graph[{p.params.value("micro_batch", std::int64_t(0)), p.params.value("grad_accum", 1)}]
+                [p.params.value("graphs", std::string("off"))] = &p;
+    if (!by_graph.empty()) {
+      const auto& [key, m] = *by_graph.begin();
+      if (m.count("off") && m.count("on")) {
+        const double gain = m.at("on")->metric("tokens_per_s")->value / m.at("off")->metric("tokens_per_s")->value;
+        res.findings.push_back(
+            {"a batch too small",
+             fmt::format("micro_batch {} grad_accum {}: graphs on gives {:.2f}x tokens/s ({} -> {} launches per micro "
+                         "step){}",
+                         key.first, key.second, gain, format_number(m.at("off")->metric("launches")->value),
+                         format_number(m.at("on")->metric("launches")->value),
+                         res.meta.value("/device/kind"_json_pointer, std::string()) == "cuda"
+                             ? " (torch.compile(mode=\"reduce-overhead\") or torch.cuda.graphs)"
+                             : ""),
+             gain, json{{"micro_batch", key.first}, {"grad_accum", key.second}}});
+      }
+    }
+  }
+
+ private:
+  RunContext& ctx_;
+};
+
+}  // namespace
+
+extern const Scenario batch_scenario;
+const Scenario batch_scenario{
+    "batch",
+    "a batch that is too small (launch-bound, steady-low utilization)",
+    "decoder training step vs micro batch, grad accumulation and graphs: tokens/s, busy, launches, optimizer share",
+    {
+        ParamSpec{.name = "micro_batch", .type = ParamType::integer, .default_value = "1,2,4,8,16,32",
+                  .help = "sequences per micro step", .unit = "sequences", .min = 1, .max = 65536,
+                  .quick_default = "1,8"},
+        ParamSpec{.name = "grad_accum", .type = ParamType::integer, .default_value = "1,8",
+                  .help = "micro steps per optimizer step (gradient_accumulation_steps)", .unit = "steps", .min = 1,
+                  .max = 4096, .quick_default = "1"},
+        ParamSpec{.name = "graphs", .type = ParamType::choice, .default_value = "off",
+                  .help = "on: capture each run of ops once and replay it (cuda: CUDA graphs; cpu: one submission)",
+                  .choices = {"off", "on"}},
+        ParamSpec{.name = "seq_len", .type = ParamType::integer, .default_value = "64", .help = "tokens per sequence",
+                  .unit = "tokens", .min = 1, .max = 1 << 20, .gpu_default = "512"},
+        ParamSpec{.name = "d_model", .type = ParamType::integer, .default_value = "64", .help = "hidden size",
+                  .unit = "features", .min = 8, .max = 65536, .gpu_default = "1024"},
+        ParamSpec{.name = "heads", .type = ParamType::integer, .default_value = "4", .help = "attention heads",
+                  .min = 1, .max = 1024, .gpu_default = "16"},
+        ParamSpec{.name = "layers", .type = ParamType::integer, .default_value = "2", .help = "decoder layers",
+                  .min = 1, .max = 256},
+        ParamSpec{.name = "dtype", .type = ParamType::choice, .default_value = "fp32",
+                  .help = "compute dtype (autocast; fp32 masters and gradients)", .choices = {"fp32", "bf16", "fp16"},
+                  .gpu_default = "bf16"},
+        ParamSpec{.name = "optimizer", .type = ParamType::choice, .default_value = "adamw",
+                  .help = "once per grad_accum micro steps", .choices = {"adamw", "sgd", "none"}},
+        ParamSpec{.name = "dispatch_us", .type = ParamType::real, .default_value = "10",
+                  .help = "modelled framework cost per submission, spent on the host (PyTorch eager: 5-20 us per op)",
+                  .unit = "us", .min = 0, .max = 1e6},
+        trials_param("5", "3"),
+    },
+    [](RunContext& ctx) { return std::make_unique<BatchRun>(ctx); }};
+
+}  // namespace sb
