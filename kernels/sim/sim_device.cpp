@@ -31,6 +31,7 @@
 #include "harness/units.hpp"                    // format_bytes
 #include "kernels/cpu/detail/compute_stream.hpp"  // ComputeStream
 #include "kernels/cpu/detail/stream_device.hpp"   // StreamEvent, stream_elapsed_ms, StreamBusyProbe
+#include "harness/train_ops.hpp"                 // TrainOps: modelled, nothing computed
 #include "kernels/sim/sim_model.hpp"              // SimModel, sim_gemm_time, sim_h2d_seconds
 
 namespace sb {
@@ -144,6 +145,16 @@ class SimDevice final : public Device {
     return std::make_unique<SimGemm>(*this, s, t, time, std::move(r));
   }
 
+  std::unique_ptr<TrainOps> make_train_ops() override;
+  std::optional<std::string> attention_unsupported(AttnImpl impl, DType t) const override {
+    if (impl != AttnImpl::flash && impl != AttnImpl::cudnn)
+      return fmt::format("{}: only fused attention (flash, cudnn) is modelled", info_.id);
+    return sim_gemm_unsupported(model_, t);
+  }
+  std::unique_ptr<AttentionOp> make_attention(const AttnShape& s, AttnImpl impl, DType t, std::uint64_t) override;
+  const SimModel& model() const { return model_; }
+  MemoryLedger& ledger() { return *ledger_; }
+
   MemoryStats memory_stats() const override {
     return ledger_->stats("simulated: what the modelled device would hold (nothing is allocated for ops)");
   }
@@ -213,7 +224,33 @@ class SimDevice final : public Device {
     std::this_thread::sleep_until(se.t);
   }
   // The stream thread's busy fraction: time inside modelled operations.
-  std::unique_ptr<UtilProbe> utilization_probe() override { return std::make_unique<cpu::StreamBusyProbe>(cs_); }
+  // The modelled busy time over real time: the stream thread skips waits
+  // shorter than kMinStreamWait, so its own busy time would miss every
+  // short op (5 us launches); the model's account does not.
+  std::unique_ptr<UtilProbe> utilization_probe() override {
+    class Probe final : public UtilProbe {
+     public:
+      explicit Probe(const std::atomic<std::int64_t>& busy) : busy_(busy), last_(busy.load()), t_(steady_clock::now()) {}
+      UtilSample sample() override {
+        const std::int64_t b = busy_.load();
+        const auto t = steady_clock::now();
+        const double dt = std::chrono::duration<double>(t - t_).count();
+        UtilSample s;
+        s.util = dt > 0 ? std::clamp(double(b - last_) * 1e-9 / dt, 0.0, 1.0) : 0.0;
+        last_ = b;
+        t_ = t;
+        return s;
+      }
+      std::string source() const override { return "simulated: modelled busy time of the stream"; }
+      std::chrono::milliseconds period() const override { return std::chrono::milliseconds(10); }
+
+     private:
+      const std::atomic<std::int64_t>& busy_;
+      std::int64_t last_;
+      steady_clock::time_point t_;
+    };
+    return std::make_unique<Probe>(modelled_busy_ns_);
+  }
 
   // Enqueues `seconds` of modelled device time. An operation starts when it
   // was submitted or when the one before it ended in the model, whichever is
@@ -237,6 +274,7 @@ class SimDevice final : public Device {
   void advance(steady_clock::time_point submitted, steady_clock::duration dur) {
     clock_ = std::max(clock_, submitted) + dur;
     modelled_end_.store(clock_.time_since_epoch().count());
+    modelled_busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(dur).count());
   }
 
   // The account of what the modelled GPU would hold: its capacity is the
@@ -254,6 +292,7 @@ class SimDevice final : public Device {
   std::shared_ptr<MemoryLedger> ledger_;
   steady_clock::time_point clock_{};  // modelled end of the last operation; stream thread only
   std::atomic<steady_clock::rep> modelled_end_{0};  // clock_, for host threads
+  std::atomic<std::int64_t> modelled_busy_ns_{0};  // sum of modelled op durations
   std::mutex mu_;
   std::condition_variable cv_;
   bool closing_ = false;
@@ -261,6 +300,188 @@ class SimDevice final : public Device {
 };
 
 void SimGemm::enqueue() { dev_.spend(label_, time_.seconds()); }
+
+// Seconds of an op that moves `bytes` through memory: bytes / bandwidth plus
+// the launch overhead (the model's assumption).
+double memory_op_seconds(const SimModel& m, double bytes) {
+  return bytes / (m.memory_bandwidth_gbs ? m.memory_bandwidth_gbs->value * 1e9 : 1e12) +
+         m.launch_overhead_us.value * 1e-6;
+}
+
+// A CUDA graph's replay cost per node: ~0.9 us (REFERENCE.md: 80 small
+// kernels, 260 us eager -> 70 us replayed, RTX 5070 Ti, CUDA 13): an
+// assumption for every modelled GPU, in place of the launch overhead.
+constexpr double kSimGraphNodeUs = 0.9;
+
+// Training ops on the roofline: each op spends its modelled time, nothing is
+// computed, and tensors are reservations in the modelled device's memory
+// only (no host memory behind them).
+class SimTrainOps final : public TrainOps {
+ public:
+  explicit SimTrainOps(SimDevice& dev) : dev_(dev), m_(dev.model()) {}
+  std::string impl() const override {
+    return fmt::format("simulated roofline: GEMMs max(FLOPs/peak, bytes/bandwidth), elementwise bytes/bandwidth, "
+                       "each + {} us launch (an assumption); graph replays {} us per node (an assumption)",
+                       m_.launch_overhead_us.value, kSimGraphNodeUs);
+  }
+  bool computes() const override { return false; }
+  std::string gemm_impl(DType t) const override { return fmt::format("simulated {} GEMM", to_string(t)); }
+
+  DTensor alloc(std::int64_t numel, DType dtype, const std::string& what) override {
+    DTensor t;
+    t.dtype = dtype;
+    t.numel = numel;
+    auto r = std::make_shared<MemoryReservation>(dev_.ledger().reserve(t.bytes(), what));
+    t.buf = Buffer(nullptr, t.bytes(), MemKind::device, [r](void*) {});
+    return t;
+  }
+  void upload(DTensor& t, std::span<const float> host) override { size_ok(t, host.size()); }
+  void download(const DTensor& t, std::span<float> host, std::int64_t timeout_ms) override {
+    size_ok(t, host.size());
+    dev_.synchronize(std::chrono::milliseconds(timeout_ms));
+    std::fill(host.begin(), host.end(), 0.0f);  // nothing was computed
+  }
+  void gemm(bool, bool, std::int64_t m, std::int64_t n, std::int64_t k, float, const DTensor& a, const DTensor&, float,
+            DTensor& c) override {
+    const DType t = a.dtype;
+    const double flops = 2.0 * double(m) * double(n) * double(k);
+    const double bytes = double(m * k + n * k) * storage_bytes(t) + double(m * n) * storage_bytes(c.dtype);
+    const auto peak = m_.peak_tflops.find(t);
+    const double compute = peak == m_.peak_tflops.end() ? 0 : flops / (peak->second.value * 1e12);
+    const double memory = memory_op_seconds(m_, bytes) - m_.launch_overhead_us.value * 1e-6;
+    spend(fmt::format("simulated gemm {}x{}x{}", m, n, k), std::max(compute, memory) + m_.launch_overhead_us.value * 1e-6);
+  }
+  void cast(const DTensor& src, DTensor& dst, std::int64_t n) override {
+    mem("cast", double(n) * (storage_bytes(src.dtype) + storage_bytes(dst.dtype)));
+  }
+  void bias_act(DTensor& z, const DTensor*, Act, const DTensor* residual, DTensor& y, std::int64_t rows,
+                std::int64_t cols) override {
+    mem("bias_act", double(rows * cols) * (storage_bytes(z.dtype) * 2 + storage_bytes(y.dtype) +
+                                           (residual ? storage_bytes(residual->dtype) : 0)));
+  }
+  void act_backward(const DTensor& dy, const DTensor& z, Act, DTensor& dz, std::int64_t n) override {
+    mem("act_backward", double(n) * (storage_bytes(dy.dtype) + storage_bytes(z.dtype) + storage_bytes(dz.dtype)));
+  }
+  void bias_grad(const DTensor& dz, DTensor&, std::int64_t rows, std::int64_t cols) override {
+    mem("bias_grad", double(rows * cols) * storage_bytes(dz.dtype));
+  }
+  void rmsnorm(const DTensor& x, DTensor& y, DTensor&, std::int64_t rows, std::int64_t cols, float) override {
+    mem("rmsnorm", double(rows * cols) * (storage_bytes(x.dtype) + storage_bytes(y.dtype)));
+  }
+  void rmsnorm_backward(const DTensor& dy, const DTensor& y, const DTensor&, DTensor& dx, std::int64_t rows,
+                        std::int64_t cols) override {
+    mem("rmsnorm_backward",
+        double(rows * cols) * (storage_bytes(dy.dtype) + storage_bytes(y.dtype) + storage_bytes(dx.dtype)));
+  }
+  void mse_loss(const DTensor& y, const DTensor&, DTensor&, DTensor& dy, std::int64_t n, float) override {
+    mem("mse_loss", double(n) * (storage_bytes(y.dtype) + 4 + storage_bytes(dy.dtype)));
+  }
+  void xent_loss(const DTensor& logits, const DTensor&, DTensor&, DTensor& d, std::int64_t rows, std::int64_t classes,
+                 float) override {
+    mem("xent_loss", double(rows * classes) * (storage_bytes(logits.dtype) + storage_bytes(d.dtype)));
+  }
+  void stats(const DTensor& t, std::int64_t n, DTensor&, std::int64_t) override {
+    mem("stats", double(n) * storage_bytes(t.dtype));
+  }
+  void zero(DTensor& t) override { mem("zero", double(t.bytes())); }
+  void poke(DTensor&, std::int64_t, float) override { mem("poke", 4); }
+  void sgd(DTensor&, const DTensor& g, std::int64_t n, float, float, float) override {
+    mem("sgd", double(n) * (8 + storage_bytes(g.dtype)));
+  }
+  void adamw(DTensor&, const DTensor& g, DTensor&, DTensor&, std::int64_t n, float, float, float, float, float, int,
+             float) override {
+    mem("adamw", double(n) * (4 * 2 + 4 * 2 + 4 * 2 + storage_bytes(g.dtype)));  // p, m, v read and written; g read
+  }
+  void begin_capture() override {
+    capturing_ = true;
+    captured_.clear();
+  }
+  std::unique_ptr<TrainGraph> end_capture() override;
+
+  void spend(std::string label, double seconds) {
+    if (capturing_) {
+      captured_.push_back(seconds - m_.launch_overhead_us.value * 1e-6 + kSimGraphNodeUs * 1e-6);
+      return;
+    }
+    dev_.spend(std::move(label), seconds);
+  }
+
+ private:
+  void mem(const char* what, double bytes) { spend(fmt::format("simulated {}", what), memory_op_seconds(m_, bytes)); }
+  void size_ok(const DTensor& t, std::size_t n) const {
+    if (std::int64_t(n) > t.numel)
+      throw Error(ErrorKind::runtime, fmt::format("simulated training op: {} values for a tensor of {}", n, t.numel));
+  }
+  SimDevice& dev_;
+  const SimModel& m_;
+  bool capturing_ = false;
+  std::vector<double> captured_;
+};
+
+class SimGraph final : public TrainGraph {
+ public:
+  SimGraph(SimDevice& dev, std::vector<double> node_s, double launch_s)
+      : dev_(dev), nodes_(node_s.size()), seconds_(launch_s) {
+    for (double x : node_s) seconds_ += x;
+  }
+  void replay() override { dev_.spend(fmt::format("simulated graph replay ({} nodes)", nodes_), seconds_); }
+  std::size_t nodes() const override { return nodes_; }
+
+ private:
+  SimDevice& dev_;
+  std::size_t nodes_;
+  double seconds_;
+};
+
+std::unique_ptr<TrainGraph> SimTrainOps::end_capture() {
+  capturing_ = false;
+  return std::make_unique<SimGraph>(dev_, std::move(captured_), m_.launch_overhead_us.value * 1e-6);
+}
+
+std::unique_ptr<TrainOps> SimDevice::make_train_ops() { return std::make_unique<SimTrainOps>(*this); }
+
+// Fused attention on the roofline: forward max(4*B*H*S^2*D (halved causal) /
+// peak, Q K V O bytes / bandwidth) + launch; backward 2.5x the forward's
+// FLOPs (3.5x in all, the convention of docs/DESIGN.md).
+class SimAttention final : public AttentionOp {
+ public:
+  SimAttention(SimDevice& dev, const AttnShape& s, AttnImpl impl, DType t) : dev_(dev), s_(s), impl_(impl), t_(t) {
+    const double io = 4.0 * double(s.batch * s.heads) * double(s.varlen() ? s.cu_seqlens.back() : s.seq) *
+                      double(s.head_dim) * storage_bytes(t);
+    reservation_ = dev.ledger().reserve(std::uint64_t(2 * io), fmt::format("simulated attention Q, K, V, O and grads"));
+    const SimModel& m = dev.model();
+    const double peak = m.peak_tflops.at(t).value * 1e12;
+    const double mem = io / (m.memory_bandwidth_gbs ? m.memory_bandwidth_gbs->value * 1e9 : 1e12);
+    const double launch = m.launch_overhead_us.value * 1e-6;
+    fwd_s_ = std::max(s.fwd_flops() / peak, mem) + launch;
+    bwd_s_ = std::max(2.5 * s.fwd_flops() / peak, 2 * mem) + launch;
+  }
+  AttnShape shape() const override { return s_; }
+  AttnImpl impl() const override { return impl_; }
+  DType dtype() const override { return t_; }
+  std::string impl_detail() const override { return "simulated roofline of a fused attention"; }
+  std::size_t workspace_bytes() const override { return 0; }
+  void forward() override { dev_.spend("simulated attention forward", fwd_s_); }
+  void backward() override { dev_.spend("simulated attention backward", bwd_s_); }
+  void upload(std::span<const float>, std::span<const float>, std::span<const float>, std::span<const float>) override {}
+  void download(std::span<float> o, std::span<float> dq, std::span<float> dk, std::span<float> dv) override {
+    for (auto sp : {o, dq, dk, dv}) std::fill(sp.begin(), sp.end(), 0.0f);
+  }
+  bool computes() const override { return false; }
+
+ private:
+  SimDevice& dev_;
+  AttnShape s_;
+  AttnImpl impl_;
+  DType t_;
+  MemoryReservation reservation_;
+  double fwd_s_ = 0, bwd_s_ = 0;
+};
+
+std::unique_ptr<AttentionOp> SimDevice::make_attention(const AttnShape& s, AttnImpl impl, DType t, std::uint64_t) {
+  if (auto why = attention_unsupported(impl, t)) throw UnsupportedError(*why);
+  return std::make_unique<SimAttention>(*this, s, impl, t);
+}
 
 }  // namespace
 

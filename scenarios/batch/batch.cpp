@@ -89,15 +89,13 @@ class BatchRun : public ScenarioRun {
     bool timing = false;
     DecoderStep step(dev, *ops, cfg, 7, [&] { spin_for(dispatch_us); });
     step.set_graphs(graphs);
-    const float mult = 1.0f / float(accum);
-    int opt_step = 0;
     auto window = [&](EventPtr* opt0, EventPtr* opt1) {
       const auto t0 = clk::now();
-      step.zero_grad();
-      for (int i = 0; i < accum; ++i) step.micro_step(mult);
-      if (opt0) *opt0 = dev.record();
-      step.optimizer(opt, 1e-4f, ++opt_step);
-      if (opt1) *opt1 = dev.record();
+      train_window(step, accum, opt, 1e-4f, [&] {
+        if (opt0) *opt0 = dev.record();
+      }, [&] {
+        if (opt1) *opt1 = dev.record();
+      });
       if (timing) submit += clk::now() - t0;
     };
     const std::string where = fmt::format("batch micro_batch={} grad_accum={} graphs={}", cfg.micro_batch, accum,
@@ -309,11 +307,11 @@ const Scenario batch_scenario{
         ParamSpec{.name = "graphs", .type = ParamType::choice, .default_value = "off",
                   .help = "on: capture each run of ops once and replay it (cuda: CUDA graphs; cpu: one submission)",
                   .choices = {"off", "on"}},
-        ParamSpec{.name = "seq_len", .type = ParamType::integer, .default_value = "64", .help = "tokens per sequence",
+        ParamSpec{.name = "seq_len", .type = ParamType::integer, .default_value = "32", .help = "tokens per sequence",
                   .unit = "tokens", .min = 1, .max = 1 << 20, .gpu_default = "512"},
-        ParamSpec{.name = "d_model", .type = ParamType::integer, .default_value = "64", .help = "hidden size",
+        ParamSpec{.name = "d_model", .type = ParamType::integer, .default_value = "32", .help = "hidden size",
                   .unit = "features", .min = 8, .max = 65536, .gpu_default = "1024"},
-        ParamSpec{.name = "heads", .type = ParamType::integer, .default_value = "4", .help = "attention heads",
+        ParamSpec{.name = "heads", .type = ParamType::integer, .default_value = "2", .help = "attention heads",
                   .min = 1, .max = 1024, .gpu_default = "16"},
         ParamSpec{.name = "layers", .type = ParamType::integer, .default_value = "2", .help = "decoder layers",
                   .min = 1, .max = 256},

@@ -225,6 +225,17 @@ void DecoderStep::micro_step(float loss_mult) {
   }
   before_submit_ = outer;
   last_subs_ = subs;
+  ++micro_steps_;
+}
+
+void train_window(DecoderStep& step, int grad_accum, OptKind opt, float lr, const std::function<void()>& before_opt,
+                  const std::function<void()>& after_opt) {
+  if (grad_accum < 1) throw UsageError("grad_accum must be at least 1");
+  step.zero_grad();
+  for (int i = 0; i < grad_accum; ++i) step.micro_step(1.0f / float(grad_accum));
+  before_opt();
+  step.optimizer(opt, lr, step.optimizer_calls() + 1);
+  after_opt();
 }
 
 void DecoderStep::zero_grad() {
@@ -233,6 +244,7 @@ void DecoderStep::zero_grad() {
 }
 
 void DecoderStep::optimizer(OptKind kind, float lr, int step) {
+  ++opt_calls_;
   if (kind == OptKind::none) return;
   if (kind == OptKind::adamw && !moments_) {
     for (std::size_t l = 0; l < ls_.size(); ++l)

@@ -60,6 +60,8 @@ class DecoderStep {
   void micro_step(float loss_mult);
   void zero_grad();
   void optimizer(OptKind kind, float lr, int step);
+  int optimizer_calls() const { return opt_calls_; }
+  std::int64_t micro_steps() const { return micro_steps_; }
   // Submissions the last micro_step made (ops, attention calls, replays).
   std::int64_t last_submissions() const { return last_subs_; }
   // Nodes in the captured graphs (0 before capture).
@@ -98,6 +100,14 @@ class DecoderStep {
   float pieces_mult_ = 0;
   bool graphs_ = false, capturing_ = false, moments_ = false;
   std::int64_t last_subs_ = 0;
+  int opt_calls_ = 0;
+  std::int64_t micro_steps_ = 0;
 };
+
+// One optimizer step of a training loop: zero_grad, grad_accum micro steps
+// (each loss divided by grad_accum), the optimizer once. before_opt and
+// after_opt run around the optimizer (the scenario records events there).
+void train_window(DecoderStep& step, int grad_accum, OptKind opt, float lr,
+                  const std::function<void()>& before_opt = [] {}, const std::function<void()>& after_opt = [] {});
 
 }  // namespace sb::batch
