@@ -252,7 +252,29 @@ TEST(SimDevice, AnEnqueuedOpTakesItsModelledTimeWithoutCpu) {
   const UtilSample s = probe->sample();
   EXPECT_GT(s.util, 0.0);
   EXPECT_LE(s.util, 1.0);
-  EXPECT_EQ(probe->source(), "compute-thread busy time");
+  EXPECT_EQ(probe->source(), "simulated: modelled busy time of the stream");
+}
+
+// Short ops (a 5 us launch each) are not waited out one by one on the stream
+// thread, but they are busy time in the model: the probe counts them.
+TEST(SimDevice, ShortOpsCountAsBusyTime) {
+  auto dev = open("sim:h100");
+  const SimModel m = make_sim_model(expected("h100-sxm"));
+  const GemmShape shape{64, 64, 64};
+  const double each_s = sim_gemm_seconds(m, shape, DType::bf16);
+  ASSERT_LT(each_s, 50e-6);  // under the stream's 100 us wait threshold
+  auto op = dev->make_gemm(shape, DType::bf16, 1);
+  dev->synchronize(10s);
+  auto probe = dev->utilization_probe();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = 2000;
+  for (int i = 0; i < n; ++i) op->enqueue();
+  dev->synchronize(10s);
+  const UtilSample s = probe->sample();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double busy = s.util * wall, modelled = n * each_s;
+  EXPECT_GT(busy, 0.8 * modelled) << "busy " << busy << " s, modelled " << modelled << " s";
+  EXPECT_LT(busy, 1.2 * modelled) << "busy " << busy << " s, modelled " << modelled << " s";
 }
 
 TEST(SimDevice, CopiesNeedAHostSourceAndADeviceDestination) {
