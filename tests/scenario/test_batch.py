@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""End-to-end: `stallbench run batch` on cpu (the default sweep, micro_batch x grad_accum), with
+graphs off and on, and on sim:h100; the result JSON against the schema and what the cause must show.
+
+usage: test_batch.py STALLBENCH SCHEMA
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import schema_check
+
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+    return cond
+
+
+def run(exe, schema, tmp, name, args):
+    out = os.path.join(tmp, name + ".json")
+    p = subprocess.run([exe, "run", "batch", "--json", out] + args, capture_output=True, text=True, timeout=600)
+    print(p.stdout[-4000:])
+    check(p.returncode == 0, f"{name}: exit {p.returncode}: {p.stderr[-800:]}")
+    with open(out) as f:
+        doc = json.load(f)
+    errs = schema_check.errors(doc, schema)
+    check(not errs, f"{name}: schema {errs[:3]}")
+    for q in doc["points"]:
+        check(q["status"] == "ok", f"{name}: {q['params']} {q['status']} {q.get('reason')}")
+    return doc
+
+
+def m(q, name):
+    return q["metrics"][name]["value"]
+
+
+def main():
+    exe, schema_path = sys.argv[1], sys.argv[2]
+    with open(schema_path) as f:
+        schema = json.load(f)
+    with tempfile.TemporaryDirectory() as tmp:
+        doc = run(exe, schema, tmp, "cpu", ["--device", "cpu"])
+        pts = {(q["params"]["micro_batch"], q["params"]["grad_accum"]): q for q in doc["points"]}
+        check(len(pts) == 12, f"{len(pts)} points, want 6 micro batches x 2 accumulations")
+        for k, q in pts.items():
+            # the host timeline accounts for the wall time
+            check(m(q, "decomp_error_pct") < 5, f"{k}: timeline leaves {m(q, 'decomp_error_pct')}% unaccounted")
+            check(m(q, "launches") == 49, f"{k}: {m(q, 'launches')} launches per micro step, want 49")
+            # the modelled dispatch is real host time: at least 10 us per launch
+            check(m(q, "host_us_per_launch") >= 10, f"{k}: host {m(q, 'host_us_per_launch')} us per launch")
+        one = pts[(1, 1)]
+        check(one["info"]["pattern"] == "steady-low", f"micro_batch 1: pattern {one['info']['pattern']}")
+        best = max(m(q, "tokens_per_s") for q in doc["points"])
+        check(best > 2 * m(one, "tokens_per_s"), f"best {best} tokens/s is not 2x micro_batch 1's {m(one, 'tokens_per_s')}")
+        for mb in (1, 2, 4, 8, 16, 32):
+            a, b = pts[(mb, 1)], pts[(mb, 8)]
+            check(m(b, "optimizer_pct") < m(a, "optimizer_pct"),
+                  f"micro_batch {mb}: grad_accum 8 should shrink the optimizer's share ({m(a, 'optimizer_pct')} -> {m(b, 'optimizer_pct')})")
+        knee = [f for f in doc["findings"] if "smallest micro batch within 90%" in f["summary"]]
+        check(len(knee) == 2, f"knee findings: {[f['summary'] for f in doc['findings']]}")
+        for f in knee:
+            check(f["evidence"]["smallest_within_90pct"] > 1, f"knee at 1: {f['summary']}")
+        check(any("amortizes the optimizer" in f["summary"] for f in doc["findings"]), "no grad_accum finding")
+
+        g = run(exe, schema, tmp, "graphs", ["--device", "cpu", "-p", "micro_batch=1", "-p", "grad_accum=1",
+                                             "-p", "graphs=off,on"])
+        by = {q["params"]["graphs"]: q for q in g["points"]}
+        check(m(by["off"], "launches") == 49 and m(by["on"], "launches") == 9,
+              f"launches eager {m(by['off'], 'launches')}, graphs {m(by['on'], 'launches')}")
+        check(by["on"]["info"]["graph_nodes"] >= 40, f"graph nodes {by['on']['info']['graph_nodes']}")
+        check(any("graphs on gives" in f["summary"] for f in g["findings"]), "no graphs finding")
+
+        s = run(exe, schema, tmp, "sim", ["--device", "sim:h100", "-p", "micro_batch=1,32", "-p", "grad_accum=1"])
+        check(s["meta"]["device"]["simulated"], "sim result not labelled simulated")
+        sp = {q["params"]["micro_batch"]: q for q in s["points"]}
+        check(sp[1]["info"]["launch_bound"], f"sim micro_batch 1 not launch-bound: {sp[1]['info']}")
+        check(sp[1]["info"]["pattern"] == "steady-low", f"sim micro_batch 1: {sp[1]['info']['pattern']}")
+        check(all("[simulated" in f["summary"] or "simulated" in f["summary"] for f in s["findings"]) or not s["findings"],
+              "sim findings not labelled")
+    if failures:
+        print("\n".join("FAIL: " + f for f in failures))
+        sys.exit(1)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
