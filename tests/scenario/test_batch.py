@@ -65,7 +65,7 @@ def main():
         check(len(knee) == 2, f"knee findings: {[f['summary'] for f in doc['findings']]}")
         for f in knee:
             check(f["evidence"]["smallest_within_90pct"] > 1, f"knee at 1: {f['summary']}")
-        check(any("amortizes the optimizer" in f["summary"] for f in doc["findings"]), "no grad_accum finding")
+        check(any("once-per-step costs are amortized" in f["summary"] for f in doc["findings"]), "no grad_accum finding")
 
         g = run(exe, schema, tmp, "graphs", ["--device", "cpu", "-p", "micro_batch=1", "-p", "grad_accum=1",
                                              "-p", "graphs=off,on"])
