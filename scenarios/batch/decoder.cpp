@@ -263,6 +263,13 @@ void DecoderStep::optimizer(OptKind kind, float lr, int step) {
     }
 }
 
+std::vector<float> DecoderStep::weight(int layer, int which) {
+  Layer& L = ls_.at(std::size_t(layer));
+  std::vector<float> h(std::size_t(L.w[which].numel));
+  ops_.download(L.w[which], h);
+  return h;
+}
+
 std::vector<float> DecoderStep::grad(int layer, int which) {
   Layer& L = ls_.at(std::size_t(layer));
   std::vector<float> h(std::size_t(L.g[which].numel));

@@ -69,6 +69,7 @@ class DecoderStep {
   // Host access for tests: the accumulated fp32 gradients of layer l's
   // weights (0 Wqkv, 1 Wo, 2 W1, 3 W2).
   std::vector<float> grad(int layer, int which);
+  std::vector<float> weight(int layer, int which);  // the fp32 master
   void set_input(std::span<const float> x, std::span<const float> target);
 
  private:

@@ -71,6 +71,73 @@ TEST(BatchDecoder, AccumulatedGradientsEqualTheBigBatch) {
   for (float g : big.grad(0, 0)) ASSERT_EQ(g, 0.0f);
 }
 
+// The decoder's forward in double on the host (attention's stand-in output
+// is 0, so a layer is x' = x + gelu(rmsnorm(x) W1^T) W2^T), and the MSE loss.
+double host_loss(const std::vector<std::vector<double>>& w1, const std::vector<std::vector<double>>& w2,
+                 const std::vector<float>& x0, const std::vector<float>& t, std::int64_t tokens, std::int64_t d) {
+  std::vector<double> x(x0.begin(), x0.end());
+  for (std::size_t l = 0; l < w1.size(); ++l) {
+    for (std::int64_t r = 0; r < tokens; ++r) {
+      double ss = 0;
+      for (std::int64_t j = 0; j < d; ++j) ss += x[std::size_t(r * d + j)] * x[std::size_t(r * d + j)];
+      const double rs = 1 / std::sqrt(ss / double(d) + 1e-6);
+      std::vector<double> h(std::size_t(4 * d));
+      for (std::int64_t o = 0; o < 4 * d; ++o) {
+        double z = 0;
+        for (std::int64_t i = 0; i < d; ++i) z += x[std::size_t(r * d + i)] * rs * w1[l][std::size_t(o * d + i)];
+        h[std::size_t(o)] = 0.5 * z * (1 + std::tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)));
+      }
+      for (std::int64_t o = 0; o < d; ++o) {
+        double y = 0;
+        for (std::int64_t i = 0; i < 4 * d; ++i) y += h[std::size_t(i)] * w2[l][std::size_t(o * 4 * d + i)];
+        x[std::size_t(r * d + o)] += y;
+      }
+    }
+  }
+  double s = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) s += (x[i] - t[i]) * (x[i] - t[i]);
+  return s / double(x.size());
+}
+
+TEST(BatchDecoder, AccumulatedGradientsMatchAnFp64ReferenceOfTheBigBatch) {
+  auto dev = make_cpu_backend().open(0);
+  auto ops = dev->make_train_ops();
+  const int accum = 3;
+  const std::int64_t d = 16, per = 8 * d, tokens = 8 * accum;
+  const auto x = data(per * accum, 15, 1.0f), t = data(per * accum, 16, 0.5f);
+  DecoderStep small(*dev, *ops, tiny(1), 9, [] {});
+  small.zero_grad();
+  for (int i = 0; i < accum; ++i) {
+    small.set_input(std::span<const float>(x).subspan(std::size_t(i * per), std::size_t(per)),
+                    std::span<const float>(t).subspan(std::size_t(i * per), std::size_t(per)));
+    small.micro_step(1.0f / accum);
+  }
+  std::vector<std::vector<double>> w1, w2;
+  for (int l = 0; l < 2; ++l) {
+    const auto a = small.weight(l, 2), b = small.weight(l, 3);
+    w1.emplace_back(a.begin(), a.end());
+    w2.emplace_back(b.begin(), b.end());
+  }
+  // central differences of the big batch's loss, every W1 and W2 entry of both layers
+  for (int l = 0; l < 2; ++l)
+    for (int which : {2, 3}) {
+      auto& w = which == 2 ? w1[std::size_t(l)] : w2[std::size_t(l)];
+      const auto g = small.grad(l, which);
+      double gmax = 0;
+      for (float v : g) gmax = std::max(gmax, double(std::fabs(v)));
+      ASSERT_GT(gmax, 0);
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        const double keep = w[i], h = 1e-5;
+        w[i] = keep + h;
+        const double up = host_loss(w1, w2, x, t, tokens, d);
+        w[i] = keep - h;
+        const double down = host_loss(w1, w2, x, t, tokens, d);
+        w[i] = keep;
+        ASSERT_NEAR(g[i], (up - down) / (2 * h), 1e-3 * gmax) << "layer " << l << " weight " << which << " [" << i << "]";
+      }
+    }
+}
+
 TEST(BatchDecoder, OptimizerOncePerWindowAndGradientsAccumulate) {
   auto dev = make_cpu_backend().open(0);
   auto ops = dev->make_train_ops();
