@@ -164,7 +164,8 @@ void stats_of(const void* pv, std::int64_t n, double r[4]) {
       t += (a < kTiny) & (v != 0.0f) ? 1 : 0;
       s += fin ? v * v : 0.0f;
     }
-    ss += double(s);
+    ss += double(s);  // inf when finite values square past fp32's range (a norm over 1.8e19): the slot is fp32
+                      // anyway; the training loop treats a finite gradient with an inf norm as unclippable
     nonfinite += nf;
     zero += z;
     tiny += t;
@@ -215,7 +216,17 @@ class CpuTrainOps final : public TrainOps {
     const std::size_t bytes = t.bytes();
     auto block = std::make_shared<LedgerBlock>(env_.ledger->alloc(bytes, what));
     void* p = block->data();
-    t.buf = Buffer(p, bytes, MemKind::device, [block](void*) mutable { block.reset(); });
+    // Freed in stream order: a tensor dropped while work on it is still queued
+    // (a host exception unwinding a half-built model) is released by the
+    // stream after that work, not under it.
+    ComputeStream* cs = &env_.cs;
+    t.buf = Buffer(p, bytes, MemKind::device, [block, cs](void*) mutable {
+      try {
+        cs->enqueue("free", [b = std::move(block)] {});
+      } catch (...) {
+        block.reset();  // the stream cannot take it: free now
+      }
+    });
     if (p) env_.cs.enqueue("zero " + what, [p, bytes] { std::memset(p, 0, bytes); });
     return t;
   }
@@ -348,7 +359,8 @@ class CpuTrainOps final : public TrainOps {
 #pragma omp parallel for schedule(static) if ((n) > kParallelMin)
       for (std::int64_t i = 0; i < n; ++i) {
         const float zi = ld(zp, b, i);
-        // relu selects (torch's threshold_backward): a NaN dy at z <= 0 gives 0, not NaN * 0
+        // relu selects: dy where z > 0, else 0 (a NaN dy at z <= 0 gives 0, not NaN * 0; a NaN z
+        // gives 0 here, where torch's threshold_backward passes dy: the NaN shows in the forward)
         st(dzp, c, i, act == Act::relu ? (zi > 0 ? ld(dyp, a, i) : 0.0f) : ld(dyp, a, i) * act_d(act, zi));
       }
     });
@@ -460,8 +472,9 @@ class CpuTrainOps final : public TrainOps {
         for (std::int64_t j = 0; j < classes; ++j) mx = std::max(mx, ld(zp, a, r * classes + j));
         double sum = 0;
         for (std::int64_t j = 0; j < classes; ++j) sum += std::exp(double(ld(zp, a, r * classes + j) - mx));
-        const auto label = std::int64_t(ld(lp, b, r));
-        const bool in = label >= 0 && label < classes;
+        const float lf = ld(lp, b, r);
+        const bool in = lf >= 0 && lf < float(classes) && lf == std::floor(lf);  // false for NaN
+        const std::int64_t label = in ? std::int64_t(lf) : -1;
         const double lse = double(mx) + std::log(sum);
         s += in ? lse - double(ld(zp, a, r * classes + label)) : NAN;
         for (std::int64_t j = 0; j < classes; ++j) {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"  // UsageError
+#include "harness/host_memory.hpp"  // reserve_host_memory: host staging is budgeted too
 #include "harness/random.hpp"  // uniform_pm1
 
 namespace sb::batch {
@@ -37,6 +38,8 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
       if (t != DType::fp32) L.wc[w] = ops.alloc(cnt, t, fmt::format("{} {} (compute copy)", n, names[w]));
       L.g[w] = ops.alloc(cnt, DType::fp32, fmt::format("{} {} grad (fp32)", n, names[w]));
       const float a = float(std::sqrt(6.0 / double(in_of(w) + out_of(w))));
+      // the host staging copy counts against the host's memory too
+      const HostReservation staging = reserve_host_memory(std::uint64_t(cnt) * 4, n + " weights (host staging)");
       std::vector<float> host(static_cast<std::size_t>(cnt));
       for (std::size_t i = 0; i < host.size(); ++i) host[i] = a * uniform_pm1(seed + std::uint64_t(l * 4 + w), i);
       ops.upload(L.w[w], host);
@@ -73,6 +76,7 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
   target_ = ops.alloc(T * d, DType::fp32, "targets");
   loss_ = ops.alloc(1, DType::fp32, "loss");
   dout_ = ops.alloc(T * d, t, "d output");
+  const HostReservation staging = reserve_host_memory(std::uint64_t(T * d) * 8, "inputs and targets (host staging)");
   std::vector<float> x(std::size_t(T * d)), y(std::size_t(T * d));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = uniform_pm1(seed ^ 0xda7a, i);
   for (std::size_t i = 0; i < y.size(); ++i) y[i] = 0.5f * uniform_pm1(seed ^ 0x7a26e7, i);
@@ -204,8 +208,8 @@ void DecoderStep::micro_step(float loss_mult) {
         continue;
       }
       if (!p.graph) {
-        capturing_ = true;
         ops_.begin_capture();
+        capturing_ = true;
         try {
           p.ops();
         } catch (...) {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"  // UsageError
+#include "harness/host_memory.hpp"  // reserve_host_memory
 #include "harness/random.hpp"  // uniform_pm1
 
 namespace sb::numerics {
@@ -46,6 +47,7 @@ Mlp::Mlp(TrainOps& ops, const MlpConfig& cfg, std::uint64_t seed) : ops_(ops), c
     L.dh = ops.alloc(B * out, t, name + " dh");
     // weights: counter-based uniform, reproducible on any device
     const float a = init_bound(cfg.act, in, out, cfg.init_gain);
+    const HostReservation staging = reserve_host_memory(std::uint64_t(out * in + out) * 4, name + " (host staging)");
     std::vector<float> w(std::size_t(out * in)), b(std::size_t(out), 0.0f);
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = a * uniform_pm1(seed + std::uint64_t(l) * 7919, i);
     ops.upload(L.w, w);

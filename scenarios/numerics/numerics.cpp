@@ -248,7 +248,7 @@ class NumericsRun : public ScenarioRun {
       if (r.grad_check_step >= 0)
         p.add({"check_latency", double(r.grad_check_step - spec.inject.step), "steps", Direction::lower, std::nullopt,
                "steps from the injection to the per-step finite check of the gradients firing"});
-      if (r.epoch_check_step >= 0 && r.grad_check_step >= 0)
+      if (r.epoch_check_step >= 0 && r.grad_check_step >= 0 && r.outcome == "nan")
         p.add({"epoch_check_wasted", double(r.epoch_check_step - r.grad_check_step), "steps", Direction::lower,
                std::nullopt, fmt::format("steps a loss-only check at the end of each {}-step epoch runs on after the "
                                          "per-step check would have stopped", spec.epoch_steps)});
@@ -427,7 +427,8 @@ class NumericsRun : public ScenarioRun {
       if (off && on && outcome(on) == "target" && off->metric("steps_to_target") && on->metric("steps_to_target") &&
           metric(on, "steps_to_target") > 0)
         gain = metric(off, "steps_to_target") / metric(on, "steps_to_target");
-      res.findings.push_back({std::string(c), summary, gain, ev});
+      ev["case"] = c;
+      res.findings.push_back({{}, fmt::format("case {}: {}", c, summary), gain, ev});
     }
   }
 
@@ -482,7 +483,7 @@ class NumericsRun : public ScenarioRun {
 extern const Scenario numerics_scenario;
 const Scenario numerics_scenario{
     "numerics",
-    "numerical stalls: NaN, exploding or vanishing gradients, fp16 without loss scaling, lr too low, patience too high",
+    "training that stalls without an error (NaN, exploding or vanishing gradients, fp16 underflow, lr, patience)",
     "real small trainings with one fault each and its fix: where a NaN starts, steps each detector wastes, "
     "underflow, gradient norms per layer",
     {
@@ -530,7 +531,7 @@ const Scenario numerics_scenario{
         ParamSpec{.name = "skip_nonfinite", .type = ParamType::boolean, .default_value = "false",
                   .help = "custom: skip updates whose gradients are not finite"},
         ParamSpec{.name = "inject", .type = ParamType::text, .default_value = "none",
-                  .help = "custom: none, nan@STEP:LAYER or inf@STEP:LAYER (layers 0..depth, depth = output)",
+                  .help = "custom: none, nan@STEP:LAYER, inf@STEP:LAYER or -inf@STEP:LAYER (layers 0..depth, depth = output)",
                   .check = &check_inject},
         ParamSpec{.name = "inject_into", .type = ParamType::choice, .default_value = "activation",
                   .help = "custom: the layer's output (forward) or the gradient at it (backward)",

@@ -164,7 +164,9 @@ TrainRecord train(TrainOps& ops, Device& dev, const TrainSpec& spec, std::int64_
     const EventPtr e4 = dev.record();
     if (!skip) {
       double coef = 1.0;
-      if (spec.clip > 0 && std::isfinite(gnorm)) coef = std::min(1.0, spec.clip / (gnorm + 1e-6));
+      // a finite gradient whose norm overflowed fp32 (over 1.8e19): no finite coefficient clips it, so the
+      // update is dropped (coef 0) rather than applied unclipped
+      if (spec.clip > 0) coef = std::isfinite(gnorm) ? std::min(1.0, spec.clip / (gnorm + 1e-6)) : 0.0;
       const float gs = float(coef / scale);
       ++opt_step;
       if (spec.optimizer == Optimizer::sgd)

