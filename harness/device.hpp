@@ -123,6 +123,9 @@ struct UtilSample {
   std::optional<double> sm_clock_mhz;
   std::optional<double> power_w;
   std::optional<std::uint64_t> clock_event_reasons;  // NVML clock-event (throttle) bitmask
+  // Fraction of the period the device's stream waited for work (cpu: its
+  // thread blocked on an empty queue); unknown where nothing reports it.
+  std::optional<double> waiting;
 };
 
 class UtilProbe {

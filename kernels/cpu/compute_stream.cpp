@@ -73,6 +73,18 @@ void ComputeStream::wait_done(std::uint64_t seq, std::chrono::milliseconds timeo
   wait_for(seq, timeout, lk);
 }
 
+std::chrono::nanoseconds ComputeStream::wait_time() const {
+  while (true) {  // the same sequence lock as busy_time
+    const std::uint64_t s1 = seq_.load(std::memory_order_acquire);
+    if (s1 & 1) continue;
+    const std::int64_t since = wait_since_ns_.load(std::memory_order_acquire);
+    const std::int64_t done = wait_done_ns_.load(std::memory_order_acquire);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (seq_.load(std::memory_order_relaxed) == s1)
+      return std::chrono::nanoseconds(done + (since ? now_ns() - since : 0));
+  }
+}
+
 std::chrono::nanoseconds ComputeStream::busy_time() const {
   // The two counters change together when an item starts or ends; a reader
   // in between would count an item twice or not at all (and the sampler's
@@ -93,7 +105,19 @@ std::chrono::nanoseconds ComputeStream::busy_time() const {
 void ComputeStream::loop() {
   std::unique_lock lk(mu_);
   while (true) {
-    cv_work_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty() && !stop_) {
+      // Waiting for work: counted, so that busy + waiting + the stream's own
+      // per-item cost account for the thread's time (the batch scenario checks it).
+      const std::int64_t ws = now_ns();
+      seq_.fetch_add(1, std::memory_order_acq_rel);
+      wait_since_ns_.store(ws, std::memory_order_release);
+      seq_.fetch_add(1, std::memory_order_acq_rel);
+      cv_work_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      seq_.fetch_add(1, std::memory_order_acq_rel);
+      wait_done_ns_.fetch_add(now_ns() - ws, std::memory_order_acq_rel);
+      wait_since_ns_.store(0, std::memory_order_release);
+      seq_.fetch_add(1, std::memory_order_acq_rel);
+    }
     if (queue_.empty()) return;  // stop_ and drained
     Item item = std::move(queue_.front());
     queue_.pop_front();

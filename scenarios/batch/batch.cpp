@@ -10,7 +10,10 @@
 //     host time between them (bookkeeping). They tile W by construction (one
 //     loop, three clocks), so they say where the host's time went, not more.
 //   device busy B: the device's busy time over W (cpu: the compute thread's;
-//     cuda: NVML's busy share; sim: the stream's); gaps = W - B.
+//     cuda: NVML's busy share; sim: the stream's); gaps = W - B. Where the
+//     device also reports its stream's waiting time (cpu), the gaps split
+//     into waiting for submissions and the stream's own per-submission cost
+//     (device_wait_pct, stream_cost_pct), from two independent counters.
 //   launches: submissions per micro step (ops, attention calls, graph replays).
 //   launch-bound (HTA's short-kernel rule): the device time per launch
 //     (B / launches) is below the host time per launch (H / launches), and
@@ -130,7 +133,8 @@ class BatchRun : public ScenarioRun {
       other += clk::now() - s1;
     }
     const auto w1 = clk::now();
-    const double busy_frac = busy ? busy->sample().util : 0.0;
+    const UtilSample window_sample = busy ? busy->sample() : UtilSample{};
+    const double busy_frac = window_sample.util;
     sampler.stop();
     timing = false;
 
@@ -170,6 +174,17 @@ class BatchRun : public ScenarioRun {
       if (auto peak = ctx_.expected->peak_tflops(cfg.dtype))
         p.add({"gemm_pct_of_peak", 100.0 * step.gemm_flops() * micro_steps / W / 1e12 / peak->first, "%",
                Direction::higher, std::nullopt, fmt::format("of {} TFLOP/s, {}", format_number(peak->first), peak->second)});
+    if (window_sample.waiting) {
+      // The device timeline from two independent counters of the stream:
+      // busy (inside ops) and waiting (blocked on an empty queue). What they
+      // leave is the stream's own cost per submission (dequeue, wake-up).
+      p.add({"device_wait_pct", 100.0 * *window_sample.waiting, "%", Direction::lower, std::nullopt,
+             "the device's stream waiting for submissions, over the wall time"});
+      p.add({"stream_cost_pct", 100.0 * (1.0 - busy_frac - *window_sample.waiting), "%", Direction::lower,
+             std::nullopt,
+             "wall time the device's stream was neither inside an op nor waiting for one: its own per-submission "
+             "cost (dequeue, wake-up), the device side of a launch"});
+    }
     p.info = json{{"pattern", std::string(to_string(pat))},
                   {"sparkline", sparkline(util)},
                   {"util_source", sampler.source()},

@@ -49,6 +49,10 @@ def main():
         pts = {(q["params"]["micro_batch"], q["params"]["grad_accum"]): q for q in doc["points"]}
         check(len(pts) == 12, f"{len(pts)} points, want 6 micro batches x 2 accumulations")
         for k, q in pts.items():
+            # the device timeline from two independent counters: busy and waiting never overlap (their sum stays
+            # within the wall), and what they leave, the stream's own cost, is small
+            check(-1 < m(q, "stream_cost_pct") < 25,
+                  f"{k}: busy {m(q, 'busy_pct')}% + waiting {m(q, 'device_wait_pct')}% leave {m(q, 'stream_cost_pct')}%")
             # every submission is counted: micro steps x 49, plus zero_grad's and the optimizer's 8 each
             accum = q["params"]["grad_accum"]
             check(q["info"]["submissions"] == q["info"]["trials"] * (49 * accum + 16),

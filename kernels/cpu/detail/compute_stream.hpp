@@ -43,6 +43,8 @@ class ComputeStream {
   bool busy() const { return busy_since_ns_.load(std::memory_order_acquire) != 0; }
   // Total time spent inside work items, including the one running now.
   std::chrono::nanoseconds busy_time() const;
+  // Total time the thread waited on an empty queue, including a wait now.
+  std::chrono::nanoseconds wait_time() const;
 
  private:
   void loop();
@@ -61,7 +63,9 @@ class ComputeStream {
   bool stop_ = false;
   std::atomic<std::int64_t> busy_since_ns_{0};  // steady_clock ns when the running item began; 0 = idle
   std::atomic<std::int64_t> busy_done_ns_{0};   // busy time of finished items
-  std::atomic<std::uint64_t> seq_{0};           // odd while the two above change (busy_time's lock)
+  std::atomic<std::int64_t> wait_since_ns_{0};  // when the current wait for work began; 0 = not waiting
+  std::atomic<std::int64_t> wait_done_ns_{0};   // time of finished waits
+  std::atomic<std::uint64_t> seq_{0};           // odd while the pairs above change (busy_time's and wait_time's lock)
   std::thread thread_;
 };
 

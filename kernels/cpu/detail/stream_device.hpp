@@ -79,16 +79,20 @@ std::size_t last_level_cache_bytes(std::size_t fallback = 32u << 20);
 class StreamBusyProbe : public UtilProbe {
  public:
   explicit StreamBusyProbe(const ComputeStream& cs)
-      : cs_(cs), last_busy_(cs.busy_time()), last_t_(std::chrono::steady_clock::now()) {}
+      : cs_(cs), last_busy_(cs.busy_time()), last_wait_(cs.wait_time()), last_t_(std::chrono::steady_clock::now()) {}
   UtilSample sample() override {
     const auto busy = cs_.busy_time();
+    const auto wait = cs_.wait_time();
     const auto t = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t - last_t_).count();
     const double db = std::chrono::duration<double>(busy - last_busy_).count();
+    const double dw = std::chrono::duration<double>(wait - last_wait_).count();
     last_busy_ = busy;
+    last_wait_ = wait;
     last_t_ = t;
     UtilSample s;
     s.util = dt > 0 ? std::clamp(db / dt, 0.0, 1.0) : 0.0;
+    s.waiting = dt > 0 ? std::clamp(dw / dt, 0.0, 1.0) : 0.0;
     return s;
   }
   std::string source() const override { return "compute-thread busy time"; }
@@ -96,7 +100,7 @@ class StreamBusyProbe : public UtilProbe {
 
  private:
   const ComputeStream& cs_;
-  std::chrono::nanoseconds last_busy_;
+  std::chrono::nanoseconds last_busy_, last_wait_;
   std::chrono::steady_clock::time_point last_t_;
 };
 
