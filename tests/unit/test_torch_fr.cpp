@@ -153,7 +153,13 @@ TEST(PickleRead, AScratchIsReusedFromDocumentToDocument) {
   for (int round = 0; round < 2; ++round)
     for (const auto& b : docs) {
       EXPECT_EQ(PickleDoc(b, "t", &scratch).to_json(), read_pickle(b, "t"));
+      // the storage came back to the scratch, and the same document parses into the same buffer again
+      ASSERT_GT(scratch.nodes.capacity(), 0u);
+      const auto* nodes = scratch.nodes.data();
+      { const PickleDoc again(b, "t", &scratch); }
+      EXPECT_EQ(scratch.nodes.data(), nodes) << "the scratch's node storage was not reused";
       EXPECT_THROW(PickleDoc(b.substr(0, b.size() / 2), "t", &scratch), UsageError);
+      EXPECT_EQ(scratch.nodes.data(), nodes) << "a document that threw kept the scratch's storage";
       {
         const PickleDoc outer(b, "t", &scratch);
         const PickleDoc inner(docs[0], "t", &scratch);  // nested: the inner one gets storage of its own
