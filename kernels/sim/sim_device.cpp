@@ -301,12 +301,13 @@ class SimDevice final : public Device {
 
 void SimGemm::enqueue() { dev_.spend(label_, time_.seconds()); }
 
-// Seconds of an op that moves `bytes` through memory: bytes / bandwidth plus
-// the launch overhead (the model's assumption).
-double memory_op_seconds(const SimModel& m, double bytes) {
-  return bytes / (m.memory_bandwidth_gbs ? m.memory_bandwidth_gbs->value * 1e9 : 1e12) +
-         m.launch_overhead_us.value * 1e-6;
+// Seconds to move `bytes` through memory, and the launch overhead every op
+// adds (the model's assumption).
+double bytes_seconds(const SimModel& m, double bytes) {
+  return bytes / (m.memory_bandwidth_gbs ? m.memory_bandwidth_gbs->value * 1e9 : 1e12);
 }
+double launch_seconds(const SimModel& m) { return m.launch_overhead_us.value * 1e-6; }
+double memory_op_seconds(const SimModel& m, double bytes) { return bytes_seconds(m, bytes) + launch_seconds(m); }
 
 // A CUDA graph's replay cost per node: ~0.9 us (REFERENCE.md: 80 small
 // kernels, 260 us eager -> 70 us replayed, RTX 5070 Ti, CUDA 13): an
@@ -348,8 +349,7 @@ class SimTrainOps final : public TrainOps {
     const double bytes = double(m * k + n * k) * storage_bytes(t) + double(m * n) * storage_bytes(c.dtype);
     const auto peak = m_.peak_tflops.find(t);
     const double compute = peak == m_.peak_tflops.end() ? 0 : flops / (peak->second.value * 1e12);
-    const double memory = memory_op_seconds(m_, bytes) - m_.launch_overhead_us.value * 1e-6;
-    spend(fmt::format("simulated gemm {}x{}x{}", m, n, k), std::max(compute, memory) + m_.launch_overhead_us.value * 1e-6);
+    spend(fmt::format("simulated gemm {}x{}x{}", m, n, k), std::max(compute, bytes_seconds(m_, bytes)) + launch_seconds(m_));
   }
   void cast(const DTensor& src, DTensor& dst, std::int64_t n) override {
     mem("cast", double(n) * (storage_bytes(src.dtype) + storage_bytes(dst.dtype)));
@@ -400,7 +400,7 @@ class SimTrainOps final : public TrainOps {
 
   void spend(std::string label, double seconds) {
     if (capturing_) {
-      captured_.push_back(seconds - m_.launch_overhead_us.value * 1e-6 + kSimGraphNodeUs * 1e-6);
+      captured_.push_back(seconds - launch_seconds(m_) + kSimGraphNodeUs * 1e-6);  // a node, not a launch
       return;
     }
     dev_.spend(std::move(label), seconds);
@@ -435,7 +435,7 @@ class SimGraph final : public TrainGraph {
 
 std::unique_ptr<TrainGraph> SimTrainOps::end_capture() {
   capturing_ = false;
-  return std::make_unique<SimGraph>(dev_, std::move(captured_), m_.launch_overhead_us.value * 1e-6);
+  return std::make_unique<SimGraph>(dev_, std::move(captured_), launch_seconds(m_));
 }
 
 std::unique_ptr<TrainOps> SimDevice::make_train_ops() { return std::make_unique<SimTrainOps>(*this); }
@@ -451,8 +451,8 @@ class SimAttention final : public AttentionOp {
     reservation_ = dev.ledger().reserve(std::uint64_t(2 * io), fmt::format("simulated attention Q, K, V, O and grads"));
     const SimModel& m = dev.model();
     const double peak = m.peak_tflops.at(t).value * 1e12;
-    const double mem = io / (m.memory_bandwidth_gbs ? m.memory_bandwidth_gbs->value * 1e9 : 1e12);
-    const double launch = m.launch_overhead_us.value * 1e-6;
+    const double mem = bytes_seconds(m, io);
+    const double launch = launch_seconds(m);
     fwd_s_ = std::max(s.fwd_flops() / peak, mem) + launch;
     bwd_s_ = std::max(2.5 * s.fwd_flops() / peak, 2 * mem) + launch;
   }

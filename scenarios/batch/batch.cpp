@@ -26,8 +26,8 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "harness/cpu_affinity.hpp"    // allowed_cpus
 #include "harness/errors.hpp"          // UsageError, UnsupportedError
+#include "harness/host_cpus.hpp"       // HostCpuForHost
 #include "harness/printer.hpp"         // format_number
 #include "harness/sampler.hpp"         // Sampler, classify, sparkline
 #include "harness/scenario.hpp"        // Scenario, ScenarioRun
@@ -80,13 +80,7 @@ class BatchRun : public ScenarioRun {
       cfg.attention = AttnImpl::cudnn;
     if (auto why = dev.attention_unsupported(cfg.attention, cfg.dtype)) throw UnsupportedError(*why);
 
-    // keep one CPU for the host thread, as a GPU job's host has its own core
-    const int ncpu = int(allowed_cpus().size());
-    const std::vector<int> compute_cpus = dev.reserve_host_cpus(ncpu > 1 ? ncpu - 1 : 0);
-    struct Restore {
-      Device& d;
-      ~Restore() { d.reserve_host_cpus(0); }
-    } restore{dev};
+    const HostCpuForHost host_cpu(dev);  // the host thread keeps a CPU of its own
 
     auto ops = dev.make_train_ops();
     clk::duration submit{0};
@@ -211,7 +205,7 @@ class BatchRun : public ScenarioRun {
                   {"parameters", step.parameters()},
                   {"tokens_per_micro_step", step.tokens()},
                   {"trials", trials},
-                  {"compute_cpus", compute_cpus},
+                  {"compute_cpus", host_cpu.compute_cpus()},
                   {"impl", ops->impl()}};
     if (launch_bound)
       p.info["lines"] = json::array({fmt::format("launch-bound: {:.1f} us of device work per launch, {:.1f} us of "
@@ -265,11 +259,10 @@ class BatchRun : public ScenarioRun {
         by_mb[{p.params.value("micro_batch", std::int64_t(0)), p.params.value("graphs", std::string("off"))}]
              [p.params.value("grad_accum", 1)] = &p;
     for (const auto& [key, m] : by_mb) {
-      if (m.size() < 2) continue;
+      if (m.size() < 2 || key.first != by_mb.begin()->first.first) continue;  // the smallest micro batch: one line
       const Point* a = m.begin()->second;
       const Point* b = m.rbegin()->second;
       const double gain = b->metric("tokens_per_s")->value / a->metric("tokens_per_s")->value;
-      if (key.first != by_mb.begin()->first.first) continue;  // the smallest micro batch only: one line
       // device time per micro step without the optimizer: (busy - optimizer share) x step time / accum
       auto per_micro = [](const Point* q, int accum) {
         return (q->metric("busy_pct")->value - q->metric("optimizer_pct")->value) / 100.0 *
@@ -297,7 +290,6 @@ class BatchRun : public ScenarioRun {
                 {"device_ms_per_micro_step", json{{std::to_string(acc_a), ma}, {std::to_string(acc_b), mb}}}}});
     }
     // graphs at the smallest micro batch
-    for (const auto& [key, m] : by_mb) (void)key, (void)m;
     std::map<std::pair<std::int64_t, int>, std::map<std::string, const Point*>> by_graph;
     for (const Point& p : res.points)
       if (p.status == Status::ok && p.metric("tokens_per_s"))

@@ -185,8 +185,6 @@ void DecoderStep::build_pieces(float loss_mult) {
 void DecoderStep::micro_step(float loss_mult) {
   if (pieces_.empty() || pieces_mult_ != loss_mult) build_pieces(loss_mult);
   std::int64_t subs = 0;
-  auto counting = [&] { ++subs; };
-  (void)counting;
   const std::function<void()> outer = before_submit_;
   before_submit_ = [&subs, outer] {
     ++subs;

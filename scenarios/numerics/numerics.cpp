@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "harness/cpu_affinity.hpp"  // allowed_cpus
+#include "harness/host_cpus.hpp"  // HostCpuForHost
 #include "harness/errors.hpp"    // UsageError, UnsupportedError
 #include "harness/printer.hpp"   // format_number
 #include "harness/sampler.hpp"   // sparkline
@@ -219,16 +219,10 @@ class NumericsRun : public ScenarioRun {
                                    spec.inject.layer, spec.model.depth, spec.model.depth));
     if (dev.info().simulated)
       throw UnsupportedError("a simulated device computes no values: numerics needs real arithmetic (cpu or cuda)");
-    // The host thread reads the detectors' stats every step: keep one CPU
-    // for it, as a GPU job's host thread has its own core. On a small
-    // machine the compute team's spinning workers would otherwise take it
-    // (measured on 2 cores: 45 ms wall for a 9 ms step).
-    const int ncpu = int(allowed_cpus().size());
-    const std::vector<int> compute_cpus = dev.reserve_host_cpus(ncpu > 1 ? ncpu - 1 : 0);
-    struct Restore {
-      Device& d;
-      ~Restore() { d.reserve_host_cpus(0); }
-    } restore{dev};
+    // The host thread reads the detectors' stats every step: it keeps a CPU
+    // of its own. On a small machine the compute team's spinning workers
+    // would otherwise take it (measured on 2 cores: 45 ms wall for a 9 ms step).
+    const HostCpuForHost host_cpu(dev);
     auto ops = dev.make_train_ops();
     if (!ops->computes()) throw UnsupportedError("this device's training ops compute nothing");
     const std::string where = fmt::format("numerics case={} fix={}", kCaseNames.name(c), fix ? "on" : "off");
@@ -238,7 +232,6 @@ class NumericsRun : public ScenarioRun {
     });
 
     Point p;
-    const double inf = std::numeric_limits<double>::infinity();
     if (r.target_step >= 0)
       p.add({"steps_to_target", double(r.target_step), "steps", Direction::lower, std::nullopt,
              fmt::format("first step with loss <= {}", format_number(spec.target_loss))});
@@ -278,7 +271,6 @@ class NumericsRun : public ScenarioRun {
            "device time of forward, backward and optimizer (median over steps)"});
     p.add({"check_pct", r.step_ms > 0 ? 100.0 * r.check_ms / r.step_ms : 0.0, "%", Direction::lower, std::nullopt,
            "device time of the per-step finite check of the gradients, as a share of step_ms"});
-    (void)inf;
 
     json layers = json::array();
     for (int l = 0; l < int(r.layer_norm.size()); ++l)
@@ -312,7 +304,7 @@ class NumericsRun : public ScenarioRun {
                   {"impl", ops->impl()},
                   {"gemm_impl", ops->gemm_impl(spec.model.dtype)},
                   {"wall_step_ms", r.wall_step_ms},
-                  {"compute_cpus", compute_cpus},
+                  {"compute_cpus", host_cpu.compute_cpus()},
                   {"check_ms", r.check_ms},
                   {"locate_ms", r.locate_ms},
                   {"layers", layers},

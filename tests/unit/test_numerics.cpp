@@ -194,26 +194,21 @@ void fd_check(MlpConfig cfg) {
   for (int l = 0; l < mlp.layers(); ++l) {
     std::vector<float> dw, db;
     mlp.get_grads(l, dw, db);
-    for (std::size_t i = 0; i < dw.size(); ++i) {
-      const double h = 1e-6, keep = host.w[std::size_t(l)][i];
-      host.w[std::size_t(l)][i] = keep + h;
-      const double up = host.loss(x, t);
-      host.w[std::size_t(l)][i] = keep - h;
-      const double down = host.loss(x, t);
-      host.w[std::size_t(l)][i] = keep;
-      const double fd = (up - down) / (2 * h);
-      EXPECT_NEAR(dw[i], fd, 2e-4 * std::max(1.0, std::fabs(fd))) << "layer " << l << " dW[" << i << "]";
-    }
-    for (std::size_t i = 0; i < db.size(); ++i) {
-      const double h = 1e-6, keep = host.b[std::size_t(l)][i];
-      host.b[std::size_t(l)][i] = keep + h;
-      const double up = host.loss(x, t);
-      host.b[std::size_t(l)][i] = keep - h;
-      const double down = host.loss(x, t);
-      host.b[std::size_t(l)][i] = keep;
-      EXPECT_NEAR(db[i], (up - down) / (2 * h), 2e-4 * std::max(1.0, std::fabs((up - down) / (2 * h))))
-          << "layer " << l << " db[" << i << "]";
-    }
+    // central differences of the host loss in each parameter of `host_params`
+    auto check = [&](std::vector<double>& host_params, const std::vector<float>& grad, const char* what) {
+      for (std::size_t i = 0; i < grad.size(); ++i) {
+        const double h = 1e-6, keep = host_params[i];
+        host_params[i] = keep + h;
+        const double up = host.loss(x, t);
+        host_params[i] = keep - h;
+        const double down = host.loss(x, t);
+        host_params[i] = keep;
+        const double fd = (up - down) / (2 * h);
+        EXPECT_NEAR(grad[i], fd, 2e-4 * std::max(1.0, std::fabs(fd))) << "layer " << l << " " << what << "[" << i << "]";
+      }
+    };
+    check(host.w[std::size_t(l)], dw, "dW");
+    check(host.b[std::size_t(l)], db, "db");
   }
 }
 
