@@ -37,7 +37,14 @@ std::uint64_t ComputeStream::enqueue(std::string label, std::function<void()> wo
 
 void ComputeStream::wait_for(std::uint64_t target, std::chrono::milliseconds timeout,
                              std::unique_lock<std::mutex>& lk) {
-  if (!cv_done_.wait_for(lk, timeout, [&] { return completed_ >= target; }))
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool done = completed_ >= target;
+  if (!done) {
+    const auto it = targets_.insert(target);
+    done = cv_done_.wait_until(lk, deadline, [&] { return completed_ >= target; });
+    targets_.erase(it);
+  }
+  if (!done)
     throw HangError(fmt::format("{}: stream made no progress within {:.1f} s; running: {} ({} items queued)", name_,
                                 double(timeout.count()) / 1e3, running_.empty() ? "nothing" : running_,
                                 queue_.size()));
@@ -55,7 +62,16 @@ void ComputeStream::abandon_queued() {
 
 void ComputeStream::drain(std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
-  cv_done_.wait_for(lk, timeout, [&] { return completed_ >= submitted_; });
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // submitted_ may grow while this waits: each round waits for the count
+  // seen when it began (the stream wakes a waiter only at its target).
+  while (completed_ < submitted_) {
+    const auto it = targets_.insert(submitted_);
+    const std::uint64_t target = submitted_;
+    const bool done = cv_done_.wait_until(lk, deadline, [&] { return completed_ >= target; });
+    targets_.erase(it);
+    if (!done) return;
+  }
 }
 
 void ComputeStream::synchronize(std::chrono::milliseconds timeout) {
@@ -143,7 +159,7 @@ void ComputeStream::loop() {
     if (err && !error_) error_ = err;
     running_.clear();
     ++completed_;
-    cv_done_.notify_all();
+    if (!targets_.empty() && completed_ >= *targets_.begin()) cv_done_.notify_all();
   }
 }
 

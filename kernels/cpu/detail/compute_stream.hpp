@@ -11,6 +11,7 @@
 #include <exception>           // std::exception_ptr
 #include <functional>          // std::function
 #include <mutex>               // std::mutex
+#include <set>                 // std::multiset
 #include <string>              // std::string
 #include <thread>              // std::thread
 
@@ -58,6 +59,12 @@ class ComputeStream {
   std::condition_variable cv_work_, cv_done_;
   std::deque<Item> queue_;
   std::uint64_t submitted_ = 0, completed_ = 0;
+  // The completion counts that threads blocked in wait_for wait for. The
+  // stream wakes them only when the smallest is reached: a notify per item
+  // woke a host blocked in synchronize() once per op (a futex wake and a
+  // context switch each, 2.9 us per item measured on 2 cores: 13% of a small
+  // training step charged to the "device").
+  std::multiset<std::uint64_t> targets_;
   std::string running_;
   std::exception_ptr error_;
   bool stop_ = false;
