@@ -28,6 +28,7 @@
 
 #include "harness/errors.hpp"          // UsageError, UnsupportedError
 #include "harness/host_cpus.hpp"       // HostCpuForHost
+#include "harness/measure.hpp"         // measure
 #include "harness/printer.hpp"         // format_number
 #include "harness/sampler.hpp"         // Sampler, classify, sparkline
 #include "harness/scenario.hpp"        // Scenario, ScenarioRun
@@ -147,6 +148,8 @@ class BatchRun : public ScenarioRun {
     const double dev_per_launch_us = 1e6 * B / all_subs;
     const bool launch_bound = dev_per_launch_us < host_per_launch_us && busy_frac < 0.5;
 
+    const BareGemms bare = time_bare_gemms(dev, step);
+
     Point p;
     p.add({"tokens_per_s", tokens / W, "tokens/s", Direction::higher, std::nullopt,
            "micro_batch x seq_len x grad_accum tokens per optimizer step, over the timed steps"});
@@ -168,6 +171,14 @@ class BatchRun : public ScenarioRun {
       if (auto peak = ctx_.expected->peak_tflops(cfg.dtype))
         p.add({"gemm_pct_of_peak", 100.0 * step.gemm_flops() * micro_steps / W / 1e12 / peak->first, "%",
                Direction::higher, std::nullopt, fmt::format("of {} TFLOP/s, {}", format_number(peak->first), peak->second)});
+    if (bare.tflops > 0) {
+      p.add({"gemm_bare_tflops", bare.tflops, "TFLOP/s", Direction::higher, std::nullopt,
+             "the step's forward GEMM shapes timed back to back through the device's GEMM (the precision "
+             "scenario's op, device time only), in this run"});
+      p.add({"gemm_pct_of_bare", 100.0 * step.gemm_flops() * micro_steps / W / 1e12 / bare.tflops, "%",
+             Direction::higher, std::nullopt,
+             "gemm_tflops over gemm_bare_tflops: the share of its own GEMMs' rate the step reaches"});
+    }
     if (window_sample.waiting) {
       // The device timeline from two independent counters of the stream:
       // busy (inside ops) and waiting (blocked on an empty queue). What they
@@ -207,6 +218,7 @@ class BatchRun : public ScenarioRun {
                   {"trials", trials},
                   {"compute_cpus", host_cpu.compute_cpus()},
                   {"impl", ops->impl()}};
+    if (!bare.note.empty()) p.info["gemm_bare"] = bare.note;
     if (launch_bound)
       p.info["lines"] = json::array({fmt::format("launch-bound: {:.1f} us of device work per launch, {:.1f} us of "
                                                  "host time per launch",
@@ -321,6 +333,49 @@ class BatchRun : public ScenarioRun {
   }
 
  private:
+  struct BareGemms {
+    double tflops = 0;
+    json note;
+  };
+  // The step's forward GEMM shapes (tokens x d_model into 3d, d, 4d; 4d into
+  // d), each timed back to back through the device's GEMM op with the stream
+  // held (timing=hidden: device time, no launch gaps), at the step's dtype.
+  // What the same GEMMs do with nothing else in the way: the step's GEMM
+  // rate over it says how much of that the training step keeps.
+  BareGemms time_bare_gemms(Device& dev, const DecoderStep& step) {
+    BareGemms out;
+    const DecoderConfig& cfg = step.config();
+    if (auto why = dev.gemm_unsupported(cfg.dtype)) {
+      out.note = json{{"skipped", *why}};
+      return out;
+    }
+    ctx_.progress("batch: the step's GEMM shapes back to back");
+    const std::int64_t T = step.tokens(), d = cfg.d_model;
+    const GemmShape shapes[] = {{T, 3 * d, d}, {T, d, d}, {T, 4 * d, d}, {T, d, 4 * d}};
+    MeasureConfig mc = ctx_.measure;
+    mc.mode = TimingMode::hidden;
+    mc.min_trials = 3;
+    mc.budget_s = std::min(mc.budget_s, 0.05);
+    double seconds = 0, flops = 0;
+    json each = json::array();
+    for (const GemmShape& g : shapes) {
+      auto op = dev.make_gemm(g, cfg.dtype, 11);
+      Measurement m;
+      try {
+        m = measure(dev, [&] { op->enqueue(); }, mc);
+      } catch (const UnsupportedError&) {  // a device that cannot hold its stream: back to back from the host
+        mc.mode = TimingMode::warm;
+        m = measure(dev, [&] { op->enqueue(); }, mc);
+      }
+      seconds += m.ms.median / 1e3;
+      flops += g.flops();
+      each.push_back(json{{"m", g.m}, {"n", g.n}, {"k", g.k}, {"ms", m.ms.median}, {"impl", op->impl()}});
+    }
+    out.tflops = seconds > 0 ? flops / seconds / 1e12 : 0;
+    out.note = json{{"timing", std::string(to_string(mc.mode))}, {"shapes", each}};
+    return out;
+  }
+
   RunContext& ctx_;
 };
 

@@ -57,6 +57,10 @@ def main():
             accum = q["params"]["grad_accum"]
             check(q["info"]["submissions"] == q["info"]["trials"] * (49 * accum + 16),
                   f"{k}: {q['info']['submissions']} submissions")
+            # the step's GEMM rate beside its own GEMM shapes timed back to back in the same run
+            check(m(q, "gemm_bare_tflops") > 0 and len(q["info"]["gemm_bare"]["shapes"]) == 4,
+                  f"{k}: bare GEMMs {q['info'].get('gemm_bare')}")
+            check(0 < m(q, "gemm_pct_of_bare") < 100, f"{k}: the step at {m(q, 'gemm_pct_of_bare')}% of its bare GEMMs")
             check(m(q, "launches") == 49, f"{k}: {m(q, 'launches')} launches per micro step, want 49")
             # the modelled dispatch is real host time: at least 20 us per launch
             check(m(q, "host_us_per_launch") >= 20, f"{k}: host {m(q, 'host_us_per_launch')} us per launch")
