@@ -31,6 +31,7 @@
 #include "harness/measure.hpp"         // measure
 #include "harness/printer.hpp"         // format_number
 #include "harness/sampler.hpp"         // Sampler, classify, sparkline
+#include "harness/stats.hpp"           // summarize
 #include "harness/scenario.hpp"        // Scenario, ScenarioRun
 #include "harness/train_ops.hpp"       // TrainOps
 #include "scenarios/batch/decoder.hpp"  // DecoderStep
@@ -92,39 +93,45 @@ class BatchRun : public ScenarioRun {
       if (timing) ++timed_subs;
     });
     step.set_graphs(graphs);
-    auto window = [&](EventPtr* opt0, EventPtr* opt1) {
+    auto window = [&](EventPtr* zero1, EventPtr* opt0, EventPtr* opt1) {
       const auto t0 = clk::now();
-      train_window(step, accum, opt, 1e-4f, [&] {
-        if (opt0) *opt0 = dev.record();
-      }, [&] {
-        if (opt1) *opt1 = dev.record();
-      });
+      train_window(
+          step, accum, opt, 1e-4f, [&] {
+            if (opt0) *opt0 = dev.record();
+          },
+          [&] {
+            if (opt1) *opt1 = dev.record();
+          },
+          [&] {
+            if (zero1) *zero1 = dev.record();
+          });
       if (timing) submit += clk::now() - t0;
     };
     const std::string where = fmt::format("batch micro_batch={} grad_accum={} graphs={}", cfg.micro_batch, accum,
                                           graphs ? "on" : "off");
     // warm-up: one window (captures the graphs, makes the AdamW moments)
     ctx_.progress(where + ": warm-up");
-    window(nullptr, nullptr);
+    window(nullptr, nullptr, nullptr);
     dev.synchronize(ctx_.measure.sync_timeout);
 
     ctx_.progress(where + ": timing");
     auto busy = dev.utilization_probe();
     Sampler sampler(dev.utilization_probe());
     clk::duration sync{0}, other{0};
-    std::vector<double> opt_ms;
+    std::vector<double> opt_ms, micro_ms;
     timing = true;
     sampler.start();
     if (busy) (void)busy->sample();  // starts its interval
     const auto w0 = clk::now();
     for (int t = 0; t < trials; ++t) {
-      EventPtr o0, o1;
-      window(&o0, &o1);
+      EventPtr z1, o0, o1;
+      window(&z1, &o0, &o1);
       const auto s0 = clk::now();
       dev.synchronize(ctx_.measure.sync_timeout);  // a training loop's loss.item() at each step
       const auto s1 = clk::now();
       sync += s1 - s0;
       opt_ms.push_back(dev.elapsed_ms(o0, o1));
+      micro_ms.push_back(dev.elapsed_ms(z1, o0) / accum);
       other += clk::now() - s1;
     }
     const auto w1 = clk::now();
@@ -163,6 +170,9 @@ class BatchRun : public ScenarioRun {
            "modelled dispatch plus the enqueue"});
     p.add({"device_us_per_launch", dev_per_launch_us, "us", Direction::higher, std::nullopt,
            "device busy time per submission (the same count)"});
+    p.add({"micro_step_ms", summarize(micro_ms).mean, "ms", Direction::lower, std::nullopt,
+           "the device's span of the micro steps (from after zero_grad to before the optimizer, events), per "
+           "micro step: launch gaps included, the once-per-step work excluded"});
     p.add({"optimizer_pct", W > 0 ? 100.0 * opt_total / 1e3 / W : 0, "%", Direction::lower, std::nullopt,
            "device time of the optimizer over the wall time"});
     p.add({"gemm_tflops", step.gemm_flops() * micro_steps / W / 1e12, "TFLOP/s", Direction::higher, std::nullopt,
@@ -275,31 +285,27 @@ class BatchRun : public ScenarioRun {
       const Point* a = m.begin()->second;
       const Point* b = m.rbegin()->second;
       const double gain = b->metric("tokens_per_s")->value / a->metric("tokens_per_s")->value;
-      // device time per micro step without the optimizer: (busy - optimizer share) x step time / accum
-      auto per_micro = [](const Point* q, int accum) {
-        return (q->metric("busy_pct")->value - q->metric("optimizer_pct")->value) / 100.0 *
-               q->metric("step_ms")->value / double(accum);
-      };
       const int acc_a = m.begin()->first, acc_b = m.rbegin()->first;
-      const double ma = per_micro(a, acc_a), mb = per_micro(b, acc_b);
+      if (!a->metric("micro_step_ms") || !b->metric("micro_step_ms")) continue;
+      const double ma = a->metric("micro_step_ms")->value, mb = b->metric("micro_step_ms")->value;
       res.findings.push_back(
           {{},
-           fmt::format("micro_batch {} (graphs={}): grad_accum {} -> {} gives {:.2f}x tokens/s. Measured: the "
-                       "once-per-step costs are amortized: the optimizer ({:.1f}% -> {:.1f}% of the time) and "
-                       "the device's idle time ({:.0f}% -> {:.0f}%, which includes the wait at each step's "
-                       "synchronization, loss.item()); the device time per micro step goes {:.3f} -> {:.3f} ms{}. "
-                       "Raise micro_batch_size first; use gradient_accumulation_steps for the effective batch when "
+           fmt::format("micro_batch {} (graphs={}): grad_accum {} -> {} gives {:.2f}x tokens/s. What it amortizes "
+                       "is the once-per-step work: the optimizer goes from {:.1f}% to {:.1f}% of the time; the "
+                       "device's span per micro step goes {:.3f} -> {:.3f} ms{}; device idle {:.0f}% -> {:.0f}% "
+                       "(launch gaps and the wait at each step's synchronization, loss.item()). Raise "
+                       "micro_batch_size first; use gradient_accumulation_steps for the effective batch when "
                        "memory is short",
                        key.first, key.second, acc_a, acc_b, gain, a->metric("optimizer_pct")->value,
-                       b->metric("optimizer_pct")->value, 100 - a->metric("busy_pct")->value,
-                       100 - b->metric("busy_pct")->value, ma, mb,
+                       b->metric("optimizer_pct")->value, ma, mb,
                        std::abs(mb - ma) > 0.1 * ma ? " (the work per micro step is the same, so this is not "
                                                       "explained here)"
-                                                    : " (unchanged: the work per micro step is the same)"),
+                                                    : " (unchanged: the work per micro step is the same)",
+                       100 - a->metric("busy_pct")->value, 100 - b->metric("busy_pct")->value),
            gain,
            json{{"micro_batch", key.first},
                 {"graphs", key.second},
-                {"device_ms_per_micro_step", json{{std::to_string(acc_a), ma}, {std::to_string(acc_b), mb}}}}});
+                {"micro_step_ms", json{{std::to_string(acc_a), ma}, {std::to_string(acc_b), mb}}}}});
     }
     // graphs at the smallest micro batch
     std::map<std::pair<std::int64_t, int>, std::map<std::string, const Point*>> by_graph;

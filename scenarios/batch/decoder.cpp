@@ -231,9 +231,10 @@ void DecoderStep::micro_step(float loss_mult) {
 }
 
 void train_window(DecoderStep& step, int grad_accum, OptKind opt, float lr, const std::function<void()>& before_opt,
-                  const std::function<void()>& after_opt) {
+                  const std::function<void()>& after_opt, const std::function<void()>& after_zero) {
   if (grad_accum < 1) throw UsageError("grad_accum must be at least 1");
   step.zero_grad();
+  after_zero();
   for (int i = 0; i < grad_accum; ++i) step.micro_step(1.0f / float(grad_accum));
   before_opt();
   step.optimizer(opt, lr, step.optimizer_calls() + 1);

@@ -106,9 +106,11 @@ class DecoderStep {
 };
 
 // One optimizer step of a training loop: zero_grad, grad_accum micro steps
-// (each loss divided by grad_accum), the optimizer once. before_opt and
-// after_opt run around the optimizer (the scenario records events there).
+// (each loss divided by grad_accum), the optimizer once. after_zero runs
+// after zero_grad, before_opt and after_opt around the optimizer (the
+// scenario records events there).
 void train_window(DecoderStep& step, int grad_accum, OptKind opt, float lr,
-                  const std::function<void()>& before_opt = [] {}, const std::function<void()>& after_opt = [] {});
+                  const std::function<void()>& before_opt = [] {}, const std::function<void()>& after_opt = [] {},
+                  const std::function<void()>& after_zero = [] {});
 
 }  // namespace sb::batch
