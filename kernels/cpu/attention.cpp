@@ -109,11 +109,11 @@ LedgerBlock CpuAttention::alloc_workspace(std::size_t bytes, const char* name) {
 }
 
 void CpuAttention::forward() {
-  env_.cs.enqueue(label_ + " fwd", [this] { run_forward(); });
+  last_seq_ = env_.cs.enqueue(label_ + " fwd", [this] { run_forward(); });
 }
 
 void CpuAttention::backward() {
-  env_.cs.enqueue(label_ + " bwd", [this] { run_backward(); });
+  last_seq_ = env_.cs.enqueue(label_ + " bwd", [this] { run_backward(); });
 }
 
 void CpuAttention::upload(std::span<const float> q, std::span<const float> k, std::span<const float> v,

@@ -1,7 +1,9 @@
 // The batch scenario's decoder step (equations in decoder.hpp).
 #include "scenarios/batch/decoder.hpp"
 
-#include <cmath>  // std::sqrt
+#include <algorithm>  // std::max
+#include <chrono>     // std::chrono::minutes
+#include <cmath>      // std::sqrt
 
 #include <fmt/format.h>  // fmt::format
 
@@ -20,6 +22,27 @@ std::int64_t DecoderStep::out_of(int w) const {
   }
 }
 
+namespace {
+// The device's bytes in use (its allocator's account); 0 where none is kept.
+std::uint64_t in_use(const Device& dev) { return dev.memory_stats().in_use; }
+}  // namespace
+
+void DecoderStep::alloc_acts(Acts& a, const std::string& n) {
+  const std::int64_t T = tokens(), d = cfg_.d_model;
+  const DType t = cfg_.dtype;
+  a.u1 = ops_.alloc(T * d, t, n + " norm1");
+  a.r1 = ops_.alloc(T, DType::fp32, n + " norm1 1/rms");
+  a.qkv = ops_.alloc(T * 3 * d, t, n + " qkv");
+  a.att = ops_.alloc(T * d, t, n + " attention output (stand-in)");
+  a.o = ops_.alloc(T * d, t, n + " o-proj");
+  a.xm = ops_.alloc(T * d, t, n + " x + attention");
+  a.u2 = ops_.alloc(T * d, t, n + " norm2");
+  a.r2 = ops_.alloc(T, DType::fp32, n + " norm2 1/rms");
+  a.hp = ops_.alloc(T * 4 * d, t, n + " mlp pre-activation");
+  a.h = ops_.alloc(T * 4 * d, t, n + " mlp activation");
+  a.y = ops_.alloc(T * d, t, n + " mlp output");
+}
+
 DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, std::uint64_t seed,
                          std::function<void()> before_submit)
     : dev_(dev), ops_(ops), cfg_(cfg), before_submit_(std::move(before_submit)) {
@@ -27,16 +50,26 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
     throw UsageError(fmt::format("d_model {} is not a multiple of heads {}", cfg.d_model, cfg.heads));
   const std::int64_t T = tokens(), d = cfg.d_model;
   const DType t = cfg.dtype;
-  ls_.resize(std::size_t(cfg.layers));
-  for (int l = 0; l < cfg.layers; ++l) {
+  const int nl = cfg.layers;
+  ls_.resize(std::size_t(nl));
+  static const char* names[4] = {"Wqkv", "Wo", "W1", "W2"};
+  // Each part is allocated as one group, the allocator read around it. A
+  // device may free in stream order (cpu): what an earlier owner dropped is
+  // settled first, so that no release lands inside a part's reading.
+  dev.synchronize(std::chrono::minutes(5));
+  std::uint64_t mark = in_use(dev);
+  auto measured = [&](std::uint64_t& part) {
+    const std::uint64_t now = in_use(dev);
+    part += now - mark;
+    mark = now;
+  };
+  for (int l = 0; l < nl; ++l) {
     Layer& L = ls_[std::size_t(l)];
     const std::string n = fmt::format("layer {}", l);
-    static const char* names[4] = {"Wqkv", "Wo", "W1", "W2"};
     for (int w = 0; w < 4; ++w) {
       const std::int64_t cnt = in_of(w) * out_of(w);
       L.w[w] = ops.alloc(cnt, DType::fp32, fmt::format("{} {} (fp32 master)", n, names[w]));
       if (t != DType::fp32) L.wc[w] = ops.alloc(cnt, t, fmt::format("{} {} (compute copy)", n, names[w]));
-      L.g[w] = ops.alloc(cnt, DType::fp32, fmt::format("{} {} grad (fp32)", n, names[w]));
       const float a = float(std::sqrt(6.0 / double(in_of(w) + out_of(w))));
       // the host staging copy counts against the host's memory too
       const HostReservation staging = reserve_host_memory(std::uint64_t(cnt) * 4, n + " weights (host staging)");
@@ -44,43 +77,74 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
       for (std::size_t i = 0; i < host.size(); ++i) host[i] = a * uniform_pm1(seed + std::uint64_t(l * 4 + w), i);
       ops.upload(L.w[w], host);
     }
-    L.x = ops.alloc(T * d, t, n + " input");
-    L.u1 = ops.alloc(T * d, t, n + " norm1");
-    L.r1 = ops.alloc(T, DType::fp32, n + " norm1 1/rms");
-    L.qkv = ops.alloc(T * 3 * d, t, n + " qkv");
-    L.att = ops.alloc(T * d, t, n + " attention output (stand-in)");
-    L.o = ops.alloc(T * d, t, n + " o-proj");
-    L.xm = ops.alloc(T * d, t, n + " x + attention");
-    L.u2 = ops.alloc(T * d, t, n + " norm2");
-    L.r2 = ops.alloc(T, DType::fp32, n + " norm2 1/rms");
-    L.hp = ops.alloc(T * 4 * d, t, n + " mlp pre-activation");
-    L.h = ops.alloc(T * 4 * d, t, n + " mlp activation");
-    L.y = ops.alloc(T * d, t, n + " mlp output");
-    L.dxm = ops.alloc(T * d, t, n + " d(x + attention)");
-    L.du2 = ops.alloc(T * d, t, n + " d norm2");
-    L.dhp = ops.alloc(T * 4 * d, t, n + " d mlp pre-activation");
-    L.dh = ops.alloc(T * 4 * d, t, n + " d mlp activation");
-    L.datt = ops.alloc(T * d, t, n + " d attention output");
-    L.dqkv = ops.alloc(T * 3 * d, t, n + " d qkv (stand-in)");
-    L.du1 = ops.alloc(T * d, t, n + " d norm1");
-    L.dx = ops.alloc(T * d, t, n + " d input");
-    AttnShape as;
-    as.batch = cfg.micro_batch;
-    as.heads = cfg.heads;
-    as.seq = cfg.seq;
-    as.head_dim = d / cfg.heads;
-    as.causal = true;
-    L.attn = dev.make_attention(as, cfg.attention, t == DType::fp32 ? DType::fp32 : t, seed + 99 + std::uint64_t(l));
   }
+  measured(measured_.weights);
+  for (int l = 0; l < nl; ++l)
+    for (int w = 0; w < 4; ++w)
+      ls_[std::size_t(l)].g[w] =
+          ops.alloc(in_of(w) * out_of(w), DType::fp32, fmt::format("layer {} {} grad (fp32)", l, names[w]));
+  measured(measured_.gradients);
+  for (int l = 0; l < nl; ++l) {
+    Layer& L = ls_[std::size_t(l)];
+    const std::string n = fmt::format("layer {}", l);
+    L.x = ops.alloc(T * d, t, n + " input");
+    if (!cfg.checkpointing) alloc_acts(L.own, n);
+    L.a = cfg.checkpointing ? &shared_acts_ : &L.own;
+  }
+  if (cfg.checkpointing) alloc_acts(shared_acts_, "checkpointed layers' (recomputed)");
   out_ = ops.alloc(T * d, t, "stack output");
+  measured(measured_.activations);
+  AttnShape as;
+  as.batch = cfg.micro_batch;
+  as.heads = cfg.heads;
+  as.seq = cfg.seq;
+  as.head_dim = d / cfg.heads;
+  as.causal = true;
+  for (int l = 0; l < (cfg.checkpointing ? 1 : nl); ++l)
+    attn_.push_back(dev.make_attention(as, cfg.attention, t, seed + 99 + std::uint64_t(l)));
+  for (int l = 0; l < nl; ++l) ls_[std::size_t(l)].attn = attn_[cfg.checkpointing ? 0 : std::size_t(l)].get();
+  measured(measured_.attention);
+  bg_.dxm = ops.alloc(T * d, t, "d(x + attention)");
+  bg_.du2 = ops.alloc(T * d, t, "d norm2");
+  bg_.dhp = ops.alloc(T * 4 * d, t, "d mlp pre-activation");
+  bg_.dh = ops.alloc(T * 4 * d, t, "d mlp activation");
+  bg_.datt = ops.alloc(T * d, t, "d attention output");
+  bg_.dqkv = ops.alloc(T * 3 * d, t, "d qkv (stand-in)");
+  bg_.du1 = ops.alloc(T * d, t, "d norm1");
+  for (int i = 0; i < 2; ++i) dx_[i] = ops.alloc(T * d, t, fmt::format("d layer input ({})", i));
   target_ = ops.alloc(T * d, DType::fp32, "targets");
   loss_ = ops.alloc(1, DType::fp32, "loss");
   dout_ = ops.alloc(T * d, t, "d output");
+  measured(measured_.backward);
   const HostReservation staging = reserve_host_memory(std::uint64_t(T * d) * 8, "inputs and targets (host staging)");
   std::vector<float> x(std::size_t(T * d)), y(std::size_t(T * d));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = uniform_pm1(seed ^ 0xda7a, i);
   for (std::size_t i = 0; i < y.size(); ++i) y[i] = 0.5f * uniform_pm1(seed ^ 0x7a26e7, i);
   set_input(x, y);
+}
+
+MemoryParts predict_footprint(const DecoderConfig& cfg, OptKind opt, std::uint64_t granule,
+                              std::uint64_t attention_op_bytes, std::uint64_t transient_bytes) {
+  const std::uint64_t g = std::max<std::uint64_t>(granule, 1);
+  const auto T = std::uint64_t(cfg.micro_batch * cfg.seq), d = std::uint64_t(cfg.d_model);
+  const auto e = std::uint64_t(storage_bytes(cfg.dtype));
+  const auto L = std::uint64_t(cfg.layers);
+  auto r = [g](std::uint64_t bytes) { return (bytes + g - 1) / g * g; };
+  const std::uint64_t p[4] = {d * 3 * d, d * d, d * 4 * d, 4 * d * d};  // Wqkv, Wo, W1, W2
+  MemoryParts m;
+  for (std::uint64_t n : p) {
+    m.weights += L * (r(4 * n) + (cfg.dtype != DType::fp32 ? r(e * n) : 0));
+    m.gradients += L * r(4 * n);
+    if (opt == OptKind::adamw) m.optimizer += L * 2 * r(4 * n);
+  }
+  // u1, att, o, xm, u2, y: T x d; qkv: T x 3d; hp, h: T x 4d; r1, r2: T fp32
+  const std::uint64_t acts = 6 * r(e * T * d) + r(e * T * 3 * d) + 2 * r(e * T * 4 * d) + 2 * r(4 * T);
+  m.activations = L * r(e * T * d) + (cfg.checkpointing ? 1 : L) * acts + r(e * T * d);  // inputs, sets, output
+  m.attention = (cfg.checkpointing ? 1 : L) * attention_op_bytes;
+  // dxm, du2, datt, du1, dx x2, dout: T x d; dhp, dh: T x 4d; dqkv: T x 3d; targets fp32; the loss
+  m.backward = 7 * r(e * T * d) + 2 * r(e * T * 4 * d) + r(e * T * 3 * d) + r(4 * T * d) + r(4);
+  m.transient = transient_bytes;
+  return m;
 }
 
 void DecoderStep::set_input(std::span<const float> x, std::span<const float> target) {
@@ -116,6 +180,25 @@ std::size_t DecoderStep::graph_nodes() const {
   return n;
 }
 
+// One layer's forward into its activation set. next: where the block's
+// output goes (the next layer's input); nullptr when recomputing for the
+// backward (the next input is kept, the recompute stops at the MLP output).
+void DecoderStep::forward_layer(std::vector<std::function<void()>>& run, Layer* L, DTensor* next,
+                                const std::function<void(int, bool)>& attention, int l) {
+  const std::int64_t T = tokens(), d = cfg_.d_model;
+  Acts* A = L->a;
+  run.push_back([this, L, A, T, d] { op().rmsnorm(L->x, A->u1, A->r1, T, d, 1e-6f); });
+  run.push_back([this, L, A, T, d] { op().gemm(false, true, T, 3 * d, d, 1.0f, A->u1, wuse(*L, 0), 0.0f, A->qkv); });
+  attention(l, false);
+  run.push_back([this, L, A, T, d] { op().gemm(false, true, T, d, d, 1.0f, A->att, wuse(*L, 1), 0.0f, A->o); });
+  run.push_back([this, L, A, T, d] { op().bias_act(A->o, nullptr, Act::none, &L->x, A->xm, T, d); });
+  run.push_back([this, A, T, d] { op().rmsnorm(A->xm, A->u2, A->r2, T, d, 1e-6f); });
+  run.push_back([this, L, A, T, d] { op().gemm(false, true, T, 4 * d, d, 1.0f, A->u2, wuse(*L, 2), 0.0f, A->hp); });
+  run.push_back([this, A, T, d] { op().bias_act(A->hp, nullptr, Act::gelu, nullptr, A->h, T, 4 * d); });
+  run.push_back([this, L, A, T, d] { op().gemm(false, true, T, d, 4 * d, 1.0f, A->h, wuse(*L, 3), 0.0f, A->y); });
+  if (next) run.push_back([this, A, T, d, next] { op().bias_act(A->y, nullptr, Act::none, &A->xm, *next, T, d); });
+}
+
 // The micro step as pieces: runs of TrainOps calls (one graph each when
 // graphs are on) between the attention calls, which stay outside graphs.
 void DecoderStep::build_pieces(float loss_mult) {
@@ -146,38 +229,34 @@ void DecoderStep::build_pieces(float loss_mult) {
     DTensor* next = l + 1 < nl ? &ls_[std::size_t(l + 1)].x : &out_;
     if (cfg_.dtype != DType::fp32)
       for (int w = 0; w < 4; ++w) run.push_back([this, L, w] { op().cast(L->w[w], L->wc[w], L->w[w].numel); });
-    run.push_back([this, L, T, d] { op().rmsnorm(L->x, L->u1, L->r1, T, d, 1e-6f); });
-    run.push_back([this, L, T, d] { op().gemm(false, true, T, 3 * d, d, 1.0f, L->u1, wuse(*L, 0), 0.0f, L->qkv); });
-    attention(l, false);
-    run.push_back([this, L, T, d] { op().gemm(false, true, T, d, d, 1.0f, L->att, wuse(*L, 1), 0.0f, L->o); });
-    run.push_back([this, L, T, d] { op().bias_act(L->o, nullptr, Act::none, &L->x, L->xm, T, d); });
-    run.push_back([this, L, T, d] { op().rmsnorm(L->xm, L->u2, L->r2, T, d, 1e-6f); });
-    run.push_back([this, L, T, d] { op().gemm(false, true, T, 4 * d, d, 1.0f, L->u2, wuse(*L, 2), 0.0f, L->hp); });
-    run.push_back([this, L, T, d] { op().bias_act(L->hp, nullptr, Act::gelu, nullptr, L->h, T, 4 * d); });
-    run.push_back([this, L, T, d] { op().gemm(false, true, T, d, 4 * d, 1.0f, L->h, wuse(*L, 3), 0.0f, L->y); });
-    run.push_back([this, L, T, d, next] { op().bias_act(L->y, nullptr, Act::none, &L->xm, *next, T, d); });
+    forward_layer(run, L, next, attention, l);
   }
   run.push_back([this, T, d, loss_mult] { op().mse_loss(out_, target_, loss_, dout_, T * d, loss_mult); });
   // backward
+  Grads* G = &bg_;
   for (int l = nl - 1; l >= 0; --l) {
     Layer* L = &ls_[std::size_t(l)];
-    const DTensor* dnext = l + 1 < nl ? &ls_[std::size_t(l + 1)].dx : &dout_;
+    Acts* A = L->a;
+    // checkpointing: the layer's forward again, from its kept input, into the shared set
+    if (cfg_.checkpointing) forward_layer(run, L, nullptr, attention, l);
+    const DTensor* dnext = l + 1 < nl ? &dx_[std::size_t(l + 1) % 2] : &dout_;
+    DTensor* dx = &dx_[std::size_t(l) % 2];
     // MLP: y = h W2^T; h = gelu(hp); hp = u2 W1^T; u2 = rmsnorm(xm); residual
-    run.push_back([this, L, T, d, dnext] { op().gemm(true, false, d, 4 * d, T, 1.0f, *dnext, L->h, 1.0f, L->g[3]); });
-    run.push_back([this, L, T, d, dnext] { op().gemm(false, false, T, 4 * d, d, 1.0f, *dnext, wuse(*L, 3), 0.0f, L->dh); });
-    run.push_back([this, L, T, d] { op().act_backward(L->dh, L->hp, Act::gelu, L->dhp, T * 4 * d); });
-    run.push_back([this, L, T, d] { op().gemm(true, false, 4 * d, d, T, 1.0f, L->dhp, L->u2, 1.0f, L->g[2]); });
-    run.push_back([this, L, T, d] { op().gemm(false, false, T, d, 4 * d, 1.0f, L->dhp, wuse(*L, 2), 0.0f, L->du2); });
-    run.push_back([this, L, T, d] { op().rmsnorm_backward(L->du2, L->u2, L->r2, L->dxm, T, d); });
-    run.push_back([this, L, T, d, dnext] { op().bias_act(L->dxm, nullptr, Act::none, dnext, L->dxm, T, d); });
+    run.push_back([this, L, A, T, d, dnext] { op().gemm(true, false, d, 4 * d, T, 1.0f, *dnext, A->h, 1.0f, L->g[3]); });
+    run.push_back([this, L, G, T, d, dnext] { op().gemm(false, false, T, 4 * d, d, 1.0f, *dnext, wuse(*L, 3), 0.0f, G->dh); });
+    run.push_back([this, A, G, T, d] { op().act_backward(G->dh, A->hp, Act::gelu, G->dhp, T * 4 * d); });
+    run.push_back([this, L, A, G, T, d] { op().gemm(true, false, 4 * d, d, T, 1.0f, G->dhp, A->u2, 1.0f, L->g[2]); });
+    run.push_back([this, L, G, T, d] { op().gemm(false, false, T, d, 4 * d, 1.0f, G->dhp, wuse(*L, 2), 0.0f, G->du2); });
+    run.push_back([this, A, G, T, d] { op().rmsnorm_backward(G->du2, A->u2, A->r2, G->dxm, T, d); });
+    run.push_back([this, G, T, d, dnext] { op().bias_act(G->dxm, nullptr, Act::none, dnext, G->dxm, T, d); });
     // attention block: o = att Wo^T; the attention's own backward; qkv = u1 Wqkv^T
-    run.push_back([this, L, T, d] { op().gemm(true, false, d, d, T, 1.0f, L->dxm, L->att, 1.0f, L->g[1]); });
-    run.push_back([this, L, T, d] { op().gemm(false, false, T, d, d, 1.0f, L->dxm, wuse(*L, 1), 0.0f, L->datt); });
+    run.push_back([this, L, A, G, T, d] { op().gemm(true, false, d, d, T, 1.0f, G->dxm, A->att, 1.0f, L->g[1]); });
+    run.push_back([this, L, G, T, d] { op().gemm(false, false, T, d, d, 1.0f, G->dxm, wuse(*L, 1), 0.0f, G->datt); });
     attention(l, true);
-    run.push_back([this, L, T, d] { op().gemm(true, false, 3 * d, d, T, 1.0f, L->dqkv, L->u1, 1.0f, L->g[0]); });
-    run.push_back([this, L, T, d] { op().gemm(false, false, T, d, 3 * d, 1.0f, L->dqkv, wuse(*L, 0), 0.0f, L->du1); });
-    run.push_back([this, L, T, d] { op().rmsnorm_backward(L->du1, L->u1, L->r1, L->dx, T, d); });
-    run.push_back([this, L, T, d] { op().bias_act(L->dx, nullptr, Act::none, &L->dxm, L->dx, T, d); });
+    run.push_back([this, L, A, G, T, d] { op().gemm(true, false, 3 * d, d, T, 1.0f, G->dqkv, A->u1, 1.0f, L->g[0]); });
+    run.push_back([this, L, G, T, d] { op().gemm(false, false, T, d, 3 * d, 1.0f, G->dqkv, wuse(*L, 0), 0.0f, G->du1); });
+    run.push_back([this, A, G, T, d, dx] { op().rmsnorm_backward(G->du1, A->u1, A->r1, *dx, T, d); });
+    run.push_back([this, G, T, d, dx] { op().bias_act(*dx, nullptr, Act::none, &G->dxm, *dx, T, d); });
   }
   flush();
 }
@@ -194,11 +273,11 @@ void DecoderStep::micro_step(float loss_mult) {
     for (Piece& p : pieces_) {
       if (p.layer >= 0) {
         before_submit_();
-        Layer& L = ls_[std::size_t(p.layer)];
+        AttentionOp* attn = ls_[std::size_t(p.layer)].attn;
         if (p.backward)
-          L.attn->backward();
+          attn->backward();
         else
-          L.attn->forward();
+          attn->forward();
         continue;
       }
       if (!graphs_) {
@@ -250,12 +329,16 @@ void DecoderStep::optimizer(OptKind kind, float lr, int step) {
   ++opt_calls_;
   if (kind == OptKind::none) return;
   if (kind == OptKind::adamw && !moments_) {
+    // the first call only: settle stream-ordered frees, then read the allocator around the moments
+    dev_.synchronize(std::chrono::minutes(5));
+    const std::uint64_t before = in_use(dev_);
     for (std::size_t l = 0; l < ls_.size(); ++l)
       for (int w = 0; w < 4; ++w) {
         ls_[l].m[w] = ops_.alloc(ls_[l].w[w].numel, DType::fp32, fmt::format("layer {} AdamW m", l));
         ls_[l].v[w] = ops_.alloc(ls_[l].w[w].numel, DType::fp32, fmt::format("layer {} AdamW v", l));
       }
     moments_ = true;
+    measured_.optimizer = in_use(dev_) - before;
   }
   for (Layer& L : ls_)
     for (int w = 0; w < 4; ++w) {

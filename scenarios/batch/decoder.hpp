@@ -9,6 +9,14 @@
 // a window: optimizer.zero_grad), the loss of each micro step divided by
 // grad_accum: the window's gradient is the big batch's.
 //
+// Memory: the backward's activation gradients are one set shared by every
+// layer (a layer's are dead once the next lower layer starts, as a
+// framework frees them), with two input-gradient buffers in turn. With
+// checkpointing (torch.utils.checkpoint around each layer, Axolotl's
+// gradient_checkpointing), only each layer's input is kept from the forward:
+// the layer's activations and its attention op are one set shared by every
+// layer, and the backward of a layer first runs its forward again into it.
+//
 // Attention runs as the device's own op (flash on cpu, cuDNN SDPA on cuda)
 // on its own Q, K, V buffers: its time is real, its values are not wired
 // into the projections (a stand-in tensor takes its place), so the
@@ -36,9 +44,41 @@ struct DecoderConfig {
   int layers = 2;
   DType dtype = DType::fp32;
   AttnImpl attention = AttnImpl::flash;
+  bool checkpointing = false;  // full activation checkpointing, one segment per layer
 };
 
+// The training footprint by part, in bytes.
+//   weights: fp32 masters, plus the compute-dtype copies under mixed precision
+//   gradients: fp32, one per weight
+//   optimizer: AdamW's m and v (fp32), made at the first optimizer step
+//   activations: what the forward keeps for the backward (each layer's input,
+//     its intermediates; with checkpointing one shared set) and the output
+//   attention: the attention ops' own buffers (Q, K, V, O, their gradients,
+//     workspace), one op per layer (one with checkpointing)
+//   backward: the shared activation-gradient set, the loss's buffers
+//   transient: allocated inside ops during a step, above the rest
+struct MemoryParts {
+  std::uint64_t weights = 0, gradients = 0, optimizer = 0, activations = 0, attention = 0, backward = 0,
+                transient = 0;
+  std::uint64_t total() const { return weights + gradients + optimizer + activations + attention + backward + transient; }
+};
+inline constexpr const char* kMemoryPartNames[7] = {"weights",   "gradients", "optimizer", "activations",
+                                                    "attention", "backward",  "transient"};
+inline std::uint64_t part(const MemoryParts& m, int i) {
+  const std::uint64_t v[7] = {m.weights, m.gradients, m.optimizer, m.activations, m.attention, m.backward, m.transient};
+  return v[i];
+}
+
+
 enum class OptKind { adamw, sgd, none };
+
+// The footprint the model predicts, in closed form from the config: every
+// tensor the step allocates, each rounded up to `granule` bytes (the
+// allocator's alignment: 64 on cpu). What depends on the device's own
+// implementation is given: the bytes of one attention op and the transient
+// peak (the memory scenario probes both).
+MemoryParts predict_footprint(const DecoderConfig& cfg, OptKind opt, std::uint64_t granule,
+                              std::uint64_t attention_op_bytes, std::uint64_t transient_bytes);
 
 class DecoderStep {
  public:
@@ -70,15 +110,29 @@ class DecoderStep {
   // weights (0 Wqkv, 1 Wo, 2 W1, 3 W2).
   std::vector<float> grad(int layer, int which);
   std::vector<float> weight(int layer, int which);  // the fp32 master
+  // The device's bytes in use, by part, read from its allocator (memory_stats)
+  // around each group of allocations; transient stays 0 (the scenario
+  // measures it over a step). Zero where the device reports no memory.
+  const MemoryParts& measured_memory() const { return measured_; }
   void set_input(std::span<const float> x, std::span<const float> target);
 
  private:
+  struct Acts {
+    DTensor u1, r1, qkv, att, o, xm, u2, r2, hp, h, y;  // a layer's forward intermediates
+  };
   struct Layer {
     DTensor w[4], wc[4], g[4], m[4], v[4];  // masters, compute copies, fp32 grads, AdamW moments
-    DTensor x, u1, r1, qkv, att, o, xm, u2, r2, hp, h, y;  // activations
-    DTensor dxm, du2, dhp, dh, datt, dqkv, du1, dx;        // gradients
-    std::unique_ptr<AttentionOp> attn;
+    DTensor x;                              // the layer's input (kept with or without checkpointing)
+    Acts own;                               // its intermediates (empty with checkpointing)
+    Acts* a = nullptr;                      // own, or the shared set
+    AttentionOp* attn = nullptr;            // its attention op, or the shared one
   };
+  struct Grads {
+    DTensor dxm, du2, dhp, dh, datt, dqkv, du1;  // one set for every layer
+  };
+  void alloc_acts(Acts& a, const std::string& n);
+  void forward_layer(std::vector<std::function<void()>>& run, Layer* L, DTensor* next,
+                     const std::function<void(int, bool)>& attention, int l);
   struct Piece {
     int layer = -1;  // >= 0: an attention call on that layer
     bool backward = false;
@@ -96,7 +150,12 @@ class DecoderStep {
   DecoderConfig cfg_;
   std::function<void()> before_submit_;
   std::vector<Layer> ls_;
+  Acts shared_acts_;
+  Grads bg_;
+  DTensor dx_[2];  // the input gradient of layer l in dx_[l % 2]
+  std::vector<std::unique_ptr<AttentionOp>> attn_;
   DTensor out_, target_, loss_, dout_;
+  MemoryParts measured_;
   std::vector<Piece> pieces_;
   float pieces_mult_ = 0;
   bool graphs_ = false, capturing_ = false, moments_ = false;

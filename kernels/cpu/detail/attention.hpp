@@ -122,12 +122,22 @@ class CpuAttention : public AttentionOp {
   // Run on the compute thread.
   virtual void run_forward() = 0;
   virtual void run_backward() = 0;
-  // Every derived destructor calls this first: after a timed-out wait the
-  // op's work item may still be running on the stream (the queued ones were
-  // dropped), and it uses this object's members; wait it out before any
-  // member goes. A no-op unless a hang happened.
+  // Every derived destructor calls this first: the op's forward or backward
+  // may still be queued or running on the stream (an owner dropped the op
+  // without synchronizing, as a GPU framework may), and it uses this
+  // object's members; wait for it before any member goes. After a
+  // timed-out wait the queued ones were dropped, the running one is waited
+  // out (the harness watchdog bounds the process).
   void finish_running_work() {
-    if (env_.ledger->keeps_freed_blocks()) env_.cs.drain(std::chrono::hours(1));
+    if (!env_.ledger->keeps_freed_blocks()) {
+      try {
+        env_.cs.wait_done(last_seq_, std::chrono::minutes(10));
+        return;
+      } catch (...) {  // a hang: keep what the running item may still use
+        env_.ledger->keep_freed_blocks();
+      }
+    }
+    env_.cs.drain(std::chrono::hours(1));
   }
   // Workspace the derived op allocates, accounted under this op's label.
   LedgerBlock alloc_workspace(std::size_t bytes, const char* name);
@@ -146,6 +156,7 @@ class CpuAttention : public AttentionOp {
   std::size_t elems_ = 0;          // B*H*T*D, the size of every operand
   float scale_ = 1;
   std::size_t workspace_bytes_ = 0;
+  std::uint64_t last_seq_ = 0;  // the stream item of the last forward or backward
   std::string label_;              // "naive attention fp32 B=1 H=8 S=4096 D=64"
   LedgerBlock q_, k_, v_, do_;     // dtype
   LedgerBlock o_, dq_, dk_, dv_;   // fp32
