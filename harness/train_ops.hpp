@@ -85,6 +85,18 @@ class TrainOps {
   // device's synchronize with `timeout_ms`), then copies.
   virtual void download(const DTensor& t, std::span<float> host, std::int64_t timeout_ms = 60000) = 0;
 
+  // The workspace a gemm of this shape and dtype needs beyond its operands
+  // (the implementation's scratch: cpu's fp32 product and widened operands,
+  // oneDNN's scratchpad); 0 where the device keeps none of its own.
+  virtual std::size_t gemm_workspace_bytes(bool /*ta*/, bool /*tb*/, std::int64_t /*m*/, std::int64_t /*n*/,
+                                           std::int64_t /*k*/, DType /*t*/) {
+    return 0;
+  }
+  // Allocates that workspace now, at least `bytes` (kept, grown, never
+  // shrunk), as a framework allocates its cuBLAS workspace before the first
+  // step, so a step allocates nothing while it runs. Throws OutOfMemory.
+  virtual void reserve_gemm_workspace(std::size_t /*bytes*/) {}
+
   // C[m,n] = alpha * op(A) op(B) + beta * C, op(A) [m,k], op(B) [k,n].
   // A is stored [m,k] (ta false) or [k,m] (ta true); B [k,n] or [n,k] (tb).
   // A and B share a dtype; C is fp32 or that dtype. beta is 0 or 1.

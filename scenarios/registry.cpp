@@ -11,7 +11,8 @@
   X(packing)            \
   X(collective)         \
   X(numerics)           \
-  X(batch)
+  X(batch)              \
+  X(memory)
 
 namespace sb {
 

@@ -248,6 +248,25 @@ class CpuTrainOps final : public TrainOps {
     for (std::size_t i = 0; i < host.size(); ++i) host[i] = ld(t.data(), t.dtype, std::int64_t(i));
   }
 
+  // oneDNN's matmul type for an input dtype: f32 where the dtype is emulated
+  dt matmul_type(DType in) const {
+    return !native_.at(in) || in == DType::fp32 ? dt::f32 : (in == DType::bf16 ? dt::bf16 : dt::f16);
+  }
+
+  std::size_t gemm_workspace_bytes(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                                   DType in) override {
+    if (m <= 0 || n <= 0 || k <= 0 || !native_.count(in)) return 0;
+    const bool widen = !native_.at(in);
+    const std::size_t sp_b = primitive(ta, tb, m, n, k, matmul_type(in))->sp_bytes;
+    // T [m,n] fp32, the widened A and B where emulated, the scratchpad, 64 B of alignment for each of four
+    return std::size_t(m * n) * 4 + (widen ? std::size_t(m * k + k * n) * 4 : 0) + sp_b + 4 * 64;
+  }
+
+  void reserve_gemm_workspace(std::size_t bytes) override {
+    no_capture("reserve_gemm_workspace");
+    if (bytes) (void)scratch_of(bytes);
+  }
+
   void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const DTensor& a,
             const DTensor& b, float beta, DTensor& c) override {
     if (m <= 0 || n <= 0 || k <= 0) throw UsageError(fmt::format("gemm {}x{}x{}: sizes must be positive", m, n, k));
@@ -260,12 +279,11 @@ class CpuTrainOps final : public TrainOps {
     check_size(c, m * n, "gemm C");
     const DType in = a.dtype;
     const bool widen = !native_.at(in);
-    const dt mm_t = widen || in == DType::fp32 ? dt::f32 : (in == DType::bf16 ? dt::bf16 : dt::f16);
-    auto prim = primitive(ta, tb, m, n, k, mm_t);
+    auto prim = primitive(ta, tb, m, n, k, matmul_type(in));
     // scratch: T [m,n] fp32, and the widened A and B where emulated
     const std::size_t t_b = std::size_t(m * n) * 4, aw_b = widen ? std::size_t(m * k) * 4 : 0,
                       bw_b = widen ? std::size_t(k * n) * 4 : 0, sp_b = prim->sp_bytes;
-    auto scratch = scratch_of(t_b + aw_b + bw_b + sp_b + 4 * 64);
+    auto scratch = scratch_of(gemm_workspace_bytes(ta, tb, m, n, k, in));
     const void* ap = a.data();
     const void* bp = b.data();
     void* cp = c.data();

@@ -116,6 +116,8 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
   loss_ = ops.alloc(1, DType::fp32, "loss");
   dout_ = ops.alloc(T * d, t, "d output");
   measured(measured_.backward);
+  ops.reserve_gemm_workspace(step_gemm_workspace(ops, cfg));
+  measured(measured_.workspace);
   const HostReservation staging = reserve_host_memory(std::uint64_t(T * d) * 8, "inputs and targets (host staging)");
   std::vector<float> x(std::size_t(T * d)), y(std::size_t(T * d));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = uniform_pm1(seed ^ 0xda7a, i);
@@ -123,8 +125,26 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
   set_input(x, y);
 }
 
+std::vector<GemmCall> step_gemms(const DecoderConfig& cfg) {
+  const std::int64_t T = cfg.micro_batch * cfg.seq, d = cfg.d_model;
+  return {
+      // forward (and the recompute): qkv, o-proj, W1, W2
+      {false, true, T, 3 * d, d}, {false, true, T, d, d}, {false, true, T, 4 * d, d}, {false, true, T, d, 4 * d},
+      // backward: dW2, dh, dW1, du2, dWo, datt, dWqkv, du1
+      {true, false, d, 4 * d, T}, {false, false, T, 4 * d, d}, {true, false, 4 * d, d, T}, {false, false, T, d, 4 * d},
+      {true, false, d, d, T}, {false, false, T, d, d}, {true, false, 3 * d, d, T}, {false, false, T, d, 3 * d},
+  };
+}
+
+std::size_t step_gemm_workspace(TrainOps& ops, const DecoderConfig& cfg) {
+  std::size_t ws = 0;
+  for (const GemmCall& g : step_gemms(cfg))
+    ws = std::max(ws, ops.gemm_workspace_bytes(g.ta, g.tb, g.m, g.n, g.k, cfg.dtype));
+  return ws;
+}
+
 MemoryParts predict_footprint(const DecoderConfig& cfg, OptKind opt, std::uint64_t granule,
-                              std::uint64_t attention_op_bytes, std::uint64_t transient_bytes) {
+                              std::uint64_t attention_op_bytes, std::uint64_t gemm_workspace_bytes) {
   const std::uint64_t g = std::max<std::uint64_t>(granule, 1);
   const auto T = std::uint64_t(cfg.micro_batch * cfg.seq), d = std::uint64_t(cfg.d_model);
   const auto e = std::uint64_t(storage_bytes(cfg.dtype));
@@ -143,7 +163,7 @@ MemoryParts predict_footprint(const DecoderConfig& cfg, OptKind opt, std::uint64
   m.attention = (cfg.checkpointing ? 1 : L) * attention_op_bytes;
   // dxm, du2, datt, du1, dx x2, dout: T x d; dhp, dh: T x 4d; dqkv: T x 3d; targets fp32; the loss
   m.backward = 7 * r(e * T * d) + 2 * r(e * T * 4 * d) + r(e * T * 3 * d) + r(4 * T * d) + r(4);
-  m.transient = transient_bytes;
+  m.workspace = gemm_workspace_bytes ? r(gemm_workspace_bytes) : 0;
   return m;
 }
 

@@ -56,18 +56,36 @@ struct DecoderConfig {
 //   attention: the attention ops' own buffers (Q, K, V, O, their gradients,
 //     workspace), one op per layer (one with checkpointing)
 //   backward: the shared activation-gradient set, the loss's buffers
-//   transient: allocated inside ops during a step, above the rest
+//   workspace: the training ops' GEMM workspace, made before the first step
+//     (the largest any of the step's GEMMs needs)
+//   transient: allocated inside ops during a step, above the rest (0 when
+//     the step allocates nothing while it runs)
 struct MemoryParts {
   std::uint64_t weights = 0, gradients = 0, optimizer = 0, activations = 0, attention = 0, backward = 0,
-                transient = 0;
-  std::uint64_t total() const { return weights + gradients + optimizer + activations + attention + backward + transient; }
+                workspace = 0, transient = 0;
+  std::uint64_t total() const {
+    return weights + gradients + optimizer + activations + attention + backward + workspace + transient;
+  }
 };
-inline constexpr const char* kMemoryPartNames[7] = {"weights",   "gradients", "optimizer", "activations",
-                                                    "attention", "backward",  "transient"};
+inline constexpr int kMemoryParts = 8;
+inline constexpr const char* kMemoryPartNames[kMemoryParts] = {"weights",   "gradients", "optimizer", "activations",
+                                                               "attention", "backward",  "workspace", "transient"};
 inline std::uint64_t part(const MemoryParts& m, int i) {
-  const std::uint64_t v[7] = {m.weights, m.gradients, m.optimizer, m.activations, m.attention, m.backward, m.transient};
+  const std::uint64_t v[kMemoryParts] = {m.weights,   m.gradients, m.optimizer, m.activations,
+                                         m.attention, m.backward,  m.workspace, m.transient};
   return v[i];
 }
+
+// One GEMM of the step: C[m,n] = op(A) op(B), as TrainOps::gemm takes it.
+struct GemmCall {
+  bool ta = false, tb = false;
+  std::int64_t m = 0, n = 0, k = 0;
+};
+// Every GEMM shape a micro step runs (forward, backward; the recompute of
+// checkpointing repeats the forward's).
+std::vector<GemmCall> step_gemms(const DecoderConfig& cfg);
+// The GEMM workspace the step reserves: the largest any of its GEMMs needs.
+std::size_t step_gemm_workspace(TrainOps& ops, const DecoderConfig& cfg);
 
 
 enum class OptKind { adamw, sgd, none };
@@ -75,10 +93,11 @@ enum class OptKind { adamw, sgd, none };
 // The footprint the model predicts, in closed form from the config: every
 // tensor the step allocates, each rounded up to `granule` bytes (the
 // allocator's alignment: 64 on cpu). What depends on the device's own
-// implementation is given: the bytes of one attention op and the transient
-// peak (the memory scenario probes both).
+// implementation is given: the bytes of one attention op (the memory
+// scenario probes them) and the GEMM workspace (step_gemm_workspace asks the
+// training ops, allocating nothing). The transient part is predicted 0.
 MemoryParts predict_footprint(const DecoderConfig& cfg, OptKind opt, std::uint64_t granule,
-                              std::uint64_t attention_op_bytes, std::uint64_t transient_bytes);
+                              std::uint64_t attention_op_bytes, std::uint64_t gemm_workspace_bytes);
 
 class DecoderStep {
  public:

@@ -1,6 +1,7 @@
 // The batch scenario's decoder step on the cpu device: gradient accumulation
 // means what it says (the optimizer once per window; the window's gradient is
 // the big batch's), and graphs replay the same arithmetic as eager.
+#include <chrono>
 #include <cmath>
 #include <vector>
 
@@ -215,14 +216,15 @@ TEST(BatchDecoder, FootprintModelIsTheExactByteCount) {
   //      r1, r2 32 B -> 64 each)
   //   backward: 7 x 512 (dxm, du2, datt, du1, dx x2, dout) + 2 x 2048 (dhp, dh)
   //     + 1536 (dqkv) + 512 (targets) + 64 (the loss)
-  const batch::MemoryParts m = batch::predict_footprint(tiny(1), batch::OptKind::adamw, 64, 1000, 7);
+  const batch::MemoryParts m = batch::predict_footprint(tiny(1), batch::OptKind::adamw, 64, 1000, 70);
   EXPECT_EQ(m.weights, 24576u);
   EXPECT_EQ(m.gradients, 24576u);
   EXPECT_EQ(m.optimizer, 49152u);
   EXPECT_EQ(m.activations, 1024u + 2 * 8832u + 512u);
   EXPECT_EQ(m.attention, 2000u);
   EXPECT_EQ(m.backward, 3584u + 4096u + 1536u + 512u + 64u);
-  EXPECT_EQ(m.transient, 7u);
+  EXPECT_EQ(m.workspace, 128u);  // 70 B rounded to the granule
+  EXPECT_EQ(m.transient, 0u);
   DecoderConfig ck = tiny(1);
   ck.checkpointing = true;
   EXPECT_EQ(batch::predict_footprint(ck, batch::OptKind::adamw, 64, 1000, 0).activations, 1024u + 8832u + 512u);
@@ -237,14 +239,23 @@ TEST(BatchDecoder, FootprintModelIsTheExactByteCount) {
       c.dtype = t;
       c.checkpointing = ckpt;
       c.layers = 3;
-      DecoderStep s(*dev, *ops, c, 7, [] {});
+      auto fresh = dev->make_train_ops();  // its GEMM workspace starts empty
+      DecoderStep s(*dev, *fresh, c, 7, [] {});
       s.zero_grad();
+      dev->synchronize(std::chrono::seconds(60));
+      const std::size_t before = dev->memory_stats().in_use;
+      dev->reset_peak_memory();
       s.micro_step(1.0f);
+      dev->synchronize(std::chrono::seconds(60));
+      // the step allocates nothing while it runs: its GEMM workspace was made up front
+      EXPECT_EQ(dev->memory_stats().peak, before) << to_string(t) << (ckpt ? " checkpointed" : "");
       s.optimizer(batch::OptKind::adamw, 1e-3f, 1);
       const batch::MemoryParts got = s.measured_memory();
       const std::uint64_t per_op = got.attention / (ckpt ? 1 : 3);
-      const batch::MemoryParts want = batch::predict_footprint(c, batch::OptKind::adamw, 64, per_op, 0);
-      for (int i = 0; i < 6; ++i)
+      const batch::MemoryParts want =
+          batch::predict_footprint(c, batch::OptKind::adamw, 64, per_op, batch::step_gemm_workspace(*fresh, c));
+      EXPECT_GT(got.workspace, 0u);
+      for (int i = 0; i < batch::kMemoryParts; ++i)
         EXPECT_EQ(batch::part(got, i), batch::part(want, i))
             << batch::kMemoryPartNames[i] << " " << to_string(t) << (ckpt ? " checkpointed" : "");
       EXPECT_GT(got.attention, 0u);

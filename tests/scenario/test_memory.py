@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""End-to-end: `stallbench run memory` on cpu with a memory limit (the default sweep, checkpointing none
+and full), on sim:h100, and with bad input; the result JSON against the schema and what the cause must show:
+the footprint model agrees with the allocator part by part, the predicted largest micro batch runs every time
+and the next size fails as an OOM every time, checkpointing fits more, an OOM is recovered from, and a caching
+allocator fails on fragmentation while the total would fit.
+
+usage: test_memory.py STALLBENCH SCHEMA
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import schema_check
+
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+    return cond
+
+
+def run(exe, schema, tmp, name, args, want_rc=0):
+    out = os.path.join(tmp, name + ".json")
+    p = subprocess.run([exe, "run", "memory", "--json", out] + args, capture_output=True, text=True, timeout=600)
+    print(p.stdout[-3000:])
+    check(p.returncode == want_rc, f"{name}: exit {p.returncode}, want {want_rc}: {p.stderr[-800:]}")
+    if want_rc != 0:
+        return p
+    with open(out) as f:
+        doc = json.load(f)
+    errs = schema_check.errors(doc, schema)
+    check(not errs, f"{name}: schema {errs[:3]}")
+    for q in doc["points"]:
+        check(q["status"] == "ok", f"{name}: {q['params']} {q['status']} {q.get('reason')}")
+    return doc
+
+
+def m(q, name):
+    return q["metrics"][name]["value"]
+
+
+def main():
+    exe, schema_path = sys.argv[1], sys.argv[2]
+    with open(schema_path) as f:
+        schema = json.load(f)
+    with tempfile.TemporaryDirectory() as tmp:
+        doc = run(exe, schema, tmp, "cpu", ["--device", "cpu", "-p", "frag_steps=60"])
+        pts = {q["params"]["checkpointing"]: q for q in doc["points"]}
+        check(set(pts) == {"none", "full"}, f"points {list(pts)}")
+        for k, q in pts.items():
+            info = q["info"]
+            # the model beside the allocator, part by part (the issue's bound: 5%)
+            parts = info["parts_at_micro_batch"]
+            check(len(parts) == 8, f"{k}: parts {list(parts)}")
+            for name, v in parts.items():
+                check(v["error_pct"] <= 5, f"{k}: {name} model {v['model_bytes']} vs measured {v['measured_bytes']}")
+            for name in ("weights", "gradients", "optimizer", "activations", "attention", "backward"):
+                check(parts[name]["measured_bytes"] > 0, f"{k}: {name} measured 0")
+            check(abs(m(q, "footprint_mib") - m(q, "model_footprint_mib")) <= 0.05 * m(q, "footprint_mib"),
+                  f"{k}: footprint {m(q, 'footprint_mib')} vs model {m(q, 'model_footprint_mib')}")
+            # the predicted largest runs every time; the next size fails as oom every time
+            v = info["verify"]
+            check(v["runs"] == 3 and v["ok_at_predicted"] == 3 and v["oom_at_next"] == 3, f"{k}: verify {v}")
+            check("out of memory" in v["next_error"] and "needs" in v["next_error"], f"{k}: {v['next_error']}")
+            largest = m(q, "largest_micro_batch")
+            check(largest >= 2, f"{k}: largest {largest}")
+            check(largest == m(q, "predicted_largest_micro_batch"),
+                  f"{k}: measured {largest} vs predicted {m(q, 'predicted_largest_micro_batch')}")
+            # the bisection's trail: the largest fits, the next size does not
+            trail = {t["micro_batch"]: t["fits"] for t in info["bisection"]}
+            check(trail.get(int(largest)) is True and trail.get(int(largest) + 1) is False, f"{k}: trail {trail}")
+            # the OOM loop: it failed at least once, recovered, and the cost is a real time
+            o = info["oom_loop"]
+            check(o["failed_attempts"] >= 1 and o["ran_at"] <= largest, f"{k}: oom loop {o}")
+            check("out of memory" in o["first_error"], f"{k}: {o['first_error']}")
+            check(m(q, "oom_cost_ms") >= 0 and m(q, "tokens_per_s") > 0, f"{k}: cost {m(q, 'oom_cost_ms')}")
+        check(m(pts["full"], "largest_micro_batch") > m(pts["none"], "largest_micro_batch"),
+              "checkpointing does not fit a larger batch")
+        pn, pf = pts["none"]["info"]["parts_at_micro_batch"], pts["full"]["info"]["parts_at_micro_batch"]
+        check(pf["activations"]["measured_bytes"] < pn["activations"]["measured_bytes"], "checkpointing kept as much")
+        check(pf["weights"] == pn["weights"], "checkpointing changed the weights")
+        # fragmentation: the pool needs more than the peak; just below it, it fails while the total fits
+        fr = pts["none"]["info"]["fragmentation"]
+        check(fr["capacity_needed_bytes"] >= fr["peak_need_bytes"], f"fragmentation {fr['capacity_needed_bytes']}")
+        series = fr["at_needed"]["series"]
+        check(len(series) == 60 and len({s["padded_len"] for s in series}) > 5, f"series {len(series)}")
+        if fr["capacity_needed_bytes"] > fr["peak_need_bytes"] + (1 << 20):
+            jb = fr.get("just_below")
+            if check(jb is not None, "no failure just below the capacity the pool needs"):
+                check(jb["capacity"] >= fr["peak_need_bytes"] and jb["reserved_unallocated"] > 0, f"just below {jb}")
+                check("fragmentation" in jb["error"] or "reserved but unallocated" in jb["error"], jb["error"])
+        check(any("fragmentation" in f["summary"] for f in doc["findings"]), "no fragmentation finding")
+        check(any("gradient_checkpointing fits micro batch" in f["summary"] for f in doc["findings"]),
+              "no checkpointing finding")
+        check(sum("-> micro_batch_size:" in f["summary"] for f in doc["findings"]) == 2, "config lines")
+
+        s = run(exe, schema, tmp, "sim", ["--device", "sim:h100", "--quick"])
+        check(s["meta"]["device"]["simulated"], "sim result not labelled simulated")
+        check(all("simulated" in f["summary"] for f in s["findings"]), "sim findings not labelled")
+
+        for bad, text in ((["-p", "mem_limit_gb=0"], "no capacity of its own"),
+                          (["-p", "d_model=30", "-p", "heads=4"], "not a multiple"),
+                          (["-p", "lengths=lognormal:x"], "lognormal"),
+                          (["-p", "mem_limit_gb=1e-9"], "under 1 MiB")):
+            p = run(exe, schema, tmp, "bad", ["--device", "cpu"] + bad, want_rc=2)
+            check(text in p.stderr, f"{bad}: {p.stderr[-300:]}")
+    if failures:
+        print("\n".join("FAIL: " + f for f in failures))
+        return 1
+    print("memory e2e: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
