@@ -101,6 +101,8 @@ class MemoryRun : public ScenarioRun {
     ops_ = dev.make_train_ops();
     dev.synchronize(ctx_.measure.sync_timeout);
     const LimitGuard guard(dev, limit_gb);
+    if (limit_gb == 0 && dev.memory_stats().limit == 0 && dev.info().props.contains("memory_bytes"))
+      dev.set_memory_limit(dev.info().props["memory_bytes"].get<std::size_t>());  // a GPU's own capacity
     const std::uint64_t held = dev.memory_stats().in_use;  // what the device holds before any step
     const std::uint64_t limit = dev.memory_stats().limit;
     if (limit == 0)
@@ -615,8 +617,9 @@ const Scenario memory_scenario{
                   .help = "the micro batch whose footprint is reported by part and whose throughput is compared",
                   .unit = "sequences", .min = 1, .max = 65536},
         ParamSpec{.name = "mem_limit_gb", .type = ParamType::real, .default_value = "0.04",
-                  .help = "the device's capacity for the run (0: the device's own; cpu needs one)", .unit = "GB",
-                  .min = 0, .max = 1e6, .quick_default = "0.02", .gpu_default = "0"},
+                  .help = "the device's capacity for the run (0: the device's own, a GPU's total memory, of "
+                          "which the CUDA context and libraries hold some; cpu needs one)",
+                  .unit = "GB", .min = 0, .max = 1e6, .gpu_default = "0"},
         ParamSpec{.name = "seq_len", .type = ParamType::integer, .default_value = "64", .help = "tokens per sequence",
                   .unit = "tokens", .min = 1, .max = 1 << 20, .gpu_default = "2048"},
         ParamSpec{.name = "d_model", .type = ParamType::integer, .default_value = "64", .help = "hidden size",
