@@ -315,9 +315,12 @@ class MemoryRun : public ScenarioRun {
       }
       if (none->metric("tokens_per_s_at_largest") && full->metric("tokens_per_s_at_largest")) {
         gain = full->metric("tokens_per_s_at_largest")->value / none->metric("tokens_per_s_at_largest")->value;
-        s += fmt::format("; each at its largest batch: {} -> {} tokens/s ({:.2f}x)",
+        s += fmt::format("; each at its largest batch: {} -> {} tokens/s ({:.2f}x){}",
                          format_number(none->metric("tokens_per_s_at_largest")->value),
-                         format_number(full->metric("tokens_per_s_at_largest")->value), *gain);
+                         format_number(full->metric("tokens_per_s_at_largest")->value), *gain,
+                         *gain < 1 ? ": it buys memory, not speed; use it when the batch that fits without it is "
+                                     "too small to fill the device, or for a longer sequence_len"
+                                   : "");
       }
       res.findings.push_back({cause, s, gain, json{{"largest_without", a}, {"largest_with", b}}});
     }
