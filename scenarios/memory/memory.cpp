@@ -276,7 +276,6 @@ class MemoryRun : public ScenarioRun {
       if (p.status != Status::ok || !p.metric("largest_micro_batch")) continue;
       (p.params.value("checkpointing", std::string()) == "full" ? full : none) = &p;
     }
-    const std::string cause = "memory pressure and out-of-memory recovery";
     for (const Point* p : {none, full}) {
       if (!p) continue;
       const auto largest = std::int64_t(p->metric("largest_micro_batch")->value);
@@ -297,7 +296,7 @@ class MemoryRun : public ScenarioRun {
       s += fmt::format(" -> micro_batch_size: {}{}", largest,
                        p->params.value("checkpointing", std::string()) == "full" ? ", gradient_checkpointing: true"
                                                                                  : "");
-      res.findings.push_back({cause, s, std::nullopt,
+      res.findings.push_back({{}, s, std::nullopt,
                               json{{"checkpointing", p->params.value("checkpointing", std::string())},
                                    {"largest_micro_batch", largest},
                                    {"predicted_largest_micro_batch", pred}}});
@@ -322,7 +321,7 @@ class MemoryRun : public ScenarioRun {
                                      "too small to fill the device, or for a longer sequence_len"
                                    : "");
       }
-      res.findings.push_back({cause, s, gain, json{{"largest_without", a}, {"largest_with", b}}});
+      res.findings.push_back({{}, s, gain, json{{"largest_without", a}, {"largest_with", b}}});
     }
     if (none && none->info.contains("fragmentation")) {
       const json& f = none->info["fragmentation"];
@@ -344,7 +343,7 @@ class MemoryRun : public ScenarioRun {
       s += " -> PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or sample_packing: true (constant shapes)";
       json ev = f;
       ev["at_needed"].erase("series");
-      res.findings.push_back({cause, s, std::nullopt, ev});
+      res.findings.push_back({{}, s, std::nullopt, ev});
     }
   }
 
