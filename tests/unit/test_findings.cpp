@@ -39,6 +39,7 @@ const std::map<std::string, std::set<std::string>>& derived_metrics() {
       {"collective", {}},
       {"numerics", {}},
       {"batch", {}},
+      {"memory", {}},
   };
   return m;
 }
