@@ -1,0 +1,513 @@
+// The input of `stallbench diagnose`: an Axolotl-style YAML config, a Hugging
+// Face config.json and a dataset-lengths file, each value with its source.
+// Every bad input is a UsageError naming file, line and key (exit 2).
+#include "scenarios/diagnose/config.hpp"
+
+#include <algorithm>     // std::max_element, std::min_element
+#include <charconv>      // std::from_chars
+#include <cstdlib>       // std::strtod
+#include <numeric>       // std::accumulate
+#include <optional>      // std::optional
+#include <string_view>   // std::string_view
+#include <system_error>  // std::errc
+#include <utility>       // std::move
+
+#include <fmt/format.h>      // fmt::format
+#include <yaml-cpp/yaml.h>   // YAML::LoadAll, YAML::Node, YAML::ParserException, YAML::convert<bool>
+
+#include "harness/errors.hpp"     // sb::UsageError
+#include "harness/files.hpp"      // read_regular_file
+#include "harness/json_read.hpp"  // parse_json_text, JsonRef, reading_file
+#include "scenarios/packing/lengths.hpp"  // parse_lengths, generate_lengths: the @FILE grammar
+
+namespace sb::diagnose {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// A histogram file is expanded, then shuffled with this seed: a dataset is
+// consumed in random order, and the same file gives the same order each run.
+constexpr std::uint64_t kLengthsSeed = 1;
+
+constexpr std::string_view kDefault = "default";
+
+// Every key of TrainConfig, in the order sources and to_json list them.
+constexpr std::string_view kKeys[] = {
+    "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
+    "model.intermediate_size", "model.vocab_size", "micro_batch_size", "gradient_accumulation_steps",
+    "sequence_len", "sample_packing", "pad_to_sequence_len", "bf16", "fp16", "tf32",
+    "flash_attention", "sdp_attention", "dataloader_num_workers", "dataloader_pin_memory",
+    "dataloader_prefetch_factor", "gradient_checkpointing", "lengths"};
+
+// The current value of every key but lengths, by its sources name.
+json values_of(const TrainConfig& c) {
+  json v;
+  v["model.hidden_size"] = c.model.hidden_size;
+  v["model.num_hidden_layers"] = c.model.num_hidden_layers;
+  v["model.num_attention_heads"] = c.model.num_attention_heads;
+  v["model.intermediate_size"] = c.model.intermediate_size;
+  v["model.vocab_size"] = c.model.vocab_size;
+  v["micro_batch_size"] = c.micro_batch_size;
+  v["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  v["sequence_len"] = c.sequence_len;
+  v["sample_packing"] = c.sample_packing;
+  v["pad_to_sequence_len"] = c.pad_to_sequence_len;
+  v["bf16"] = c.bf16;
+  v["fp16"] = c.fp16;
+  v["tf32"] = c.tf32;
+  v["flash_attention"] = c.flash_attention;
+  v["sdp_attention"] = c.sdp_attention;
+  v["dataloader_num_workers"] = c.dataloader_num_workers;
+  v["dataloader_pin_memory"] = c.dataloader_pin_memory;
+  v["dataloader_prefetch_factor"] = c.dataloader_prefetch_factor;
+  v["gradient_checkpointing"] = c.gradient_checkpointing;
+  return v;
+}
+
+// The sources name of a YAML key ("model.hidden_size" for "hidden_size"), or
+// "" for a key this reader does not know.
+std::string sources_name(std::string_view key) {
+  for (const auto k : kKeys) {
+    if (k == "lengths") continue;  // from --lengths, never the YAML
+    if (k == key) return std::string(k);
+    if (k.substr(0, 6) == "model." && k.substr(6) == key) return std::string(k);
+  }
+  return {};
+}
+
+std::string source_of(const TrainConfig& c, const std::string& key) {
+  const auto it = c.sources.find(key);
+  return it == c.sources.end() ? std::string(kDefault) : it->second.where;
+}
+
+// User text in a message: control bytes shown as '?', at most 40 characters.
+std::string printable(std::string_view s) {
+  std::string out;
+  for (const char ch : s.substr(0, 40)) out += (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ? '?' : ch;
+  if (s.size() > 40) out += "...";
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// ---- YAML ---------------------------------------------------------------------
+
+// Reads one YAML file's keys into cfg; `line` arguments are 1-based.
+class YamlReader {
+ public:
+  YamlReader(const std::string& path, TrainConfig& cfg) : path_(path), cfg_(cfg) {}
+
+  [[noreturn]] void fail(int line, std::string_view key, std::string_view what) const {
+    throw UsageError(fmt::format("{}:{}: {}: {}", path_, line, key, what));
+  }
+  std::string where(int line) const { return fmt::format("{}:{}", path_, line); }
+
+  // What a value is, for a message: 'abc', the string '2', a list, ...
+  static std::string describe(const YAML::Node& v) {
+    switch (v.Type()) {
+      case YAML::NodeType::Null: return "nothing";
+      case YAML::NodeType::Sequence: return "a list";
+      case YAML::NodeType::Map: return "a mapping";
+      case YAML::NodeType::Scalar:
+        return (v.Tag() == "!" ? "the string '" : "'") + printable(v.Scalar()) + "'";
+      default: return "an undefined value";
+    }
+  }
+
+  // An integer in [lo, hi]. A plain YAML integer in decimal; a quoted string
+  // is taken when it holds one ("2" is 2): Axolotl validates its config with
+  // pydantic, whose lax mode turns "2" into 2, so such a config runs there.
+  std::int64_t integer(int line, std::string_view key, const YAML::Node& v, std::int64_t lo,
+                       std::int64_t hi) const {
+    if (!v.IsScalar()) fail(line, key, "expected an integer, got " + describe(v));
+    std::string_view s = trim(v.Scalar());
+    const std::string_view digits = !s.empty() && s.front() == '+' ? s.substr(1) : s;
+    std::int64_t x = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), x);
+    const bool whole = !digits.empty() && end == digits.data() + digits.size();
+    if (whole && ec == std::errc::result_out_of_range)
+      fail(line, key, fmt::format("expected an integer in [{}, {}], got {}", lo, hi, describe(v)));
+    if (!whole || ec != std::errc()) {
+      // "2.5", "2.0", "1e3": a number, but not an integer.
+      const std::string text(s);
+      char* stop = nullptr;
+      (void)std::strtod(text.c_str(), &stop);
+      const bool number = !text.empty() && stop == text.c_str() + text.size();
+      fail(line, key, fmt::format("expected an integer, got {}{}", describe(v),
+                                  number ? " (not a whole number)" : ""));
+    }
+    const std::string_view magnitude = digits.substr(digits.front() == '-' ? 1 : 0);
+    if (magnitude.size() > 1 && magnitude.front() == '0')
+      fail(line, key, fmt::format("expected a decimal integer without leading zeros (YAML 1.1, which "
+                                  "Axolotl's PyYAML reads, takes 010 as octal 8), got {}", describe(v)));
+    if (x < lo)
+      fail(line, key, lo == 1 ? fmt::format("expected a positive integer, got {}", x)
+                              : fmt::format("expected an integer >= {}, got {}", lo, x));
+    if (x > hi) fail(line, key, fmt::format("expected at most {}, got {}", hi, x));
+    return x;
+  }
+
+  // What yaml-cpp takes as a boolean: true/false, yes/no, on/off, y/n, in
+  // lower, Capitalised or UPPER case, quoted or not (pydantic's lax mode,
+  // Axolotl's validation, takes these strings too). Not 0 or 1.
+  std::optional<bool> maybe_boolean(const YAML::Node& v) const {
+    bool b = false;
+    if (v.IsScalar() && YAML::convert<bool>::decode(v, b)) return b;
+    return std::nullopt;
+  }
+  bool boolean(int line, std::string_view key, const YAML::Node& v) const {
+    if (const auto b = maybe_boolean(v)) return *b;
+    fail(line, key, "expected true or false, got " + describe(v));
+  }
+
+  void read(const YAML::Node& doc);
+
+ private:
+  bool read_key(const std::string& key, int line, const YAML::Node& v);
+  void set_source(const std::string& key, int line) { cfg_.sources[key] = Source{where(line)}; }
+
+  const std::string& path_;
+  TrainConfig& cfg_;
+  std::map<std::string, int> line_of_;  // sources name -> line that set it
+  std::string bf16_word_;               // "auto" or "full" when bf16 was given so
+  std::string tf32_word_;               // "auto" when tf32 was
+};
+
+bool YamlReader::read_key(const std::string& key, int line, const YAML::Node& v) {
+  struct IntField {
+    std::string_view name;
+    std::int64_t* field;
+    std::int64_t lo, hi;
+  };
+  const IntField ints[] = {
+      {"hidden_size", &cfg_.model.hidden_size, 1, kMaxHidden},
+      {"num_hidden_layers", &cfg_.model.num_hidden_layers, 1, kMaxLayers},
+      {"num_attention_heads", &cfg_.model.num_attention_heads, 1, kMaxHidden},
+      {"intermediate_size", &cfg_.model.intermediate_size, 1, kMaxIntermediate},
+      {"vocab_size", &cfg_.model.vocab_size, 1, kMaxVocab},
+      {"micro_batch_size", &cfg_.micro_batch_size, 1, kMaxMicroBatch},
+      {"gradient_accumulation_steps", &cfg_.gradient_accumulation_steps, 1, kMaxAccumulation},
+      {"sequence_len", &cfg_.sequence_len, 1, kMaxSequenceLen},
+  };
+  struct SmallIntField {
+    std::string_view name;
+    int* field;
+    int lo, hi;
+  };
+  const SmallIntField small_ints[] = {
+      {"dataloader_num_workers", &cfg_.dataloader_num_workers, 0, kMaxWorkers},
+      {"dataloader_prefetch_factor", &cfg_.dataloader_prefetch_factor, 1, kMaxWorkers},
+  };
+  struct BoolField {
+    std::string_view name;
+    bool* field;
+  };
+  const BoolField bools[] = {
+      {"sample_packing", &cfg_.sample_packing}, {"pad_to_sequence_len", &cfg_.pad_to_sequence_len},
+      {"fp16", &cfg_.fp16}, {"flash_attention", &cfg_.flash_attention},
+      {"sdp_attention", &cfg_.sdp_attention}, {"dataloader_pin_memory", &cfg_.dataloader_pin_memory},
+  };
+  const std::string name = sources_name(key);
+  if (name.empty()) return false;
+
+  if (v.IsNull()) {  // `key:`, `key: ~`, `key: null`: Axolotl's None, the default
+    cfg_.notes.push_back(fmt::format("{}: empty at line {}; the default {} kept", key, line,
+                                     values_of(cfg_)[name].dump()));
+    return true;
+  }
+  for (const auto& f : ints)
+    if (key == f.name) *f.field = integer(line, key, v, f.lo, f.hi);
+  for (const auto& f : small_ints)
+    if (key == f.name) *f.field = int(integer(line, key, v, f.lo, f.hi));
+  for (const auto& f : bools)
+    if (key == f.name) *f.field = boolean(line, key, v);
+
+  const std::string word = v.IsScalar() ? v.Scalar() : std::string();
+  if (key == "bf16") {
+    // Axolotl: bool, "auto" (bf16 where the GPU has it) or "full" (pure bf16,
+    // bf16_full_eval). Both train in bf16 on any GPU worth diagnosing.
+    bf16_word_.clear();
+    if (word == "auto" || word == "full") {
+      cfg_.bf16 = true;
+      bf16_word_ = word;
+    } else if (const auto b = maybe_boolean(v)) {
+      cfg_.bf16 = *b;
+    } else {
+      fail(line, key, "expected true, false, auto or full, got " + describe(v));
+    }
+  } else if (key == "tf32") {
+    // Newer Axolotl: bool or "auto" (tf32 where the GPU has it).
+    tf32_word_.clear();
+    if (word == "auto") {
+      cfg_.tf32 = true;
+      tf32_word_ = word;
+    } else if (const auto b = maybe_boolean(v)) {
+      cfg_.tf32 = *b;
+    } else {
+      fail(line, key, "expected true, false or auto, got " + describe(v));
+    }
+  } else if (key == "gradient_checkpointing") {
+    // Axolotl: bool, "offload" / "offload_disk" (checkpoints moved to host
+    // memory or disk), and in 2024's releases "unsloth" (Unsloth's offloaded
+    // checkpointing). Each recomputes the forward: checkpointing is on.
+    if (word == "unsloth" || word == "offload" || word == "offload_disk") {
+      cfg_.gradient_checkpointing = true;
+      cfg_.notes.push_back(fmt::format(
+          "gradient_checkpointing: {} (line {}) taken as true: activations are recomputed, and {}", word,
+          line, word == "offload_disk" ? "the checkpoints go to disk" : "the checkpoints go to host memory"));
+    } else if (const auto b = maybe_boolean(v)) {
+      cfg_.gradient_checkpointing = *b;
+    } else {
+      fail(line, key, "expected true, false, offload, offload_disk or unsloth, got " + describe(v));
+    }
+  }
+  set_source(name, line);
+  line_of_[name] = line;
+  return true;
+}
+
+void YamlReader::read(const YAML::Node& doc) {
+  struct Entry {
+    std::string key;  // "" for a key that is not a string
+    int line;
+    YAML::Node value;
+  };
+  std::vector<Entry> entries;
+  std::map<std::string, std::size_t> last;  // key -> index of its last entry
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    const int line = it->first.Mark().line + 1;
+    std::string key = it->first.IsScalar() ? it->first.Scalar() : std::string();
+    if (!key.empty()) last[key] = entries.size();
+    entries.push_back({std::move(key), line, it->second});
+  }
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    if (e.key.empty()) {
+      cfg_.unknown_keys.push_back(fmt::format("<an empty or non-string key> (line {})", e.line));
+      continue;
+    }
+    const std::size_t final_entry = last.at(e.key);
+    if (final_entry != i) {
+      // PyYAML, which Axolotl reads with, keeps a repeated key's last value.
+      if (!sources_name(e.key).empty()) {
+        cfg_.notes.push_back(fmt::format("{}: given at line {} and again at line {}; the last is used, as "
+                                         "Axolotl (PyYAML) does", e.key, e.line, entries[final_entry].line));
+        continue;
+      }
+    }
+    if (!read_key(e.key, e.line, e.value)) {
+      cfg_.unknown_keys.push_back(fmt::format("{} (line {})", printable(e.key), e.line));
+      if (e.key == "attn_implementation")
+        cfg_.notes.push_back(fmt::format(
+            "attn_implementation (line {}) is not read: flash_attention and sdp_attention say which "
+            "attention the diagnosis assumes", e.line));
+    }
+  }
+
+  // Cross-key checks, at the line of the key that breaks them.
+  auto& m = cfg_.model;
+  if (m.hidden_size % m.num_attention_heads != 0) {
+    if (line_of_.count("model.num_attention_heads"))
+      fail(line_of_.at("model.num_attention_heads"), "num_attention_heads",
+           fmt::format("{} does not divide hidden_size {} ({}); expected a divisor of the hidden size",
+                       m.num_attention_heads, m.hidden_size, source_of(cfg_, "model.hidden_size")));
+    fail(line_of_.at("model.hidden_size"), "hidden_size",
+         fmt::format("{} is not a multiple of num_attention_heads {} ({}); expected a multiple of the heads",
+                     m.hidden_size, m.num_attention_heads, source_of(cfg_, "model.num_attention_heads")));
+  }
+  if (cfg_.bf16 && cfg_.fp16) {
+    const int bf16_line = line_of_.at("bf16"), fp16_line = line_of_.at("fp16");
+    if (bf16_word_ == "auto") {
+      // Axolotl's auto picks bf16 only where the GPU has it; beside an explicit
+      // fp16: true the config means fp16.
+      cfg_.bf16 = false;
+      cfg_.notes.push_back(fmt::format("bf16: auto (line {}) taken as false: fp16 is true (line {})",
+                                       bf16_line, fp16_line));
+      bf16_word_.clear();
+    } else {
+      const bool fp16_later = fp16_line > bf16_line;
+      fail(fp16_later ? fp16_line : bf16_line, fp16_later ? "fp16" : "bf16",
+           fmt::format("true, and {} is true too (line {}); expected at most one of bf16 and fp16",
+                       fp16_later ? "bf16" : "fp16", fp16_later ? bf16_line : fp16_line));
+    }
+  }
+  if (!bf16_word_.empty())
+    cfg_.notes.push_back(fmt::format(
+        "bf16: {} (line {}) taken as true{}", bf16_word_, line_of_.at("bf16"),
+        bf16_word_ == "auto" ? " (Axolotl's auto means bf16 on a GPU that has it: Ampere and later)"
+                             : " (full: pure bf16, evaluation in bf16 too)"));
+  if (!tf32_word_.empty())
+    cfg_.notes.push_back(fmt::format(
+        "tf32: auto (line {}) taken as true (Axolotl's auto means tf32 on a GPU that has it)",
+        line_of_.at("tf32")));
+}
+
+}  // namespace
+
+// ---- the public functions ------------------------------------------------------------
+
+TrainConfig default_config() {
+  TrainConfig c;
+  for (const auto key : kKeys) c.sources[std::string(key)] = Source{std::string(kDefault)};
+  return c;
+}
+
+TrainConfig read_axolotl_yaml(const std::string& path) {
+  const std::string text = read_regular_file(path, "training config");
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {  // ParserException, and DeepRecursion (nesting) beneath it
+    if (e.mark.is_null()) throw UsageError(fmt::format("{}: not YAML: {}", path, e.msg));
+    throw UsageError(fmt::format("{}:{}:{}: not YAML: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg));
+  }
+  if (docs.empty() || docs[0].IsNull())
+    throw UsageError(fmt::format("{}: empty; expected a YAML mapping of config keys (key: value)", path));
+  if (docs.size() > 1) {
+    const auto mark = docs[1].Mark();
+    throw UsageError(fmt::format("{}{}: a second YAML document (after ---); expected one mapping of config keys",
+                                 path, mark.is_null() ? std::string() : fmt::format(":{}", mark.line + 1)));
+  }
+  const YAML::Node& doc = docs[0];
+  if (!doc.IsMap())
+    throw UsageError(fmt::format("{}:{}: the top level is {}; expected a mapping of config keys (key: value)",
+                                 path, doc.Mark().line + 1, YamlReader::describe(doc)));
+  TrainConfig cfg = default_config();
+  try {
+    YamlReader(path, cfg).read(doc);
+  } catch (const YAML::Exception& e) {  // not expected from reading a loaded document: a safety net
+    throw UsageError(fmt::format("{}: {}", path, e.what()));
+  }
+  return cfg;
+}
+
+void apply_model_config(TrainConfig& cfg, const std::string& config_json_path) {
+  const std::string& path = config_json_path;
+  const json doc = parse_json_text(read_regular_file(path, "model config"), path);
+  TrainConfig out = cfg;
+  reading_file(path, [&] {
+    JsonRef root(doc, path);
+    root.object();
+    struct Dim {
+      std::string_view name;
+      std::int64_t* field;
+      std::int64_t hi;
+    };
+    const Dim dims[] = {
+        {"hidden_size", &out.model.hidden_size, kMaxHidden},
+        {"num_hidden_layers", &out.model.num_hidden_layers, kMaxLayers},
+        {"num_attention_heads", &out.model.num_attention_heads, kMaxHidden},
+        {"intermediate_size", &out.model.intermediate_size, kMaxIntermediate},
+        {"vocab_size", &out.model.vocab_size, kMaxVocab},
+    };
+    const auto given = [](const std::optional<JsonRef>& r) { return r && !r->raw().is_null(); };
+    // A multimodal model (Llava, Gemma 3, ...) keeps its language model's
+    // dims in text_config.
+    JsonRef from = root;
+    bool any_at_top = false;
+    for (const auto& d : dims) any_at_top = any_at_top || given(root.find(d.name));
+    if (!any_at_top) {
+      if (const auto tc = root.find("text_config"); tc && tc->raw().is_object()) {
+        from = *tc;
+        out.notes.push_back(fmt::format("{}: the model dims read from its text_config", path));
+      }
+    }
+    for (const auto& d : dims) {
+      const std::string name = "model." + std::string(d.name);
+      const auto v = from.find(d.name);
+      if (!given(v)) {
+        out.notes.push_back(fmt::format("{}: no {}; {} ({}) kept", path, d.name, *d.field, source_of(out, name)));
+        continue;
+      }
+      const std::int64_t x = v->integer(1, d.hi);
+      const std::string before = source_of(out, name);
+      if (x != *d.field && before != kDefault)
+        out.notes.push_back(fmt::format("{}: {} {} replaces {} from {}", path, d.name, x, *d.field, before));
+      *d.field = x;
+      out.sources[name] = Source{path};
+    }
+    const auto& m = out.model;
+    if (m.hidden_size % m.num_attention_heads != 0)
+      throw UsageError(fmt::format("{}: num_attention_heads: {} ({}) does not divide hidden_size {} ({}); expected "
+                                   "heads that divide the hidden size", path, m.num_attention_heads,
+                                   source_of(out, "model.num_attention_heads"), m.hidden_size,
+                                   source_of(out, "model.hidden_size")));
+    if (const auto kv = from.find("num_key_value_heads"); given(kv)) {
+      const std::int64_t k = kv->integer(1, kMaxHidden);
+      if (m.num_attention_heads % k != 0)
+        kv->fail(fmt::format("expected a divisor of num_attention_heads {}, got {}", m.num_attention_heads, k));
+      if (k != m.num_attention_heads)
+        out.notes.push_back(fmt::format(
+            "{}: num_key_value_heads {} differs from num_attention_heads {}: grouped-query attention, "
+            "the K and V projections and the KV cache {}x smaller than the layer shape here assumes",
+            path, k, m.num_attention_heads, m.num_attention_heads / k));
+    }
+  });
+  cfg = std::move(out);
+}
+
+void read_lengths(TrainConfig& cfg, const std::string& path) {
+  packing::LengthSpec spec;
+  try {
+    spec = packing::parse_lengths("@" + path);
+  } catch (const UsageError& e) {
+    // The packing parser says "lengths file 'F' line N: expected ..."; the
+    // diagnose messages all begin "F:N: ".
+    const std::string msg = e.what();
+    const std::string prefix = "lengths file '" + path + "' line ";
+    if (msg.rfind(prefix, 0) == 0) {
+      const auto colon = msg.find(": ", prefix.size());
+      const std::string number = msg.substr(prefix.size(), colon == std::string::npos ? 0 : colon - prefix.size());
+      if (!number.empty() && number.find_first_not_of("0123456789") == std::string::npos)
+        throw UsageError(fmt::format("{}:{}: {}", path, number, msg.substr(colon + 2)));
+    }
+    throw;
+  }
+  const bool histogram = spec.kind == packing::LengthSpec::Kind::file_histogram;
+  std::int64_t total = std::int64_t(spec.lengths.size());
+  for (const auto& row : spec.histogram) total += row.count;  // each <= 2^40, the sum <= 2^50: the parser checks
+  if (total > kMaxLengths)
+    throw UsageError(fmt::format("{}: {} sequences in all, over the limit of {}; give a sample of the dataset",
+                                 path, total, kMaxLengths));
+  std::vector<std::int32_t> lengths = packing::generate_lengths(spec, 0, kLengthsSeed);
+  if (histogram)
+    cfg.notes.push_back(fmt::format("lengths: {} sequences from a {}-row histogram ({}), in a shuffled order "
+                                    "(seed {})", lengths.size(), spec.histogram.size(), path, kLengthsSeed));
+  cfg.lengths = std::move(lengths);
+  cfg.sources["lengths"] = Source{"--lengths " + path};
+}
+
+json to_json(const TrainConfig& cfg) {
+  const json values = values_of(cfg);
+  json out;
+  json& model = out["model"] = json::object();
+  for (const auto key : kKeys) {
+    const std::string k(key);
+    if (k == "lengths") continue;
+    json entry = {{"value", values[k]}, {"source", source_of(cfg, k)}};
+    if (k.rfind("model.", 0) == 0)
+      model[k.substr(6)] = std::move(entry);
+    else
+      out[k] = std::move(entry);
+  }
+  json lengths = {{"count", cfg.lengths.size()}};
+  if (!cfg.lengths.empty()) {
+    const std::int64_t tokens = std::accumulate(cfg.lengths.begin(), cfg.lengths.end(), std::int64_t(0));
+    lengths["tokens"] = tokens;
+    lengths["min"] = *std::min_element(cfg.lengths.begin(), cfg.lengths.end());
+    lengths["max"] = *std::max_element(cfg.lengths.begin(), cfg.lengths.end());
+    lengths["mean"] = double(tokens) / double(cfg.lengths.size());
+  }
+  lengths["source"] = source_of(cfg, "lengths");
+  out["lengths"] = std::move(lengths);
+  out["unknown_keys"] = cfg.unknown_keys;
+  out["notes"] = cfg.notes;
+  return out;
+}
+
+}  // namespace sb::diagnose

@@ -1,0 +1,592 @@
+// The input layer of `stallbench diagnose` (scenarios/diagnose/config.hpp) on
+// real files: an Axolotl LoRA config read key by key with its source lines,
+// Axolotl's non-boolean spellings (bf16: auto, gradient_checkpointing:
+// unsloth), every bad value refused with "FILE:LINE: KEY:", files that are
+// not YAML or not a mapping, Hugging Face config.json files (Llama-2-7B,
+// Llama-3-8B with grouped-query attention, a wrong type), dataset lengths
+// (one a line, a histogram, a bad row, the cap), and the report's JSON.
+// Test data: tests/data/diagnose (its README.md says what each file is).
+#include <gtest/gtest.h>
+
+#include <unistd.h>  // ::getpid
+
+#include <algorithm>   // std::sort, std::count
+#include <cstdint>     // std::int32_t, std::int64_t
+#include <filesystem>  // std::filesystem
+#include <fstream>     // std::ifstream, std::ofstream
+#include <map>         // std::map
+#include <string>      // std::string
+#include <vector>      // std::vector
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"  // sb::UsageError
+#include "scenarios/diagnose/config.hpp"
+
+namespace sb::diagnose {
+namespace {
+
+namespace fs = std::filesystem;
+
+// tests/data: meson passes it (-DSB_TEST_DATA, as for test_torch_fr); a
+// standalone compile run from the repository root finds it from this file.
+#ifdef SB_TEST_DATA
+const std::string kData = std::string(SB_TEST_DATA) + "/diagnose";
+#else
+const std::string kData = (fs::path(__FILE__).parent_path() / ".." / "data" / "diagnose").lexically_normal().string();
+#endif
+
+std::string data(const std::string& name) {
+  const std::string p = kData + "/" + name;
+  // Committed test data: its absence is a failure, not a skip.
+  EXPECT_TRUE(fs::exists(p)) << p << " is missing (run from the repository root, or set SB_TEST_DATA)";
+  return p;
+}
+
+// The 1-based line on which `key:` begins in a file (0 if none).
+int line_of(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n)
+    if (line.rfind(key + ":", 0) == 0) return n;
+  return 0;
+}
+
+// The message of the UsageError that f throws ("" and a failure if none).
+template <class F>
+std::string usage_error(F&& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a UsageError: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "no UsageError thrown";
+  return {};
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool has_note(const TrainConfig& c, const std::string& part) {
+  return std::any_of(c.notes.begin(), c.notes.end(), [&](const std::string& n) { return contains(n, part); });
+}
+
+// Files written by a test, removed with it.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name)
+      : dir_(fs::temp_directory_path() / fmt::format("sb_diagnose_{}_{}", ::getpid(), name)) {
+    fs::create_directories(dir_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    const std::string p = (dir_ / name).string();
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+ private:
+  fs::path dir_;
+};
+
+const char* const kAllKeys[] = {
+    "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
+    "model.intermediate_size", "model.vocab_size", "micro_batch_size", "gradient_accumulation_steps",
+    "sequence_len", "sample_packing", "pad_to_sequence_len", "bf16", "fp16", "tf32",
+    "flash_attention", "sdp_attention", "dataloader_num_workers", "dataloader_pin_memory",
+    "dataloader_prefetch_factor", "gradient_checkpointing", "lengths"};
+
+// ---- defaults -------------------------------------------------------------------
+
+TEST(DiagnoseConfig, DefaultIsLlama2_7BAtTheDocumentedDefaults) {
+  const TrainConfig c = default_config();
+  EXPECT_EQ(c.model.hidden_size, 4096);
+  EXPECT_EQ(c.model.num_hidden_layers, 32);
+  EXPECT_EQ(c.model.num_attention_heads, 32);
+  EXPECT_EQ(c.model.intermediate_size, 11008);
+  EXPECT_EQ(c.model.vocab_size, 32000);
+  EXPECT_EQ(c.micro_batch_size, 1);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  EXPECT_EQ(c.sequence_len, 2048);
+  EXPECT_FALSE(c.sample_packing);
+  EXPECT_FALSE(c.pad_to_sequence_len);
+  EXPECT_FALSE(c.bf16);
+  EXPECT_FALSE(c.fp16);
+  EXPECT_FALSE(c.tf32);
+  EXPECT_FALSE(c.flash_attention);
+  EXPECT_FALSE(c.sdp_attention);
+  EXPECT_EQ(c.dataloader_num_workers, 0);
+  EXPECT_TRUE(c.dataloader_pin_memory);
+  EXPECT_EQ(c.dataloader_prefetch_factor, 2);
+  EXPECT_FALSE(c.gradient_checkpointing);
+  EXPECT_TRUE(c.lengths.empty());
+  EXPECT_TRUE(c.unknown_keys.empty());
+  EXPECT_TRUE(c.notes.empty());
+  ASSERT_EQ(c.sources.size(), std::size(kAllKeys));
+  for (const char* k : kAllKeys) {
+    ASSERT_TRUE(c.sources.count(k)) << k;
+    EXPECT_EQ(c.sources.at(k).where, "default") << k;
+  }
+}
+
+// ---- a real Axolotl config ------------------------------------------------------------
+
+TEST(DiagnoseConfig, ReadsEveryKeyOfAnAxolotlLoraConfigWithItsLine) {
+  const std::string path = data("tinyllama_lora.yml");
+  const TrainConfig c = read_axolotl_yaml(path);
+  EXPECT_EQ(c.model.hidden_size, 2048);
+  EXPECT_EQ(c.model.num_hidden_layers, 22);
+  EXPECT_EQ(c.model.num_attention_heads, 32);
+  EXPECT_EQ(c.model.intermediate_size, 5632);
+  EXPECT_EQ(c.model.vocab_size, 32000);
+  EXPECT_EQ(c.micro_batch_size, 2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  EXPECT_EQ(c.sequence_len, 4096);
+  EXPECT_TRUE(c.sample_packing);
+  EXPECT_TRUE(c.pad_to_sequence_len);
+  EXPECT_TRUE(c.bf16);  // auto
+  EXPECT_FALSE(c.fp16);
+  EXPECT_TRUE(c.tf32);
+  EXPECT_TRUE(c.flash_attention);
+  EXPECT_FALSE(c.sdp_attention);
+  EXPECT_EQ(c.dataloader_num_workers, 4);
+  EXPECT_FALSE(c.dataloader_pin_memory);
+  EXPECT_EQ(c.dataloader_prefetch_factor, 8);
+  EXPECT_TRUE(c.gradient_checkpointing);
+  EXPECT_TRUE(c.lengths.empty());
+
+  // Every key's source is its line in the file; lengths (not a YAML key) is the default.
+  ASSERT_EQ(c.sources.size(), std::size(kAllKeys));
+  for (const std::string k : kAllKeys) {
+    if (k == "lengths") {
+      EXPECT_EQ(c.sources.at(k).where, "default");
+      continue;
+    }
+    const std::string yaml_key = starts_with(k, "model.") ? k.substr(6) : k;
+    const int line = line_of(path, yaml_key);
+    ASSERT_GT(line, 0) << yaml_key << " is not in " << path;
+    EXPECT_EQ(c.sources.at(k).where, fmt::format("{}:{}", path, line)) << k;
+  }
+
+  // Unknown keys: every other top-level key, in file order, with its line,
+  // including those with empty values; none of the known ones.
+  const std::vector<std::string> first = {"base_model", "model_type", "tokenizer_type", "load_in_8bit",
+                                          "load_in_4bit", "strict", "datasets", "dataset_prepared_path"};
+  ASSERT_GE(c.unknown_keys.size(), first.size());
+  for (std::size_t i = 0; i < first.size(); ++i)
+    EXPECT_EQ(c.unknown_keys[i], fmt::format("{} (line {})", first[i], line_of(path, first[i])));
+  for (const char* k : {"lora_r", "lora_alpha", "learning_rate", "optimizer", "lr_scheduler", "num_epochs",
+                        "eval_sample_packing", "lora_model_dir", "special_tokens", "xformers_attention"})
+    EXPECT_EQ(std::count(c.unknown_keys.begin(), c.unknown_keys.end(),
+                         fmt::format("{} (line {})", k, line_of(path, k))), 1) << k;
+  for (const auto& u : c.unknown_keys)
+    for (const std::string k : kAllKeys) EXPECT_FALSE(starts_with(u, k + " (")) << u;
+  EXPECT_EQ(c.unknown_keys.back(), fmt::format("special_tokens (line {})", line_of(path, "special_tokens")));
+  int previous = 0;  // file order
+  for (const auto& u : c.unknown_keys) {
+    const int line = std::stoi(u.substr(u.rfind("(line ") + 6));
+    EXPECT_GT(line, previous) << u;
+    previous = line;
+  }
+}
+
+TEST(DiagnoseConfig, Bf16AutoIsTrueWithANote) {
+  const std::string path = data("tinyllama_lora.yml");
+  const TrainConfig c = read_axolotl_yaml(path);
+  EXPECT_TRUE(c.bf16);
+  EXPECT_TRUE(has_note(c, fmt::format("bf16: auto (line {}) taken as true", line_of(path, "bf16"))));
+  EXPECT_FALSE(has_note(c, "gradient_checkpointing"));  // a plain true needs no note
+}
+
+TEST(DiagnoseConfig, UnslothCheckpointingAndFullBf16AreTrueWithNotes) {
+  const std::string path = data("unsloth_checkpointing.yml");
+  const TrainConfig c = read_axolotl_yaml(path);
+  EXPECT_TRUE(c.gradient_checkpointing);
+  EXPECT_EQ(c.sources.at("gradient_checkpointing").where, path + ":4");
+  EXPECT_TRUE(has_note(c, "gradient_checkpointing: unsloth (line 4) taken as true"));
+  EXPECT_TRUE(c.bf16);
+  EXPECT_TRUE(has_note(c, "bf16: full (line 5) taken as true"));
+  EXPECT_EQ(c.unknown_keys, std::vector<std::string>{"base_model (line 2)"});
+}
+
+// ---- what is accepted beyond the plain forms -------------------------------------------------
+
+TEST(DiagnoseConfig, AcceptedSpellings) {
+  TempDir dir("spellings");
+  {
+    // A quoted integer is taken when it is one (pydantic's lax mode does);
+    // YAML 1.1 booleans in yaml-cpp's spellings; a leading '+'.
+    const TrainConfig c = read_axolotl_yaml(dir.write("a.yml",
+        "micro_batch_size: \"3\"\n"
+        "gradient_accumulation_steps: +8\n"
+        "sample_packing: yes\n"
+        "pad_to_sequence_len: On\n"
+        "flash_attention: TRUE\n"
+        "dataloader_pin_memory: off\n"
+        "sdp_attention: 'true'\n"
+        "dataloader_num_workers: 0\n"
+        "gradient_checkpointing: offload\n"
+        "tf32: auto\n"));
+    EXPECT_EQ(c.micro_batch_size, 3);
+    EXPECT_EQ(c.gradient_accumulation_steps, 8);
+    EXPECT_TRUE(c.sample_packing);
+    EXPECT_TRUE(c.pad_to_sequence_len);
+    EXPECT_TRUE(c.flash_attention);
+    EXPECT_FALSE(c.dataloader_pin_memory);
+    EXPECT_TRUE(c.sdp_attention);
+    EXPECT_EQ(c.dataloader_num_workers, 0);
+    EXPECT_EQ(c.sources.at("dataloader_num_workers").where, dir.path("a.yml") + ":8");
+    EXPECT_TRUE(c.gradient_checkpointing);
+    EXPECT_TRUE(has_note(c, "gradient_checkpointing: offload (line 9) taken as true"));
+    EXPECT_TRUE(c.tf32);
+    EXPECT_TRUE(has_note(c, "tf32: auto (line 10) taken as true"));
+    EXPECT_TRUE(c.unknown_keys.empty());
+  }
+  {
+    // An empty value keeps the default (noted); a repeated key: the last wins (noted).
+    const std::string p = dir.write("b.yml",
+        "sequence_len:\n"
+        "micro_batch_size: 4\n"
+        "dataloader_prefetch_factor: ~\n"
+        "micro_batch_size: 6\n"
+        "lora_r: 8\n"
+        "lora_r: 16\n");
+    const TrainConfig c = read_axolotl_yaml(p);
+    EXPECT_EQ(c.sequence_len, 2048);
+    EXPECT_EQ(c.sources.at("sequence_len").where, "default");
+    EXPECT_TRUE(has_note(c, "sequence_len: empty at line 1; the default 2048 kept"));
+    EXPECT_EQ(c.dataloader_prefetch_factor, 2);
+    EXPECT_EQ(c.micro_batch_size, 6);
+    EXPECT_EQ(c.sources.at("micro_batch_size").where, p + ":4");
+    EXPECT_TRUE(has_note(c, "micro_batch_size: given at line 2 and again at line 4; the last is used"));
+    EXPECT_EQ(c.unknown_keys, (std::vector<std::string>{"lora_r (line 5)", "lora_r (line 6)"}));
+  }
+  {
+    // bf16: auto beside fp16: true means fp16 (auto picks bf16 only where the GPU has it).
+    const TrainConfig c = read_axolotl_yaml(dir.write("c.yml", "bf16: auto\nfp16: true\n"));
+    EXPECT_FALSE(c.bf16);
+    EXPECT_TRUE(c.fp16);
+    EXPECT_TRUE(has_note(c, "bf16: auto (line 1) taken as false: fp16 is true (line 2)"));
+    EXPECT_FALSE(has_note(c, "taken as true"));
+  }
+  {
+    // attn_implementation is not read, and says so.
+    const TrainConfig c = read_axolotl_yaml(dir.write("d.yml", "attn_implementation: flash_attention_2\n"));
+    EXPECT_FALSE(c.flash_attention);
+    EXPECT_EQ(c.unknown_keys, std::vector<std::string>{"attn_implementation (line 1)"});
+    EXPECT_TRUE(has_note(c, "attn_implementation (line 1) is not read"));
+  }
+}
+
+// ---- bad values ----------------------------------------------------------------------------------
+
+TEST(DiagnoseConfig, EveryBadValueNamesFileLineAndKey) {
+  TempDir dir("bad");
+  struct Case {
+    std::string body;  // after two lines of other keys
+    int line;          // of the key named
+    std::string key;
+    std::string says;
+  };
+  const Case cases[] = {
+      {"micro_batch_size: abc\n", 3, "micro_batch_size", "expected an integer, got 'abc'"},
+      {"micro_batch_size: \"abc\"\n", 3, "micro_batch_size", "expected an integer, got the string 'abc'"},
+      {"micro_batch_size: 2.5\n", 3, "micro_batch_size", "expected an integer, got '2.5' (not a whole number)"},
+      {"micro_batch_size: 2.0\n", 3, "micro_batch_size", "expected an integer, got '2.0'"},
+      {"micro_batch_size: [1, 2]\n", 3, "micro_batch_size", "expected an integer, got a list"},
+      {"micro_batch_size: true\n", 3, "micro_batch_size", "expected an integer, got 'true'"},
+      {"micro_batch_size: 010\n", 3, "micro_batch_size", "without leading zeros"},
+      {"micro_batch_size: 0x10\n", 3, "micro_batch_size", "expected an integer"},
+      {"micro_batch_size: -1\n", 3, "micro_batch_size", "expected a positive integer, got -1"},
+      {"micro_batch_size: 99999999999999999999999\n", 3, "micro_batch_size", "expected an integer in [1, 65536]"},
+      {"gradient_accumulation_steps: 0\n", 3, "gradient_accumulation_steps", "expected a positive integer, got 0"},
+      {"sequence_len: 2048\nsequence_len: 2097152\n", 4, "sequence_len", "expected at most 1048576, got 2097152"},
+      {"sequence_len: 1048577\n", 3, "sequence_len", "expected at most 1048576"},
+      {"vocab_size: 1.5e5\n", 3, "vocab_size", "(not a whole number)"},
+      {"num_hidden_layers: 0\n", 3, "num_hidden_layers", "expected a positive integer"},
+      {"intermediate_size: {a: 1}\n", 3, "intermediate_size", "expected an integer, got a mapping"},
+      {"dataloader_num_workers: -1\n", 3, "dataloader_num_workers", "expected an integer >= 0, got -1"},
+      {"dataloader_prefetch_factor: 0\n", 3, "dataloader_prefetch_factor", "expected a positive integer, got 0"},
+      {"sample_packing: maybe\n", 3, "sample_packing", "expected true or false, got 'maybe'"},
+      {"sample_packing: 1\n", 3, "sample_packing", "expected true or false, got '1'"},
+      {"fp16: auto\n", 3, "fp16", "expected true or false, got 'auto'"},
+      {"bf16: sometimes\n", 3, "bf16", "expected true, false, auto or full"},
+      {"tf32: full\n", 3, "tf32", "expected true, false or auto"},
+      {"gradient_checkpointing: sometimes\n", 3, "gradient_checkpointing",
+       "expected true, false, offload, offload_disk or unsloth"},
+      // Cross-key checks: at the line of the key that breaks them.
+      {"num_attention_heads: 3\n", 3, "num_attention_heads", "3 does not divide hidden_size 4096 (default)"},
+      {"hidden_size: 4090\n", 3, "hidden_size", "4090 is not a multiple of num_attention_heads 32 (default)"},
+      {"hidden_size: 4096\nnum_attention_heads: 48\n", 4, "num_attention_heads", "does not divide"},
+      {"bf16: true\nfp16: true\n", 4, "fp16", "true, and bf16 is true too (line 3); expected at most one of bf16 and fp16"},
+      {"fp16: yes\nbf16: true\n", 4, "bf16", "true, and fp16 is true too (line 3)"},
+  };
+  int n = 0;
+  for (const auto& c : cases) {
+    const std::string p = dir.write(fmt::format("case{}.yml", n++),
+                                    "base_model: NousResearch/Llama-2-7b-hf\nlearning_rate: 0.0002\n" + c.body);
+    const std::string msg = usage_error([&] { (void)read_axolotl_yaml(p); });
+    const std::string prefix = fmt::format("{}:{}: {}: ", p, c.line, c.key);
+    EXPECT_TRUE(starts_with(msg, prefix)) << "got: " << msg << "\nwanted a start: " << prefix;
+    EXPECT_TRUE(contains(msg, c.says)) << "got: " << msg << "\nwanted: " << c.says;
+  }
+}
+
+TEST(DiagnoseConfig, NotYamlNamesFileLineAndColumn) {
+  const std::string path = data("not_yaml.yml");
+  const std::string msg = usage_error([&] { (void)read_axolotl_yaml(path); });
+  // yaml-cpp finds the unclosed '[' of line 2 where the flow sequence cannot
+  // go on: line 3's "micro_batch_size: 2" (a map value inside it).
+  EXPECT_TRUE(starts_with(msg, path + ":3:")) << msg;
+  EXPECT_TRUE(contains(msg, ": not YAML: ")) << msg;
+
+  TempDir dir("notyaml");
+  const std::string unclosed = dir.write("u.yml", "key: [unclosed\n");
+  const std::string m2 = usage_error([&] { (void)read_axolotl_yaml(unclosed); });
+  EXPECT_TRUE(starts_with(m2, unclosed + ":2:")) << m2;  // at the end of the input
+  EXPECT_TRUE(contains(m2, "not YAML: end of sequence flow not found")) << m2;
+  const std::string tab = dir.write("t.yml", "a: 1\nb: c: d\n");
+  EXPECT_TRUE(starts_with(usage_error([&] { (void)read_axolotl_yaml(tab); }), tab + ":2:"));
+}
+
+TEST(DiagnoseConfig, NotAMappingEmptyTwoDocumentsMissingAreUsageErrors) {
+  const std::string list = data("top_level_list.yml");
+  const std::string m = usage_error([&] { (void)read_axolotl_yaml(list); });
+  EXPECT_TRUE(starts_with(m, list + ":1: the top level is a list; expected a mapping")) << m;
+
+  TempDir dir("shapes");
+  const std::string scalar = dir.write("s.yml", "just some words\n");
+  EXPECT_TRUE(contains(usage_error([&] { (void)read_axolotl_yaml(scalar); }), "the top level is 'just some words'"));
+  const std::string empty = dir.write("e.yml", "# nothing but a comment\n");
+  EXPECT_TRUE(starts_with(usage_error([&] { (void)read_axolotl_yaml(empty); }), empty + ": empty"));
+  const std::string two = dir.write("two.yml", "micro_batch_size: 1\n---\nmicro_batch_size: 2\n");
+  EXPECT_TRUE(starts_with(usage_error([&] { (void)read_axolotl_yaml(two); }), two + ":3: a second YAML document"));
+
+  const std::string missing = dir.path("no_such.yml");
+  EXPECT_TRUE(contains(usage_error([&] { (void)read_axolotl_yaml(missing); }), missing));
+  EXPECT_TRUE(contains(usage_error([&] { (void)read_axolotl_yaml(kData); }), "is a directory"));
+}
+
+// ---- Hugging Face config.json -------------------------------------------------------------------
+
+TEST(DiagnoseConfig, Llama2ConfigJsonSetsTheDims) {
+  const std::string path = data("llama2_7b_config.json");
+  TrainConfig c = default_config();
+  apply_model_config(c, path);
+  EXPECT_EQ(c.model.hidden_size, 4096);
+  EXPECT_EQ(c.model.num_hidden_layers, 32);
+  EXPECT_EQ(c.model.num_attention_heads, 32);
+  EXPECT_EQ(c.model.intermediate_size, 11008);
+  EXPECT_EQ(c.model.vocab_size, 32000);
+  for (const char* k : {"model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
+                        "model.intermediate_size", "model.vocab_size"})
+    EXPECT_EQ(c.sources.at(k).where, path) << k;
+  EXPECT_EQ(c.sources.at("micro_batch_size").where, "default");
+  EXPECT_TRUE(c.notes.empty());  // kv heads == heads; every key present; defaults replaced silently
+
+  // Over a YAML's explicit dims: the config.json wins, and says what it replaced.
+  const std::string yml = data("tinyllama_lora.yml");
+  TrainConfig t = read_axolotl_yaml(yml);
+  apply_model_config(t, path);
+  EXPECT_EQ(t.model.hidden_size, 4096);
+  EXPECT_EQ(t.model.num_hidden_layers, 32);
+  EXPECT_EQ(t.model.intermediate_size, 11008);
+  EXPECT_EQ(t.sources.at("model.hidden_size").where, path);
+  EXPECT_TRUE(has_note(t, fmt::format("{}: hidden_size 4096 replaces 2048 from {}:{}", path, yml,
+                                      line_of(yml, "hidden_size"))));
+  EXPECT_FALSE(has_note(t, "vocab_size 32000 replaces"));  // the same value
+  EXPECT_EQ(t.micro_batch_size, 2);                        // the rest untouched
+}
+
+TEST(DiagnoseConfig, Llama3ConfigJsonIsGroupedQueryAttention) {
+  const std::string path = data("llama3_8b_config.json");
+  TrainConfig c = default_config();
+  apply_model_config(c, path);
+  EXPECT_EQ(c.model.hidden_size, 4096);
+  EXPECT_EQ(c.model.num_hidden_layers, 32);
+  EXPECT_EQ(c.model.num_attention_heads, 32);
+  EXPECT_EQ(c.model.intermediate_size, 14336);
+  EXPECT_EQ(c.model.vocab_size, 128256);
+  EXPECT_EQ(c.sources.at("model.vocab_size").where, path);
+  EXPECT_TRUE(has_note(c, "num_key_value_heads 8 differs from num_attention_heads 32"));
+  EXPECT_TRUE(has_note(c, "4x smaller"));
+}
+
+TEST(DiagnoseConfig, ConfigJsonErrorsNameTheKeyAndLeaveTheConfig) {
+  const std::string path = data("bad_type_config.json");
+  TrainConfig c = default_config();
+  const TrainConfig before = c;
+  const std::string m = usage_error([&] { apply_model_config(c, path); });
+  EXPECT_TRUE(starts_with(m, path + ": intermediate_size: expected integer")) << m;
+  EXPECT_TRUE(contains(m, "\"11008\"")) << m;
+  EXPECT_EQ(c.model.hidden_size, before.model.hidden_size);
+  EXPECT_EQ(c.sources.at("model.hidden_size").where, "default");  // unchanged: nothing half-applied
+
+  TempDir dir("json");
+  const auto error_of = [&](const std::string& name, const std::string& text) {
+    const std::string p = dir.write(name, text);
+    TrainConfig d = default_config();
+    return std::make_pair(p, usage_error([&] { apply_model_config(d, p); }));
+  };
+  {
+    const auto [p, e] = error_of("float.json", R"({"hidden_size": 4096.0})");
+    EXPECT_TRUE(starts_with(e, p + ": hidden_size: expected integer")) << e;
+  }
+  {
+    const auto [p, e] = error_of("zero.json", R"({"num_hidden_layers": 0})");
+    EXPECT_TRUE(starts_with(e, p + ": num_hidden_layers: ")) << e;
+  }
+  {
+    const auto [p, e] = error_of("kv.json", R"({"num_attention_heads": 32, "num_key_value_heads": 5})");
+    EXPECT_TRUE(starts_with(e, p + ": num_key_value_heads: expected a divisor of num_attention_heads 32")) << e;
+  }
+  {
+    const auto [p, e] = error_of("heads.json", R"({"hidden_size": 4096, "num_attention_heads": 48})");
+    EXPECT_TRUE(starts_with(e, p + ": num_attention_heads: 48")) << e;
+    EXPECT_TRUE(contains(e, "does not divide hidden_size 4096")) << e;
+  }
+  {
+    const auto [p, e] = error_of("list.json", "[1, 2]");
+    EXPECT_TRUE(contains(e, p)) << e;
+  }
+  {
+    const auto [p, e] = error_of("broken.json", "{\"hidden_size\": 4096,\n");
+    EXPECT_TRUE(starts_with(e, p + " is not valid JSON")) << e;
+  }
+  const std::string missing = dir.path("none.json");
+  EXPECT_TRUE(contains(usage_error([&] {
+                TrainConfig d = default_config();
+                apply_model_config(d, missing);
+              }),
+              missing));
+}
+
+TEST(DiagnoseConfig, ConfigJsonMissingKeysAreKeptAndNoted) {
+  TempDir dir("gpt2");
+  // GPT-2 names its dims n_embd, n_layer, n_head: only vocab_size matches.
+  const std::string p = dir.write("config.json",
+      R"({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+          "num_attention_heads": null})");
+  TrainConfig c = default_config();
+  apply_model_config(c, p);
+  EXPECT_EQ(c.model.vocab_size, 50257);
+  EXPECT_EQ(c.sources.at("model.vocab_size").where, p);
+  EXPECT_EQ(c.model.hidden_size, 4096);
+  EXPECT_EQ(c.sources.at("model.hidden_size").where, "default");
+  EXPECT_TRUE(has_note(c, p + ": no hidden_size; 4096 (default) kept"));
+  EXPECT_TRUE(has_note(c, p + ": no num_attention_heads; 32 (default) kept"));  // null counts as missing
+  EXPECT_TRUE(has_note(c, p + ": no intermediate_size"));
+
+  // A multimodal config keeps the language model's dims in text_config.
+  const std::string mm = dir.write("mm.json",
+      R"({"model_type": "llava", "text_config": {"hidden_size": 5120, "num_hidden_layers": 40,
+          "num_attention_heads": 40, "num_key_value_heads": 8, "intermediate_size": 13824, "vocab_size": 32064}})");
+  TrainConfig m = default_config();
+  apply_model_config(m, mm);
+  EXPECT_EQ(m.model.hidden_size, 5120);
+  EXPECT_EQ(m.model.num_attention_heads, 40);
+  EXPECT_EQ(m.model.vocab_size, 32064);
+  EXPECT_TRUE(has_note(m, "read from its text_config"));
+  EXPECT_TRUE(has_note(m, "num_key_value_heads 8 differs from num_attention_heads 40"));
+}
+
+// ---- dataset lengths --------------------------------------------------------------------------
+
+TEST(DiagnoseConfig, LengthsOnePerLine) {
+  const std::string path = data("lengths_per_line.txt");
+  TrainConfig c = default_config();
+  read_lengths(c, path);
+  EXPECT_EQ(c.lengths, (std::vector<std::int32_t>{412, 1024, 87, 2048, 3, 999, 1500, 256}));  // file order
+  EXPECT_EQ(c.sources.at("lengths").where, "--lengths " + path);
+}
+
+TEST(DiagnoseConfig, LengthsHistogramExpandsToItsCounts) {
+  const std::string path = data("lengths_hist.csv");
+  TrainConfig c = default_config();
+  read_lengths(c, path);
+  ASSERT_EQ(c.lengths.size(), 1000u);  // 400 + 300 + 200 + 80 + 20 + 0
+  std::map<std::int32_t, std::int64_t> counts;
+  for (const auto len : c.lengths) ++counts[len];
+  EXPECT_EQ(counts, (std::map<std::int32_t, std::int64_t>{{128, 400}, {256, 300}, {512, 200}, {1024, 80}, {2048, 20}}));
+  EXPECT_FALSE(std::is_sorted(c.lengths.begin(), c.lengths.end()));  // shuffled, as a dataset is consumed
+  EXPECT_TRUE(has_note(c, "lengths: 1000 sequences from a 6-row histogram"));
+  TrainConfig again = default_config();
+  read_lengths(again, path);
+  EXPECT_EQ(again.lengths, c.lengths);  // the same order every run
+}
+
+TEST(DiagnoseConfig, LengthsBadRowsNameTheLine) {
+  const std::string path = data("lengths_bad_row.csv");
+  TrainConfig c = default_config();
+  const std::string m = usage_error([&] { read_lengths(c, path); });
+  EXPECT_TRUE(starts_with(m, path + ":4: expected 'length,count'")) << m;
+  EXPECT_TRUE(contains(m, "got '512,-5'")) << m;
+  EXPECT_TRUE(c.lengths.empty());
+  EXPECT_EQ(c.sources.at("lengths").where, "default");
+
+  TempDir dir("lengths");
+  const std::string zero = dir.write("zero.txt", "12\n0\n");
+  EXPECT_TRUE(starts_with(usage_error([&] { read_lengths(c, zero); }), zero + ":2: expected one length per line"));
+  const std::string mixed = dir.write("mixed.txt", "# lengths\n12\n13,4\n");
+  EXPECT_TRUE(starts_with(usage_error([&] { read_lengths(c, mixed); }), mixed + ":3: "));
+  const std::string over = dir.write("over.csv", "length,count\n512,10000001\n");
+  const std::string mo = usage_error([&] { read_lengths(c, over); });
+  EXPECT_TRUE(starts_with(mo, over + ": 10000001 sequences in all, over the limit of 10000000")) << mo;
+  const std::string none = dir.write("none.csv", "length,count\n512,0\n");
+  EXPECT_TRUE(contains(usage_error([&] { read_lengths(c, none); }), "holds no lengths"));
+  const std::string missing = dir.path("missing.txt");
+  EXPECT_TRUE(contains(usage_error([&] { read_lengths(c, missing); }), missing));
+  EXPECT_TRUE(c.lengths.empty());
+}
+
+// ---- the report's JSON -------------------------------------------------------------------------
+
+TEST(DiagnoseConfig, ToJsonCarriesEveryValueWithItsSource) {
+  TrainConfig c = read_axolotl_yaml(data("tinyllama_lora.yml"));
+  apply_model_config(c, data("llama3_8b_config.json"));
+  read_lengths(c, data("lengths_per_line.txt"));
+  const nlohmann::ordered_json j = to_json(c);
+
+  // Every source back from the JSON, and nothing more.
+  std::map<std::string, std::string> back;
+  for (const auto& [k, v] : j.items()) {
+    if (k == "model") {
+      for (const auto& [mk, mv] : v.items()) back["model." + mk] = mv.at("source").get<std::string>();
+    } else if (v.is_object()) {
+      back[k] = v.at("source").get<std::string>();
+    }
+  }
+  std::map<std::string, std::string> want;
+  for (const auto& [k, s] : c.sources) want[k] = s.where;
+  EXPECT_EQ(back, want);
+
+  EXPECT_EQ(j["model"]["intermediate_size"]["value"], 14336);
+  EXPECT_EQ(j["micro_batch_size"]["value"], 2);
+  EXPECT_EQ(j["bf16"]["value"], true);
+  EXPECT_EQ(j["dataloader_pin_memory"]["value"], false);
+  EXPECT_EQ(j["lengths"]["count"], 8);
+  EXPECT_EQ(j["lengths"]["tokens"], 412 + 1024 + 87 + 2048 + 3 + 999 + 1500 + 256);
+  EXPECT_EQ(j["lengths"]["min"], 3);
+  EXPECT_EQ(j["lengths"]["max"], 2048);
+  EXPECT_EQ(j["unknown_keys"].size(), c.unknown_keys.size());
+  EXPECT_EQ(j["notes"].size(), c.notes.size());
+  // The order of the report: the model first, then TrainConfig's order.
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : j.items()) keys.push_back(k);
+  EXPECT_EQ(keys.front(), "model");
+  EXPECT_EQ(keys.back(), "notes");
+
+  // With no lengths: a count of 0 and the default source.
+  const nlohmann::ordered_json d = to_json(default_config());
+  EXPECT_EQ(d["lengths"], (nlohmann::ordered_json{{"count", 0}, {"source", "default"}}));
+  EXPECT_EQ(d["model"]["hidden_size"], (nlohmann::ordered_json{{"value", 4096}, {"source", "default"}}));
+}
+
+}  // namespace
+}  // namespace sb::diagnose
