@@ -38,6 +38,8 @@
 #include "kernels/backends.hpp"     // all_backends, open_device, open_process_group
 #include "scenarios/collective/hang_analysis.hpp"  // analyze_hang_dir
 #include "scenarios/dataloader/dataset_file.hpp"   // dataset_cache_dir, clean_dataset_cache
+#include "scenarios/diagnose/config.hpp"           // read_axolotl_yaml, apply_model_config, read_lengths
+#include "scenarios/diagnose/diagnose.hpp"         // diagnose::run, format_report
 #include "harness/exit_codes.hpp"  // kExit*
 
 namespace sb {
@@ -380,6 +382,63 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   return write_outputs(r, *sc, path, a.trace_path, trace);
 }
 
+struct DiagnoseArgs {
+  std::string config, model_config, lengths;
+  std::string device = "auto";
+  std::string json_path = "stallbench-diagnose.json";
+  bool quick = false;
+  double timeout_s = 1800;
+  double observed = -1;
+};
+
+// `diagnose`: the user's config read (exit 2 on a bad value, before any
+// device is opened), the checks run in the standard order, the report
+// printed and the result written atomically.
+int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
+  diagnose::Options opt;
+  opt.cfg = a.config.empty() ? diagnose::default_config() : diagnose::read_axolotl_yaml(a.config);
+  if (!a.model_config.empty()) diagnose::apply_model_config(opt.cfg, a.model_config);
+  if (!a.lengths.empty()) {
+    diagnose::read_lengths(opt.cfg, a.lengths);
+    opt.lengths_path = a.lengths;
+  }
+  opt.quick = a.quick;
+  if (a.observed > 0) opt.observed_tokens_per_s = a.observed;
+  opt.say = [](const std::string& line) { std::cerr << line << "\n"; };
+  const DeviceSpec spec = parse_device_spec(a.device);
+  check_writable_target(a.json_path, "--json");
+  if (!opt.cfg.unknown_keys.empty())
+    std::cerr << fmt::format("diagnose: {} key(s) of the config not used here: {}\n", opt.cfg.unknown_keys.size(),
+                             fmt::join(opt.cfg.unknown_keys, ", "));
+  for (const auto& n : opt.cfg.notes) std::cerr << "diagnose: " << n << "\n";
+
+  Watchdog wd{std::chrono::seconds(static_cast<long long>(a.timeout_s))};
+  wd.progress("opening device " + spec.str());
+  auto dev = open_device(spec);
+  RunContext ctx{*dev};
+  ctx.quick = a.quick;
+  ctx.measure = a.quick ? quick_measure_config() : MeasureConfig{};
+  ctx.measure.sync_timeout = std::chrono::milliseconds(static_cast<long long>(std::min(a.timeout_s, 600.0) * 1000));
+  const CpuInfo cpu = read_cpu_info();
+  ctx.expected = match_expected(dev->info(), cpu.isa, cpu.logical_cores);
+  ctx.progress = [&wd](const std::string& where) { wd.progress(where); };
+  ctx.measure.heartbeat = [&wd] { wd.beat(); };
+  RunArgs ra;
+  ra.device = a.device;
+  ra.quick = a.quick;
+  ra.timeout_s = a.timeout_s;
+  json meta = run_meta(ra, argc, argv, dev->info(), ctx.measure);
+  std::cerr << fmt::format("stallbench: diagnose on {} ({}){}\n", dev->info().id, dev->info().name,
+                           a.config.empty() ? " with the default config (a 7B-like layer; --config FILE for yours)"
+                                            : " with " + a.config);
+  Result r = diagnose::run(ctx, opt, meta);
+  wd.disarm();
+  const std::string report = diagnose::format_report(r);
+  write_file_atomic(a.json_path, to_json(r).dump(2) + "\n");
+  std::cout << "\n" << report << fmt::format("\nresult: {}\n", a.json_path);
+  return kExitOk;
+}
+
 int cmd_analyze_hang(const std::string& dir, bool as_json) {
   const HangReport rep = analyze_hang_dir(dir);
   if (as_json) std::cout << to_json(rep).dump(2) << "\n";
@@ -455,6 +514,24 @@ int main_impl(int argc, char** argv) {
   run->add_option("--noise", ra.noise, "stop a point's trials once their relative stddev is below this (default 0.02)")
       ->check(finite_range(0.0001, 1.0));
 
+  DiagnoseArgs da;
+  auto* diag = app.add_subcommand("diagnose",
+                                  "run the troubleshooting order on your training config: each cause measured here");
+  diag->add_option("--config", da.config, "an Axolotl-style YAML config (default: a 7B-like layer, documented)")
+      ->check(non_empty_path());
+  diag->add_option("--model-config", da.model_config, "a Hugging Face config.json for the model's dimensions")
+      ->check(non_empty_path());
+  diag->add_option("--lengths", da.lengths, "dataset lengths: one per line, or length,count rows")
+      ->check(non_empty_path());
+  diag->add_option("--device", da.device, "auto | cpu | cuda:N | sim:<gpu>")->capture_default_str();
+  diag->add_option("--json", da.json_path, "result JSON path")->capture_default_str()->check(non_empty_path());
+  diag->add_option("--observed-tokens-per-s", da.observed, "what your training logs report, to compare")
+      ->check(finite_range(1e-9, 1e15));
+  diag->add_flag("--quick", da.quick, "small sweeps and a short budget (about a minute on 2 cores)");
+  diag->add_option("--timeout", da.timeout_s, "seconds without progress before the run is ended as a hang (exit 4)")
+      ->capture_default_str()
+      ->check(finite_range(1.0, 86400.0));
+
   std::string ca, cb;
   double tolerance = 0.05;
   auto* cmp = app.add_subcommand("compare", "compare result A with result B or an expected file");
@@ -503,6 +580,7 @@ int main_impl(int argc, char** argv) {
   if (*list) return cmd_list(names_only, list_json);
   if (*devices) return cmd_devices(dev_json);
   if (*run) return cmd_run(ra, &argc, &argv);
+  if (*diag) return cmd_diagnose(da, argc, argv);
   if (*hang) return cmd_analyze_hang(hang_dir, hang_json);
   if (*cmp) return cmd_compare(ca, cb, tolerance, tol_opt->count() > 0);
   if (*clean) return cmd_clean(clean_dry);

@@ -1,0 +1,657 @@
+// diagnose (equations and order in diagnose.hpp).
+#include "scenarios/diagnose/diagnose.hpp"
+
+#include <algorithm>  // std::sort, std::min, std::max
+#include <chrono>     // std::chrono
+#include <cmath>      // std::llround
+#include <sstream>    // std::ostringstream
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"           // UsageError
+#include "harness/host_memory.hpp"      // read_host_memory: a cpu device's capacity
+#include "harness/printer.hpp"          // format_number
+#include "harness/runner.hpp"           // run_scenario
+#include "harness/units.hpp"            // format_bytes
+#include "scenarios/batch/decoder.hpp"  // predict_footprint
+
+namespace sb::diagnose {
+namespace {
+
+using json = nlohmann::ordered_json;
+using clk = std::chrono::steady_clock;
+
+std::string dtype_name(const TrainConfig& c) { return c.bf16 ? "bf16" : c.fp16 ? "fp16" : "fp32"; }
+
+const Metric* metric(const Point& p, const std::string& name) { return p.metric(name); }
+
+// One sub-run: a scenario at the given parameters, with the command that reproduces it.
+struct Sub {
+  Result r;
+  std::string command;
+  bool ok() const {
+    if (r.points.empty()) return false;
+    for (const Point& p : r.points)
+      if (p.status != Status::ok) return false;
+    return true;
+  }
+  const Point* point(const std::string& key, const std::string& value) const {
+    for (const Point& p : r.points)
+      if (p.params.contains(key) && p.params[key].is_string() && p.params[key].get<std::string>() == value) return &p;
+    return nullptr;
+  }
+  const Point* point_int(const std::string& key, std::int64_t value) const {
+    for (const Point& p : r.points)
+      if (p.params.contains(key) && p.params[key].is_number_integer() && p.params[key].get<std::int64_t>() == value)
+        return &p;
+    return nullptr;
+  }
+};
+
+class Diagnosis {
+ public:
+  Diagnosis(RunContext& ctx, const Options& opt, const json& meta)
+      : ctx_(ctx), opt_(opt), meta_(meta), shape_(measured_shape(opt.cfg, ctx.device.info())), t0_(clk::now()) {}
+
+  Result run() {
+    Result res;
+    res.scenario = "diagnose";
+    res.meta = meta_;
+    res.params = json::object();
+    res.params["check"] = json::array({"utilization", "loader", "dtype", "padding", "attention", "batch", "memory"});
+    const std::string dev = ctx_.device.info().id;
+    res.meta["diagnose"] = json{{"config", to_json(opt_.cfg)},
+                                {"measured_shape", json{{"micro_batch", shape_.micro_batch},
+                                                        {"seq_len", shape_.seq},
+                                                        {"hidden", shape_.hidden},
+                                                        {"intermediate", shape_.intermediate},
+                                                        {"heads", shape_.heads},
+                                                        {"layers", 2},
+                                                        {"reduced", shape_.reduced},
+                                                        {"note", shape_.note}}}};
+    checks_ = 7;
+    res.points.push_back(utilization());
+    res.points.push_back(loader());
+    res.points.push_back(dtype());
+    res.points.push_back(padding());
+    res.points.push_back(attention());
+    res.points.push_back(batch());
+    res.points.push_back(memory());
+    res.points.push_back(summary(res));
+    // findings, ranked by measured gain
+    std::sort(found_.begin(), found_.end(), [](const Finding& a, const Finding& b) {
+      return a.speedup.value_or(0) > b.speedup.value_or(0);
+    });
+    res.findings = found_;
+    if (res.findings.empty())
+      res.findings.push_back({"none found",
+                              "none of the checked causes costs this config measurable throughput on this device "
+                              "(each check's evidence is in its point)",
+                              std::nullopt, json::object()});
+    if (ctx_.device.info().simulated)
+      for (Finding& f : res.findings) f.summary += " [simulated, not measured]";
+    return res;
+  }
+
+ private:
+  // Runs a scenario with assignments; the command line that reproduces it.
+  Sub sub(const std::string& scenario, std::vector<std::string> assigns) {
+    const Scenario* sc = find_scenario(scenario);
+    if (!sc) throw Error(ErrorKind::runtime, "diagnose: no scenario " + scenario);
+    Sub s;
+    std::string cmd = fmt::format("stallbench run {} --device {}", scenario, ctx_.device.info().id);
+    if (opt_.quick) cmd += " --quick";
+    for (const auto& a : assigns) cmd += " -p " + a;
+    s.command = cmd;
+    RunOptions ro{assigns, opt_.quick};
+    s.r = run_scenario(*sc, ctx_, ro, meta_);
+    finish_findings(s.r, *sc, ctx_.device.info().simulated);
+    return s;
+  }
+
+  void step(const std::string& what) {
+    ++done_;
+    const double so_far = std::chrono::duration<double>(clk::now() - t0_).count();
+    const double left = done_ > 1 ? so_far / double(done_ - 1) * double(checks_ - done_ + 1) : 0;
+    opt_.say(fmt::format("diagnose [{}/{}] {} ({:.0f} s so far{})", done_, checks_, what, so_far,
+                         done_ > 1 ? fmt::format(", about {:.0f} s left", left) : ""));
+    ctx_.progress("diagnose: " + what);
+  }
+
+  Point check_point(const std::string& name) {
+    Point p;
+    p.params = json{{"check", name}};
+    return p;
+  }
+
+  // A sub-run's points, compact, for the evidence.
+  static json compact(const Sub& s) {
+    json pts = json::array();
+    for (const Point& p : s.r.points) {
+      json m = json::object();
+      for (const Metric& x : p.metrics) m[x.name] = x.value;
+      pts.push_back(json{{"params", p.params}, {"status", std::string(to_string(p.status))}, {"metrics", m}});
+    }
+    return json{{"command", s.command}, {"points", pts}};
+  }
+
+  void add_gain(Point& p, double base, double fixed, const std::string& unit, const std::string& what) {
+    p.add({"baseline", base, unit, Direction::higher, std::nullopt, "the user's setting: " + what});
+    p.add({"with_fix", fixed, unit, Direction::higher, std::nullopt, "the recommended setting: " + what});
+    p.add({"gain", base > 0 ? fixed / base : 0, "x", Direction::higher, std::nullopt, "with_fix / baseline"});
+  }
+
+  void find(const std::string& cause, const std::string& check, double gain, const std::string& evidence,
+            const std::string& line, const std::string& command) {
+    found_.push_back({cause,
+                      fmt::format("{}: {:.2f}x measured -> {}{}", check, gain, line,
+                                  evidence.empty() ? "" : " (" + evidence + ")"),
+                      gain,
+                      json{{"check", check}, {"config_line", line}, {"command", command}, {"evidence", evidence}}});
+  }
+
+  // The checks of work per token that stays cheap on a CPU at the user's
+  // sequence length (attention alone, packing's rows): it, up to 2048.
+  std::int64_t long_seq() const {
+    return ctx_.device.info().kind == DeviceKind::cpu ? std::min<std::int64_t>(opt_.cfg.sequence_len, 2048)
+                                                      : opt_.cfg.sequence_len;
+  }
+
+  std::vector<std::string> shape_params(bool with_batch) const {
+    std::vector<std::string> a{fmt::format("seq_len={}", shape_.seq), fmt::format("d_model={}", shape_.hidden),
+                               fmt::format("heads={}", shape_.heads), "layers=2",
+                               fmt::format("dtype={}", dtype_name(opt_.cfg))};
+    if (with_batch) a.push_back(fmt::format("micro_batch={}", shape_.micro_batch));
+    return a;
+  }
+
+  // 1. their step: tokens/s, busy, pattern
+  Point utilization() {
+    step("utilization: their step");
+    Point p = check_point("utilization");
+    auto a = shape_params(true);
+    a.push_back("grad_accum=1");
+    a.push_back("trials=3");
+    const Sub s = sub("batch", a);
+    p.info = json{{"sub", compact(s)}};
+    if (!s.ok()) {
+      p.status = s.r.points.empty() ? Status::error : s.r.points.front().status;
+      p.reason = s.r.points.empty() ? "no point" : s.r.points.front().reason;
+      return p;
+    }
+    const Point& q = s.r.points.front();
+    tokens_per_s_ = metric(q, "tokens_per_s")->value;
+    step_ms_ = metric(q, "step_ms")->value;
+    const double busy = metric(q, "busy_pct")->value;
+    const std::string pattern = q.info.value("pattern", std::string());
+    p.add({"tokens_per_s", tokens_per_s_, "tokens/s", Direction::higher, std::nullopt,
+           "their step at the measured shape, device work only (no loader)"});
+    p.add({"busy_pct", busy, "%", Direction::higher, std::nullopt, "device busy over the step"});
+    p.info["pattern"] = pattern;
+    p.info["launch_bound"] = q.info.value("launch_bound", false);
+    p.info["reading"] = pattern == "steady-low"
+                            ? "steady-low: the step itself leaves the device idle (a small batch, launches, dtype): "
+                              "see batch and dtype"
+                            : pattern == "spiky" ? "spiky: the device waits for something between bursts (loader)"
+                                                 : "the device is busy through the step: look at the loader and the "
+                                                   "work per token (dtype, padding, attention)";
+    return p;
+  }
+
+  // 2. loader: their workers/pinning against the recommended
+  Point loader() {
+    step("loader: workers, pinning, prefetch");
+    Point p = check_point("loader");
+    const TrainConfig& c = opt_.cfg;
+    const int rec = std::max(2, c.dataloader_num_workers);
+    if (c.dataloader_num_workers >= 2 && c.dataloader_pin_memory) {
+      p.status = Status::skipped;
+      p.reason = fmt::format("already {} workers, pinned memory", c.dataloader_num_workers);
+      return p;
+    }
+    // the step the loader must feed: their step's time; a sample: seq_len tokens of input_ids,
+    // attention_mask and labels (int64 each)
+    const double step_ms = std::clamp(step_ms_ > 0 ? step_ms_ : 20.0, 1.0, 2000.0);
+    std::vector<std::string> a{fmt::format("workers={},{}", c.dataloader_num_workers, rec),
+                               fmt::format("batch={}", shape_.micro_batch),
+                               fmt::format("sample_bytes={}", shape_.seq * 24),
+                               fmt::format("step_ms={:.3f}", step_ms),
+                               fmt::format("prefetch={}", std::max(1, c.dataloader_prefetch_factor))};
+    if (!c.dataloader_pin_memory) a.push_back("pin=pageable,pinned");
+    const Sub s = sub("dataloader", a);
+    p.info = json{{"sub", compact(s)},
+                  {"assumption", "the loader's cost per sample is the dataloader scenario's supply=0.5 (one worker "
+                                 "delivers half of what the step consumes): a model of a collating, tokenizing "
+                                 "loader, not a measurement of yours"}};
+    const Point* base = nullptr;
+    const Point* best = nullptr;
+    for (const Point& q : s.r.points) {
+      if (q.status != Status::ok || !metric(q, "samples_per_s")) continue;
+      const bool theirs = q.params.value("workers", -1) == c.dataloader_num_workers &&
+                          (c.dataloader_pin_memory || q.params.value("pin", std::string("pinned")) == "pageable");
+      if (theirs && !base) base = &q;
+      if (q.params.value("workers", -1) == rec && q.params.value("pin", std::string("pinned")) == "pinned") best = &q;
+    }
+    if (!base || !best) {
+      p.status = Status::error;
+      p.reason = "the loader runs did not complete";
+      return p;
+    }
+    const double b = metric(*base, "samples_per_s")->value, f = metric(*best, "samples_per_s")->value;
+    add_gain(p, b, f, "samples/s", "samples delivered per second with the step running");
+    p.info["pattern_baseline"] = base->info.value("pattern", std::string());
+    p.info["pattern_fixed"] = best->info.value("pattern", std::string());
+    if (f / b >= 1.05) {
+      std::string line = fmt::format("dataloader_num_workers: {}", rec);
+      if (!c.dataloader_pin_memory) line += ", dataloader_pin_memory: true";
+      find("slow host dataloader", "loader", f / b,
+           fmt::format("busy {:.0f}% ({}) with {} worker(s) -> {:.0f}% ({}) with {}",
+                       metric(*base, "busy_pct")->value, p.info["pattern_baseline"].get<std::string>(),
+                       c.dataloader_num_workers, metric(*best, "busy_pct")->value,
+                       p.info["pattern_fixed"].get<std::string>(), rec),
+           line, s.command);
+    }
+    return p;
+  }
+
+  // 3. dtype at their MLP GEMM
+  Point dtype() {
+    step("dtype: fp32 against bf16 at their GEMM shape");
+    Point p = check_point("dtype");
+    if (opt_.cfg.bf16 || opt_.cfg.fp16) {
+      p.status = Status::skipped;
+      p.reason = fmt::format("already {}", dtype_name(opt_.cfg));
+      return p;
+    }
+    const bool has_bf16 = !ctx_.device.gemm_unsupported(DType::bf16);
+    const std::string to = has_bf16 ? "bf16" : "fp16";
+    if (!has_bf16 && ctx_.device.gemm_unsupported(DType::fp16)) {
+      p.status = Status::skipped;
+      p.reason = fmt::format("this device has no bf16 or fp16 GEMM ({}): the dtype cannot be measured here; run "
+                             "diagnose on the GPU the job uses",
+                             *ctx_.device.gemm_unsupported(DType::bf16));
+      return p;
+    }
+    const std::int64_t m = shape_.micro_batch * shape_.seq;
+    const Sub s = sub("precision", {fmt::format("m={}", m), fmt::format("n={}", shape_.intermediate),
+                                    fmt::format("k={}", shape_.hidden), "dtype=fp32," + to, "trials=3"});
+    p.info = json{{"sub", compact(s)}};
+    const Point* a = s.point("dtype", "fp32");
+    const Point* b = s.point("dtype", to);
+    if (!a || !b || a->status != Status::ok || b->status != Status::ok || !metric(*a, "tflops") ||
+        !metric(*b, "tflops")) {
+      p.status = Status::skipped;
+      p.reason = b ? b->reason : "no " + to + " GEMM here";
+      return p;
+    }
+    const double x = metric(*a, "tflops")->value, y = metric(*b, "tflops")->value;
+    add_gain(p, x, y, "TFLOP/s", fmt::format("the MLP GEMM {}x{}x{}", m, shape_.intermediate, shape_.hidden));
+    p.info["impl"] = b->info.value("impl", std::string());
+    if (y / x >= 1.05)
+      find("fp32 where bf16 would do", "dtype", y / x,
+           fmt::format("{} TFLOP/s fp32 -> {} {} at {}x{}x{} ({})", format_number(x), format_number(y), to, m,
+                       shape_.intermediate, shape_.hidden, p.info["impl"].get<std::string>()),
+           to + ": true", s.command);
+    else
+      p.info["reading"] = fmt::format("{} is not faster than fp32 on this device ({:.2f}x): no change recommended "
+                                      "here; on a GPU with tensor cores it is",
+                                      to, y / x);
+    return p;
+  }
+
+  // 4. padding: their lengths, padded as configured, against packed
+  Point padding() {
+    step("padding: padded against packed");
+    Point p = check_point("padding");
+    const TrainConfig& c = opt_.cfg;
+    if (c.sample_packing) {
+      p.status = Status::skipped;
+      p.reason = "sample_packing is on";
+      return p;
+    }
+    const std::string base = c.pad_to_sequence_len ? "pad-max" : "pad-longest";
+    std::string lengths;
+    const std::int64_t seq = long_seq();
+    if (!opt_.lengths_path.empty())
+      lengths = "@" + opt_.lengths_path;
+    else
+      lengths = fmt::format("lognormal:{},1.0", std::max<std::int64_t>(8, seq / 4));
+    const std::string attn = ctx_.device.info().kind == DeviceKind::cuda ? "cudnn" : "flash";
+    const Sub s = sub("packing", {"strategy=" + base + ",pack-bfd", "lengths=" + lengths,
+                                  fmt::format("max_len={}", seq), fmt::format("d_model={}", shape_.hidden),
+                                  fmt::format("heads={}", shape_.heads), fmt::format("dtype={}", dtype_name(c)),
+                                  fmt::format("rows={}", shape_.micro_batch), "attn=" + attn,
+                                  fmt::format("sequences={}", opt_.quick ? 256 : 1024)});
+    p.info = json{{"sub", compact(s)}, {"lengths", lengths}};
+    const Point* a = s.point("strategy", base);
+    const Point* b = s.point("strategy", "pack-bfd");
+    if (!a || !b || a->status != Status::ok || b->status != Status::ok) {
+      p.status = Status::error;
+      p.reason = "the packing runs did not complete";
+      return p;
+    }
+    const double x = metric(*a, "real_tokens_per_s")->value, y = metric(*b, "real_tokens_per_s")->value;
+    add_gain(p, x, y, "tokens/s", "real (non-pad) tokens per second");
+    if (y / x >= 1.05)
+      find("batches padded instead of packed", "padding", y / x,
+           fmt::format("{} real tokens/s {} -> {} packed", format_number(x), base, format_number(y)),
+           "sample_packing: true", s.command);
+    return p;
+  }
+
+  // 5. attention: eager against fused
+  Point attention() {
+    step("attention: eager against fused");
+    Point p = check_point("attention");
+    const TrainConfig& c = opt_.cfg;
+    if (c.flash_attention || c.sdp_attention) {
+      p.status = Status::skipped;
+      p.reason = c.flash_attention ? "flash_attention is on" : "sdp_attention is on";
+      return p;
+    }
+    const std::string fused = ctx_.device.info().kind == DeviceKind::cuda ? "cudnn" : "flash";
+    const Sub s = sub("attention", {"impl=naive," + fused, fmt::format("seq_len={}", long_seq()),
+                                    fmt::format("heads={}", shape_.heads),
+                                    fmt::format("head_dim={}", shape_.hidden / shape_.heads),
+                                    fmt::format("batch={}", shape_.micro_batch), fmt::format("dtype={}", dtype_name(c)),
+                                    "pass=fwd+bwd", "causal=true", "trials=3"});
+    p.info = json{{"sub", compact(s)}};
+    const Point* a = s.point("impl", "naive");
+    const Point* b = s.point("impl", fused);
+    if (!a || !b || a->status != Status::ok || b->status != Status::ok) {
+      p.status = Status::skipped;
+      p.reason = b ? b->reason : "no fused attention here";
+      return p;
+    }
+    const double x = metric(*a, "ms")->value, y = metric(*b, "ms")->value;
+    add_gain(p, 1e3 / x, 1e3 / y, "calls/s", "attention forward+backward calls per second");
+    if (x / y >= 1.05)
+      find("attention without a fused kernel", "attention", x / y,
+           fmt::format("{} ms eager -> {} ms {} per layer", format_number(x), format_number(y), fused),
+           ctx_.device.info().kind == DeviceKind::cuda ? "flash_attention: true (or sdp_attention: true)"
+                                                       : "flash_attention: true",
+           s.command);
+    return p;
+  }
+
+  // 6. batch: the knee from their micro batch
+  Point batch() {
+    step("batch: micro batch sweep");
+    Point p = check_point("batch");
+    const std::int64_t mb = shape_.micro_batch;
+    std::vector<std::int64_t> sizes{mb, 2 * mb, 4 * mb, 8 * mb};
+    std::string list;
+    for (auto x : sizes) list += (list.empty() ? "" : ",") + std::to_string(x);
+    auto a = shape_params(false);
+    a.push_back("micro_batch=" + list);
+    a.push_back("grad_accum=1");
+    a.push_back("trials=3");
+    const Sub s = sub("batch", a);
+    p.info = json{{"sub", compact(s)}};
+    const Point* base = s.point_int("micro_batch", mb);
+    if (!base || base->status != Status::ok) {
+      p.status = Status::error;
+      p.reason = "the batch runs did not complete";
+      return p;
+    }
+    double best = 0;
+    std::int64_t best_mb = mb;
+    for (const Point& q : s.r.points)
+      if (q.status == Status::ok && metric(q, "tokens_per_s")->value > best)
+        best = metric(q, "tokens_per_s")->value, best_mb = q.params.value("micro_batch", mb);
+    std::int64_t knee = best_mb;
+    for (auto x : sizes) {
+      const Point* q = s.point_int("micro_batch", x);
+      if (q && q->status == Status::ok && metric(*q, "tokens_per_s")->value >= 0.9 * best) {
+        knee = x;
+        break;
+      }
+    }
+    const double b = metric(*base, "tokens_per_s")->value;
+    const double f = metric(*s.point_int("micro_batch", knee), "tokens_per_s")->value;
+    add_gain(p, b, f, "tokens/s", "tokens per second of the step");
+    p.info["knee"] = knee;
+    if (knee > mb && f / b >= 1.05) {
+      const std::int64_t global = opt_.cfg.micro_batch_size * opt_.cfg.gradient_accumulation_steps;
+      const std::int64_t ga = std::max<std::int64_t>(1, global / std::max<std::int64_t>(1, knee));
+      find("a batch that is too small (launch-bound, steady-low utilization)", "batch", f / b,
+           fmt::format("{} tokens/s at micro batch {} -> {} at {} (the smallest within 90% of the best swept)",
+                       format_number(b), mb, format_number(f), knee),
+           fmt::format("micro_batch_size: {}, gradient_accumulation_steps: {} (the same global batch of {}, if it "
+                       "fits: see memory)",
+                       knee, ga, std::max<std::int64_t>(global, knee)),
+           s.command);
+    }
+    return p;
+  }
+
+  // 7. memory at full depth: the model, not measured
+  Point memory() {
+    step("memory: the footprint at full depth");
+    Point p = check_point("memory");
+    const TrainConfig& c = opt_.cfg;
+    batch::DecoderConfig d;
+    d.micro_batch = c.micro_batch_size;
+    d.seq = c.sequence_len;
+    d.d_model = c.model.hidden_size;
+    d.heads = c.model.num_attention_heads;
+    d.layers = int(c.model.num_hidden_layers);
+    d.dtype = c.bf16 ? DType::bf16 : c.fp16 ? DType::fp16 : DType::fp32;
+    d.checkpointing = c.gradient_checkpointing;
+    const std::uint64_t e = std::uint64_t(storage_bytes(d.dtype));
+    // one attention op's buffers: Q, K, V, O, dO, dQ, dK, dV, and the log-sum-exp (a fused kernel's)
+    auto attn_bytes = [&](const batch::DecoderConfig& x) {
+      return std::uint64_t(8) * std::uint64_t(x.micro_batch * x.seq * x.d_model) * e +
+             std::uint64_t(x.micro_batch * x.heads * x.seq) * 4;
+    };
+    // the decoder's own MLP is 4x hidden; a model's intermediate size differs: scale the MLP parts
+    const MemoryEstimate full = estimate(d, attn_bytes(d));
+    std::uint64_t capacity = 0;
+    std::string cap_source;
+    if (auto lim = ctx_.device.memory_stats().limit; lim > 0) {
+      capacity = lim;
+      cap_source = "the device's capacity";
+    } else if (ctx_.device.info().props.contains("memory_bytes")) {
+      capacity = ctx_.device.info().props["memory_bytes"].get<std::uint64_t>();
+      cap_source = "the GPU's memory";
+    } else {
+      const auto bound = read_host_memory().tightest();
+      capacity = bound ? bound->available : 0;
+      cap_source = bound ? "the host memory available (" + bound->what + ")" : "unknown";
+    }
+    p.add({"footprint_gib", double(full.total) / double(1ull << 30), "GiB", Direction::lower, std::nullopt,
+           "modelled: the decoder stack at full depth with the embedding and LM head, full fine-tuning, AdamW"});
+    p.add({"capacity_gib", double(capacity) / double(1ull << 30), "GiB", Direction::higher, std::nullopt, cap_source});
+    p.info = json{{"parts", full.parts},
+                  {"note", "modelled, not measured: full fine-tuning (every weight trained, AdamW state for each); a "
+                           "LoRA/QLoRA adapter trains far fewer and holds frozen weights in 16 or 4 bits"}};
+    if (capacity == 0) p.info["capacity"] = "unknown: no limit, GPU memory or host bound was found";
+    if (capacity > 0 && full.total > capacity) {
+      batch::DecoderConfig ck = d;
+      ck.checkpointing = true;
+      const MemoryEstimate with_ck = estimate(ck, attn_bytes(ck));
+      std::string line = with_ck.total <= capacity ? "gradient_checkpointing: true" : "";
+      if (line.empty()) {
+        for (std::int64_t mb = d.micro_batch / 2; mb >= 1; mb /= 2) {
+          batch::DecoderConfig s2 = ck;
+          s2.micro_batch = mb;
+          if (estimate(s2, attn_bytes(s2)).total <= capacity) {
+            line = fmt::format("gradient_checkpointing: true, micro_batch_size: {}", mb);
+            break;
+          }
+        }
+      }
+      const bool adapter = std::any_of(c.unknown_keys.begin(), c.unknown_keys.end(),
+                                       [](const std::string& k) { return k.rfind("adapter", 0) == 0; });
+      found_.push_back({"memory pressure and out-of-memory recovery",
+                        fmt::format("memory: the config needs about {} of {} ({}){}{} -> {}",
+                                    format_bytes(double(full.total)), format_bytes(double(capacity)), cap_source,
+                                    adapter ? "; the config names an adapter: this full fine-tuning model overstates it"
+                                            : "",
+                                    with_ck.total <= capacity
+                                        ? fmt::format("; with checkpointing about {}", format_bytes(double(with_ck.total)))
+                                        : "",
+                                    line.empty() ? "a smaller model, sharding (FSDP/DeepSpeed) or an adapter" : line),
+                        std::nullopt,
+                        json{{"check", "memory"},
+                             {"config_line", line},
+                             {"command", fmt::format("stallbench run memory --device {} -p micro_batch={} -p seq_len={} "
+                                                     "-p d_model={} -p heads={} -p layers={} -p dtype={} -p "
+                                                     "mem_limit_gb=0",
+                                                     ctx_.device.info().id, d.micro_batch, d.seq, d.d_model, d.heads,
+                                                     d.layers, to_string(d.dtype))},
+                             {"evidence", full.parts}}});
+    }
+    return p;
+  }
+
+  struct MemoryEstimate {
+    std::uint64_t total = 0;
+    json parts;
+  };
+  MemoryEstimate estimate(const batch::DecoderConfig& d, std::uint64_t attn_op) const {
+    const batch::MemoryParts m = batch::predict_footprint(d, batch::OptKind::adamw, 1, attn_op, 0);
+    const TrainConfig& c = opt_.cfg;
+    const std::uint64_t e = std::uint64_t(storage_bytes(d.dtype));
+    // embedding + LM head: 2 x vocab x hidden weights (master, copy, grad, m, v); the logits and their
+    // gradient in fp32
+    const std::uint64_t vh = 2 * std::uint64_t(c.model.vocab_size) * std::uint64_t(d.d_model);
+    const std::uint64_t embed = vh * (4 + (d.dtype != DType::fp32 ? e : 0) + 4 + 8);
+    const std::uint64_t logits = 2 * std::uint64_t(d.micro_batch * d.seq) * std::uint64_t(c.model.vocab_size) * 4;
+    // the decoder's MLP is hidden x 4 hidden; scale its weight-bound parts to the model's intermediate size
+    const double mlp_scale = double(c.model.intermediate_size) / double(4 * d.d_model);
+    const double w_scale = (4.0 + 8.0 * mlp_scale) / 12.0;  // attention 4 d^2, MLP 8 d^2 scaled
+    MemoryEstimate out;
+    const auto w = std::uint64_t(double(m.weights) * w_scale), g = std::uint64_t(double(m.gradients) * w_scale),
+               o = std::uint64_t(double(m.optimizer) * w_scale);
+    out.total = w + g + o + m.activations + m.attention + m.backward + embed + logits;
+    out.parts = json{{"weights", w},         {"gradients", g},      {"optimizer", o},
+                     {"activations", m.activations}, {"attention", m.attention}, {"backward", m.backward},
+                     {"embedding_and_head", embed},  {"logits", logits}};
+    return out;
+  }
+
+  Point summary(const Result& res) {
+    Point p = check_point("summary");
+    double gain = 1;
+    for (const Finding& f : found_)
+      if (f.speedup && *f.speedup > 1) gain *= *f.speedup;
+    if (tokens_per_s_ > 0) {
+      p.add({"tokens_per_s_now", tokens_per_s_, "tokens/s", Direction::higher, std::nullopt,
+             "their step at the measured shape (the utilization check)"});
+      p.add({"tokens_per_s_after_estimate", tokens_per_s_ * gain, "tokens/s", Direction::higher, std::nullopt,
+             "estimated: the measured gains of the recommended fixes multiplied, as if independent"});
+      if (ctx_.expected)
+        if (auto peak = ctx_.expected->peak_tflops(opt_.cfg.bf16 ? DType::bf16 : opt_.cfg.fp16 ? DType::fp16 : DType::fp32)) {
+          const double params = 2.0 * 12.0 * double(shape_.hidden) * double(shape_.hidden);
+          p.add({"mfu_pct", 100.0 * 6.0 * params * tokens_per_s_ / 1e12 / peak->first, "%", Direction::higher,
+                 std::nullopt, fmt::format("6 x parameters x tokens/s over {} TFLOP/s ({})", format_number(peak->first),
+                                           peak->second)});
+        }
+    }
+    p.info = json{{"fixes", found_.size()}, {"combined_gain_estimate", gain}};
+    if (opt_.observed_tokens_per_s) {
+      if (shape_.reduced)
+        p.info["observed"] = fmt::format(
+            "you report {} tokens/s; this device ran a reduced shape ({}), so its figure is not comparable with "
+            "your job's: run diagnose on the GPU the job uses",
+            format_number(*opt_.observed_tokens_per_s), shape_.note);
+      else if (tokens_per_s_ > 0)
+        p.info["observed"] = fmt::format(
+            "you report {} tokens/s; this device measured {} for this config's step (2 layers, device work only): "
+            "you leave {:.0f}% on the table, before the fixes above",
+            format_number(*opt_.observed_tokens_per_s), format_number(tokens_per_s_),
+            std::max(0.0, 100.0 * (1.0 - *opt_.observed_tokens_per_s / tokens_per_s_)));
+    }
+    (void)res;
+    return p;
+  }
+
+  RunContext& ctx_;
+  const Options& opt_;
+  json meta_;
+  MeasuredShape shape_;
+  clk::time_point t0_;
+  int checks_ = 0, done_ = 0;
+  double tokens_per_s_ = 0, step_ms_ = 0;
+  std::vector<Finding> found_;
+};
+
+}  // namespace
+
+MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev) {
+  MeasuredShape s;
+  s.micro_batch = cfg.micro_batch_size;
+  s.seq = cfg.sequence_len;
+  s.hidden = cfg.model.hidden_size;
+  s.intermediate = cfg.model.intermediate_size;
+  s.heads = cfg.model.num_attention_heads;
+  if (dev.kind == DeviceKind::cpu) {
+    // a CPU cannot run a 7B layer in the budget: hidden to at most 256 (the heads' count kept when it
+    // divides, else 4), the intermediate size in the model's ratio, sequence length to at most 256
+    const std::int64_t h = std::min<std::int64_t>(s.hidden, 256);
+    std::int64_t heads = std::min<std::int64_t>(s.heads, h / 32 > 0 ? h / 32 : 1);
+    while (heads > 1 && h % heads) --heads;
+    const std::int64_t inter = std::max<std::int64_t>(h, s.intermediate * h / std::max<std::int64_t>(1, s.hidden));
+    const std::int64_t seq = std::min<std::int64_t>(s.seq, 256);
+    s.reduced = h != s.hidden || seq != s.seq || heads != s.heads;
+    s.note = fmt::format("hidden {} -> {}, intermediate {} -> {}, heads {} -> {}, sequence {} -> {}, 2 layers: a CPU "
+                         "cannot run the full shape in the budget",
+                         s.hidden, h, s.intermediate, inter, s.heads, heads, s.seq, seq);
+    s.hidden = h;
+    s.intermediate = inter;
+    s.heads = heads;
+    s.seq = seq;
+  } else {
+    s.note = "the config's own shape, 2 layers";
+  }
+  return s;
+}
+
+Result run(RunContext& ctx, const Options& opt, const nlohmann::ordered_json& meta) {
+  Diagnosis d(ctx, opt, meta);
+  return d.run();
+}
+
+std::string format_report(const Result& r) {
+  std::ostringstream o;
+  const json& dm = r.meta.contains("diagnose") ? r.meta["diagnose"] : json::object();
+  o << "diagnose: " << r.meta.value("/device/id"_json_pointer, std::string("?")) << "\n";
+  if (dm.contains("measured_shape") && dm["measured_shape"].value("reduced", false))
+    o << "  measured at a reduced shape: " << dm["measured_shape"].value("note", std::string()) << "\n";
+  o << "\nchecks, in the standard order:\n";
+  for (const Point& p : r.points) {
+    const std::string name = p.params.value("check", std::string());
+    if (name == "summary") continue;
+    o << fmt::format("  {:<12} {:<8}", name, to_string(p.status));
+    if (p.status != Status::ok)
+      o << " " << p.reason;
+    else if (const Metric* g = p.metric("gain"))
+      o << fmt::format(" {} -> {} {} ({:.2f}x)", format_number(p.metric("baseline")->value),
+                       format_number(p.metric("with_fix")->value), p.metric("baseline")->unit, g->value);
+    else if (name == "utilization" && p.metric("busy_pct"))
+      o << fmt::format(" {} tokens/s, {:.0f}% busy, {}", format_number(p.metric("tokens_per_s")->value),
+                       p.metric("busy_pct")->value, p.info.value("pattern", std::string()));
+    else if (name == "memory" && p.metric("footprint_gib"))
+      o << fmt::format(" about {:.1f} GiB of {:.1f} GiB (modelled)", p.metric("footprint_gib")->value,
+                       p.metric("capacity_gib")->value);
+    o << "\n";
+  }
+  o << "\nfindings, by measured gain:\n";
+  int i = 0;
+  for (const Finding& f : r.findings) {
+    o << fmt::format("  {}. [{}] {}\n", ++i, f.cause, f.summary);
+    if (f.evidence.contains("command")) o << "     reproduce: " << f.evidence["command"].get<std::string>() << "\n";
+  }
+  for (const Point& p : r.points)
+    if (p.params.value("check", std::string()) == "summary") {
+      if (p.metric("tokens_per_s_now"))
+        o << fmt::format("\nthis step: {} tokens/s now, about {} with every fix (estimated, gains multiplied)\n",
+                         format_number(p.metric("tokens_per_s_now")->value),
+                         format_number(p.metric("tokens_per_s_after_estimate")->value));
+      if (p.info.contains("observed")) o << p.info["observed"].get<std::string>() << "\n";
+    }
+  return o.str();
+}
+
+}  // namespace sb::diagnose

@@ -1,0 +1,62 @@
+// diagnose: the standard troubleshooting order of a slow fine-tuning job,
+// run on the user's own config (scenarios/diagnose/config.hpp), each check
+// measured on this device by the scenario that reproduces its cause, at the
+// user's shapes:
+//   1. utilization: their step (the batch scenario's decoder step at their
+//      micro batch, sequence length, hidden size and dtype): steady-low,
+//      spiky or healthy;
+//   2. loader: their workers and pinning against the recommended (dataloader);
+//   3. dtype: fp32 against bf16 (fp16 without bf16) at their MLP GEMM (precision);
+//   4. padding: their lengths at their sequence_len, padded against packed (packing);
+//   5. attention: eager against fused at their sequence length (attention);
+//   6. batch: micro batch sweep from theirs, the knee (batch);
+//   7. memory: does their config fit the device (the footprint model at full
+//      depth, vocabulary included; not measured).
+// Each check that finds its cause gives a finding: the evidence, the
+// measured gain of the fix, the config line, and the `stallbench run ...`
+// that reproduces the figure. Findings are ranked by measured gain.
+//
+// On a CPU a 7B-sized layer cannot run inside the budget: the measured shape
+// is reduced (hidden and intermediate to at most 256 and 1024 / the ratio
+// kept, sequence length to at most 256, micro batch kept) and every figure
+// says so. Gains measured at a reduced shape are this device's at that
+// shape, not a prediction for the user's GPU.
+#pragma once
+
+#include <functional>  // std::function
+#include <optional>    // std::optional
+#include <string>      // std::string
+
+#include <nlohmann/json.hpp>  // nlohmann::ordered_json
+
+#include "harness/result.hpp"            // Result
+#include "harness/scenario.hpp"          // RunContext
+#include "scenarios/diagnose/config.hpp"  // TrainConfig
+
+namespace sb::diagnose {
+
+struct Options {
+  TrainConfig cfg;
+  std::string lengths_path;  // --lengths FILE, passed to the packing check as @FILE
+  bool quick = false;
+  std::optional<double> observed_tokens_per_s;  // what the user's logs say
+  // Progress lines for stderr: which check, how long so far and left.
+  std::function<void(const std::string&)> say = [](const std::string&) {};
+};
+
+// The shape the checks run at on this device (reduced on a CPU).
+struct MeasuredShape {
+  std::int64_t micro_batch = 1, seq = 2048, hidden = 4096, intermediate = 11008, heads = 32;
+  bool reduced = false;
+  std::string note;
+};
+MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev);
+
+// Runs every check; the Result's scenario is "diagnose", one point per
+// check, findings ranked by measured gain (largest first).
+Result run(RunContext& ctx, const Options& opt, const nlohmann::ordered_json& meta);
+
+// The plain-text report (what the terminal shows).
+std::string format_report(const Result& r);
+
+}  // namespace sb::diagnose
