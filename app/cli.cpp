@@ -434,7 +434,8 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
   Result r = diagnose::run(ctx, opt, meta);
   wd.disarm();
   const std::string report = diagnose::format_report(r);
-  write_file_atomic(a.json_path, to_json(r).dump(2) + "\n");
+  // a path or config value that is not UTF-8 is written with U+FFFD, not thrown on at the end
+  write_file_atomic(a.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
   std::cout << "\n" << report << fmt::format("\nresult: {}\n", a.json_path);
   return kExitOk;
 }

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstddef>  // std::size_t
-#include <string>   // std::string
+#include <optional>     // std::optional
+#include <string>       // std::string
+#include <string_view>  // std::string_view
 
 namespace sb {
 
@@ -24,5 +26,11 @@ std::string read_regular_file(const std::string& path, const std::string& what,
 // is a directory, a symlink or another non-regular file, which the rename
 // would replace (a link to /dev/stdout, /dev/null itself). "-" is stdout.
 void check_writable_target(const std::string& path, const std::string& what);
+
+// The byte offset of the first place `s` is not well-formed UTF-8 (RFC 3629:
+// no overlong forms, no surrogates, nothing past U+10FFFF), or nullopt: a
+// user's text is checked before any of it reaches a JSON writer, which
+// throws on invalid UTF-8.
+std::optional<std::size_t> first_invalid_utf8(std::string_view s);
 
 }  // namespace sb

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>  // fmt::format
 
+#include "harness/files.hpp"  // first_invalid_utf8
+
 #include "harness/errors.hpp"  // UsageError
 
 namespace sb {
@@ -22,30 +24,8 @@ using Node = PickleDoc::Node;
 constexpr const char* kIdentityGlobals[] = {"restore_type_tag", "build_intlist", "build_doublelist",
                                             "build_boollist"};
 
-// Well-formed UTF-8 as RFC 3629 defines it (no overlong forms, no
-// surrogates, nothing past U+10FFFF): what the JSON writer accepts later.
-bool valid_utf8(std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t n;
-    unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) n = 1;
-    else if (c >= 0xE0 && c <= 0xEF) n = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-    else if (c >= 0xF0 && c <= 0xF4) n = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-    else return false;
-    if (s.size() - i - 1 < n) return false;
-    for (std::size_t k = 1; k <= n; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if (k == 1 ? (b < lo || b > hi) : (b >> 6) != 2) return false;
-    }
-    i += n + 1;
-  }
-  return true;
-}
+// Well-formed UTF-8 (harness/files: first_invalid_utf8): what the JSON writer accepts later.
+bool valid_utf8(std::string_view s) { return !first_invalid_utf8(s); }
 
 }  // namespace
 

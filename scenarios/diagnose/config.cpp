@@ -3,7 +3,7 @@
 // Every bad input is a UsageError naming file, line and key (exit 2).
 #include "scenarios/diagnose/config.hpp"
 
-#include <algorithm>     // std::max_element, std::min_element
+#include <algorithm>     // std::max_element, std::min_element, std::count
 #include <charconv>      // std::from_chars
 #include <cstdlib>       // std::strtod
 #include <numeric>       // std::accumulate
@@ -14,9 +14,10 @@
 
 #include <fmt/format.h>      // fmt::format
 #include <yaml-cpp/yaml.h>   // YAML::LoadAll, YAML::Node, YAML::ParserException, YAML::convert<bool>
+#include <yaml.h>             // libyaml: the syntax checked first (check_yaml_syntax)
 
 #include "harness/errors.hpp"     // sb::UsageError
-#include "harness/files.hpp"      // read_regular_file
+#include "harness/files.hpp"      // read_regular_file, first_invalid_utf8
 #include "harness/json_read.hpp"  // parse_json_text, JsonRef, reading_file
 #include "scenarios/packing/lengths.hpp"  // parse_lengths, generate_lengths: the @FILE grammar
 
@@ -84,8 +85,15 @@ std::string source_of(const TrainConfig& c, const std::string& key) {
 // User text in a message: control bytes shown as '?', at most 40 characters.
 std::string printable(std::string_view s) {
   std::string out;
-  for (const char ch : s.substr(0, 40)) out += (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ? '?' : ch;
-  if (s.size() > 40) out += "...";
+  // 40 bytes, less a UTF-8 character cut in two (the text is valid UTF-8: checked on reading)
+  std::size_t n = std::min<std::size_t>(s.size(), 40);
+  while (n < s.size() && n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  for (const char ch : s.substr(0, n)) out += (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ? '?' : ch;
+  if (s.size() > n) out += "...";
+  // an escape in a quoted scalar ("\uD800") can decode to bytes that are not UTF-8: shown as '?'
+  if (first_invalid_utf8(out))
+    for (char& ch : out)
+      if (static_cast<unsigned char>(ch) >= 0x80) ch = '?';
   return out;
 }
 
@@ -349,6 +357,32 @@ void YamlReader::read(const YAML::Node& doc) {
 
 }  // namespace
 
+// yaml-cpp 0.7 loops forever on some malformed inputs (fuzzing found
+// ", no loauto..." in 28 bytes: the parser allocates nodes until killed).
+// libyaml, the parser PyYAML and so Axolotl read configs with, checks the
+// syntax first, event by event (iteratively: no recursion to exhaust); a
+// file it rejects is exit 2 with its line and column, and yaml-cpp only ever
+// sees well-formed YAML.
+static void check_yaml_syntax(const std::string& text, const std::string& path) {
+  yaml_parser_t parser;
+  if (!yaml_parser_initialize(&parser)) throw Error(ErrorKind::runtime, "libyaml: cannot initialize a parser");
+  yaml_parser_set_input_string(&parser, reinterpret_cast<const unsigned char*>(text.data()), text.size());
+  std::string problem;
+  for (bool end = false; !end;) {
+    yaml_event_t ev;
+    if (!yaml_parser_parse(&parser, &ev)) {
+      problem = fmt::format("{}:{}:{}: not YAML: {}{}", path, parser.problem_mark.line + 1,
+                            parser.problem_mark.column + 1, parser.problem ? parser.problem : "a syntax error",
+                            parser.context ? fmt::format(" ({})", parser.context) : std::string());
+      break;
+    }
+    end = ev.type == YAML_STREAM_END_EVENT;
+    yaml_event_delete(&ev);
+  }
+  yaml_parser_delete(&parser);
+  if (!problem.empty()) throw UsageError(problem);
+}
+
 // ---- the public functions ------------------------------------------------------------
 
 TrainConfig default_config() {
@@ -358,7 +392,16 @@ TrainConfig default_config() {
 }
 
 TrainConfig read_axolotl_yaml(const std::string& path) {
-  const std::string text = read_regular_file(path, "training config");
+  return parse_axolotl_yaml_text(read_regular_file(path, "training config"), path);
+}
+
+TrainConfig parse_axolotl_yaml_text(const std::string& text, const std::string& path) {
+  // YAML is Unicode text; a key or value that is not UTF-8 would reach the report's JSON later
+  if (const auto at = first_invalid_utf8(text)) {
+    const auto line = 1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(*at), '\n');
+    throw UsageError(fmt::format("{}:{}: not UTF-8 text (byte {})", path, line, *at));
+  }
+  check_yaml_syntax(text, path);
   std::vector<YAML::Node> docs;
   try {
     docs = YAML::LoadAll(text);

@@ -82,6 +82,9 @@ inline constexpr std::int64_t kMaxLengths = 10'000'000;  // read_lengths: sequen
 // second document, or a top level that is not a mapping: UsageError naming
 // the file; a missing or unreadable file: UsageError naming it.
 TrainConfig read_axolotl_yaml(const std::string& path);
+// What read_axolotl_yaml does with the file's contents, once read (the fuzz
+// target calls it on bytes in memory); `path` names the file in messages.
+TrainConfig parse_axolotl_yaml_text(const std::string& text, const std::string& path);
 
 // The documented default when no config is given: a Llama-2-7B layer shape at
 // the defaults above, every source "default".
