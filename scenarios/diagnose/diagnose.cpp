@@ -497,9 +497,11 @@ class Diagnosis {
                              {"config_line", line},
                              {"command", fmt::format("stallbench run memory --device {} -p micro_batch={} -p seq_len={} "
                                                      "-p d_model={} -p heads={} -p layers={} -p dtype={} -p "
-                                                     "mem_limit_gb=0",
+                                                     "mem_limit_gb={:.3g}",
                                                      ctx_.device.info().id, d.micro_batch, d.seq, d.d_model, d.heads,
-                                                     d.layers, to_string(d.dtype))},
+                                                     d.layers, to_string(d.dtype),
+                                                     ctx_.device.info().kind == DeviceKind::cpu ? double(capacity) / 1e9
+                                                                                                : 0.0)},
                              {"evidence", full.parts}}});
     }
     return p;
