@@ -383,7 +383,7 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
 }
 
 struct DiagnoseArgs {
-  std::string config, model_config, lengths;
+  std::string config, model_config, lengths, html_path;
   std::string device = "auto";
   std::string json_path = "stallbench-diagnose.json";
   bool quick = false;
@@ -407,6 +407,12 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
   opt.say = [](const std::string& line) { std::cerr << line << "\n"; };
   const DeviceSpec spec = parse_device_spec(a.device);
   check_writable_target(a.json_path, "--json");
+  if (!a.html_path.empty()) {
+    check_writable_target(a.html_path, "--html");
+    if (a.html_path == a.json_path)
+      throw UsageError(fmt::format("--json and --html name the same file ({}): one would replace the other",
+                                   a.json_path));
+  }
   if (!opt.cfg.unknown_keys.empty())
     std::cerr << fmt::format("diagnose: {} key(s) of the config not used here: {}\n", opt.cfg.unknown_keys.size(),
                              fmt::join(opt.cfg.unknown_keys, ", "));
@@ -436,7 +442,9 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
   const std::string report = diagnose::format_report(r);
   // a path or config value that is not UTF-8 is written with U+FFFD, not thrown on at the end
   write_file_atomic(a.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
-  std::cout << "\n" << report << fmt::format("\nresult: {}\n", a.json_path);
+  if (!a.html_path.empty()) write_file_atomic(a.html_path, diagnose::format_html(r));
+  std::cout << "\n" << report << fmt::format("\nresult: {}{}\n", a.json_path,
+                                             a.html_path.empty() ? "" : ", report: " + a.html_path);
   return kExitOk;
 }
 
@@ -526,6 +534,8 @@ int main_impl(int argc, char** argv) {
       ->check(non_empty_path());
   diag->add_option("--device", da.device, "auto | cpu | cuda:N | sim:<gpu>")->capture_default_str();
   diag->add_option("--json", da.json_path, "result JSON path")->capture_default_str()->check(non_empty_path());
+  diag->add_option("--html", da.html_path, "also write the report as one self-contained HTML file")
+      ->check(non_empty_path());
   diag->add_option("--observed-tokens-per-s", da.observed, "what your training logs report, to compare")
       ->check(finite_range(1e-9, 1e15));
   diag->add_flag("--quick", da.quick, "small sweeps and a short budget (about a minute on 2 cores)");

@@ -58,5 +58,8 @@ Result run(RunContext& ctx, const Options& opt, const nlohmann::ordered_json& me
 
 // The plain-text report (what the terminal shows).
 std::string format_report(const Result& r);
+// The same as one self-contained HTML file (inline CSS and SVG bars; no
+// script, nothing fetched): report_html.cpp.
+std::string format_html(const Result& r);
 
 }  // namespace sb::diagnose

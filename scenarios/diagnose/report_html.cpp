@@ -1,0 +1,143 @@
+// diagnose's HTML report: one self-contained file (inline CSS and SVG; no
+// script, no font, no image or stylesheet from the network), readable
+// offline and attachable to an issue.
+#include <algorithm>  // std::max
+#include <sstream>    // std::ostringstream
+#include <string>     // std::string
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/printer.hpp"              // format_number
+#include "scenarios/diagnose/diagnose.hpp"  // format_html
+
+namespace sb::diagnose {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::string esc(const std::string& s) {
+  std::string o;
+  o.reserve(s.size());
+  for (const char c : s) switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      case '\'': o += "&#39;"; break;
+      default: o += c;
+    }
+  return o;
+}
+
+// Two horizontal bars on one scale: the user's setting and the fix.
+std::string bars(double base, double fixed, const std::string& unit, const std::string& first = "yours",
+                 const std::string& second = "fixed") {
+  const double top = std::max({base, fixed, 1e-30});
+  const double w = 260;
+  auto bar = [&](double v, int y, const char* colour, const std::string& label) {
+    return fmt::format(
+        "<rect x='0' y='{}' width='{:.1f}' height='14' fill='{}'/><text x='{:.1f}' y='{}' font-size='11'>{} {}</text>",
+        y, std::max(1.0, w * v / top), colour, std::max(1.0, w * v / top) + 4, y + 11, esc(label),
+        esc(format_number(v) + " " + unit));
+  };
+  return fmt::format("<svg width='460' height='36' role='img' aria-label='baseline and fix'>{}{}</svg>",
+                     bar(base, 0, "#b0b7c3", first), bar(fixed, 18, "#2f7d4f", second));
+}
+
+}  // namespace
+
+std::string format_html(const Result& r) {
+  std::ostringstream o;
+  const json& dm = r.meta.contains("diagnose") ? r.meta["diagnose"] : json::object();
+  const std::string dev = r.meta.value("/device/id"_json_pointer, std::string("?"));
+  const std::string dev_name = r.meta.value("/device/name"_json_pointer, std::string());
+  const bool simulated = r.meta.value("/device/simulated"_json_pointer, false);
+  o << "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
+       "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+       "<title>stallbench diagnose</title><style>"
+       "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:60em;"
+       "color:#1d2330;padding:0 1em}h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em}"
+       "table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #dde1e8;padding:.35em .5em;"
+       "text-align:left;vertical-align:top}th{background:#f3f5f8}.ok{color:#2f7d4f}.skipped{color:#8a6d00}"
+       ".error,.oom,.hang{color:#b3261e}code{background:#f3f5f8;padding:0 .25em;border-radius:3px}"
+       ".finding{border-left:4px solid #2f7d4f;padding:.3em .8em;margin:.8em 0;background:#f7faf8}"
+       ".note{color:#5b6472}.sim{background:#fff4d6;padding:.4em .8em;border:1px solid #e8c96a}"
+       "</style></head><body>\n";
+  o << "<h1>stallbench diagnose</h1>\n";
+  o << fmt::format("<p>Device <b>{}</b> {} &middot; stallbench {} ({}) &middot; {}</p>\n", esc(dev), esc(dev_name),
+                   esc(r.meta.value("version", std::string())), esc(r.meta.value("git_sha", std::string())),
+                   esc(r.meta.value("time_utc", std::string())));
+  if (simulated)
+    o << "<p class='sim'>Simulated device: every figure below is modelled, not measured.</p>\n";
+  if (dm.contains("measured_shape") && dm["measured_shape"].value("reduced", false))
+    o << "<p class='note'>Measured at a reduced shape: " << esc(dm["measured_shape"].value("note", std::string()))
+      << "</p>\n";
+
+  o << "<h2>Findings, by measured gain</h2>\n";
+  for (const Finding& f : r.findings) {
+    o << "<div class='finding'><b>" << esc(f.cause) << "</b>";
+    if (f.speedup) o << fmt::format(" &mdash; {:.2f}x measured", *f.speedup);
+    o << "<br>" << esc(f.summary);
+    if (f.evidence.contains("config_line") && !f.evidence["config_line"].get<std::string>().empty())
+      o << "<br>Change: <code>" << esc(f.evidence["config_line"].get<std::string>()) << "</code>";
+    if (f.evidence.contains("command"))
+      o << "<br><span class='note'>Reproduce: <code>" << esc(f.evidence["command"].get<std::string>())
+        << "</code></span>";
+    o << "</div>\n";
+  }
+
+  o << "<h2>Checks, in the standard order</h2>\n<table><tr><th>check</th><th>status</th><th>measured</th></tr>\n";
+  for (const Point& p : r.points) {
+    const std::string name = p.params.value("check", std::string());
+    if (name == "summary") continue;
+    const std::string st(to_string(p.status));
+    o << "<tr><td>" << esc(name) << "</td><td class='" << esc(st) << "'>" << esc(st) << "</td><td>";
+    if (p.status != Status::ok)
+      o << esc(p.reason);
+    else if (const Metric* g = p.metric("gain"))
+      o << bars(p.metric("baseline")->value, p.metric("with_fix")->value, p.metric("baseline")->unit)
+        << fmt::format("<br>{:.2f}x", g->value);
+    else if (name == "utilization" && p.metric("busy_pct"))
+      o << fmt::format("{} tokens/s, {:.0f}% busy, {}", esc(format_number(p.metric("tokens_per_s")->value)),
+                       p.metric("busy_pct")->value, esc(p.info.value("pattern", std::string())))
+        << "<br><span class='note'>" << esc(p.info.value("reading", std::string())) << "</span>";
+    else if (name == "memory" && p.metric("footprint_gib"))
+      o << bars(p.metric("capacity_gib")->value, p.metric("footprint_gib")->value, "GiB", "capacity", "needs")
+        << "<br><span class='note'>the device's capacity and the modelled footprint; "
+        << esc(p.info.value("note", std::string())) << "</span>";
+    o << "</td></tr>\n";
+  }
+  o << "</table>\n";
+
+  for (const Point& p : r.points)
+    if (p.params.value("check", std::string()) == "summary" && p.metric("tokens_per_s_now")) {
+      o << "<h2>This step</h2>\n"
+        << bars(p.metric("tokens_per_s_now")->value, p.metric("tokens_per_s_after_estimate")->value, "tokens/s",
+                "now", "estimated")
+        << "<p class='note'>Now (measured) and after every fix (estimated: the measured gains multiplied, as if "
+           "independent).</p>\n";
+      if (p.info.contains("observed")) o << "<p>" << esc(p.info["observed"].get<std::string>()) << "</p>\n";
+    }
+
+  if (dm.contains("config")) {
+    o << "<h2>Your config, as read</h2>\n<table><tr><th>key</th><th>value</th><th>from</th></tr>\n";
+    auto row = [&](const std::string& k, const json& v) {
+      if (!v.is_object() || !v.contains("value")) return;
+      o << "<tr><td>" << esc(k) << "</td><td>"
+        << esc(v["value"].dump(-1, ' ', false, json::error_handler_t::replace)) << "</td><td class='note'>"
+        << esc(v.value("source", std::string())) << "</td></tr>\n";
+    };
+    for (const auto& [k, v] : dm["config"].items()) {
+      if (k == "model" && v.is_object())
+        for (const auto& [mk, mv] : v.items()) row("model." + mk, mv);
+      else
+        row(k, v);
+    }
+    o << "</table>\n";
+  }
+  o << "<p class='note'>Written by <code>stallbench diagnose</code>; the result JSON holds every figure with its "
+       "unit and the sub-runs behind it.</p>\n</body></html>\n";
+  return o.str();
+}
+
+}  // namespace sb::diagnose
