@@ -345,21 +345,24 @@ void DecoderStep::zero_grad() {
     for (int w = 0; w < 4; ++w) op().zero(L.g[w]);
 }
 
+void DecoderStep::prepare_optimizer(OptKind kind) {
+  if (kind != OptKind::adamw || moments_) return;
+  // once: settle stream-ordered frees, then read the allocator around the moments
+  dev_.synchronize(std::chrono::minutes(5));
+  const std::uint64_t before = in_use(dev_);
+  for (std::size_t l = 0; l < ls_.size(); ++l)
+    for (int w = 0; w < 4; ++w) {
+      ls_[l].m[w] = ops_.alloc(ls_[l].w[w].numel, DType::fp32, fmt::format("layer {} AdamW m", l));
+      ls_[l].v[w] = ops_.alloc(ls_[l].w[w].numel, DType::fp32, fmt::format("layer {} AdamW v", l));
+    }
+  moments_ = true;
+  measured_.optimizer = in_use(dev_) - before;
+}
+
 void DecoderStep::optimizer(OptKind kind, float lr, int step) {
   ++opt_calls_;
   if (kind == OptKind::none) return;
-  if (kind == OptKind::adamw && !moments_) {
-    // the first call only: settle stream-ordered frees, then read the allocator around the moments
-    dev_.synchronize(std::chrono::minutes(5));
-    const std::uint64_t before = in_use(dev_);
-    for (std::size_t l = 0; l < ls_.size(); ++l)
-      for (int w = 0; w < 4; ++w) {
-        ls_[l].m[w] = ops_.alloc(ls_[l].w[w].numel, DType::fp32, fmt::format("layer {} AdamW m", l));
-        ls_[l].v[w] = ops_.alloc(ls_[l].w[w].numel, DType::fp32, fmt::format("layer {} AdamW v", l));
-      }
-    moments_ = true;
-    measured_.optimizer = in_use(dev_) - before;
-  }
+  prepare_optimizer(kind);  // the first call, unless the owner made the moments up front
   for (Layer& L : ls_)
     for (int w = 0; w < 4; ++w) {
       if (kind == OptKind::adamw)

@@ -119,6 +119,9 @@ class DecoderStep {
   void micro_step(float loss_mult);
   void zero_grad();
   void optimizer(OptKind kind, float lr, int step);
+  // AdamW's moments now (else at the first optimizer call, as PyTorch does):
+  // a step whose every tensor exists before it computes.
+  void prepare_optimizer(OptKind kind);
   int optimizer_calls() const { return opt_calls_; }
   std::int64_t micro_steps() const { return micro_steps_; }
   // Submissions the last micro_step made (ops, attention calls, replays).

@@ -107,9 +107,28 @@ class Diagnosis {
     if (opt_.quick) cmd += " --quick";
     for (const auto& a : assigns) cmd += " -p " + a;
     s.command = cmd;
+    if (hung_) {  // a wedged stream: nothing more runs on it
+      Point p;
+      p.status = Status::skipped;
+      p.reason = "not run: an earlier check hung (" + hung_what_ + ")";
+      s.r.points.push_back(p);
+      return s;
+    }
     RunOptions ro{assigns, opt_.quick};
-    s.r = run_scenario(*sc, ctx_, ro, meta_);
+    try {
+      s.r = run_scenario(*sc, ctx_, ro, meta_);
+    } catch (const UsageError& e) {
+      // the config was valid but this check's scenario cannot take a size from it (a GEMM over its
+      // bound, too many workers): the check says so, the others run
+      Point p;
+      p.status = Status::skipped;
+      p.reason = fmt::format("the {} scenario cannot run this shape: {}", scenario, e.what());
+      s.r.points.push_back(p);
+      return s;
+    }
     finish_findings(s.r, *sc, ctx_.device.info().simulated);
+    for (const Point& p : s.r.points)
+      if (p.status == Status::hang) hung_ = true, hung_what_ = scenario + ": " + p.reason;
     return s;
   }
 
@@ -147,8 +166,13 @@ class Diagnosis {
 
   void find(const std::string& cause, const std::string& check, double gain, const std::string& evidence,
             const std::string& line, const std::string& command) {
+    const char* scope = check == "padding" || check == "batch" ? "on the step"
+                        : check == "loader"                         ? "on a modelled loader"
+                        : check == "dtype"                          ? "on the GEMM alone"
+                                                                    : "on attention alone";
     found_.push_back({cause,
-                      fmt::format("{}: {:.2f}x measured -> {}{}", check, gain, line,
+                      fmt::format("{}: {:.2f}x {} {} -> {}{}", check, gain,
+                                  ctx_.device.info().simulated ? "modelled" : "measured", scope, line,
                                   evidence.empty() ? "" : " (" + evidence + ")"),
                       gain,
                       json{{"check", check}, {"config_line", line}, {"command", command}, {"evidence", evidence}}});
@@ -207,7 +231,7 @@ class Diagnosis {
     step("loader: workers, pinning, prefetch");
     Point p = check_point("loader");
     const TrainConfig& c = opt_.cfg;
-    const int rec = std::max(2, c.dataloader_num_workers);
+    const int rec = std::min(64, std::max(2, c.dataloader_num_workers));  // the dataloader scenario's bound
     if (c.dataloader_num_workers >= 2 && c.dataloader_pin_memory) {
       p.status = Status::skipped;
       p.reason = fmt::format("already {} workers, pinned memory", c.dataloader_num_workers);
@@ -216,11 +240,12 @@ class Diagnosis {
     // the step the loader must feed: their step's time; a sample: seq_len tokens of input_ids,
     // attention_mask and labels (int64 each)
     const double step_ms = std::clamp(step_ms_ > 0 ? step_ms_ : 20.0, 1.0, 2000.0);
-    std::vector<std::string> a{fmt::format("workers={},{}", c.dataloader_num_workers, rec),
+    const int theirs = std::min(64, c.dataloader_num_workers);
+    std::vector<std::string> a{theirs == rec ? fmt::format("workers={}", rec) : fmt::format("workers={},{}", theirs, rec),
                                fmt::format("batch={}", shape_.micro_batch),
                                fmt::format("sample_bytes={}", shape_.seq * 24),
                                fmt::format("step_ms={:.3f}", step_ms),
-                               fmt::format("prefetch={}", std::max(1, c.dataloader_prefetch_factor))};
+                               fmt::format("prefetch={}", std::clamp(c.dataloader_prefetch_factor, 1, 64))};
     if (!c.dataloader_pin_memory) a.push_back("pin=pageable,pinned");
     const Sub s = sub("dataloader", a);
     p.info = json{{"sub", compact(s)},
@@ -231,9 +256,9 @@ class Diagnosis {
     const Point* best = nullptr;
     for (const Point& q : s.r.points) {
       if (q.status != Status::ok || !metric(q, "samples_per_s")) continue;
-      const bool theirs = q.params.value("workers", -1) == c.dataloader_num_workers &&
+      const bool mine = q.params.value("workers", -1) == theirs &&
                           (c.dataloader_pin_memory || q.params.value("pin", std::string("pinned")) == "pageable");
-      if (theirs && !base) base = &q;
+      if (mine && !base) base = &q;
       if (q.params.value("workers", -1) == rec && q.params.value("pin", std::string("pinned")) == "pinned") best = &q;
     }
     if (!base || !best) {
@@ -245,11 +270,12 @@ class Diagnosis {
     add_gain(p, b, f, "samples/s", "samples delivered per second with the step running");
     p.info["pattern_baseline"] = base->info.value("pattern", std::string());
     p.info["pattern_fixed"] = best->info.value("pattern", std::string());
-    if (f / b >= kMinGain) {
+    if (b > 0 && f / b >= kMinGain) {
       std::string line = fmt::format("dataloader_num_workers: {}", rec);
       if (!c.dataloader_pin_memory) line += ", dataloader_pin_memory: true";
       find("slow host dataloader", "loader", f / b,
-           fmt::format("busy {:.0f}% ({}) with {} worker(s) -> {:.0f}% ({}) with {}",
+           fmt::format("a modelled loader (the dataloader scenario's supply=0.5, not yours): busy {:.0f}% ({}) with "
+                       "{} worker(s) -> {:.0f}% ({}) with {}",
                        metric(*base, "busy_pct")->value, p.info["pattern_baseline"].get<std::string>(),
                        c.dataloader_num_workers, metric(*best, "busy_pct")->value,
                        p.info["pattern_fixed"].get<std::string>(), rec),
@@ -276,7 +302,7 @@ class Diagnosis {
                              *ctx_.device.gemm_unsupported(DType::bf16));
       return p;
     }
-    const std::int64_t m = shape_.micro_batch * shape_.seq;
+    const std::int64_t m = std::min<std::int64_t>(shape_.micro_batch * shape_.seq, 32768);  // precision's bound
     const Sub s = sub("precision", {fmt::format("m={}", m), fmt::format("n={}", shape_.intermediate),
                                     fmt::format("k={}", shape_.hidden), "dtype=fp32," + to, "trials=3"});
     p.info = json{{"sub", compact(s)}};
@@ -383,7 +409,9 @@ class Diagnosis {
     step("batch: micro batch sweep");
     Point p = check_point("batch");
     const std::int64_t mb = shape_.micro_batch;
-    std::vector<std::int64_t> sizes{mb, 2 * mb, 4 * mb, 8 * mb};
+    std::vector<std::int64_t> sizes{mb};
+    for (std::int64_t f : {2, 4, 8})
+      if (mb * f <= 4096) sizes.push_back(mb * f);
     std::string list;
     for (auto x : sizes) list += (list.empty() ? "" : ",") + std::to_string(x);
     auto a = shape_params(false);
@@ -421,9 +449,13 @@ class Diagnosis {
       find("a batch that is too small (launch-bound, steady-low utilization)", "batch", f / b,
            fmt::format("{} tokens/s at micro batch {} -> {} at {} (the smallest within 90% of the best swept)",
                        format_number(b), mb, format_number(f), knee),
-           fmt::format("micro_batch_size: {}, gradient_accumulation_steps: {} (the same global batch of {}, if it "
-                       "fits: see memory)",
-                       knee, ga, std::max<std::int64_t>(global, knee)),
+           fmt::format("micro_batch_size: {}, gradient_accumulation_steps: {} (a global batch of {} for your {}, "
+                       "if it fits: see memory){}",
+                       knee, ga, knee * ga, global,
+                       shape_.seq != opt_.cfg.sequence_len
+                           ? fmt::format("; measured at {} tokens per sequence, not your {}: the knee in tokens is {}",
+                                         shape_.seq, opt_.cfg.sequence_len, knee * shape_.seq)
+                           : ""),
            s.command);
     }
     return p;
@@ -464,7 +496,8 @@ class Diagnosis {
       cap_source = bound ? "the host memory available (" + bound->what + ")" : "unknown";
     }
     p.add({"footprint_gib", double(full.total) / double(1ull << 30), "GiB", Direction::lower, std::nullopt,
-           "modelled: the decoder stack at full depth with the embedding and LM head, full fine-tuning, AdamW"});
+           "modelled: the decoder stack at full depth (SwiGLU MLP) with the embedding and LM head, full fine-tuning, "
+           "AdamW"});
     p.add({"capacity_gib", double(capacity) / double(1ull << 30), "GiB", Direction::higher, std::nullopt, cap_source});
     p.info = json{{"parts", full.parts},
                   {"note", "modelled, not measured: full fine-tuning (every weight trained, AdamW state for each); a "
@@ -499,7 +532,7 @@ class Diagnosis {
                         std::nullopt,
                         json{{"check", "memory"},
                              {"config_line", line},
-                             {"command", fmt::format("stallbench run memory --device {} -p micro_batch={} -p seq_len={} "
+                             {"explore", fmt::format("stallbench run memory --device {} -p micro_batch={} -p seq_len={} "
                                                      "-p d_model={} -p heads={} -p layers={} -p dtype={} -p "
                                                      "mem_limit_gb={:.3g}",
                                                      ctx_.device.info().id, d.micro_batch, d.seq, d.d_model, d.heads,
@@ -524,9 +557,10 @@ class Diagnosis {
     const std::uint64_t vh = 2 * std::uint64_t(c.model.vocab_size) * std::uint64_t(d.d_model);
     const std::uint64_t embed = vh * (4 + (d.dtype != DType::fp32 ? e : 0) + 4 + 8);
     const std::uint64_t logits = 2 * std::uint64_t(d.micro_batch * d.seq) * std::uint64_t(c.model.vocab_size) * 4;
-    // the decoder's MLP is hidden x 4 hidden; scale its weight-bound parts to the model's intermediate size
-    const double mlp_scale = double(c.model.intermediate_size) / double(4 * d.d_model);
-    const double w_scale = (4.0 + 8.0 * mlp_scale) / 12.0;  // attention 4 d^2, MLP 8 d^2 scaled
+    // the decoder's MLP is two hidden x 4 hidden matrices; a Llama-family model's is three hidden x
+    // intermediate (SwiGLU: gate, up, down): its weight-bound parts scaled to that. Grouped-query attention
+    // (fewer K/V heads) is not modelled: its attention weights are counted in full, a slight overcount.
+    const double w_scale = (4.0 + 3.0 * double(c.model.intermediate_size) / double(d.d_model)) / 12.0;
     MemoryEstimate out;
     const auto w = std::uint64_t(double(m.weights) * w_scale), g = std::uint64_t(double(m.gradients) * w_scale),
                o = std::uint64_t(double(m.optimizer) * w_scale);
@@ -539,14 +573,27 @@ class Diagnosis {
 
   Point summary(const Result& res) {
     Point p = check_point("summary");
+    // only gains measured on the whole step multiply into it (padding: real tokens/s of the step; batch:
+    // tokens/s of the step); attention, dtype and the loader are measured on their part alone, whose share
+    // of the user's step is not known here
     double gain = 1;
-    for (const Finding& f : found_)
-      if (f.speedup && *f.speedup > 1) gain *= *f.speedup;
+    json step_level = json::array(), component = json::array();
+    for (const Finding& f : found_) {
+      const std::string check = f.evidence.value("check", std::string());
+      if (!f.speedup) continue;
+      if (check == "padding" || check == "batch") {
+        gain *= std::max(1.0, *f.speedup);
+        step_level.push_back(check);
+      } else {
+        component.push_back(check);
+      }
+    }
     if (tokens_per_s_ > 0) {
       p.add({"tokens_per_s_now", tokens_per_s_, "tokens/s", Direction::higher, std::nullopt,
              "their step at the measured shape (the utilization check)"});
       p.add({"tokens_per_s_after_estimate", tokens_per_s_ * gain, "tokens/s", Direction::higher, std::nullopt,
-             "estimated: the measured gains of the recommended fixes multiplied, as if independent"});
+             "estimated: the step-level gains (padding, batch) multiplied, as if independent; the gains of "
+             "attention, dtype and the loader, measured on that part alone, are left out"});
       if (ctx_.expected)
         if (auto peak = ctx_.expected->peak_tflops(opt_.cfg.bf16 ? DType::bf16 : opt_.cfg.fp16 ? DType::fp16 : DType::fp32)) {
           const double params = 2.0 * 12.0 * double(shape_.hidden) * double(shape_.hidden);
@@ -555,19 +602,29 @@ class Diagnosis {
                                            peak->second)});
         }
     }
-    p.info = json{{"fixes", found_.size()}, {"combined_gain_estimate", gain}};
+    p.info = json{{"fixes", found_.size()},
+                  {"combined_gain_estimate", gain},
+                  {"in_the_product", step_level},
+                  {"left_out", component}};
     if (opt_.observed_tokens_per_s) {
       if (shape_.reduced)
         p.info["observed"] = fmt::format(
             "you report {} tokens/s; this device ran a reduced shape ({}), so its figure is not comparable with "
             "your job's: run diagnose on the GPU the job uses",
             format_number(*opt_.observed_tokens_per_s), shape_.note);
-      else if (tokens_per_s_ > 0)
+      else if (tokens_per_s_ > 0) {
+        // the step ran 2 layers; the job runs num_hidden_layers (the embedding and LM head left out)
+        const double full = tokens_per_s_ * 2.0 / double(std::max<std::int64_t>(2, opt_.cfg.model.num_hidden_layers));
         p.info["observed"] = fmt::format(
-            "you report {} tokens/s; this device measured {} for this config's step (2 layers, device work only): "
-            "you leave {:.0f}% on the table, before the fixes above",
-            format_number(*opt_.observed_tokens_per_s), format_number(tokens_per_s_),
-            std::max(0.0, 100.0 * (1.0 - *opt_.observed_tokens_per_s / tokens_per_s_)));
+            "you report {} tokens/s; this device {} {} for 2 layers of this config's step, about {} at your {} layers "
+            "(scaled by depth; embedding, LM head and loader left out): {}",
+            format_number(*opt_.observed_tokens_per_s), ctx_.device.info().simulated ? "models" : "measured",
+            format_number(tokens_per_s_), format_number(full), opt_.cfg.model.num_hidden_layers,
+            *opt_.observed_tokens_per_s < full
+                ? fmt::format("you leave about {:.0f}% on the table, before the fixes above",
+                              100.0 * (1.0 - *opt_.observed_tokens_per_s / full))
+                : "your job is at or above it");
+      }
     }
     (void)res;
     return p;
@@ -579,6 +636,8 @@ class Diagnosis {
   MeasuredShape shape_;
   clk::time_point t0_;
   int checks_ = 0, done_ = 0;
+  bool hung_ = false;
+  std::string hung_what_;
   double tokens_per_s_ = 0, step_ms_ = 0;
   std::vector<Finding> found_;
 };
@@ -623,6 +682,8 @@ std::string format_report(const Result& r) {
   std::ostringstream o;
   const json& dm = r.meta.contains("diagnose") ? r.meta["diagnose"] : json::object();
   o << "diagnose: " << r.meta.value("/device/id"_json_pointer, std::string("?")) << "\n";
+  if (r.meta.value("/device/simulated"_json_pointer, false))
+    o << "  SIMULATED device: every figure below is modelled, not measured\n";
   if (dm.contains("measured_shape") && dm["measured_shape"].value("reduced", false))
     o << "  measured at a reduced shape: " << dm["measured_shape"].value("note", std::string()) << "\n";
   o << "\nchecks, in the standard order:\n";
@@ -648,11 +709,13 @@ std::string format_report(const Result& r) {
   for (const Finding& f : r.findings) {
     o << fmt::format("  {}. [{}] {}\n", ++i, f.cause, f.summary);
     if (f.evidence.contains("command")) o << "     reproduce: " << f.evidence["command"].get<std::string>() << "\n";
+    if (f.evidence.contains("explore")) o << "     explore: " << f.evidence["explore"].get<std::string>() << "\n";
   }
   for (const Point& p : r.points)
     if (p.params.value("check", std::string()) == "summary") {
       if (p.metric("tokens_per_s_now"))
-        o << fmt::format("\nthis step: {} tokens/s now, about {} with every fix (estimated, gains multiplied)\n",
+        o << fmt::format("\nthis step: {} tokens/s now, about {} with the step-level fixes (estimated: padding and "
+                         "batch gains multiplied; attention, dtype and loader gains left out)\n",
                          format_number(p.metric("tokens_per_s_now")->value),
                          format_number(p.metric("tokens_per_s_after_estimate")->value));
       if (p.info.contains("observed")) o << p.info["observed"].get<std::string>() << "\n";

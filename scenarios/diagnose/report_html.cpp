@@ -76,12 +76,15 @@ std::string format_html(const Result& r) {
   o << "<h2>Findings, by measured gain</h2>\n";
   for (const Finding& f : r.findings) {
     o << "<div class='finding'><b>" << esc(f.cause) << "</b>";
-    if (f.speedup) o << fmt::format(" &mdash; {:.2f}x measured", *f.speedup);
+    if (f.speedup) o << fmt::format(" &mdash; {:.2f}x {}", *f.speedup, simulated ? "modelled" : "measured");
     o << "<br>" << esc(f.summary);
     if (f.evidence.contains("config_line") && !f.evidence["config_line"].get<std::string>().empty())
       o << "<br>Change: <code>" << esc(f.evidence["config_line"].get<std::string>()) << "</code>";
     if (f.evidence.contains("command"))
       o << "<br><span class='note'>Reproduce: <code>" << esc(f.evidence["command"].get<std::string>())
+        << "</code></span>";
+    if (f.evidence.contains("explore"))
+      o << "<br><span class='note'>Explore: <code>" << esc(f.evidence["explore"].get<std::string>())
         << "</code></span>";
     o << "</div>\n";
   }
@@ -114,8 +117,9 @@ std::string format_html(const Result& r) {
       o << "<h2>This step</h2>\n"
         << bars(p.metric("tokens_per_s_now")->value, p.metric("tokens_per_s_after_estimate")->value, "tokens/s",
                 "now", "estimated")
-        << "<p class='note'>Now (measured) and after every fix (estimated: the measured gains multiplied, as if "
-           "independent).</p>\n";
+        << "<p class='note'>Now (" << (simulated ? "modelled" : "measured")
+        << ") and after the step-level fixes (estimated: the padding and batch gains multiplied, as if independent; "
+           "attention, dtype and loader gains, measured on their part alone, left out).</p>\n";
       if (p.info.contains("observed")) o << "<p>" << esc(p.info["observed"].get<std::string>()) << "</p>\n";
     }
 

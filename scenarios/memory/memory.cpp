@@ -10,10 +10,10 @@
 //     step's allocations (weights, gradients, optimizer state, activations,
 //     attention ops, backward buffers) and the transient peak over a step
 //     (peak minus what the parts hold); the model: predict_footprint, closed
-//     form for the tensors the step allocates, with the attention op's bytes
-//     and the transient peak fitted (a line) through probe steps at micro
-//     batch 1 and 2. model_error_pct: the largest |model - measured| /
-//     measured over the parts, at `micro_batch`.
+//     form for the tensors the step allocates, the GEMM workspace asked of
+//     the training ops, the attention op's bytes a line through probe steps at
+//     micro batch 1 and 2, the transient predicted 0. model_error_pct: the
+//     largest |model - measured| / measured over the parts, at `micro_batch`.
 //   fits(mb): a step built at mb (every tensor allocated) runs one
 //     optimizer step (zero_grad, a micro step, AdamW) without OutOfMemory.
 //   largest_micro_batch: found by doubling from 1, then bisection, on real
@@ -21,17 +21,21 @@
 //     the device already holds is within the limit. Verified: the predicted
 //     largest runs `verify` times, the next size fails `verify` times.
 //   oom cost: a loop that starts at twice the largest (as users and batch
-//     finders do) and halves on each OutOfMemory until a step completes:
-//     its wall time minus that of the final size's build and step alone.
-//     The step allocates every tensor before it runs (a static plan, as a
-//     captured CUDA graph does), so an OOM here fails before any compute;
+//     finders do) and halves on each OutOfMemory until a step completes: the
+//     failed attempts' time, each from its start to the error unwound and
+//     its memory released (the loop's wall and the final step's are in info).
+//     The step allocates every tensor, AdamW's moments included, before it
+//     runs (a static plan, as a captured CUDA graph does), so an OOM here
+//     fails before any compute;
 //     eager PyTorch allocates during the forward and also loses the work
 //     done before the failing allocation.
 //   fragmentation (checkpointing=none only): a caching allocator with
 //     PyTorch's policy (harness/caching_allocator.hpp) serves the
 //     activations of steps whose lengths follow a real length histogram,
-//     padded per batch: reserved vs allocated over the steps, and the first
-//     request that fails while the reserved-but-unallocated bytes would hold it.
+//     padded per batch: reserved vs allocated over the steps, the capacity the
+//     pool needs, and the failure just below it (fragmentation when the
+//     reserved-but-unallocated bytes would hold the request, else the
+//     segment sizes).
 #include <algorithm>  // std::max, std::min
 #include <chrono>     // std::chrono
 #include <cmath>      // std::ceil
@@ -222,30 +226,45 @@ class MemoryRun : public ScenarioRun {
       int failed = 0;
       std::string first_oom;
       const auto t0 = clk::now();
+      bool recovered = false;
+      std::string last_oom;
+      double lost_ms = 0;  // the failed attempts: from each start to its unwinding and the settled frees
       while (true) {
         DecoderConfig c = cfg;
         c.micro_batch = mb;
         const Attempt a = attempt(dev, c);
-        if (a.ok) break;
+        if (a.ok) {
+          recovered = true;
+          break;
+        }
         if (first_oom.empty()) first_oom = a.oom;
+        last_oom = a.oom;
+        lost_ms += a.ms;
         ++failed;
+        if (mb == 1) break;  // even 1 fails now (the host's memory, another process): nothing to recover to
         mb = std::max<std::int64_t>(1, mb / 2);
       }
       const double loop_ms = ms_since(t0);
-      DecoderConfig c = cfg;
-      c.micro_batch = mb;
-      const Attempt alone = attempt(dev, c);
-      const double cost = std::max(0.0, loop_ms - alone.ms);
-      p.add({"oom_cost_ms", cost, "ms", Direction::lower, std::nullopt,
-             "the recovery loop's wall time minus the final size's build and step alone"});
-      p.add({"oom_failed_attempts", double(failed), "attempts", Direction::lower, std::nullopt,
-             "micro batches tried and failed before one ran (halving from twice the largest)"});
-      oom = json{{"started_at", std::max<std::int64_t>(2 * largest, largest + 1)},
-                 {"ran_at", mb},
-                 {"failed_attempts", failed},
-                 {"loop_ms", loop_ms},
-                 {"final_build_and_step_ms", alone.ms},
-                 {"first_error", first_oom}};
+      if (!recovered) {
+        oom = json{{"gave_up", last_oom}, {"failed_attempts", failed}};
+      } else {
+        DecoderConfig c = cfg;
+        c.micro_batch = mb;
+        const Attempt alone = attempt(dev, c);
+        p.add({"oom_cost_ms", lost_ms, "ms", Direction::lower, std::nullopt,
+               "the failed attempts' time, each from its start to the OutOfMemory unwound and its memory "
+               "released"});
+        p.add({"oom_failed_attempts", double(failed), "attempts", Direction::lower, std::nullopt,
+               "micro batches tried and failed before one ran (halving from twice the largest)"});
+        oom = json{{"started_at", std::max<std::int64_t>(2 * largest, largest + 1)},
+                   {"ran_at", mb},
+                   {"failed_attempts", failed},
+                   {"loop_ms", loop_ms},
+                   {"final_build_and_step_ms", alone.ms},
+                   {"first_error", first_oom},
+                   {"note", "2 x the largest fails and the halving lands on the largest or below: one failed attempt "
+                            "is what this loop costs at least"}};
+      }
     }
 
     p.info = json{{"limit_bytes", limit},
@@ -323,22 +342,25 @@ class MemoryRun : public ScenarioRun {
       }
       res.findings.push_back({{}, s, gain, json{{"largest_without", a}, {"largest_with", b}}});
     }
-    if (none && none->info.contains("fragmentation")) {
+    if (none && none->info.contains("fragmentation") && !none->info["fragmentation"].contains("skipped")) {
       const json& f = none->info["fragmentation"];
       const double need = f.value("peak_need_bytes", 0.0), cap = f.value("capacity_needed_bytes", 0.0);
       std::string s = fmt::format(
-          "fragmentation: micro batch {} padded to each batch's longest ({}, up to {} tokens) over {} steps: a "
-          "caching allocator with PyTorch's policy needs {} of capacity to run them all, {:.0f}% above the most "
+          "caching allocator: micro batch {} padded to each batch's longest ({}, up to {} tokens) over {} steps: "
+          "PyTorch's policy needs {} of capacity to run them all, {:.0f}% above the most "
           "they ask for at once ({})",
           f.value("micro_batch", 0), f.value("lengths", std::string()), f.value("max_len", 0), f.value("steps", 0),
           format_bytes(cap), need > 0 ? 100.0 * (cap / need - 1.0) : 0.0, format_bytes(need));
       if (f.contains("just_below")) {
         const json& b = f["just_below"];
+        const bool frag = b.value("kind", std::string()) == "fragmentation";
         s += fmt::format("; at {} (the total fits) step {} fails to allocate {} with {} reserved but unallocated "
-                         "(largest free block {})",
+                         "(largest free block {}): {}",
                          format_bytes(b.value("capacity", 0.0)), b.value("failed_step", 0),
                          format_bytes(b.value("failed_request", 0.0)), format_bytes(b.value("reserved_unallocated", 0.0)),
-                         format_bytes(b.value("largest_free_block", 0.0)));
+                         format_bytes(b.value("largest_free_block", 0.0)),
+                         frag ? "fragmentation, the free bytes held in pieces too small"
+                              : "the allocator's segment sizes (2 MiB, 20 MiB, rounded to 2 MiB), not fragmentation");
       }
       s += " -> PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or sample_packing: true (constant shapes)";
       json ev = f;
@@ -375,6 +397,7 @@ class MemoryRun : public ScenarioRun {
     try {
       auto ops = dev.make_train_ops();  // a fresh process's: its GEMM workspace starts empty
       DecoderStep step(dev, *ops, cfg, 7, [] {});
+      step.prepare_optimizer(OptKind::adamw);  // every tensor before any compute
       train_window(step, 1, OptKind::adamw, 1e-4f);
       dev.synchronize(ctx_.measure.sync_timeout);
       a.measured = step.measured_memory();
@@ -413,7 +436,10 @@ class MemoryRun : public ScenarioRun {
       }
       return double(step.tokens()) * done / (ms_since(t0) / 1e3);
     } catch (const OutOfMemory&) {
-      dev.synchronize(ctx_.measure.sync_timeout);
+      try {
+        dev.synchronize(ctx_.measure.sync_timeout);
+      } catch (const OutOfMemory&) {
+      }
       return 0;
     }
   }
@@ -462,10 +488,11 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
   std::uint64_t per_tok_all = 0;
   for (std::uint64_t b : per_token) per_tok_all += b;
   per_tok_all *= std::uint64_t(cfg.layers);
-  // an estimate to size the unconstrained run: the forward's activations at the longest batch, twice
+  // an estimate to size the unconstrained run: the state and the forward's activations at the longest batch
   std::uint64_t estimate = 0;
   for (std::int64_t len : padded) estimate = std::max(estimate, state + per_tok_all * std::uint64_t(cfg.micro_batch * len));
 
+  dev.synchronize(ctx_.measure.sync_timeout);  // what the last step freed in stream order is settled first
   const std::uint64_t held = dev.memory_stats().in_use;
   const std::size_t point_limit = dev.memory_stats().limit;
   struct Held {
@@ -558,11 +585,23 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
   };
   // the peak need: the most requested bytes alive at once, from a run with room to spare
   const Run free_run = run(4 * estimate + (64u << 20), false);
-  if (!free_run.ok) return;  // the device cannot hold even that: no probe
+  if (!free_run.ok) {
+    p.info["fragmentation"] = json{{"skipped", "the device could not hold the probe with room to spare: " +
+                                                   free_run.error}};
+    return;
+  }
   const std::uint64_t peak_need = free_run.peak_raw;
-  // the smallest capacity the cached pool runs every step in
+  // the smallest capacity the cached pool runs every step in: doubling from the peak need (a few
+  // segments' worth above it at least: a small probe's peak may be under one 20 MiB segment), then bisection
   std::uint64_t lo = peak_need - 1, hi = peak_need;
-  while (!run(hi, false).ok && hi < 16 * peak_need) lo = hi, hi *= 2;
+  const std::uint64_t ceiling = std::max<std::uint64_t>(16 * peak_need, peak_need + (256u << 20));
+  bool hi_ok = false;
+  while (!(hi_ok = run(hi, false).ok) && hi < ceiling) lo = hi, hi = std::min(2 * hi, ceiling);
+  if (!hi_ok) {
+    p.info["fragmentation"] = json{{"skipped", fmt::format("the pool did not run the steps even at {}",
+                                                           format_bytes(double(hi)))}};
+    return;
+  }
   const std::uint64_t step_bytes = std::max<std::uint64_t>(1 << 20, peak_need / 1000);  // 0.1% or 1 MiB
   while (hi - lo > step_bytes) {
     const std::uint64_t mid = lo + (hi - lo) / 2;
@@ -585,6 +624,10 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
     const Run below = run(lo, false);
     if (!below.ok)
       f["just_below"] = json{{"capacity", lo},
+                             // fragmentation: the free bytes held would take the request, but no block of
+                             // them is large enough; otherwise the new segment's size is what did not fit
+                             {"kind", below.reserved - below.allocated >= below.request ? "fragmentation"
+                                                                                        : "segment granularity"},
                              {"failed_step", below.failed_step},
                              {"failed_request", below.request},
                              {"reserved", below.reserved},

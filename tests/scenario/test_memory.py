@@ -92,9 +92,12 @@ def main():
         if fr["capacity_needed_bytes"] > fr["peak_need_bytes"] + (1 << 20):
             jb = fr.get("just_below")
             if check(jb is not None, "no failure just below the capacity the pool needs"):
-                check(jb["capacity"] >= fr["peak_need_bytes"] and jb["reserved_unallocated"] > 0, f"just below {jb}")
-                check("fragmentation" in jb["error"] or "reserved but unallocated" in jb["error"], jb["error"])
-        check(any("fragmentation" in f["summary"] for f in doc["findings"]), "no fragmentation finding")
+                check(jb["capacity"] >= fr["peak_need_bytes"], f"just below {jb}")
+                # fragmentation exactly when the free bytes held would take the request
+                frag = jb["reserved_unallocated"] >= jb["failed_request"]
+                check(jb["kind"] == ("fragmentation" if frag else "segment granularity"), f"kind {jb}")
+                check(jb["reserved"] <= jb["capacity"] and jb["allocated"] <= jb["reserved"], f"accounts {jb}")
+        check(any(f["summary"].startswith("caching allocator:") for f in doc["findings"]), "no allocator finding")
         check(any("gradient_checkpointing fits micro batch" in f["summary"] for f in doc["findings"]),
               "no checkpointing finding")
         check(sum("-> micro_batch_size:" in f["summary"] for f in doc["findings"]) == 2, "config lines")
