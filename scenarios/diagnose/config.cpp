@@ -4,6 +4,9 @@
 #include "scenarios/diagnose/config.hpp"
 
 #include <algorithm>     // std::max_element, std::min_element, std::count
+#include <cctype>        // std::tolower, std::toupper
+#include <map>           // std::map
+#include <vector>        // std::vector
 #include <charconv>      // std::from_chars
 #include <cstdlib>       // std::strtod
 #include <numeric>       // std::accumulate
@@ -13,8 +16,7 @@
 #include <utility>       // std::move
 
 #include <fmt/format.h>      // fmt::format
-#include <yaml-cpp/yaml.h>   // YAML::LoadAll, YAML::Node, YAML::ParserException, YAML::convert<bool>
-#include <yaml.h>             // libyaml: the syntax checked first (check_yaml_syntax)
+#include <yaml.h>  // libyaml (PyYAML's parser): the document, nodes with their lines
 
 #include "harness/errors.hpp"     // sb::UsageError
 #include "harness/files.hpp"      // read_regular_file, first_invalid_utf8
@@ -105,6 +107,109 @@ std::string_view trim(std::string_view s) {
 
 // ---- YAML ---------------------------------------------------------------------
 
+// A YAML node as the reader needs it, built from libyaml's document (the
+// parser PyYAML, and so Axolotl, reads configs with). yaml-cpp 0.7 was used
+// first: fuzzing found it looping for ever on two inputs of 10 and 28
+// malformed bytes, which libyaml rejects or reads at once.
+enum class YType { Null, Scalar, Sequence, Map };
+struct YMark {
+  int line = 0;  // 0-based
+};
+struct YNode {
+  YType type = YType::Null;
+  std::string scalar;
+  bool quoted = false;  // a quoted scalar: a string, never null
+  YMark mark;
+  std::vector<YNode> keys, values;  // Map, in file order (a repeated key appears twice)
+  std::vector<YNode> items;         // Sequence
+  YType Type() const { return type; }
+  bool IsNull() const { return type == YType::Null; }
+  bool IsScalar() const { return type == YType::Scalar; }
+  bool IsMap() const { return type == YType::Map; }
+  const std::string& Scalar() const { return scalar; }
+  std::string Tag() const { return quoted ? "!" : "?"; }
+  YMark Mark() const { return mark; }
+};
+
+// libyaml's node n as a YNode. Aliases are libyaml's references to the
+// anchored node; a file whose aliases would expand past a million nodes, or
+// that nests deeper than 256, is not a training config (and is exit 2).
+YNode to_ynode(yaml_document_t* doc, yaml_node_t* n, int depth, std::size_t& count, const std::string& path) {
+  if (++count > 1000000)
+    throw UsageError(fmt::format("{}: over a million YAML nodes once aliases are expanded: not a training config", path));
+  if (depth > 256) throw UsageError(fmt::format("{}:{}: nested deeper than 256: not a training config", path, n->start_mark.line + 1));
+  YNode y;
+  y.mark.line = int(n->start_mark.line);
+  switch (n->type) {
+    case YAML_SCALAR_NODE: {
+      y.scalar.assign(reinterpret_cast<const char*>(n->data.scalar.value), n->data.scalar.length);
+      y.quoted = n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE && n->data.scalar.style != YAML_ANY_SCALAR_STYLE;
+      const bool null_word = y.scalar.empty() || y.scalar == "~" || y.scalar == "null" || y.scalar == "Null" ||
+                             y.scalar == "NULL";
+      y.type = !y.quoted && null_word ? YType::Null : YType::Scalar;
+      break;
+    }
+    case YAML_SEQUENCE_NODE:
+      y.type = YType::Sequence;
+      for (yaml_node_item_t* i = n->data.sequence.items.start; i < n->data.sequence.items.top; ++i)
+        if (yaml_node_t* c = yaml_document_get_node(doc, *i)) y.items.push_back(to_ynode(doc, c, depth + 1, count, path));
+      break;
+    case YAML_MAPPING_NODE:
+      y.type = YType::Map;
+      for (yaml_node_pair_t* pr = n->data.mapping.pairs.start; pr < n->data.mapping.pairs.top; ++pr) {
+        yaml_node_t* k = yaml_document_get_node(doc, pr->key);
+        yaml_node_t* v = yaml_document_get_node(doc, pr->value);
+        if (k && v) {
+          y.keys.push_back(to_ynode(doc, k, depth + 1, count, path));
+          y.values.push_back(to_ynode(doc, v, depth + 1, count, path));
+        }
+      }
+      break;
+    default: break;
+  }
+  return y;
+}
+
+// The file's documents: none (empty), one, or the line where a second starts.
+struct YDocs {
+  std::optional<YNode> first;
+  std::optional<int> second_line;  // 0-based
+};
+YDocs load_yaml(const std::string& text, const std::string& path) {
+  yaml_parser_t parser;
+  if (!yaml_parser_initialize(&parser)) throw Error(ErrorKind::runtime, "libyaml: cannot initialize a parser");
+  yaml_parser_set_input_string(&parser, reinterpret_cast<const unsigned char*>(text.data()), text.size());
+  YDocs out;
+  std::string problem;
+  for (int i = 0; i < 2 && problem.empty(); ++i) {
+    yaml_document_t doc;
+    if (!yaml_parser_load(&parser, &doc)) {
+      problem = fmt::format("{}:{}:{}: not YAML: {}{}", path, parser.problem_mark.line + 1,
+                            parser.problem_mark.column + 1, parser.problem ? parser.problem : "a syntax error",
+                            parser.context ? fmt::format(" ({})", parser.context) : std::string());
+      break;
+    }
+    yaml_node_t* root = yaml_document_get_root_node(&doc);
+    try {
+      if (root && i == 0) {
+        std::size_t count = 0;
+        out.first = to_ynode(&doc, root, 0, count, path);
+      } else if (root) {
+        out.second_line = int(root->start_mark.line);
+      }
+    } catch (...) {
+      yaml_document_delete(&doc);
+      yaml_parser_delete(&parser);
+      throw;
+    }
+    yaml_document_delete(&doc);
+    if (!root) break;  // the end of the stream
+  }
+  yaml_parser_delete(&parser);
+  if (!problem.empty()) throw UsageError(problem);
+  return out;
+}
+
 // Reads one YAML file's keys into cfg; `line` arguments are 1-based.
 class YamlReader {
  public:
@@ -116,12 +221,12 @@ class YamlReader {
   std::string where(int line) const { return fmt::format("{}:{}", path_, line); }
 
   // What a value is, for a message: 'abc', the string '2', a list, ...
-  static std::string describe(const YAML::Node& v) {
+  static std::string describe(const YNode& v) {
     switch (v.Type()) {
-      case YAML::NodeType::Null: return "nothing";
-      case YAML::NodeType::Sequence: return "a list";
-      case YAML::NodeType::Map: return "a mapping";
-      case YAML::NodeType::Scalar:
+      case YType::Null: return "nothing";
+      case YType::Sequence: return "a list";
+      case YType::Map: return "a mapping";
+      case YType::Scalar:
         return (v.Tag() == "!" ? "the string '" : "'") + printable(v.Scalar()) + "'";
       default: return "an undefined value";
     }
@@ -130,7 +235,7 @@ class YamlReader {
   // An integer in [lo, hi]. A plain YAML integer in decimal; a quoted string
   // is taken when it holds one ("2" is 2): Axolotl validates its config with
   // pydantic, whose lax mode turns "2" into 2, so such a config runs there.
-  std::int64_t integer(int line, std::string_view key, const YAML::Node& v, std::int64_t lo,
+  std::int64_t integer(int line, std::string_view key, const YNode& v, std::int64_t lo,
                        std::int64_t hi) const {
     if (!v.IsScalar()) fail(line, key, "expected an integer, got " + describe(v));
     std::string_view s = trim(v.Scalar());
@@ -160,23 +265,32 @@ class YamlReader {
     return x;
   }
 
-  // What yaml-cpp takes as a boolean: true/false, yes/no, on/off, y/n, in
+  // What yaml-cpp took as a boolean: true/false, yes/no, on/off, y/n, in
   // lower, Capitalised or UPPER case, quoted or not (pydantic's lax mode,
   // Axolotl's validation, takes these strings too). Not 0 or 1.
-  std::optional<bool> maybe_boolean(const YAML::Node& v) const {
-    bool b = false;
-    if (v.IsScalar() && YAML::convert<bool>::decode(v, b)) return b;
+  std::optional<bool> maybe_boolean(const YNode& v) const {
+    if (!v.IsScalar()) return std::nullopt;
+    const std::string& w = v.Scalar();
+    // lower, Capitalised or UPPER case only ("tRUE" is not a boolean)
+    std::string low;
+    for (char c : w) low += char(std::tolower(static_cast<unsigned char>(c)));
+    std::string cap = low, up;
+    if (!cap.empty()) cap[0] = char(std::toupper(static_cast<unsigned char>(cap[0])));
+    for (char c : low) up += char(std::toupper(static_cast<unsigned char>(c)));
+    if (w != low && w != cap && w != up) return std::nullopt;
+    if (low == "y" || low == "yes" || low == "true" || low == "on") return true;
+    if (low == "n" || low == "no" || low == "false" || low == "off") return false;
     return std::nullopt;
   }
-  bool boolean(int line, std::string_view key, const YAML::Node& v) const {
+  bool boolean(int line, std::string_view key, const YNode& v) const {
     if (const auto b = maybe_boolean(v)) return *b;
     fail(line, key, "expected true or false, got " + describe(v));
   }
 
-  void read(const YAML::Node& doc);
+  void read(const YNode& doc);
 
  private:
-  bool read_key(const std::string& key, int line, const YAML::Node& v);
+  bool read_key(const std::string& key, int line, const YNode& v);
   void set_source(const std::string& key, int line) { cfg_.sources[key] = Source{where(line)}; }
 
   const std::string& path_;
@@ -186,7 +300,7 @@ class YamlReader {
   std::string tf32_word_;               // "auto" when tf32 was
 };
 
-bool YamlReader::read_key(const std::string& key, int line, const YAML::Node& v) {
+bool YamlReader::read_key(const std::string& key, int line, const YNode& v) {
   struct IntField {
     std::string_view name;
     std::int64_t* field;
@@ -279,19 +393,20 @@ bool YamlReader::read_key(const std::string& key, int line, const YAML::Node& v)
   return true;
 }
 
-void YamlReader::read(const YAML::Node& doc) {
+void YamlReader::read(const YNode& doc) {
   struct Entry {
     std::string key;  // "" for a key that is not a string
     int line;
-    YAML::Node value;
+    YNode value;
   };
   std::vector<Entry> entries;
   std::map<std::string, std::size_t> last;  // key -> index of its last entry
-  for (auto it = doc.begin(); it != doc.end(); ++it) {
-    const int line = it->first.Mark().line + 1;
-    std::string key = it->first.IsScalar() ? it->first.Scalar() : std::string();
+  for (std::size_t i = 0; i < doc.keys.size(); ++i) {
+    const YNode& k = doc.keys[i];
+    const int line = k.Mark().line + 1;
+    std::string key = k.IsScalar() ? k.Scalar() : std::string();
     if (!key.empty()) last[key] = entries.size();
-    entries.push_back({std::move(key), line, it->second});
+    entries.push_back({std::move(key), line, doc.values[i]});
   }
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const Entry& e = entries[i];
@@ -357,32 +472,6 @@ void YamlReader::read(const YAML::Node& doc) {
 
 }  // namespace
 
-// yaml-cpp 0.7 loops forever on some malformed inputs (fuzzing found
-// ", no loauto..." in 28 bytes: the parser allocates nodes until killed).
-// libyaml, the parser PyYAML and so Axolotl read configs with, checks the
-// syntax first, event by event (iteratively: no recursion to exhaust); a
-// file it rejects is exit 2 with its line and column, and yaml-cpp only ever
-// sees well-formed YAML.
-static void check_yaml_syntax(const std::string& text, const std::string& path) {
-  yaml_parser_t parser;
-  if (!yaml_parser_initialize(&parser)) throw Error(ErrorKind::runtime, "libyaml: cannot initialize a parser");
-  yaml_parser_set_input_string(&parser, reinterpret_cast<const unsigned char*>(text.data()), text.size());
-  std::string problem;
-  for (bool end = false; !end;) {
-    yaml_event_t ev;
-    if (!yaml_parser_parse(&parser, &ev)) {
-      problem = fmt::format("{}:{}:{}: not YAML: {}{}", path, parser.problem_mark.line + 1,
-                            parser.problem_mark.column + 1, parser.problem ? parser.problem : "a syntax error",
-                            parser.context ? fmt::format(" ({})", parser.context) : std::string());
-      break;
-    }
-    end = ev.type == YAML_STREAM_END_EVENT;
-    yaml_event_delete(&ev);
-  }
-  yaml_parser_delete(&parser);
-  if (!problem.empty()) throw UsageError(problem);
-}
-
 // ---- the public functions ------------------------------------------------------------
 
 TrainConfig default_config() {
@@ -401,31 +490,18 @@ TrainConfig parse_axolotl_yaml_text(const std::string& text, const std::string& 
     const auto line = 1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(*at), '\n');
     throw UsageError(fmt::format("{}:{}: not UTF-8 text (byte {})", path, line, *at));
   }
-  check_yaml_syntax(text, path);
-  std::vector<YAML::Node> docs;
-  try {
-    docs = YAML::LoadAll(text);
-  } catch (const YAML::Exception& e) {  // ParserException, and DeepRecursion (nesting) beneath it
-    if (e.mark.is_null()) throw UsageError(fmt::format("{}: not YAML: {}", path, e.msg));
-    throw UsageError(fmt::format("{}:{}:{}: not YAML: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg));
-  }
-  if (docs.empty() || docs[0].IsNull())
+  const YDocs docs = load_yaml(text, path);
+  if (!docs.first || docs.first->IsNull())
     throw UsageError(fmt::format("{}: empty; expected a YAML mapping of config keys (key: value)", path));
-  if (docs.size() > 1) {
-    const auto mark = docs[1].Mark();
-    throw UsageError(fmt::format("{}{}: a second YAML document (after ---); expected one mapping of config keys",
-                                 path, mark.is_null() ? std::string() : fmt::format(":{}", mark.line + 1)));
-  }
-  const YAML::Node& doc = docs[0];
+  if (docs.second_line)
+    throw UsageError(fmt::format("{}:{}: a second YAML document (after ---); expected one mapping of config keys",
+                                 path, *docs.second_line + 1));
+  const YNode& doc = *docs.first;
   if (!doc.IsMap())
     throw UsageError(fmt::format("{}:{}: the top level is {}; expected a mapping of config keys (key: value)",
                                  path, doc.Mark().line + 1, YamlReader::describe(doc)));
   TrainConfig cfg = default_config();
-  try {
-    YamlReader(path, cfg).read(doc);
-  } catch (const YAML::Exception& e) {  // not expected from reading a loaded document: a safety net
-    throw UsageError(fmt::format("{}: {}", path, e.what()));
-  }
+  YamlReader(path, cfg).read(doc);
   return cfg;
 }
 

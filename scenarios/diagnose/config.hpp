@@ -69,7 +69,7 @@ inline constexpr std::int64_t kMaxLengths = 10'000'000;  // read_lengths: sequen
 //   - integers: a YAML integer in decimal, or a quoted string that is one
 //     ("2" is 2, as Axolotl's pydantic reads it in lax mode); not 2.5, not 2.0,
 //     not 0x10, not 010 (YAML 1.1, hence PyYAML, reads that as octal 8);
-//   - booleans: what yaml-cpp takes (true/false, yes/no, on/off, y/n, in
+//   - booleans: as yaml-cpp took them (true/false, yes/no, on/off, y/n, in
 //     lower, Capitalised or UPPER case), quoted or not;
 //   - an empty value (`key:`, `~`, `null`) keeps the default (noted);
 //   - a key given twice: the last wins, as in PyYAML (noted).
@@ -78,7 +78,7 @@ inline constexpr std::int64_t kMaxLengths = 10'000'000;  // read_lengths: sequen
 // value over its limit above (sequence_len over 1<<20), num_attention_heads
 // not dividing hidden_size, bf16 and fp16 both true (a bf16 "auto" beside
 // fp16: true yields, as it would on a GPU without bf16: noted). A file that is
-// not YAML: "FILE:LINE:COL: not YAML: <yaml-cpp's message>"; an empty file, a
+// not YAML: "FILE:LINE:COL: not YAML: <libyaml's message>"; an empty file, a
 // second document, or a top level that is not a mapping: UsageError naming
 // the file; a missing or unreadable file: UsageError naming it.
 TrainConfig read_axolotl_yaml(const std::string& path);

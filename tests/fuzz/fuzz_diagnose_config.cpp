@@ -1,5 +1,5 @@
 // The training-config reader of `stallbench diagnose --config FILE`: the
-// bytes parsed as an Axolotl-style YAML config (yaml-cpp, then every key
+// bytes parsed as an Axolotl-style YAML config (libyaml, then every key
 // read and checked), then written back as the report's JSON.
 #include <cstddef>  // std::size_t
 #include <cstdint>  // std::uint8_t

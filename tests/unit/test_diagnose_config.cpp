@@ -341,7 +341,7 @@ TEST(DiagnoseConfig, EveryBadValueNamesFileLineAndKey) {
 TEST(DiagnoseConfig, NotYamlNamesFileLineAndColumn) {
   const std::string path = data("not_yaml.yml");
   const std::string msg = usage_error([&] { (void)read_axolotl_yaml(path); });
-  // yaml-cpp finds the unclosed '[' of line 2 where the flow sequence cannot
+  // libyaml finds the unclosed '[' of line 2 where the flow sequence cannot
   // go on: line 3's "micro_batch_size: 2" (a map value inside it).
   EXPECT_TRUE(starts_with(msg, path + ":3:")) << msg;
   EXPECT_TRUE(contains(msg, ": not YAML: ")) << msg;
@@ -354,9 +354,12 @@ TEST(DiagnoseConfig, NotYamlNamesFileLineAndColumn) {
   EXPECT_TRUE(contains(m2, "not YAML: did not find expected ',' or ']'")) << m2;
   const std::string tab = dir.write("t.yml", "a: 1\nb: c: d\n");
   EXPECT_TRUE(starts_with(usage_error([&] { (void)read_axolotl_yaml(tab); }), tab + ":2:"));
-  // found by fuzzing: yaml-cpp 0.7 alone allocates nodes for ever on these 28 bytes; rejected first here
+  // found by fuzzing: yaml-cpp 0.7 alone allocates nodes for ever on these 28 bytes; libyaml rejects them
   const std::string loop = dir.write("loop.yml", ", no loautoAfputoAutoAfputoA");
   EXPECT_TRUE(starts_with(usage_error([&] { (void)read_axolotl_yaml(loop); }), loop + ":1:1: not YAML: "));
+  // and a second one (an anchor): libyaml reads it at once, as a string
+  const std::string anchor = dir.write("anchor.yml", "&nnul?lu,l");
+  EXPECT_TRUE(contains(usage_error([&] { (void)read_axolotl_yaml(anchor); }), anchor)) ;
   // and text that is not UTF-8 never reaches the report's JSON
   const std::string bytes = dir.write("bytes.yml", "sequence_len: 256\nfoo\xff: 1\n");
   EXPECT_TRUE(starts_with(usage_error([&] { (void)read_axolotl_yaml(bytes); }), bytes + ":2: not UTF-8")) ;
