@@ -268,6 +268,23 @@ int write_outputs(const Result& r, const Scenario& sc, const std::string& path, 
   return run_exit_code(r);
 }
 
+// What a run measures with, from the command line: the quick profile or the
+// default, --budget and --noise, every wait's deadline from --timeout (at most
+// 10 minutes), the device's expected numbers, and the watchdog fed by progress.
+RunContext run_context(Device& dev, const RunArgs& a, Watchdog& wd) {
+  RunContext ctx{dev};
+  ctx.quick = a.quick;
+  ctx.measure = a.quick ? quick_measure_config() : MeasureConfig{};
+  if (a.budget_s > 0) ctx.measure.budget_s = a.budget_s;
+  if (a.noise > 0) ctx.measure.max_noise = a.noise;
+  ctx.measure.sync_timeout = std::chrono::milliseconds(static_cast<long long>(std::min(a.timeout_s, 600.0) * 1000));
+  const CpuInfo cpu = read_cpu_info();
+  ctx.expected = match_expected(dev.info(), cpu.isa, cpu.logical_cores);
+  ctx.progress = [&wd](const std::string& where) { wd.progress(where); };
+  ctx.measure.heartbeat = [&wd] { wd.beat(); };
+  return ctx;
+}
+
 int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   const Scenario* sc = find_scenario(a.scenario);
   if (!sc) throw UsageError(fmt::format("unknown scenario '{}'; valid: {}", a.scenario, scenario_names()));
@@ -288,16 +305,7 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   wd.progress("opening device " + spec.str());
   auto dev = open_device(spec);
 
-  RunContext ctx{*dev};
-  ctx.quick = a.quick;
-  ctx.measure = a.quick ? quick_measure_config() : MeasureConfig{};
-  if (a.budget_s > 0) ctx.measure.budget_s = a.budget_s;
-  if (a.noise > 0) ctx.measure.max_noise = a.noise;
-  ctx.measure.sync_timeout = std::chrono::milliseconds(static_cast<long long>(std::min(a.timeout_s, 600.0) * 1000));
-  const CpuInfo cpu = read_cpu_info();
-  ctx.expected = match_expected(dev->info(), cpu.isa, cpu.logical_cores);
-  ctx.progress = [&wd](const std::string& where) { wd.progress(where); };
-  ctx.measure.heartbeat = [&wd] { wd.beat(); };
+  RunContext ctx = run_context(*dev, a, wd);
   std::vector<TraceProcess> trace;
   if (!a.trace_path.empty()) ctx.trace = &trace;
 
@@ -421,18 +429,11 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
   Watchdog wd{std::chrono::seconds(static_cast<long long>(a.timeout_s))};
   wd.progress("opening device " + spec.str());
   auto dev = open_device(spec);
-  RunContext ctx{*dev};
-  ctx.quick = a.quick;
-  ctx.measure = a.quick ? quick_measure_config() : MeasureConfig{};
-  ctx.measure.sync_timeout = std::chrono::milliseconds(static_cast<long long>(std::min(a.timeout_s, 600.0) * 1000));
-  const CpuInfo cpu = read_cpu_info();
-  ctx.expected = match_expected(dev->info(), cpu.isa, cpu.logical_cores);
-  ctx.progress = [&wd](const std::string& where) { wd.progress(where); };
-  ctx.measure.heartbeat = [&wd] { wd.beat(); };
   RunArgs ra;
   ra.device = a.device;
   ra.quick = a.quick;
   ra.timeout_s = a.timeout_s;
+  RunContext ctx = run_context(*dev, ra, wd);
   json meta = run_meta(ra, argc, argv, dev->info(), ctx.measure);
   std::cerr << fmt::format("stallbench: diagnose on {} ({}){}\n", dev->info().id, dev->info().name,
                            a.config.empty() ? " with the default config (a 7B-like layer; --config FILE for yours)"

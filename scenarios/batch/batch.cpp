@@ -62,25 +62,12 @@ class BatchRun : public ScenarioRun {
 
   Point run_point(const ParamSet& ps) override {
     Device& dev = ctx_.device;
-    DecoderConfig cfg;
-    cfg.micro_batch = ps.get_int("micro_batch");
-    cfg.seq = ps.get_int("seq_len");
-    cfg.d_model = ps.get_int("d_model");
-    cfg.heads = ps.get_int("heads");
-    cfg.layers = int(ps.get_int("layers"));
-    cfg.dtype = ps.get_choice("dtype", kDTypeNames);
-    if (cfg.dtype != DType::fp32 && cfg.dtype != DType::bf16 && cfg.dtype != DType::fp16)
-      throw UsageError(fmt::format("dtype={}: batch trains in fp32, bf16 or fp16", to_string(cfg.dtype)));
+    const DecoderConfig cfg = decoder_config(ps, dev);
     const int accum = int(ps.get_int("grad_accum"));
     const bool graphs = ps.get_str("graphs") == "on";
     const OptKind opt = ps.get_choice("optimizer", kOptKindNames);
     const double dispatch_us = ps.get_real("dispatch_us");
     const int trials = int(ps.get_int("trials"));
-    // attention: the fused kernel this device has
-    cfg.attention = AttnImpl::flash;
-    if (dev.attention_unsupported(AttnImpl::flash, cfg.dtype) && !dev.attention_unsupported(AttnImpl::cudnn, cfg.dtype))
-      cfg.attention = AttnImpl::cudnn;
-    if (auto why = dev.attention_unsupported(cfg.attention, cfg.dtype)) throw UnsupportedError(*why);
 
     const HostCpuForHost host_cpu(dev);  // the host thread keeps a CPU of its own
 

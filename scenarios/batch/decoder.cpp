@@ -27,6 +27,23 @@ namespace {
 std::uint64_t in_use(const Device& dev) { return dev.memory_stats().in_use; }
 }  // namespace
 
+DecoderConfig decoder_config(const ParamSet& ps, const Device& dev) {
+  DecoderConfig cfg;
+  cfg.micro_batch = ps.get_int("micro_batch");
+  cfg.seq = ps.get_int("seq_len");
+  cfg.d_model = ps.get_int("d_model");
+  cfg.heads = ps.get_int("heads");
+  cfg.layers = int(ps.get_int("layers"));
+  cfg.dtype = ps.get_choice("dtype", kDTypeNames);
+  if (cfg.dtype != DType::fp32 && cfg.dtype != DType::bf16 && cfg.dtype != DType::fp16)
+    throw UsageError(fmt::format("dtype={}: the step trains in fp32, bf16 or fp16", to_string(cfg.dtype)));
+  cfg.attention = AttnImpl::flash;
+  if (dev.attention_unsupported(AttnImpl::flash, cfg.dtype) && !dev.attention_unsupported(AttnImpl::cudnn, cfg.dtype))
+    cfg.attention = AttnImpl::cudnn;
+  if (auto why = dev.attention_unsupported(cfg.attention, cfg.dtype)) throw UnsupportedError(*why);
+  return cfg;
+}
+
 void DecoderStep::alloc_acts(Acts& a, const std::string& n) {
   const std::int64_t T = tokens(), d = cfg_.d_model;
   const DType t = cfg_.dtype;

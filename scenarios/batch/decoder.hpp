@@ -35,6 +35,7 @@
 #include <vector>      // std::vector
 
 #include "harness/device.hpp"     // Device, AttentionOp
+#include "harness/params.hpp"     // ParamSet
 #include "harness/train_ops.hpp"  // TrainOps, DTensor, TrainGraph
 
 namespace sb::batch {
@@ -89,6 +90,13 @@ std::size_t step_gemm_workspace(TrainOps& ops, const DecoderConfig& cfg);
 
 
 enum class OptKind { adamw, sgd, none };
+
+// The step's shape from a scenario's parameters (micro_batch, seq_len,
+// d_model, heads, layers, dtype; the batch and memory scenarios share them)
+// and the fused attention this device has (flash, else cuDNN). UsageError
+// for a dtype the step cannot train in; UnsupportedError without a fused
+// attention for the dtype.
+DecoderConfig decoder_config(const ParamSet& ps, const Device& dev);
 
 // The footprint the model predicts, in closed form from the config: every
 // tensor the step allocates, each rounded up to `granule` bytes (the

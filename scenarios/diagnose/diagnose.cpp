@@ -81,7 +81,7 @@ class Diagnosis {
     res.points.push_back(attention());
     res.points.push_back(batch());
     res.points.push_back(memory());
-    res.points.push_back(summary(res));
+    res.points.push_back(summary());
     // findings, ranked by measured gain
     std::sort(found_.begin(), found_.end(), [](const Finding& a, const Finding& b) {
       return a.speedup.value_or(0) > b.speedup.value_or(0);
@@ -571,7 +571,7 @@ class Diagnosis {
     return out;
   }
 
-  Point summary(const Result& res) {
+  Point summary() {
     Point p = check_point("summary");
     // only gains measured on the whole step multiply into it (padding: real tokens/s of the step; batch:
     // tokens/s of the step); attention, dtype and the loader are measured on their part alone, whose share
@@ -626,7 +626,6 @@ class Diagnosis {
                 : "your job is at or above it");
       }
     }
-    (void)res;
     return p;
   }
 

@@ -81,20 +81,8 @@ class MemoryRun : public ScenarioRun {
 
   Point run_point(const ParamSet& ps) override {
     Device& dev = ctx_.device;
-    DecoderConfig cfg;
-    cfg.micro_batch = ps.get_int("micro_batch");
-    cfg.seq = ps.get_int("seq_len");
-    cfg.d_model = ps.get_int("d_model");
-    cfg.heads = ps.get_int("heads");
-    cfg.layers = int(ps.get_int("layers"));
-    cfg.dtype = ps.get_choice("dtype", kDTypeNames);
-    if (cfg.dtype != DType::fp32 && cfg.dtype != DType::bf16 && cfg.dtype != DType::fp16)
-      throw UsageError(fmt::format("dtype={}: the step trains in fp32, bf16 or fp16", to_string(cfg.dtype)));
+    DecoderConfig cfg = decoder_config(ps, dev);
     cfg.checkpointing = ps.get_str("checkpointing") == "full";
-    cfg.attention = AttnImpl::flash;
-    if (dev.attention_unsupported(AttnImpl::flash, cfg.dtype) && !dev.attention_unsupported(AttnImpl::cudnn, cfg.dtype))
-      cfg.attention = AttnImpl::cudnn;
-    if (auto why = dev.attention_unsupported(cfg.attention, cfg.dtype)) throw UnsupportedError(*why);
     const double limit_gb = ps.get_real("mem_limit_gb");
     const std::int64_t max_mb = ps.get_int("max_micro_batch");
     const int verify = int(ps.get_int("verify"));
