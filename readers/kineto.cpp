@@ -1,0 +1,589 @@
+// The Kineto trace reader (what and why in kineto.hpp). simdjson.h is large:
+// this is the only translation unit that includes it.
+#include "readers/kineto.hpp"
+
+#include <fcntl.h>     // open
+#include <sys/stat.h>  // fstat
+#include <unistd.h>    // close
+#include <zlib.h>      // gzdopen, gzread
+
+#include <algorithm>      // std::min
+#include <array>          // std::array
+#include <cstring>        // std::memmove
+#include <string_view>    // std::string_view
+#include <unordered_map>  // std::unordered_map
+
+#include <fmt/format.h>  // fmt::format
+#include <simdjson.h>    // simdjson::ondemand
+
+#include "harness/errors.hpp"  // UsageError
+
+namespace sb::readers {
+namespace {
+
+using json = nlohmann::ordered_json;
+namespace od = simdjson::ondemand;
+
+// One value (an event, a top-level field) larger than this is not a trace.
+constexpr std::size_t kMaxValueBytes = std::size_t(256) << 20;
+constexpr std::size_t kChunk = std::size_t(4) << 20;
+// batch() parses at least this much at once, else the exact path reads on.
+constexpr std::size_t kMinBatch = std::size_t(64) << 10;
+
+// The bytes that matter to the value scanner outside strings.
+constexpr auto kStructural = [] {
+  std::array<bool, 256> t{};
+  for (unsigned char c : {'"', '{', '}', '[', ']'}) t[c] = true;
+  return t;
+}();
+
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+
+Cat cat_of(std::string_view c) {
+  switch (c.size()) {
+    case 6:
+      if (c == "kernel") return Cat::kernel;
+      if (c == "cpu_op") return Cat::cpu_op;
+      break;
+    case 9:
+      if (c == "cuda_sync") return Cat::cuda_sync;
+      break;
+    case 10:
+      if (c == "gpu_memcpy") return Cat::gpu_memcpy;
+      if (c == "gpu_memset") return Cat::gpu_memset;
+      if (c == "Kernel") return Cat::kernel;  // some ROCm traces
+      break;
+    case 11:
+      if (c == "cuda_driver") return Cat::cuda_driver;
+      break;
+    case 12:
+      if (c == "cuda_runtime") return Cat::cuda_runtime;
+      break;
+    case 15:
+      if (c == "user_annotation") return Cat::user_annotation;
+      break;
+    case 19:
+      if (c == "gpu_user_annotation") return Cat::gpu_user_annotation;
+      break;
+    default:
+      break;
+  }
+  return Cat::other;
+}
+
+void copy_kind(std::string_view name, Event& e) {
+  if (name.find("HtoD") != std::string_view::npos) e.copy = CopyKind::htod;
+  else if (name.find("DtoH") != std::string_view::npos) e.copy = CopyKind::dtoh;
+  else if (name.find("DtoD") != std::string_view::npos) e.copy = CopyKind::dtod;
+  else if (name.find("HtoH") != std::string_view::npos) e.copy = CopyKind::htoh;
+  else e.copy = CopyKind::other;
+  e.pageable = name.find("Pageable") != std::string_view::npos;
+}
+
+// Where the bytes come from: a gzip stream (zlib reads a plain file as it is) or memory.
+class Source {
+ public:
+  explicit Source(const std::string& text) : text_(&text) {}
+  Source(gzFile f, std::string path) : gz_(f), path_(std::move(path)) {}
+  ~Source() {
+    if (gz_) gzclose(gz_);
+  }
+  Source(const Source&) = delete;
+  Source& operator=(const Source&) = delete;
+  // Up to n bytes into dst; 0 at the end.
+  std::size_t read(char* dst, std::size_t n) {
+    if (text_) {
+      const std::size_t k = std::min(n, text_->size() - at_);
+      std::memcpy(dst, text_->data() + at_, k);
+      at_ += k;
+      return k;
+    }
+    const int k = gzread(gz_, dst, unsigned(std::min<std::size_t>(n, 1u << 30)));
+    if (k < 0) {
+      int code = 0;
+      const char* msg = gzerror(gz_, &code);
+      throw UsageError(fmt::format("{}: not a readable trace: {}", path_, msg ? msg : "read error"));
+    }
+    return std::size_t(k);
+  }
+  bool gzip() const { return gz_ && gzdirect(gz_) == 0; }
+
+ private:
+  const std::string* text_ = nullptr;
+  std::size_t at_ = 0;
+  gzFile gz_ = nullptr;
+  std::string path_;
+};
+
+class Reader {
+ public:
+  Reader(Source& src, std::string what, Trace& out) : src_(src), what_(std::move(what)), t_(out) {
+    buf_.resize(kChunk + simdjson::SIMDJSON_PADDING);
+  }
+
+  void run() {
+    ws();
+    const char c = peek();
+    if (c == '[') {  // the Chrome trace format's other form: a bare array of events
+      ++pos_;
+      events();
+    } else if (c == '{') {
+      ++pos_;
+      object();
+    } else {
+      fail(c == 0 ? "empty: no JSON in it" : "not a trace: it starts with neither '{' nor '['");
+    }
+    ws();
+    if (peek() != 0) fail("text after the end of the trace's JSON");
+    t_.json_bytes = consumed_ + len_;
+  }
+
+ private:
+  Source& src_;
+  std::string what_;
+  Trace& t_;
+  std::vector<char> buf_;
+  std::size_t pos_ = 0, len_ = 0;
+  std::uint64_t consumed_ = 0;  // bytes dropped before buf_[0]
+  bool eof_ = false;
+  od::parser parser_;
+  std::unordered_map<std::string, std::uint32_t, StringHash, std::equal_to<>> name_ids_;
+  std::unordered_map<std::string, std::int64_t, StringHash, std::equal_to<>> string_ids_;  // string pid/tid
+  std::map<std::string, std::int64_t, std::less<>> cats_;
+  std::array<std::int64_t, 256> phase1_{};  // one-letter phases, counted without a string
+
+  [[noreturn]] void fail(const std::string& why, std::uint64_t at) const {
+    throw UsageError(fmt::format("{}: not a Kineto trace at byte {}: {}", what_, at, why));
+  }
+  [[noreturn]] void fail(const std::string& why) const { fail(why, consumed_ + pos_); }
+
+  // Reads more, keeping buf_[keep..len_); returns false at the end of input.
+  bool more(std::size_t& keep) {
+    if (eof_) return false;
+    if (keep > 0) --keep;  // one byte before what is kept stays: batch() writes its '[' there
+    if (keep > 0) {
+      std::memmove(buf_.data(), buf_.data() + keep, len_ - keep);
+      consumed_ += keep;
+      len_ -= keep;
+      pos_ -= keep;
+      keep = 0;
+    }
+    if (buf_.size() - simdjson::SIMDJSON_PADDING - len_ < kChunk / 2) {
+      if (len_ > kMaxValueBytes) fail(fmt::format("one value longer than {} MiB", kMaxValueBytes >> 20));
+      buf_.resize(buf_.size() * 2);
+    }
+    const std::size_t k = src_.read(buf_.data() + len_, buf_.size() - simdjson::SIMDJSON_PADDING - len_);
+    if (k == 0) {
+      eof_ = true;
+      return false;
+    }
+    len_ += k;
+    return true;
+  }
+  char peek() {
+    if (pos_ >= len_) {
+      std::size_t keep = pos_;
+      if (!more(keep)) return 0;
+    }
+    return buf_[pos_];
+  }
+  void ws() {
+    for (;;) {
+      const char c = peek();
+      if (c == ' ' || c == '\n' || c == '\r' || c == '\t') ++pos_;
+      else return;
+    }
+  }
+  void expect(char c, const char* where) {
+    ws();
+    if (peek() != c) fail(fmt::format("expected '{}' {}", c, where));
+    ++pos_;
+  }
+
+  // The extent of the value at pos_: [begin, end) in buf_ after the call
+  // (buf_ may move while it is read). Strings and brackets only: the parser
+  // checks the rest.
+  std::pair<std::size_t, std::size_t> value() {
+    ws();
+    const char first = peek();
+    if (first == 0) fail("the file ends inside the trace");
+    std::size_t i = pos_;  // the value starts at pos_, which more() keeps in the buffer
+    int depth = 0;
+    bool in_str = false;
+    const bool scalar = first != '{' && first != '[' && first != '"';
+    for (;;) {
+      if (i >= len_) {
+        const std::size_t off = i - pos_;
+        std::size_t keep = pos_;
+        const bool got = more(keep);  // moves pos_ when it drops bytes
+        i = pos_ + off;
+        if (!got) {
+          if (scalar) return {pos_, i};
+          fail("the file ends inside a value", consumed_ + pos_);
+        }
+        continue;
+      }
+      if (in_str) {
+        // to the next quote; it ends the string unless an odd run of backslashes precedes it
+        const void* q = std::memchr(buf_.data() + i, '"', len_ - i);
+        if (!q) {
+          i = len_;
+          continue;
+        }
+        std::size_t k = std::size_t(static_cast<const char*>(q) - buf_.data());
+        std::size_t bs = 0;
+        while (buf_[k - 1 - bs] == '\\') ++bs;  // stops at the opening quote at the latest
+        i = k + 1;
+        if (bs % 2 == 0) {
+          in_str = false;
+          if (depth == 0) return {pos_, i};
+        }
+        continue;
+      }
+      const char c = buf_[i];
+      if (scalar) {
+        if (c == ',' || c == '}' || c == ']' || c == ' ' || c == '\n' || c == '\r' || c == '\t') return {pos_, i};
+        ++i;
+        continue;
+      }
+      if (!kStructural[static_cast<unsigned char>(c)]) {
+        ++i;
+        continue;
+      }
+      if (c == '"') in_str = true;
+      else if (c == '{' || c == '[') ++depth;
+      else if (--depth == 0) return {pos_, i + 1};
+      else if (depth < 0) fail("unbalanced brackets", consumed_ + i);
+      ++i;
+    }
+  }
+
+  void object() {
+    bool first = true;
+    for (;;) {
+      ws();
+      if (peek() == '}') {
+        ++pos_;
+        return;
+      }
+      if (!first) expect(',', "between the trace's fields");
+      first = false;
+      auto [kb, ke] = value();
+      if (buf_[kb] != '"') fail("a field name must be a string", consumed_ + kb);
+      const std::string key(buf_.data() + kb + 1, ke - kb - 2);
+      pos_ = ke;
+      expect(':', "after a field name");
+      ws();
+      if (key == "traceEvents") {
+        if (peek() != '[') fail("traceEvents is not an array");
+        ++pos_;
+        events();
+        continue;
+      }
+      auto [vb, ve] = value();
+      if (key == "deviceProperties" || key == "distributedInfo" || key == "baseTimeNanoseconds") {
+        const std::uint64_t at = consumed_ + vb;
+        const json v = json::parse(buf_.data() + vb, buf_.data() + ve, nullptr, false);
+        if (v.is_discarded()) fail("the value of " + key + " is not JSON", at);
+        top_level(key, v);
+      }
+      pos_ = ve;
+    }
+  }
+
+  void top_level(const std::string& key, const json& v) {
+    if (key == "deviceProperties" && v.is_array()) t_.device_properties = v;
+    if (key == "baseTimeNanoseconds" && v.is_number_integer()) t_.base_time_ns = v.get<std::int64_t>();
+    if (key == "distributedInfo" && v.is_object()) {
+      if (v.contains("rank") && v["rank"].is_number_integer()) t_.rank = v["rank"].get<std::int64_t>();
+      if (v.contains("world_size") && v["world_size"].is_number_integer())
+        t_.world_size = v["world_size"].get<std::int64_t>();
+      if (v.contains("backend") && v["backend"].is_string()) t_.distributed_backend = v["backend"].get<std::string>();
+    }
+  }
+
+  void events() {
+    bool first = true;
+    for (;;) {
+      ws();
+      const char c = peek();
+      if (c == ']') {
+        ++pos_;
+        break;
+      }
+      if (c == 0) fail("the file ends inside traceEvents");
+      if (!first) {
+        if (c != ',') fail("expected ',' between events");
+        ++pos_;
+        ws();
+      }
+      first = false;
+      if (batch()) continue;
+      auto [b, e] = value();
+      if (buf_[b] != '{') fail("an event is not an object", consumed_ + b);
+      event(b, e);
+      pos_ = e;
+    }
+    for (auto& [k, n] : cats_) t_.category_counts[k] += n;
+    cats_.clear();
+    for (std::size_t c = 0; c < phase1_.size(); ++c)
+      if (phase1_[c]) t_.phase_counts[std::string(1, char(c))] += phase1_[c];
+    phase1_.fill(0);
+  }
+
+  std::int64_t id_of(od::value v) {
+    od::json_type ty;
+    if (v.type().get(ty)) return 0;
+    if (ty == od::json_type::number) {
+      std::int64_t i = 0;
+      if (!v.get_int64().get(i)) return i;
+      double d = 0;
+      if (!v.get_double().get(d)) return std::int64_t(d);
+      return 0;
+    }
+    if (ty == od::json_type::string) {
+      std::string_view s;
+      if (v.get_string().get(s)) return 0;
+      auto it = string_ids_.find(s);
+      if (it != string_ids_.end()) return it->second;
+      const std::int64_t id = -1000 - std::int64_t(string_ids_.size());  // apart from real ids
+      string_ids_.emplace(std::string(s), id);
+      return id;
+    }
+    return 0;
+  }
+  static bool number(od::value v, double& out) {
+    double d = 0;
+    if (v.get_double().get(d)) return false;
+    out = d;
+    return true;
+  }
+  static bool integer(od::value v, std::int64_t& out) {
+    std::int64_t i = 0;
+    if (!v.get_int64().get(i)) {
+      out = i;
+      return true;
+    }
+    double d = 0;
+    if (!v.get_double().get(d)) {
+      out = std::int64_t(d);
+      return true;
+    }
+    return false;
+  }
+
+  void event(std::size_t b, std::size_t e) {
+    const std::uint64_t at = consumed_ + b;
+    od::document doc;
+    if (parser_.iterate(simdjson::padded_string_view(buf_.data() + b, e - b, buf_.size() - b)).get(doc))
+      fail("an event is not JSON", at);
+    od::object obj;
+    if (doc.get_object().get(obj)) fail("an event is not a JSON object", at);
+    fields(obj, at);
+  }
+
+  // The fast path: the events from pos_ up to the last event boundary in the
+  // buffer, parsed as one array (simdjson indexes it in one pass). A boundary
+  // is found by its look ("}" "," "{" with whitespace between), which a
+  // string could imitate: any failure undoes the batch and the exact path
+  // (value() then event(), one at a time) reads the same bytes and reports
+  // what is wrong where. Returns false when it read nothing.
+  bool batch() {
+    if (pos_ == 0 || buf_[pos_] != '{') return false;
+    auto is_ws = [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; };
+    std::size_t open = len_;  // the '{' of the last event that starts in the buffer
+    std::size_t comma = 0, close = 0;
+    while (open > pos_ + kMinBatch) {
+      const void* q = memrchr(buf_.data() + pos_, '{', open - pos_);
+      if (!q) return false;
+      open = std::size_t(static_cast<const char*>(q) - buf_.data());
+      std::size_t k = open;
+      while (k > pos_ && is_ws(buf_[k - 1])) --k;
+      if (k <= pos_ || buf_[k - 1] != ',') continue;
+      comma = k - 1;
+      while (k > pos_ + 1 && is_ws(buf_[k - 2])) --k;
+      if (buf_[k - 2] != '}') continue;
+      close = k - 2;
+      break;
+    }
+    if (close == 0) return false;
+    const std::size_t begin = pos_ - 1;
+    const char saved = buf_[begin];
+    buf_[begin] = '[';
+    buf_[comma] = ']';
+    const std::size_t n_events = t_.events.size(), n_memory = t_.memory.size();
+    const auto cats = cats_;
+    const auto phases = phase1_;
+    const std::int64_t flows = t_.flows;
+    bool ok = true;
+    try {
+      od::document doc;
+      od::array arr;
+      if (parser_.iterate(simdjson::padded_string_view(buf_.data() + begin, comma + 1 - begin, buf_.size() - begin))
+              .get(doc) ||
+          doc.get_array().get(arr))
+        ok = false;
+      if (ok)
+        for (auto el : arr) {
+          od::object obj;
+          if (el.get_object().get(obj)) {
+            ok = false;
+            break;
+          }
+          fields(obj, consumed_ + pos_);
+        }
+    } catch (const UsageError&) {
+      ok = false;
+    }
+    buf_[begin] = saved;
+    buf_[comma] = ',';
+    if (!ok) {
+      t_.events.resize(n_events);
+      t_.memory.resize(n_memory);
+      cats_ = cats;
+      phase1_ = phases;
+      t_.flows = flows;
+      return false;
+    }
+    pos_ = close + 1;
+    return true;
+  }
+
+  void fields(od::object obj, std::uint64_t at) {
+    Event ev;
+    std::string_view ph, cat, name;
+    bool has_ts = false, has_dur = false, has_cat = false;
+    std::int64_t mem_device = -2, mem_type = -1, total_alloc = -1, total_reserved = -1;
+    for (auto field : obj) {
+      std::string_view k;
+      if (field.unescaped_key().get(k)) fail("an event's field name is not a string", at);
+      od::value v;
+      if (field.value().get(v)) fail("an event's field has no value", at);
+      if (k == "ph") {
+        if (v.get_string().get(ph)) fail("\"ph\" is not a string", at);
+      } else if (k == "cat") {
+        if (v.get_string().get(cat)) fail("\"cat\" is not a string", at);
+        has_cat = true;
+      } else if (k == "name") {
+        if (v.get_string().get(name)) name = {};
+      } else if (k == "ts") {
+        std::int64_t i = 0;
+        if (!v.get_int64().get(i)) ev.ts = double(i);
+        else if (number(v, ev.ts)) t_.fractional_ts = true;
+        else fail("\"ts\" is not a number", at);
+        has_ts = true;
+      } else if (k == "dur") {
+        if (!number(v, ev.dur)) fail("\"dur\" is not a number", at);
+        has_dur = true;
+      } else if (k == "pid") {
+        ev.pid = id_of(v);
+      } else if (k == "tid") {
+        ev.tid = id_of(v);
+      } else if (k == "args") {
+        od::object args;
+        if (v.get_object().get(args)) continue;
+        for (auto a : args) {
+          std::string_view ak;
+          if (a.unescaped_key().get(ak)) fail("an args field name is not a string", at);
+          od::value av;
+          if (a.value().get(av)) fail("an args field has no value", at);
+          if (ak == "correlation") integer(av, ev.correlation);
+          else if (ak == "stream") integer(av, ev.stream);
+          else if (ak == "bytes") integer(av, ev.bytes);
+          else if (ak == "External id") integer(av, ev.external_id);
+          else if (ak == "Device Id") integer(av, mem_device);
+          else if (ak == "Device Type") integer(av, mem_type);
+          else if (ak == "Total Allocated") integer(av, total_alloc);
+          else if (ak == "Total Reserved") integer(av, total_reserved);
+        }
+      }
+    }
+    // counts: phases and categories (string_view keys into the buffer: looked up, copied once)
+    if (!has_ts) t_.fractional_ts = true;  // pandas makes the column float64 (HTA then rounds)
+    if (ph.size() == 1) ++phase1_[static_cast<unsigned char>(ph[0])];
+    else ++t_.phase_counts[std::string(ph)];
+    if (ph == "s" || ph == "f" || ph == "t") {
+      ++t_.flows;
+      return;
+    }
+    {
+      auto it = cats_.find(cat);
+      if (it == cats_.end()) it = cats_.emplace(std::string(cat), 0).first;
+      ++it->second;
+    }
+    if ((ph == "i" || ph == "I") && name == "[memory]") {
+      if (total_alloc >= 0)
+        t_.memory.push_back({ev.ts, mem_type == 1 ? mem_device : -1, total_alloc, std::max<std::int64_t>(0, total_reserved)});
+      return;
+    }
+    if (ph != "X") return;
+    if (!has_ts || !has_dur) fail("a complete event (\"ph\": \"X\") without ts or dur", at);
+    ev.cat = has_cat ? cat_of(cat) : Cat::other;
+    if (ev.cat == Cat::other) return;  // python_function, Trace and the rest: counted above
+    if (ev.cat == Cat::gpu_memcpy) copy_kind(name, ev);
+    auto it = name_ids_.find(name);
+    if (it == name_ids_.end()) {
+      it = name_ids_.emplace(std::string(name), std::uint32_t(t_.names.size())).first;
+      t_.names.emplace_back(name);
+    }
+    ev.name = it->second;
+    t_.events.push_back(ev);
+  }
+};
+
+}  // namespace
+
+const char* to_string(Cat c) {
+  switch (c) {
+    case Cat::kernel: return "kernel";
+    case Cat::gpu_memcpy: return "gpu_memcpy";
+    case Cat::gpu_memset: return "gpu_memset";
+    case Cat::cuda_runtime: return "cuda_runtime";
+    case Cat::cuda_driver: return "cuda_driver";
+    case Cat::cpu_op: return "cpu_op";
+    case Cat::user_annotation: return "user_annotation";
+    case Cat::gpu_user_annotation: return "gpu_user_annotation";
+    case Cat::cuda_sync: return "cuda_sync";
+    case Cat::other: return "other";
+  }
+  return "other";
+}
+
+Trace read_kineto(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw UsageError(fmt::format("{}: cannot open the trace: {}", path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw UsageError(fmt::format("{}: not a regular file (a trace is a .json or .json.gz file)", path));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  gzFile gz = gzdopen(fd, "rb");
+  if (!gz) {
+    ::close(fd);
+    throw UsageError(fmt::format("{}: cannot read the trace", path));
+  }
+  gzbuffer(gz, 1u << 20);
+  Trace t;
+  t.file_bytes = std::uint64_t(st.st_size);
+  Source src(gz, path);
+  Reader r(src, path, t);
+  r.run();
+  t.gzip = src.gzip();
+  return t;
+}
+
+Trace parse_kineto(const std::string& text) {
+  Trace t;
+  t.file_bytes = text.size();
+  Source src(text);
+  Reader r(src, "trace", t);
+  r.run();
+  return t;
+}
+
+}  // namespace sb::readers

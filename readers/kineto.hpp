@@ -1,0 +1,102 @@
+// A PyTorch profiler trace (Kineto's Chrome trace-event JSON, plain or
+// gzip-compressed) read into typed events, streamed: the file is inflated in
+// chunks, the traceEvents array is split into its objects by a scanner that
+// knows only strings and brackets, and each object is parsed where it lies by
+// simdjson's on-demand parser. Memory is the events kept (about 100 bytes
+// each) plus one chunk, not the file: python_function events (often most of
+// a trace) and the other categories nothing reads are counted, not kept.
+//
+// What is kept, from each "ph": "X" event:
+//   kernel, gpu_memcpy, gpu_memset (pid = device, tid = stream; args: stream,
+//     device, correlation, bytes, "memory bandwidth (GB/s)"),
+//   cuda_runtime, cuda_driver (args: correlation; cudaLaunchKernel,
+//     cudaMemcpyAsync, hipLaunchKernel, ...),
+//   cpu_op, user_annotation, gpu_user_annotation (ProfilerStep#N, the
+//     DataLoader's __next__), cuda_sync;
+// from "ph": "i" events: [memory] (args "Total Allocated", "Device Id");
+// from the top level: deviceProperties, distributedInfo (rank, world_size),
+// baseTimeNanoseconds.
+//
+// Times stay in µs as the trace gives them (fractional in newer traces).
+// A malformed file throws UsageError (exit 2) naming the byte offset in the
+// JSON text (inflated, for a .gz).
+#pragma once
+
+#include <cstdint>  // std::int64_t, std::uint32_t
+#include <map>      // std::map
+#include <optional>  // std::optional
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+#include <nlohmann/json.hpp>  // nlohmann::ordered_json
+
+namespace sb::readers {
+
+enum class Cat : std::uint8_t {
+  kernel,
+  gpu_memcpy,
+  gpu_memset,
+  cuda_runtime,
+  cuda_driver,
+  cpu_op,
+  user_annotation,
+  gpu_user_annotation,
+  cuda_sync,
+  other,
+};
+const char* to_string(Cat c);
+
+// The direction and host memory of a copy, from Kineto's name
+// ("Memcpy HtoD (Pageable -> Device)") or its args.
+enum class CopyKind : std::uint8_t { none, htod, dtoh, dtod, htoh, other };
+
+struct Event {
+  double ts = 0, dur = 0;  // µs
+  std::int64_t pid = 0, tid = 0;
+  std::int64_t correlation = -1;
+  std::int64_t stream = -1;  // args.stream (GPU events have it), else -1
+  std::int64_t bytes = -1;   // memcpy/memset
+  std::int64_t external_id = -1;
+  std::uint32_t name = 0;  // index into Trace::names
+  Cat cat = Cat::other;
+  CopyKind copy = CopyKind::none;
+  bool pageable = false;  // a copy from or to pageable host memory
+  bool is_gpu() const { return cat == Cat::kernel || cat == Cat::gpu_memcpy || cat == Cat::gpu_memset; }
+  double end() const { return ts + dur; }
+};
+
+struct MemorySample {
+  double ts = 0;
+  std::int64_t device = -1;  // -1: host
+  std::int64_t total_allocated = 0, total_reserved = 0;
+};
+
+struct Trace {
+  std::vector<Event> events;  // in file order
+  std::vector<std::string> names;
+  std::vector<MemorySample> memory;
+  nlohmann::ordered_json device_properties = nlohmann::ordered_json::array();
+  std::optional<std::int64_t> rank, world_size;
+  std::optional<std::int64_t> base_time_ns;
+  std::string distributed_backend;
+  std::map<std::string, std::int64_t> category_counts;  // every "cat" seen, kept or not ("" = none)
+  std::map<std::string, std::int64_t> phase_counts;     // every "ph" seen
+  std::int64_t flows = 0;                                // ac2g and other flow events
+  std::uint64_t file_bytes = 0;                          // on disk
+  std::uint64_t json_bytes = 0;                          // inflated
+  bool gzip = false;
+  // Some event's ts is written as a float (1712195495505583.0, or with a
+  // fraction) or missing: Holistic Trace Analysis then rounds every event's
+  // times to whole µs (trace_analysis.hpp).
+  bool fractional_ts = false;
+  const std::string& name(const Event& e) const { return names[e.name]; }
+};
+
+// Reads the file at `path` (a regular file: a FIFO or device is refused).
+// Throws UsageError (exit 2) with the path and byte offset when it is not a
+// Kineto trace.
+Trace read_kineto(const std::string& path);
+// The same from JSON text in memory (tests, fuzzing).
+Trace parse_kineto(const std::string& text);
+
+}  // namespace sb::readers
