@@ -40,6 +40,7 @@
 #include "scenarios/dataloader/dataset_file.hpp"   // dataset_cache_dir, clean_dataset_cache
 #include "scenarios/diagnose/config.hpp"           // read_axolotl_yaml, apply_model_config, read_lengths
 #include "scenarios/diagnose/diagnose.hpp"         // diagnose::run, format_report
+#include "scenarios/diagnose/trace_diagnose.hpp"   // diagnose_trace
 #include "harness/exit_codes.hpp"  // kExit*
 
 namespace sb {
@@ -391,7 +392,7 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
 }
 
 struct DiagnoseArgs {
-  std::string config, model_config, lengths, html_path;
+  std::string config, model_config, lengths, html_path, trace;
   std::string device = "auto";
   std::string json_path = "stallbench-diagnose.json";
   bool quick = false;
@@ -402,7 +403,34 @@ struct DiagnoseArgs {
 // `diagnose`: the user's config read (exit 2 on a bad value, before any
 // device is opened), the checks run in the standard order, the report
 // printed and the result written atomically.
+// `diagnose --trace FILE`: a real job's PyTorch profiler trace read and
+// diagnosed (nothing measured; the reproduce commands name this machine's
+// device).
+int cmd_diagnose_trace(const DiagnoseArgs& a, int argc, char** argv) {
+  check_writable_target(a.json_path, "--json");
+  if (!a.html_path.empty()) {
+    check_writable_target(a.html_path, "--html");
+    if (a.html_path == a.json_path)
+      throw UsageError(fmt::format("--json and --html name the same file ({}): one would replace the other",
+                                   a.json_path));
+  }
+  const DeviceSpec spec = parse_device_spec(a.device);
+  auto dev = open_device(spec);
+  RunArgs ra;
+  ra.device = a.device;
+  json meta = run_meta(ra, argc, argv, dev->info(), MeasureConfig{});
+  std::cerr << fmt::format("stallbench: diagnose --trace {} (reproduce commands for {})\n", a.trace, dev->info().id);
+  Result r = diagnose::diagnose_trace(a.trace, meta);
+  const std::string report = diagnose::format_report(r);
+  write_file_atomic(a.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+  if (!a.html_path.empty()) write_file_atomic(a.html_path, diagnose::format_html(r));
+  std::cout << "\n" << report << fmt::format("\nresult: {}{}\n", a.json_path,
+                                             a.html_path.empty() ? "" : ", report: " + a.html_path);
+  return kExitOk;
+}
+
 int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
+  if (!a.trace.empty()) return cmd_diagnose_trace(a, argc, argv);
   diagnose::Options opt;
   opt.cfg = a.config.empty() ? diagnose::default_config() : diagnose::read_axolotl_yaml(a.config);
   if (!a.model_config.empty()) diagnose::apply_model_config(opt.cfg, a.model_config);
@@ -527,19 +555,24 @@ int main_impl(int argc, char** argv) {
   DiagnoseArgs da;
   auto* diag = app.add_subcommand("diagnose",
                                   "run the troubleshooting order on your training config: each cause measured here");
-  diag->add_option("--config", da.config, "an Axolotl-style YAML config (default: a 7B-like layer, documented)")
+  auto* config_opt = diag->add_option("--config", da.config, "an Axolotl-style YAML config (default: a 7B-like layer, documented)")
       ->check(non_empty_path());
-  diag->add_option("--model-config", da.model_config, "a Hugging Face config.json for the model's dimensions")
+  auto* model_opt = diag->add_option("--model-config", da.model_config, "a Hugging Face config.json for the model's dimensions")
       ->check(non_empty_path());
-  diag->add_option("--lengths", da.lengths, "dataset lengths: one per line, or length,count rows")
+  auto* lengths_opt = diag->add_option("--lengths", da.lengths, "dataset lengths: one per line, or length,count rows")
       ->check(non_empty_path());
+  auto* trace_opt = diag->add_option("--trace", da.trace,
+                                     "read a PyTorch profiler trace (.json or .json.gz) and name its causes, "
+                                     "measuring nothing")
+                        ->check(non_empty_path());
   diag->add_option("--device", da.device, "auto | cpu | cuda:N | sim:<gpu>")->capture_default_str();
   diag->add_option("--json", da.json_path, "result JSON path")->capture_default_str()->check(non_empty_path());
   diag->add_option("--html", da.html_path, "also write the report as one self-contained HTML file")
       ->check(non_empty_path());
-  diag->add_option("--observed-tokens-per-s", da.observed, "what your training logs report, to compare")
+  auto* observed_opt = diag->add_option("--observed-tokens-per-s", da.observed, "what your training logs report, to compare")
       ->check(finite_range(1e-9, 1e15));
-  diag->add_flag("--quick", da.quick, "small sweeps and a short budget (about a minute on 2 cores)");
+  auto* quick_opt = diag->add_flag("--quick", da.quick, "small sweeps and a short budget (about a minute on 2 cores)");
+  for (CLI::Option* o : {config_opt, model_opt, lengths_opt, observed_opt, quick_opt}) trace_opt->excludes(o);
   diag->add_option("--timeout", da.timeout_s, "seconds without progress before the run is ended as a hang (exit 4)")
       ->capture_default_str()
       ->check(finite_range(1.0, 86400.0));

@@ -677,10 +677,39 @@ Result run(RunContext& ctx, const Options& opt, const nlohmann::ordered_json& me
   return d.run();
 }
 
+namespace {
+// One check of diagnose --trace on a line: the rule's evidence when it fired,
+// else its reading or its first figures.
+std::string trace_line(const Point& p) {
+  if (p.info.contains("evidence")) return p.info["evidence"].get<std::string>();
+  if (p.info.contains("reading")) return p.info["reading"].get<std::string>();
+  std::string s;
+  for (std::size_t i = 0; i < p.metrics.size() && i < 3; ++i)
+    s += fmt::format("{}{} {} {}", i ? ", " : "", p.metrics[i].name, format_number(p.metrics[i].value),
+                     p.metrics[i].unit);
+  return s;
+}
+}  // namespace
+
 std::string format_report(const Result& r) {
   std::ostringstream o;
   const json& dm = r.meta.contains("diagnose") ? r.meta["diagnose"] : json::object();
-  o << "diagnose: " << r.meta.value("/device/id"_json_pointer, std::string("?")) << "\n";
+  const bool from_trace = dm.value("source", std::string()) == "trace";
+  if (from_trace) {
+    const json& tm = r.meta.contains("trace") ? r.meta["trace"] : json::object();
+    o << "diagnose --trace " << dm.value("trace", std::string()) << "\n";
+    o << fmt::format("  {} events kept of {:.1f} MB of JSON, read in {:.2f} s ({:.0f} MB/s){}{}\n",
+                     tm.value("events_kept", std::int64_t(0)), tm.value("json_bytes", 0.0) / 1e6,
+                     tm.value("read_s", 0.0), tm.value("read_mb_per_s", 0.0),
+                     tm.contains("rank") && tm["rank"].is_number() ? fmt::format(", rank {}", tm["rank"].get<long>())
+                                                                   : "",
+                     tm.contains("devices") && !tm["devices"].empty()
+                         ? ", " + tm["devices"][0].get<std::string>()
+                         : "");
+    o << "  figures read from the trace, defined as Holistic Trace Analysis defines them; gains are estimates\n";
+  } else {
+    o << "diagnose: " << r.meta.value("/device/id"_json_pointer, std::string("?")) << "\n";
+  }
   if (r.meta.value("/device/simulated"_json_pointer, false))
     o << "  SIMULATED device: every figure below is modelled, not measured\n";
   if (dm.contains("measured_shape") && dm["measured_shape"].value("reduced", false))
@@ -689,9 +718,11 @@ std::string format_report(const Result& r) {
   for (const Point& p : r.points) {
     const std::string name = p.params.value("check", std::string());
     if (name == "summary") continue;
-    o << fmt::format("  {:<12} {:<8}", name, to_string(p.status));
+    o << fmt::format("  {:<13} {:<8}", name, to_string(p.status));
     if (p.status != Status::ok)
       o << " " << p.reason;
+    else if (from_trace)  // what the rule saw, or the figures it read
+      o << " " << trace_line(p);
     else if (const Metric* g = p.metric("gain"))
       o << fmt::format(" {} -> {} {} ({:.2f}x)", format_number(p.metric("baseline")->value),
                        format_number(p.metric("with_fix")->value), p.metric("baseline")->unit, g->value);
@@ -703,7 +734,7 @@ std::string format_report(const Result& r) {
                        p.metric("capacity_gib")->value);
     o << "\n";
   }
-  o << "\nfindings, by measured gain:\n";
+  o << (from_trace ? "\nfindings, by estimated gain:\n" : "\nfindings, by measured gain:\n");
   int i = 0;
   for (const Finding& f : r.findings) {
     o << fmt::format("  {}. [{}] {}\n", ++i, f.cause, f.summary);

@@ -73,10 +73,36 @@ std::string format_html(const Result& r) {
     o << "<p class='note'>Measured at a reduced shape: " << esc(dm["measured_shape"].value("note", std::string()))
       << "</p>\n";
 
-  o << "<h2>Findings, by measured gain</h2>\n";
+  const bool from_trace = dm.value("source", std::string()) == "trace";
+  if (from_trace) {
+    const json& tm = r.meta.contains("trace") ? r.meta["trace"] : json::object();
+    o << "<p>Trace <code>" << esc(dm.value("trace", std::string())) << "</code>: "
+      << esc(fmt::format("{} events kept of {:.1f} MB of JSON, read in {:.2f} s", tm.value("events_kept", std::int64_t(0)),
+                         tm.value("json_bytes", 0.0) / 1e6, tm.value("read_s", 0.0)))
+      << ". Figures read from the trace, defined as Holistic Trace Analysis defines them; the gains are "
+         "estimates (each finding says from what).</p>\n";
+    // HTA's temporal breakdown per device: one stacked bar each
+    if (r.meta.contains("trace_analysis") && r.meta["trace_analysis"].contains("temporal")) {
+      o << "<h2>GPU time (HTA temporal breakdown)</h2>\n";
+      for (const auto& d : r.meta["trace_analysis"]["temporal"]) {
+        const double c = d.value("compute_pct", 0.0), n = d.value("non_compute_pct", 0.0), i = d.value("idle_pct", 0.0);
+        o << fmt::format(
+            "<svg width='460' height='34' role='img' aria-label='device {0} time'>"
+            "<rect x='0' y='0' width='{1:.1f}' height='14' fill='#2f7d4f'/>"
+            "<rect x='{1:.1f}' y='0' width='{2:.1f}' height='14' fill='#d9a441'/>"
+            "<rect x='{3:.1f}' y='0' width='{4:.1f}' height='14' fill='#b0b7c3'/>"
+            "<text x='0' y='28' font-size='11'>device {0}: compute {5:.1f}%, non-compute {6:.1f}%, idle {7:.1f}%</text>"
+            "</svg><br>\n",
+            d.value("device", 0), 4.6 * c, 4.6 * n, 4.6 * (c + n), 4.6 * i, c, n, i);
+      }
+    }
+  }
+  o << (from_trace ? "<h2>Findings, by estimated gain</h2>\n" : "<h2>Findings, by measured gain</h2>\n");
   for (const Finding& f : r.findings) {
     o << "<div class='finding'><b>" << esc(f.cause) << "</b>";
-    if (f.speedup) o << fmt::format(" &mdash; {:.2f}x {}", *f.speedup, simulated ? "modelled" : "measured");
+    if (f.speedup)
+      o << fmt::format(" &mdash; {:.2f}x {}", *f.speedup,
+                       from_trace ? "estimated" : simulated ? "modelled" : "measured");
     o << "<br>" << esc(f.summary);
     if (f.evidence.contains("config_line") && !f.evidence["config_line"].get<std::string>().empty())
       o << "<br>Change: <code>" << esc(f.evidence["config_line"].get<std::string>()) << "</code>";
@@ -97,7 +123,15 @@ std::string format_html(const Result& r) {
     o << "<tr><td>" << esc(name) << "</td><td class='" << esc(st) << "'>" << esc(st) << "</td><td>";
     if (p.status != Status::ok)
       o << esc(p.reason);
-    else if (const Metric* g = p.metric("gain"))
+    else if (from_trace) {  // the rule's evidence or its reading, then its figures
+      if (p.info.contains("evidence")) o << esc(p.info["evidence"].get<std::string>()) << "<br>";
+      else if (p.info.contains("reading")) o << esc(p.info["reading"].get<std::string>()) << "<br>";
+      o << "<span class='note'>";
+      for (std::size_t i = 0; i < p.metrics.size(); ++i)
+        o << (i ? "; " : "") << esc(p.metrics[i].name) << " " << esc(format_number(p.metrics[i].value)) << " "
+          << esc(p.metrics[i].unit);
+      o << "</span>";
+    } else if (const Metric* g = p.metric("gain"))
       o << bars(p.metric("baseline")->value, p.metric("with_fix")->value, p.metric("baseline")->unit)
         << fmt::format("<br>{:.2f}x", g->value);
     else if (name == "utilization" && p.metric("busy_pct"))
