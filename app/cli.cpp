@@ -31,7 +31,7 @@
 #include "harness/fingerprint.hpp"  // machine_fingerprint, build_info
 #include "harness/printer.hpp"      // format_result_table
 #include "harness/runner.hpp"       // run_scenario
-#include "harness/timeline.hpp"     // chrome_trace
+#include "harness/kineto_trace.hpp"  // KinetoTrace: --trace
 #include "harness/temp_files.hpp"   // install_temp_file_cleanup
 #include "harness/units.hpp"        // format_bytes
 #include "harness/watchdog.hpp"     // Watchdog
@@ -239,7 +239,7 @@ json run_meta(const RunArgs& a, int argc, char** argv, const DeviceInfo& di, con
 // to the terminal and the JSON to a fallback file in the temporary
 // directory; the run then fails (exit 1).
 int write_outputs(const Result& r, const Scenario& sc, const std::string& path, const std::string& trace_path,
-                  const std::vector<TraceProcess>& trace) {
+                  const KinetoTrace* trace) {
   const std::string table = format_result_table(r);
   try {
     write_file_atomic(path, to_json(r).dump(2) + "\n");
@@ -255,11 +255,18 @@ int write_outputs(const Result& r, const Scenario& sc, const std::string& path, 
     }
     return kExitFailure;
   }
-  if (!trace_path.empty()) {
-    if (trace.empty())
-      std::cerr << fmt::format("stallbench: {} records no step timeline; no trace written\n", sc.name);
-    else
-      write_file_atomic(trace_path, chrome_trace(trace).dump() + "\n");
+  if (!trace_path.empty() && trace) {
+    json t = trace->to_json();
+    t["stallbench"]["scenario"] = sc.name;
+    t["stallbench"]["device"] = r.meta.value("/device/id"_json_pointer, std::string());
+    if (trace->size() == 0)
+      std::cerr << fmt::format("stallbench: {} on {} recorded no trace events (cuda kernels need CUPTI; a "
+                               "torch.profiler trace of the real job is what diagnose --trace reads)\n",
+                               sc.name, r.meta.value("/device/id"_json_pointer, std::string()));
+    write_file_atomic(trace_path, t.dump(-1, ' ', false, json::error_handler_t::replace) + "\n");
+    std::cerr << fmt::format("stallbench: trace (PyTorch profiler / Kineto format) written to {}; "
+                             "stallbench diagnose --trace {} reads it back\n",
+                             trace_path, trace_path);
   }
   if (path == "-") {
     std::cerr << "\n" << table;
@@ -304,11 +311,13 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
 
   Watchdog wd{std::chrono::seconds(static_cast<long long>(a.timeout_s))};
   wd.progress("opening device " + spec.str());
+  // --trace: declared before the device, which records into it until it is gone
+  std::unique_ptr<KinetoTrace> kineto;
+  if (!a.trace_path.empty() && lead) kineto = std::make_unique<KinetoTrace>();
   auto dev = open_device(spec);
+  if (kineto) dev->set_trace(kineto.get());
 
   RunContext ctx = run_context(*dev, a, wd);
-  std::vector<TraceProcess> trace;
-  if (!a.trace_path.empty()) ctx.trace = &trace;
 
   const DeviceInfo& di = dev->info();
   json meta = run_meta(a, *argc, *argv, di, ctx.measure);
@@ -388,7 +397,7 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   live->main_writes = true;
   wd.disarm();  // the run is over: a slow write or teardown is not a hang to end it for
   if (!lead) return run_exit_code(r);
-  return write_outputs(r, *sc, path, a.trace_path, trace);
+  return write_outputs(r, *sc, path, a.trace_path, kineto.get());
 }
 
 struct DiagnoseArgs {
@@ -541,7 +550,8 @@ int main_impl(int argc, char** argv) {
   run->add_option("--json", ra.json_path, "result JSON path, or - for stdout (default: stallbench-<scenario>.json)")
       ->check(non_empty_path());
   run->add_option("--trace", ra.trace_path,
-                  "write the step timeline as Chrome trace-event JSON (open in Perfetto or chrome://tracing)")
+                  "write the run as a PyTorch profiler (Kineto) trace: Perfetto, TensorBoard and HTA open it, "
+                  "diagnose --trace reads it")
       ->check(non_empty_path());
   run->add_flag("--quick", ra.quick, "small sizes and a short time budget: a smoke run, not for publishing");
   run->add_option("--timeout", ra.timeout_s, "seconds without progress before the run is ended as a hang (exit 4)")

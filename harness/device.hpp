@@ -26,6 +26,8 @@
 
 namespace sb {
 
+class KinetoTrace;
+
 class TrainOps;  // harness/train_ops.hpp
 
 enum class DeviceKind { cpu, cuda, sim };
@@ -299,6 +301,10 @@ class Device {
   // shows it); a no-op where no profiler listens.
   virtual void range_push(const char* /*name*/) {}
   virtual void range_pop() {}
+  // --trace: record this device's work, ranges and memory into t (a Kineto
+  // trace, harness/kineto_trace.hpp); null stops. Devices that cannot time
+  // their kernels (cuda: that needs CUPTI) record nothing but their ranges.
+  virtual void set_trace(KinetoTrace* /*t*/) {}
 };
 
 // A family of devices (cpu, cuda) that the CLI can list and open.

@@ -1,5 +1,7 @@
 #include "harness/memory_ledger.hpp"
 
+#include "harness/kineto_trace.hpp"  // KinetoTrace
+
 #include <algorithm>  // std::min, std::max
 
 #include <fmt/format.h>  // fmt::format
@@ -51,6 +53,12 @@ void MemoryLedger::book(std::uint64_t bytes, const std::string& what) {
   check_locked(bytes, what);
   in_use_ += bytes;  // booked before the allocation, so two threads cannot both pass the limit
   peak_ = std::max(peak_, in_use_);
+  traced_locked();
+}
+
+void MemoryLedger::traced_locked() const {
+  if (KinetoTrace* t = trace_.load(std::memory_order_acquire))
+    t->memory(t->now_us(), std::int64_t(in_use_), std::int64_t(in_use_), std::int64_t(effective_limit(nullptr)));
 }
 
 MemoryReservation MemoryLedger::reserve(std::uint64_t bytes, const std::string& what) {
@@ -62,6 +70,7 @@ MemoryReservation MemoryLedger::reserve(std::uint64_t bytes, const std::string& 
 void MemoryLedger::release(std::uint64_t bytes) {
   std::lock_guard lk(mu_);
   in_use_ -= std::min(bytes, in_use_);
+  traced_locked();
 }
 
 Device::MemoryStats MemoryLedger::stats(std::string source) const {
@@ -77,6 +86,7 @@ void MemoryLedger::reset_peak() {
 void MemoryLedger::set_limit(std::uint64_t bytes) {
   std::lock_guard lk(mu_);
   limit_ = bytes;
+  if (KinetoTrace* t = trace_.load(std::memory_order_acquire)) t->set_capacity(std::int64_t(effective_limit(nullptr)));
 }
 
 std::uint64_t MemoryLedger::in_use() const {

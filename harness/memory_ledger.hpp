@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>  // std::uint64_t
+#include <atomic>  // std::atomic
 #include <memory>   // std::shared_ptr
 #include <mutex>    // std::mutex
 #include <string>   // std::string
@@ -17,6 +18,8 @@
 #include "harness/device.hpp"  // Device::MemoryStats
 
 namespace sb {
+
+class KinetoTrace;
 
 class MemoryLedger;
 
@@ -57,6 +60,8 @@ class MemoryLedger : public std::enable_shared_from_this<MemoryLedger> {
   // 0 removes the limit (the capacity, if any, still holds).
   void set_limit(std::uint64_t bytes);
   std::uint64_t in_use() const;
+  // --trace: each change of the bytes in use is a [memory] sample (null: none).
+  void set_trace(KinetoTrace* t) { trace_.store(t, std::memory_order_release); }
 
  private:
   // The limit in force and where it comes from; mu_ held.
@@ -68,6 +73,8 @@ class MemoryLedger : public std::enable_shared_from_this<MemoryLedger> {
   std::string capacity_source_;
   mutable std::mutex mu_;
   std::uint64_t in_use_ = 0, peak_ = 0, limit_ = 0;
+  std::atomic<KinetoTrace*> trace_{nullptr};
+  void traced_locked() const;  // a [memory] sample, mu_ held
 };
 
 }  // namespace sb

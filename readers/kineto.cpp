@@ -456,7 +456,7 @@ class Reader {
     Event ev;
     std::string_view ph, cat, name;
     bool has_ts = false, has_dur = false, has_cat = false;
-    std::int64_t mem_device = -2, mem_type = -1, total_alloc = -1, total_reserved = -1;
+    std::int64_t mem_device = -2, mem_type = -1, total_alloc = -1, total_reserved = -1, mem_limit = 0;
     for (auto field : obj) {
       std::string_view k;
       if (field.unescaped_key().get(k)) fail("an event's field name is not a string", at);
@@ -498,6 +498,7 @@ class Reader {
           else if (ak == "Device Type") integer(av, mem_type);
           else if (ak == "Total Allocated") integer(av, total_alloc);
           else if (ak == "Total Reserved") integer(av, total_reserved);
+          else if (ak == "Limit") integer(av, mem_limit);
         }
       }
     }
@@ -516,7 +517,8 @@ class Reader {
     }
     if ((ph == "i" || ph == "I") && name == "[memory]") {
       if (total_alloc >= 0)
-        t_.memory.push_back({ev.ts, mem_type == 1 ? mem_device : -1, total_alloc, std::max<std::int64_t>(0, total_reserved)});
+        t_.memory.push_back({ev.ts, mem_type == 1 ? mem_device : -1, total_alloc, std::max<std::int64_t>(0, total_reserved),
+                             std::max<std::int64_t>(0, mem_limit)});
       return;
     }
     if (ph != "X") return;

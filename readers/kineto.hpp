@@ -69,6 +69,7 @@ struct MemorySample {
   double ts = 0;
   std::int64_t device = -1;  // -1: host
   std::int64_t total_allocated = 0, total_reserved = 0;
+  std::int64_t limit = 0;  // "Limit": a stallbench trace's limit in force (0: the device's capacity)
 };
 
 struct Trace {

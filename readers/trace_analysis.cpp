@@ -85,7 +85,7 @@ std::string gemm_dtype(const std::string& name) {
                     contains(n, "cutlass") || contains(n, "xmma") || contains(n, "cijk_");
   if (!gemm) return "";
   if (contains(n, "e4m3") || contains(n, "e5m2") || contains(n, "fp8") || contains(n, "nvjet_q")) return "fp8";
-  if (contains(n, "tf32") || contains(n, "s1688gemm") || contains(n, "s16816gemm") && !contains(n, "bf16") ||
+  if (contains(n, "tf32") || contains(n, "s1688gemm") || (contains(n, "s16816gemm") && !contains(n, "bf16")) ||
       contains(n, "nvjet_tst") || contains(n, "nvjet_tss"))
     return "tf32";
   if (contains(n, "bf16") || contains(n, "bfloat16") || contains(n, "_bbs_") || contains(n, "_bss_") ||
@@ -97,9 +97,9 @@ std::string gemm_dtype(const std::string& name) {
     return "f16";
   if (contains(n, "dgemm") || contains(n, "_db_") || contains(n, "double")) return "f64";
   if (contains(n, "i8i8") || contains(n, "imma") || contains(n, "int8")) return "i8";
-  if (contains(n, "sgemm") || contains(n, "scudnn") || contains(n, "f32f32_f32") || contains(n, "_sb_") ||
+  if (contains(n, "sgemm") || contains(n, "scudnn") || contains(n, "fp32") || contains(n, "f32f32_f32") || contains(n, "_sb_") ||
       contains(n, "nvjet_sss") || contains(n, "gemv2t_kernel_val<int, int, float") ||
-      contains(n, "gemvx::kernel<int, int, float") || contains(n, "gemmsn") && contains(n, "float") ||
+      contains(n, "gemvx::kernel<int, int, float") || (contains(n, "gemmsn") && contains(n, "float")) ||
       contains(n, "<float, float") || contains(n, "cutlass_80_simt_sgemm"))
     return "f32";
   return "unknown";
@@ -109,7 +109,7 @@ std::string attention_family(const std::string& name) {
   const std::string n = lower(name);
   if (contains(n, "log_softmax") || contains(n, "logsoftmax")) return "";  // the loss, not attention
   if (contains(n, "sdpa") || contains(n, "fort_native_sdpa") || contains(n, "cudnn_generated_fort") ||
-      contains(n, "fmha") && contains(n, "cudnn"))
+      (contains(n, "fmha") && contains(n, "cudnn")))
     return "cudnn";
   if (contains(n, "flash_fwd") || contains(n, "flash_bwd") || contains(n, "flash::") || contains(n, "pytorch_flash") ||
       contains(n, "flashattn") || contains(n, "flash_attn"))
@@ -225,7 +225,6 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
   }
 
   // ---- temporal breakdown per device (HTA: the union over every stream) ----
-  std::vector<Interval> all_gpu;
   for (auto& [dev, idx] : by_device) {
     a.devices.push_back(dev);
     std::vector<Interval> all, comp, comm, mem;
@@ -261,7 +260,6 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
     a.temporal.push_back(tp);
     a.families.nccl_us += tp.communication_us;
     a.families.nccl_exposed_us += tp.communication_us - overlap(comm_m, comp_m);
-    all_gpu.insert(all_gpu.end(), all.begin(), all.end());
   }
 
   // ---- idle time per stream (HTA: kernels, memcpy, memset; host wait first) ----
@@ -313,16 +311,21 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
   }
 
   // ---- copies ----
+  std::pair<std::int64_t, double> rated_pageable{0, 0}, rated_pinned{0, 0};  // bytes, µs of copies with a size
   for (const Event& e : t.events) {
     if (e.cat != Cat::gpu_memcpy) continue;
     if (e.copy == CopyKind::htod) {
       ++a.copies.htod_count;
       a.copies.htod_us += e.dur;
-      a.copies.htod_bytes += std::max<std::int64_t>(0, e.bytes);
       if (e.pageable) {
         ++a.copies.htod_pageable_count;
         a.copies.htod_pageable_us += e.dur;
-        a.copies.htod_pageable_bytes += std::max<std::int64_t>(0, e.bytes);
+      }
+      if (e.bytes >= 0) {  // the rates count only copies whose size the trace gives
+        (e.pageable ? rated_pageable : rated_pinned).first += e.bytes;
+        (e.pageable ? rated_pageable : rated_pinned).second += e.dur;
+        a.copies.htod_bytes += e.bytes;
+        if (e.pageable) a.copies.htod_pageable_bytes += e.bytes;
       }
     } else if (e.copy == CopyKind::dtoh) {
       a.copies.dtoh_us += e.dur;
@@ -330,11 +333,10 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
       a.copies.other_us += e.dur;
     }
   }
-  auto gbps = [](std::int64_t bytes, double us) { return us > 0 ? double(bytes) / (us * 1e3) : 0.0; };
-  a.copies.htod_gbps = gbps(a.copies.htod_bytes, a.copies.htod_us);
-  a.copies.htod_pageable_gbps = gbps(a.copies.htod_pageable_bytes, a.copies.htod_pageable_us);
-  a.copies.htod_pinned_gbps =
-      gbps(a.copies.htod_bytes - a.copies.htod_pageable_bytes, a.copies.htod_us - a.copies.htod_pageable_us);
+  auto gbps = [](std::pair<std::int64_t, double> r) { return r.second > 0 && r.first > 0 ? double(r.first) / (r.second * 1e3) : 0.0; };
+  a.copies.htod_pageable_gbps = gbps(rated_pageable);
+  a.copies.htod_pinned_gbps = gbps(rated_pinned);
+  a.copies.htod_gbps = gbps({rated_pageable.first + rated_pinned.first, rated_pageable.second + rated_pinned.second});
 
   // ---- steps and the DataLoader inside them ----
   {
@@ -350,7 +352,11 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
     std::vector<Interval> loader;
     for (std::size_t i : loader_ops) loader.emplace_back(ts[i], te[i]);
     a.steps.dataloader_us = step_m.empty() ? length(merged(loader)) : overlap(merged(loader), step_m);
-    a.steps.gpu_busy_us = step_m.empty() ? 0 : overlap(merged(all_gpu), step_m);
+    // every GPU event, not HTA's filtered set (that drops the last step's kernels)
+    std::vector<Interval> gpu_all;
+    for (std::size_t i = 0; i < n; ++i)
+      if (t.events[i].stream >= 0) gpu_all.emplace_back(ts[i], te[i]);
+    a.steps.gpu_busy_us = step_m.empty() ? 0 : overlap(merged(std::move(gpu_all)), step_m);
   }
 
   // ---- kernel families ----
@@ -400,6 +406,11 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
       for (const auto& d : t.device_properties)
         if (d.is_object() && d.value("id", std::int64_t(-1)) == dev)
           p.capacity = d.value("totalGlobalMem", std::int64_t(0));
+      for (const MemorySample& m : t.memory) {
+        if (m.device != dev) continue;
+        const std::int64_t cap = m.limit > 0 ? m.limit : p.capacity;
+        if (cap > 0) p.peak_pct = std::max(p.peak_pct, 100.0 * double(m.total_allocated) / double(cap));
+      }
       a.memory.push_back(p);
     }
   }
@@ -474,7 +485,8 @@ json to_json(const TraceAnalysis& a) {
     mem.push_back(json{{"device", m.device},
                        {"peak_allocated", m.peak_allocated},
                        {"peak_reserved", m.peak_reserved},
-                       {"capacity", m.capacity}});
+                       {"capacity", m.capacity},
+                       {"peak_pct", m.peak_pct}});
   j["memory"] = mem;
   return j;
 }

@@ -112,6 +112,8 @@ struct Families {
 struct MemoryPeak {
   std::int64_t device = 0;
   std::int64_t peak_allocated = 0, peak_reserved = 0, capacity = 0;  // bytes; capacity 0 = unknown
+  // the largest allocated / capacity of a sample (its own Limit where it has one), %; 0 = unknown
+  double peak_pct = 0;
 };
 
 struct TraceAnalysis {

@@ -329,30 +329,37 @@ class NaiveAttention final : public CpuAttention {
 
  protected:
   void run_forward() override {
+    mark("gemm S=QK^T");
     for (Group& g : plan_.groups) exec(g.qk);
     SB_DNNL_CHECK(strm_.wait());
+    mark("softmax_warp_forward");
     if (bf16())
       softmax<std::uint16_t>();
     else
       softmax<float>();
+    mark("gemm O=PV");
     for (Group& g : plan_.groups) exec(g.pv);
     SB_DNNL_CHECK(strm_.wait());
   }
 
   void run_backward() override {
+    mark("reduce_kernel rowsum(dO*O)");
     if (bf16())
       rowsum_do_o<std::uint16_t>();
     else
       rowsum_do_o<float>();
+    mark("gemm dV=P^T dO, dP=dO V^T");
     for (Group& g : plan_.groups) {
       exec(g.dv);
       exec(g.dp);
     }
     SB_DNNL_CHECK(strm_.wait());
+    mark("softmax_warp_backward");
     if (bf16())
       grad_scores<std::uint16_t>();
     else
       grad_scores<float>();
+    mark("gemm dQ=dS K, dK=dS^T Q");
     for (Group& g : plan_.groups) {
       exec(g.dq);
       exec(g.dk);
@@ -460,9 +467,11 @@ class EagerAttention final : public CpuAttention {
     saved_ = false;  // the previous step's saved tensors go with its graph
     p32_ = {};
     pt_ = {};
+    mark("gemm S=QK^T");
     LedgerBlock s = tensor(n * e, "Q K^T");
     for (Group& g : plan_.groups) exec(g.qk, nullptr, s.as<char>() + g.s_off * e);
     SB_DNNL_CHECK(strm_.wait());
+    mark("elementwise_kernel mul(scale)");
     LedgerBlock scaled = tensor(n * e, "* scale");
     elementwise([&](auto* out, const auto* in, std::int64_t b, std::int64_t k) { scale_span(out + b, in + b, k, scale_); },
                 scaled, s, n);
@@ -474,6 +483,7 @@ class EagerAttention final : public CpuAttention {
       add_mask(sum, scaled, mask);
       scaled = std::move(sum);  // frees the unmasked scores; the mask goes at the end of scope
     }
+    mark("softmax_warp_forward");
     p32_ = tensor(n * 4, "softmax (fp32)");
     softmax_rows(scaled);
     scaled = {};
@@ -484,6 +494,7 @@ class EagerAttention final : public CpuAttention {
       });
     }
     const LedgerBlock& p = bf16() ? pt_ : p32_;
+    mark("gemm O=PV");
     for (Group& g : plan_.groups) exec(g.pv, p.as<char>() + g.s_off * e, nullptr);
     SB_DNNL_CHECK(strm_.wait());
     saved_ = true;  // only a forward that finished leaves what the backward reads
@@ -496,6 +507,7 @@ class EagerAttention final : public CpuAttention {
     const std::size_t n = plan_.scores, e = esz();
     const LedgerBlock& p = bf16() ? pt_ : p32_;
     // matmul(P, V)'s backward: dV = P^T dO, dP = dO V^T.
+    mark("gemm dV=P^T dO, dP=dO V^T");
     LedgerBlock dp = tensor(n * e, "dO V^T");
     for (Group& g : plan_.groups) {
       exec(g.dv, p.as<char>() + g.s_off * e, nullptr);
@@ -509,6 +521,7 @@ class EagerAttention final : public CpuAttention {
       });
       dp = std::move(dp32);
     }
+    mark("softmax_warp_backward");
     LedgerBlock ds = tensor(n * 4, "softmax backward");
     softmax_backward_rows(ds, dp);
     dp = {};
@@ -526,6 +539,7 @@ class EagerAttention final : public CpuAttention {
                 ds2, ds, n);
     ds = {};
     // matmul(Q, K^T)'s backward: dQ = dS K, dK = dS^T Q.
+    mark("gemm dQ=dS K, dK=dS^T Q");
     for (Group& g : plan_.groups) {
       exec(g.dq, ds2.as<char>() + g.s_off * e, nullptr);
       exec(g.dk, ds2.as<char>() + g.s_off * e, nullptr);

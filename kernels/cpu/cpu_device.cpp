@@ -220,6 +220,9 @@ class CpuDevice : public Device {
 
   MemoryStats memory_stats() const override { return ledger_->stats(); }
   void reset_peak_memory() override { ledger_->reset_peak(); }
+  void set_trace(KinetoTrace* t) override { trace_.attach(t, cs_, ledger_->account(), info_, "a cpu device: its compute thread is written as GPU 0, stream 7; its kernels are the thread's work items"); }
+  void range_push(const char* name) override { trace_.push(name); }
+  void range_pop() override { trace_.pop(); }
   void set_memory_limit(std::size_t bytes) override { ledger_->set_limit(bytes); }
 
   Buffer allocate(std::size_t bytes, MemKind kind) override {
@@ -237,7 +240,8 @@ class CpuDevice : public Device {
       throw Error(ErrorKind::runtime, "cpu: copy_h2d larger than a buffer");
     void* d = dst.data();
     const void* s = src.data();
-    cs_.enqueue("h2d copy", [d, s, bytes] { std::memcpy(d, s, bytes); });
+    cs_.enqueue(fmt::format("h2d copy ({}, {} bytes)", src.kind() == MemKind::host_pinned ? "pinned" : "pageable", bytes),
+                [d, s, bytes] { std::memcpy(d, s, bytes); });
   }
 
   // timing=cold: every line of a buffer twice the last-level cache is
@@ -310,6 +314,7 @@ class CpuDevice : public Device {
   std::shared_ptr<cpu::MemLedger> ledger_ = std::make_shared<cpu::MemLedger>("cpu");
   std::vector<int> allowed_cpus_ = allowed_cpus();  // the process's, before any pinning
   Buffer flush_buf_;       // timing=cold's eviction buffer, made on first use
+  cpu::StreamTrace trace_;
   cpu::ComputeStream cs_;  // last: its thread stops before the engine goes and the buffers
 };
 

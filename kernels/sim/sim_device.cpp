@@ -159,6 +159,9 @@ class SimDevice final : public Device {
     return ledger_->stats("simulated: what the modelled device would hold (nothing is allocated for ops)");
   }
   void reset_peak_memory() override { ledger_->reset_peak(); }
+  void set_trace(KinetoTrace* t) override { trace_.attach(t, cs_, *ledger_, info_, "a simulated device (sim:): every GPU event lasts its modelled time; nothing was measured on a GPU"); }
+  void range_push(const char* name) override { trace_.push(name); }
+  void range_pop() override { trace_.pop(); }
   void set_memory_limit(std::size_t bytes) override { ledger_->set_limit(bytes); }
 
   Buffer allocate(std::size_t bytes, MemKind kind) override {
@@ -262,6 +265,7 @@ class SimDevice final : public Device {
     const auto dur = std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(seconds));
     cs_.enqueue(std::move(label), [this, submitted, dur] {
       advance(submitted, dur);
+      cpu::stream_interval(clock_ - dur, clock_);  // --trace: the modelled interval
       if (clock_ - steady_clock::now() < kMinStreamWait) return;
       std::unique_lock lk(mu_);
       cv_.wait_until(lk, clock_, [this] { return closing_; });  // a timed wait: no CPU
@@ -296,6 +300,7 @@ class SimDevice final : public Device {
   std::mutex mu_;
   std::condition_variable cv_;
   bool closing_ = false;
+  cpu::StreamTrace trace_;
   cpu::ComputeStream cs_;  // last: its thread stops before the members it uses go
 };
 
@@ -349,7 +354,8 @@ class SimTrainOps final : public TrainOps {
     const double bytes = double(m * k + n * k) * storage_bytes(t) + double(m * n) * storage_bytes(c.dtype);
     const auto peak = m_.peak_tflops.find(t);
     const double compute = peak == m_.peak_tflops.end() ? 0 : flops / (peak->second.value * 1e12);
-    spend(fmt::format("simulated gemm {}x{}x{}", m, n, k), std::max(compute, bytes_seconds(m_, bytes)) + launch_seconds(m_));
+    spend(fmt::format("simulated gemm {} {}x{}x{}", to_string(t), m, n, k),
+          std::max(compute, bytes_seconds(m_, bytes)) + launch_seconds(m_));
   }
   void cast(const DTensor& src, DTensor& dst, std::int64_t n) override {
     mem("cast", double(n) * (storage_bytes(src.dtype) + storage_bytes(dst.dtype)));
@@ -461,8 +467,8 @@ class SimAttention final : public AttentionOp {
   DType dtype() const override { return t_; }
   std::string impl_detail() const override { return "simulated roofline of a fused attention"; }
   std::size_t workspace_bytes() const override { return 0; }
-  void forward() override { dev_.spend("simulated attention forward", fwd_s_); }
-  void backward() override { dev_.spend("simulated attention backward", bwd_s_); }
+  void forward() override { dev_.spend(fmt::format("simulated {} attention forward", to_string(impl_)), fwd_s_); }
+  void backward() override { dev_.spend(fmt::format("simulated {} attention backward", to_string(impl_)), bwd_s_); }
   void upload(std::span<const float>, std::span<const float>, std::span<const float>, std::span<const float>) override {}
   void download(std::span<float> o, std::span<float> dq, std::span<float> dk, std::span<float> dv) override {
     for (auto sp : {o, dq, dk, dv}) std::fill(sp.begin(), sp.end(), 0.0f);

@@ -111,10 +111,13 @@ class BatchRun : public ScenarioRun {
     if (busy) (void)busy->sample();  // starts its interval
     const auto w0 = clk::now();
     for (int t = 0; t < trials; ++t) {
+      const std::string step_name = fmt::format("ProfilerStep#{}", t);  // as torch.profiler names a step
+      dev.range_push(step_name.c_str());
       EventPtr z1, o0, o1;
       window(&z1, &o0, &o1);
       const auto s0 = clk::now();
       dev.synchronize(ctx_.measure.sync_timeout);  // a training loop's loss.item() at each step
+      dev.range_pop();
       const auto s1 = clk::now();
       sync += s1 - s0;
       opt_ms.push_back(dev.elapsed_ms(o0, o1));

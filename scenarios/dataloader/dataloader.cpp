@@ -112,7 +112,7 @@ class DataloaderRun : public ScenarioRun {
     loader::Config cfg = st.loader;
     cfg.cpus = split.loader;
     const bool pinned = st.pin == Pin::pinned;
-    cfg.on_load = [&dev](bool begin) { begin ? dev.range_push("load") : dev.range_pop(); };
+    cfg.on_load = [&dev](bool begin) { begin ? dev.range_push("DataLoader worker: load + collate") : dev.range_pop(); };
     cfg.alloc = [&dev, pinned](std::size_t bytes) {
       return dev.allocate(bytes, pinned ? MemKind::host_pinned : MemKind::host_pageable);
     };
@@ -241,27 +241,35 @@ class DataloaderRun : public ScenarioRun {
     EventPtr base = dev.record();
     const double base_host = since(clock_type::now());
     const std::string in_loop = fmt::format("dataloader workers={}: in the epoch's steps", cfg.workers);
+    const char* next_name = cfg.workers == 0 ? "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+                                             : "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__";
     try {
       for (std::int64_t s = 0;; ++s) {
+        // The ranges are named as PyTorch's profiler names them, so a --trace of this loop reads
+        // as a training job's: the step encloses the DataLoader's __next__, as in a real loop.
+        const std::string step_name = fmt::format("ProfilerStep#{}", s);
+        dev.range_push(step_name.c_str());
         const auto w0 = clock_type::now();
-        dev.range_push("wait for batch");
+        dev.range_push(next_name);
         std::optional<loader::Batch> b = L.next();
         dev.range_pop();
         const auto w1 = clock_type::now();
-        if (!b) break;
+        if (!b) {
+          dev.range_pop();
+          break;
+        }
         rec.waits.push_back({s, since(w0), since(w1)});
         if (s == 0) rec.first_batch_s = since(w1);
-        dev.range_push("step");
         StepEvents e{s, dev.record(), nullptr, nullptr};
         dev.copy_h2d_from(dev_batch, b->data, b->bytes, pinned ? MemKind::host_pinned : MemKind::host_pageable);
         e.h1 = dev.record();
         for (int r = 0; r < reps_; ++r) op_->enqueue();
         e.c1 = dev.record();
-        dev.range_pop();
         // The staging slot is free once its copy is done (the device may still
         // be computing): the loop runs at most one step ahead of the device.
         dev.wait_event(e.h1, timeout);
         L.release(*b);
+        dev.range_pop();  // ProfilerStep#s
         ev.push_back(std::move(e));
         ctx_.progress(in_loop);
       }

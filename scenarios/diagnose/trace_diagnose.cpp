@@ -31,6 +31,8 @@ constexpr double kF32ToBf16 = 2.0, kTf32ToBf16 = 2.0, kMathToFused = 2.0, kPagea
 
 // The TensorBoard plugin's thresholds.
 constexpr double kLoaderPct = 5, kCommPct = 10, kMemoryPct = 90, kUtilPct = 50;
+// stallbench's own line between healthy and steady-low (harness/sampler.hpp).
+constexpr double kHealthyPct = 90;
 
 double amdahl(double share, double speedup) { return 1.0 / (1.0 - share + share / speedup); }
 
@@ -123,11 +125,17 @@ Point loader(Ctx& c) {
   p.add({"steps", double(s.count), "steps", Direction::higher, std::nullopt, "ProfilerStep#N annotations"});
   p.add({"step_median_ms", s.median_us / 1e3, "ms", Direction::lower, std::nullopt, "ProfilerStep#N durations"});
   if (s.dataloader_us <= 0) p.info["note"] = "no DataLoader __next__ inside the steps";
+  // Hidden entirely, the wait leaves a step no shorter than the GPU's work in it.
+  const double after = std::max(s.total_us - s.dataloader_us, s.gpu_busy_us);
+  const double gain = after > 0 ? s.total_us / after : 1.0;
+  p.add({"gpu_busy_pct_of_step", s.total_us > 0 ? 100 * s.gpu_busy_us / s.total_us : 0, "%", Direction::higher,
+         std::nullopt, "GPU events' union inside the steps over the steps' time"});
   if (100 * share > kLoaderPct)
-    find(c, p, "a slow host dataloader", "loader", 1.0 / (1.0 - share), 100 * share, "high",
+    find(c, p, "a slow host dataloader", "loader", gain, 100 * share, "high",
          fmt::format("the DataLoader's __next__ takes {:.1f}% of step time (over {:.0f}%: the TensorBoard plugin's "
-                     "rule); the gain is the wait hidden entirely, an upper bound",
-                     100 * share, kLoaderPct),
+                     "rule); the gain is the wait hidden entirely, bounded by the GPU's {:.1f}% of the step: an upper "
+                     "bound",
+                     100 * share, kLoaderPct, s.total_us > 0 ? 100 * s.gpu_busy_us / s.total_us : 0),
          "dataloader_num_workers: 4  # with dataloader_pin_memory: true, dataloader_prefetch_factor: 2",
          "dataloader -p workers=0,1,2,4", true);
   return p;
@@ -211,19 +219,30 @@ Point batch(Ctx& c, bool loader_found) {
     p.add({"launch_delay_median_us", l.delay_median_us, "us", Direction::lower, std::nullopt,
            "GPU start - launch call end (HTA, clipped at 0)"});
   }
-  const double busy = 100 - c.dev->idle_pct;
+  // Utilization as the TensorBoard plugin defined it where the trace has steps (GPU busy over the
+  // steps' time), else over the GPU window.
+  const auto& st = c.a.steps;
+  const bool per_step = st.count > 0 && st.total_us > 0;
+  const double busy = per_step ? 100 * st.gpu_busy_us / st.total_us : 100 - c.dev->idle_pct;
+  p.add({"gpu_busy_pct", busy, "%", Direction::higher, std::nullopt,
+         per_step ? "GPU busy inside the ProfilerStep#N steps over their time" : "over the GPU window"});
   double hw = 0, tot = 0;
   for (const auto& s : c.a.idle)
     if (s.device == c.dev->device) hw += s.host_wait_us, tot += s.host_wait_us + s.kernel_wait_us + s.other_us;
   const double hw_share = tot > 0 ? hw / tot : 0;
-  p.info["reading"] = fmt::format("{:.1f}% busy; {:.0f}% of the idle time is host wait", busy, 100 * hw_share);
-  if (busy < kUtilPct && !loader_found && hw_share >= 0.5) {
-    const double idle_hw = c.dev->idle_us * hw_share;
-    const double gain = c.dev->window_us / std::max(1e-9, c.dev->window_us - idle_hw);
-    find(c, p, "a batch too small (launch-bound)", "batch", gain, 100 * idle_hw / c.dev->window_us, "medium",
-         fmt::format("the GPU is {:.1f}% busy (under {:.0f}%: the TensorBoard plugin's rule) and {:.0f}% of its idle "
-                     "time waits on the host's launches{}; the gain is that wait removed, an upper bound",
-                     busy, kUtilPct, 100 * hw_share,
+  p.info["reading"] = fmt::format("{:.1f}% busy {}; {:.0f}% of the idle time is host wait", busy,
+                                  per_step ? "in the steps" : "over the GPU window", 100 * hw_share);
+  // steady-low (under 90% busy: the sampler's rule, harness/sampler.hpp) with the host's launches as
+  // the wait, and no loader to blame
+  if (busy < kHealthyPct && !loader_found && hw_share >= 0.5) {
+    const double idle_share = 1 - busy / 100;
+    const double gain = 1.0 / std::max(1e-9, 1 - idle_share * hw_share);
+    find(c, p, "a batch too small (launch-bound)", "batch", gain, 100 * idle_share * hw_share, "medium",
+         fmt::format("the GPU is {:.1f}% busy {} ({}) and {:.0f}% of its idle time waits on the host's launches{}; "
+                     "the gain is that wait removed, an upper bound",
+                     busy, per_step ? "in the steps" : "over the GPU window",
+                     busy < kUtilPct ? "under 50%: the TensorBoard plugin's rule" : "steady-low: under 90%",
+                     100 * hw_share,
                      l.pairs > 0 ? fmt::format(", {:.0f}% of kernels shorter than their launch",
                                                100.0 * double(l.short_kernels) / double(l.pairs))
                                  : ""),
@@ -238,18 +257,20 @@ Point memory(Ctx& c) {
     return skipped("memory", "no [memory] events: profile with profile_memory=True to see the peak");
   Point p = check("memory");
   const auto top = *std::max_element(c.a.memory.begin(), c.a.memory.end(), [](const auto& x, const auto& y) {
-    return x.peak_allocated < y.peak_allocated;
+    return x.peak_pct < y.peak_pct || (x.peak_pct == y.peak_pct && x.peak_allocated < y.peak_allocated);
   });
   p.add({"peak_allocated_gib", double(top.peak_allocated) / double(1ull << 30), "GiB", Direction::lower, std::nullopt,
          "the largest Total Allocated of a [memory] event on a GPU"});
-  if (top.capacity > 0) {
-    const double pct = 100.0 * double(top.peak_allocated) / double(top.capacity);
-    p.add({"peak_pct_of_capacity", pct, "%", Direction::lower, std::nullopt, "of deviceProperties' totalGlobalMem"});
+  if (top.peak_pct > 0) {
+    const double pct = top.peak_pct;
+    p.add({"peak_pct_of_capacity", pct, "%", Direction::lower, std::nullopt,
+           "the largest Total Allocated over deviceProperties' totalGlobalMem (a stallbench trace: over the limit in "
+           "force at that sample)"});
     if (pct > kMemoryPct)
       find(c, p, "memory pressure", "memory", std::nullopt, pct, "high",
-           fmt::format("peak allocated {} of {} ({:.0f}%, over {:.0f}%: the TensorBoard plugin's rule): the next longer "
-                       "batch or a fragmented pool runs out of memory",
-                       format_bytes(double(top.peak_allocated)), format_bytes(double(top.capacity)), pct, kMemoryPct),
+           fmt::format("allocated memory reached {:.0f}% of the device (over {:.0f}%: the TensorBoard plugin's rule; "
+                       "the largest peak {}): the next longer batch or a fragmented pool runs out of memory",
+                       pct, kMemoryPct, format_bytes(double(top.peak_allocated))),
            "gradient_checkpointing: true  # or bf16: true", "memory -p checkpointing=none,full");
   } else {
     p.info["note"] = "the trace has no deviceProperties: capacity unknown";
@@ -298,13 +319,16 @@ Point copies(Ctx& c) {
   const auto& cp = c.a.copies;
   if (cp.htod_count == 0) return skipped("copies", "no host-to-device copies in the trace");
   Point p = check("copies");
-  p.add({"htod_gbps", cp.htod_gbps, "GB/s", Direction::higher, std::nullopt, "bytes / copy time, every H2D copy"});
-  if (cp.htod_pageable_count)
+  if (cp.htod_gbps > 0)
+    p.add({"htod_gbps", cp.htod_gbps, "GB/s", Direction::higher, std::nullopt,
+           "bytes / copy time, the H2D copies whose size the trace gives"});
+  if (cp.htod_pageable_gbps > 0)
     p.add({"htod_pageable_gbps", cp.htod_pageable_gbps, "GB/s", Direction::higher, std::nullopt,
            "copies from pageable host memory (Memcpy HtoD (Pageable -> Device))"});
-  if (cp.htod_count > cp.htod_pageable_count)
+  if (cp.htod_pinned_gbps > 0)
     p.add({"htod_pinned_gbps", cp.htod_pinned_gbps, "GB/s", Direction::higher, std::nullopt,
            "copies from pinned host memory"});
+  p.add({"htod_copies", double(cp.htod_count), "copies", Direction::none, std::nullopt, "host-to-device copies"});
   const double share = c.window > 0 ? cp.htod_pageable_us / c.window : 0;
   p.add({"pageable_htod_pct", 100 * share, "%", Direction::lower, std::nullopt,
          "pageable host-to-device copy time over the GPU window"});

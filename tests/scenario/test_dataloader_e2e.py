@@ -133,12 +133,34 @@ with tempfile.TemporaryDirectory() as tmp:
         # measured load time says whether they did (another process may hold one).
         if pts[2]["metrics"]["predicted_pct"]["value"] >= 99:
             check(pts[2]["info"]["pattern"] == "healthy", f"workers=2 pattern {pts[2]['info']['pattern']}, want healthy")
+        # The trace is a PyTorch profiler (Kineto) trace of the whole run: steps and the
+        # DataLoader's __next__ as torch names them, the workers' loads on their own threads,
+        # each kernel and copy paired with its launch by correlation id.
         t = json.load(open(trace))
-        names = {e["name"] for e in t["traceEvents"]}
-        lanes = {e["args"]["name"] for e in t["traceEvents"] if e["name"] == "thread_name"}
-        check({"load", "wait", "h2d", "compute", "idle"} <= names, f"trace phases {names}")
-        check({"device", "train loop", "worker 0", "worker 3"} <= lanes, f"trace lanes {lanes}")
-        check(sum(1 for e in t["traceEvents"] if e["name"] == "process_name") == 4, "one trace process per point")
+        evs = [e for e in t["traceEvents"] if e.get("ph") == "X"]
+        steps = [e for e in evs if e["cat"] == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+        check(len(steps) >= 4 * 29, f"trace: {len(steps)} ProfilerStep#N annotations for 4 points of 30 steps")
+        nexts = {e["name"] for e in evs if e["cat"] == "cpu_op" and e["name"].startswith("enumerate(DataLoader)#")}
+        check(nexts == {"enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+                        "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"}, f"trace: __next__ ops {nexts}")
+        load_tids = {e["tid"] for e in evs if e["name"] == "DataLoader worker: load + collate"}
+        check(len(load_tids) >= 4, f"trace: worker loads on {len(load_tids)} threads, want >= 4 (workers=4)")
+        launches = {e["args"]["correlation"] for e in evs if e["cat"] == "cuda_runtime"}
+        gpu = [e for e in evs if e["cat"] in ("kernel", "gpu_memcpy")]
+        check(gpu and all(e["args"]["correlation"] in launches and e["pid"] == 0 for e in gpu),
+              "trace: every GPU event on device 0 with its launch's correlation id")
+        copies = [e for e in evs if e["cat"] == "gpu_memcpy" and e["name"].startswith("Memcpy HtoD")]
+        check(copies and all(e["args"].get("bytes") == 32 * 65536 for e in copies),
+              f"trace: H2D copies with the batch's bytes ({len(copies)} copies)")
+        check(t["deviceProperties"][0]["name"] and "simulated" in t["stallbench"]["note"],
+              "trace: deviceProperties and the simulated label")
+        # read back: diagnose --trace names the loader (workers=0 and 1 starve the device)
+        dj = os.path.join(tmp, "diag.json")
+        q = subprocess.run([EXE, "diagnose", "--trace", trace, "--device", "cpu", "--json", dj],
+                           capture_output=True, text=True, timeout=300)
+        if check(q.returncode == 0, f"diagnose --trace exit {q.returncode}: {q.stderr[-800:]}"):
+            causes = [f["cause"] for f in json.load(open(dj))["findings"]]
+            check("a slow host dataloader" in causes, f"diagnose --trace of the run: {causes}")
 
     # 2. A sample that stalls its worker: caught by the loader timeout, exit 4, never a hang.
     out = os.path.join(tmp, "hang.json")

@@ -488,11 +488,15 @@ TEST(CpuMemory, FlashWorkspaceIsLinearInS) {
   const std::size_t a = ws(256, AttnImpl::flash), b = ws(512, AttnImpl::flash), c = ws(1024, AttnImpl::flash);
   EXPECT_GT(b, a);
   EXPECT_EQ(c - b, 2 * (b - a));
-  // Naive's S x S grows quadratically: each doubling of S adds 4x what the previous one did
-  // (flash: exactly 2x, above). Ratios, so the thread count (flash's tiles) cancels.
+  // Naive's S x S grows quadratically: each doubling of S adds about 4x what the previous one
+  // did (flash: exactly 2x, above). Not exactly 4: oneDNN's matmul scratchpad, in the workspace
+  // too, depends on the ISA it picks (an AMD EPYC gave 3.58). So: more than 3x, and the S x S
+  // tensors (S fp32, P and dS fp32 here: 12 bytes a score) are all there.
   const double n1 = double(ws(512, AttnImpl::naive) - ws(256, AttnImpl::naive));
   const double n2 = double(ws(1024, AttnImpl::naive) - ws(512, AttnImpl::naive));
-  EXPECT_NEAR(n2 / n1, 4.0, 0.05);
+  EXPECT_GT(n2 / n1, 3.0);
+  EXPECT_LE(n2 / n1, 4.0 + 1e-9);
+  for (std::int64_t S : {256, 512, 1024}) EXPECT_GE(ws(S, AttnImpl::naive), std::size_t(2 * S * S * 12));
 }
 
 // ---- FLOPs: the convention of docs/DESIGN.md ----

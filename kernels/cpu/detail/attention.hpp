@@ -17,6 +17,7 @@
 #include <string>    // std::string
 #include <vector>    // std::vector
 
+#include <fmt/format.h>            // fmt::format
 #include <oneapi/dnnl/dnnl.hpp>  // dnnl::engine
 
 #include "harness/device.hpp"                     // AttentionOp, AttnShape, AttnImpl
@@ -142,6 +143,11 @@ class CpuAttention : public AttentionOp {
   // Workspace the derived op allocates, accounted under this op's label.
   LedgerBlock alloc_workspace(std::size_t bytes, const char* name);
   bool bf16() const { return dtype_ == DType::bf16; }
+  // Names a phase of the running forward or backward for --trace (its own
+  // kernel there, with the dtype: "gemm S=QK^T fp32", "softmax_warp_forward fp32").
+  void mark(const char* phase) const {
+    if (stream_marking()) stream_mark(fmt::format("{} {}", phase, to_string(dtype_)));
+  }
   // Element offset of row `row` of sequence `q`, head h, in any [B,H,T,D] tensor.
   std::int64_t row_offset(const AttnSeq& q, std::int64_t h, std::int64_t row) const {
     return ((q.b * shape_.heads + h) * tokens_ + q.start + row) * shape_.head_dim;

@@ -15,7 +15,23 @@
 #include <string>              // std::string
 #include <thread>              // std::thread
 
+namespace sb {
+class KinetoTrace;
+}
+
 namespace sb::cpu {
+
+// Inside a work item: the phase named `name` begins now. With --trace each
+// phase of the item is written as its own kernel (the first one keeps the
+// item's name up to the first mark); without, nothing is recorded.
+// stream_marking() says whether the running item is traced (a caller can
+// skip building the name).
+bool stream_marking();
+void stream_mark(std::string name);
+// Inside a work item: the device time the item stands for, when it is not
+// the time the thread spent in it (the sim device's modelled interval: its
+// thread sleeps only when the model runs ahead). --trace writes this interval.
+void stream_interval(std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end);
 
 class ComputeStream {
  public:
@@ -46,6 +62,9 @@ class ComputeStream {
   std::chrono::nanoseconds busy_time() const;
   // Total time the thread waited on an empty queue, including a wait now.
   std::chrono::nanoseconds wait_time() const;
+  // --trace: every item enqueued from now is recorded (its launch on the
+  // calling thread, its run on the device); null stops recording.
+  void set_trace(KinetoTrace* t) { trace_.store(t, std::memory_order_release); }
 
  private:
   void loop();
@@ -53,7 +72,13 @@ class ComputeStream {
   struct Item {
     std::string label;
     std::function<void()> work;
+    KinetoTrace* trace = nullptr;  // --trace: how the item shows there (compute_stream.cpp)
+    std::int64_t correlation = -1;
+    std::string shown_name;
+    std::int64_t shown_bytes = -1;
+    std::uint8_t shown_kind = 0;
   };
+  void record(const Item& item, double start_us, double end_us);
   std::string name_;
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
@@ -73,6 +98,7 @@ class ComputeStream {
   std::atomic<std::int64_t> wait_since_ns_{0};  // when the current wait for work began; 0 = not waiting
   std::atomic<std::int64_t> wait_done_ns_{0};   // time of finished waits
   std::atomic<std::uint64_t> seq_{0};           // odd while the pairs above change (busy_time's and wait_time's lock)
+  std::atomic<KinetoTrace*> trace_{nullptr};
   std::thread thread_;
 };
 

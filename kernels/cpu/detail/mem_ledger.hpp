@@ -118,6 +118,7 @@ class MemLedger : public std::enable_shared_from_this<MemLedger> {
   Device::MemoryStats stats() const { return account_->stats("allocator"); }
   void reset_peak() { account_->reset_peak(); }
   void set_limit(std::size_t bytes) { account_->set_limit(bytes); }
+  MemoryLedger& account() { return *account_; }
 
  private:
   std::string device_;

@@ -13,6 +13,8 @@
 
 #include "harness/device.hpp"                     // Event, UtilProbe
 #include "harness/errors.hpp"                     // Error
+#include "harness/kineto_trace.hpp"               // KinetoTrace
+#include "harness/memory_ledger.hpp"              // MemoryLedger
 #include "kernels/cpu/detail/compute_stream.hpp"  // ComputeStream
 
 namespace sb::cpu {
@@ -75,6 +77,27 @@ class StreamHold final : public StreamGate {
 // The size of the largest CPU cache this process's first CPU sees (sysfs
 // cache/index*/size), or fallback when it cannot be read.
 std::size_t last_level_cache_bytes(std::size_t fallback = 32u << 20);
+
+// --trace on a ComputeStream device (cpu, sim): the stream records its items,
+// the ledger its bytes in use, and the host's ranges go to the trace.
+class StreamTrace {
+ public:
+  void attach(KinetoTrace* t, ComputeStream& cs, MemoryLedger& ledger, const DeviceInfo& info, std::string note) {
+    t_ = t;
+    cs.set_trace(t);
+    ledger.set_trace(t);
+    if (t) t->set_device(info.name, std::int64_t(ledger.stats({}).limit), 0, std::move(note));
+  }
+  void push(const char* name) {
+    if (t_) t_->push(name);
+  }
+  void pop() {
+    if (t_) t_->pop();
+  }
+
+ private:
+  KinetoTrace* t_ = nullptr;
+};
 
 class StreamBusyProbe : public UtilProbe {
  public:
