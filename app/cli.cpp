@@ -397,6 +397,7 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   live->main_writes = true;
   wd.disarm();  // the run is over: a slow write or teardown is not a hang to end it for
   if (!lead) return run_exit_code(r);
+  if (kineto) dev->set_trace(nullptr);  // the device flushes what it holds (cuda: CUPTI's buffers)
   return write_outputs(r, *sc, path, a.trace_path, kineto.get());
 }
 

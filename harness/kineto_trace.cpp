@@ -10,7 +10,6 @@
 namespace sb {
 namespace {
 using json = nlohmann::ordered_json;
-constexpr std::int64_t kStream = 7;  // the default stream's id in Kineto traces of PyTorch jobs
 constexpr std::int64_t kDevice = 0;
 
 double steady_us() {
@@ -60,13 +59,19 @@ std::int64_t KinetoTrace::this_tid() {
 void KinetoTrace::host(Kind kind, std::string name, double ts, double dur, std::int64_t correlation) {
   const std::int64_t tid = this_tid();
   std::lock_guard lk(mu_);
-  events_.push_back({kind, std::move(name), ts, dur, tid, correlation, -1});
+  events_.push_back({kind, std::move(name), ts, dur, tid, correlation, -1, 0});
+}
+
+void KinetoTrace::host_on(Kind kind, std::string name, double ts, double dur, std::int64_t tid,
+                          std::int64_t correlation) {
+  std::lock_guard lk(mu_);
+  events_.push_back({kind, std::move(name), ts, dur, tid, correlation, -1, 0});
 }
 
 void KinetoTrace::device(Kind kind, std::string name, double ts, double dur, std::int64_t correlation,
-                         std::int64_t bytes) {
+                         std::int64_t bytes, std::int64_t stream, std::int64_t device) {
   std::lock_guard lk(mu_);
-  events_.push_back({kind, std::move(name), ts, dur, kStream, correlation, bytes});
+  events_.push_back({kind, std::move(name), ts, dur, stream, correlation, bytes, device});
 }
 
 void KinetoTrace::memory(double ts, std::int64_t allocated, std::int64_t reserved, std::int64_t limit) {
@@ -87,7 +92,7 @@ void KinetoTrace::pop() {
   std::lock_guard lk(mu_);
   for (auto it = open_.rbegin(); it != open_.rend(); ++it)
     if (it->tid == tid) {
-      events_.push_back({range_kind(it->name), std::move(it->name), it->ts, t - it->ts, tid, -1, -1});
+      events_.push_back({range_kind(it->name), std::move(it->name), it->ts, t - it->ts, tid, -1, -1, 0});
       open_.erase(std::next(it).base());
       return;
     }
@@ -126,10 +131,10 @@ json KinetoTrace::to_json() const {
     json j{{"ph", "X"}, {"cat", cat(e->kind)}, {"name", e->name}};
     json args = json::object();
     if (on_device(e->kind)) {
-      j["pid"] = kDevice;
-      j["tid"] = kStream;
-      args["device"] = kDevice;
-      args["stream"] = kStream;
+      j["pid"] = e->device;
+      j["tid"] = e->tid;
+      args["device"] = e->device;
+      args["stream"] = e->tid;
       args["correlation"] = e->correlation;
       if (e->bytes >= 0) {
         args["bytes"] = e->bytes;

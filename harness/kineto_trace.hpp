@@ -43,7 +43,8 @@ class KinetoTrace {
     Kind kind;
     std::string name;
     double ts = 0, dur = 0;
-    std::int64_t tid = 0, correlation = -1, bytes = -1;
+    std::int64_t tid = 0, correlation = -1, bytes = -1;  // tid: a device event's stream
+    std::int64_t device = 0;
   };
 
   KinetoTrace();
@@ -54,8 +55,11 @@ class KinetoTrace {
 
   // A host event (runtime call, cpu_op, user_annotation) on the calling thread.
   void host(Kind kind, std::string name, double ts, double dur, std::int64_t correlation = -1);
-  // A device event on stream 7.
-  void device(Kind kind, std::string name, double ts, double dur, std::int64_t correlation, std::int64_t bytes = -1);
+  // The same on a given thread (a tracer's record of another thread's call).
+  void host_on(Kind kind, std::string name, double ts, double dur, std::int64_t tid, std::int64_t correlation);
+  // A device event, on stream 7 of device 0 unless told.
+  void device(Kind kind, std::string name, double ts, double dur, std::int64_t correlation, std::int64_t bytes = -1,
+              std::int64_t stream = 7, std::int64_t device = 0);
   // A [memory] sample of the device's allocator, with the limit in force
   // when it is not the device's capacity (written as the sample's "Limit",
   // which PyTorch does not write: a stallbench run's points may each run

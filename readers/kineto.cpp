@@ -29,6 +29,9 @@ constexpr std::size_t kMaxValueBytes = std::size_t(256) << 20;
 constexpr std::size_t kChunk = std::size_t(4) << 20;
 // batch() parses at least this much at once, else the exact path reads on.
 constexpr std::size_t kMinBatch = std::size_t(64) << 10;
+// Brackets nested deeper than this are not a trace (simdjson's default
+// limit; nlohmann's copy of a top-level value recurses once a level).
+constexpr int kMaxDepth = 1024;
 
 // The bytes that matter to the value scanner outside strings.
 constexpr auto kStructural = [] {
@@ -46,6 +49,7 @@ Cat cat_of(std::string_view c) {
   switch (c.size()) {
     case 6:
       if (c == "kernel") return Cat::kernel;
+      if (c == "Kernel") return Cat::kernel;  // some ROCm traces
       if (c == "cpu_op") return Cat::cpu_op;
       break;
     case 9:
@@ -54,7 +58,6 @@ Cat cat_of(std::string_view c) {
     case 10:
       if (c == "gpu_memcpy") return Cat::gpu_memcpy;
       if (c == "gpu_memset") return Cat::gpu_memset;
-      if (c == "Kernel") return Cat::kernel;  // some ROCm traces
       break;
     case 11:
       if (c == "cuda_driver") return Cat::cuda_driver;
@@ -87,13 +90,14 @@ void copy_kind(std::string_view name, Event& e) {
 class Source {
  public:
   explicit Source(const std::string& text) : text_(&text) {}
-  Source(gzFile f, std::string path) : gz_(f), path_(std::move(path)) {}
+  explicit Source(gzFile f) : gz_(f) {}
   ~Source() {
     if (gz_) gzclose(gz_);
   }
   Source(const Source&) = delete;
   Source& operator=(const Source&) = delete;
-  // Up to n bytes into dst; 0 at the end.
+  // Up to n bytes into dst; 0 at the end, or after a damaged gzip stream
+  // (error() then says what is wrong).
   std::size_t read(char* dst, std::size_t n) {
     if (text_) {
       const std::size_t k = std::min(n, text_->size() - at_);
@@ -102,20 +106,25 @@ class Source {
       return k;
     }
     const int k = gzread(gz_, dst, unsigned(std::min<std::size_t>(n, 1u << 30)));
-    if (k < 0) {
-      int code = 0;
-      const char* msg = gzerror(gz_, &code);
-      throw UsageError(fmt::format("{}: not a readable trace: {}", path_, msg ? msg : "read error"));
+    int code = Z_OK;
+    const char* msg = k <= 0 ? gzerror(gz_, &code) : nullptr;
+    // gzread gives 0, not -1, for a stream cut short (Z_BUF_ERROR,
+    // "unexpected end of file"): what it inflated so far may even be whole
+    // JSON, but the file is damaged.
+    if (k < 0 || (k == 0 && code != Z_OK)) {
+      error_ = msg && *msg ? msg : "read error";
+      return 0;
     }
     return std::size_t(k);
   }
+  const std::string& error() const { return error_; }
   bool gzip() const { return gz_ && gzdirect(gz_) == 0; }
 
  private:
   const std::string* text_ = nullptr;
   std::size_t at_ = 0;
   gzFile gz_ = nullptr;
-  std::string path_;
+  std::string error_;
 };
 
 class Reader {
@@ -134,10 +143,10 @@ class Reader {
       ++pos_;
       object();
     } else {
-      fail(c == 0 ? "empty: no JSON in it" : "not a trace: it starts with neither '{' nor '['");
+      fail(at_end() ? "empty: no JSON in it" : "not a trace: it starts with neither '{' nor '['");
     }
     ws();
-    if (peek() != 0) fail("text after the end of the trace's JSON");
+    if (!at_end()) fail("text after the end of the trace's JSON");
     t_.json_bytes = consumed_ + len_;
   }
 
@@ -148,6 +157,9 @@ class Reader {
   std::vector<char> buf_;
   std::size_t pos_ = 0, len_ = 0;
   std::uint64_t consumed_ = 0;  // bytes dropped before buf_[0]
+  // A batch that failed ended here (an offset in the JSON text): the exact
+  // path reads up to it before batch() tries again.
+  std::uint64_t exact_until_ = 0;
   bool eof_ = false;
   od::parser parser_;
   std::unordered_map<std::string, std::uint32_t, StringHash, std::equal_to<>> name_ids_;
@@ -177,12 +189,14 @@ class Reader {
     }
     const std::size_t k = src_.read(buf_.data() + len_, buf_.size() - simdjson::SIMDJSON_PADDING - len_);
     if (k == 0) {
+      if (!src_.error().empty()) fail("the gzip stream is damaged: " + src_.error(), consumed_ + len_);
       eof_ = true;
       return false;
     }
     len_ += k;
     return true;
   }
+  // The byte at pos_, 0 at the end of the input (and for a NUL byte: at_end() tells them apart).
   char peek() {
     if (pos_ >= len_) {
       std::size_t keep = pos_;
@@ -190,6 +204,7 @@ class Reader {
     }
     return buf_[pos_];
   }
+  bool at_end() { return peek() == 0 && pos_ >= len_; }
   void ws() {
     for (;;) {
       const char c = peek();
@@ -209,7 +224,7 @@ class Reader {
   std::pair<std::size_t, std::size_t> value() {
     ws();
     const char first = peek();
-    if (first == 0) fail("the file ends inside the trace");
+    if (first == 0 && pos_ >= len_) fail("the file ends inside the trace");
     std::size_t i = pos_;  // the value starts at pos_, which more() keeps in the buffer
     int depth = 0;
     bool in_str = false;
@@ -253,10 +268,15 @@ class Reader {
         ++i;
         continue;
       }
-      if (c == '"') in_str = true;
-      else if (c == '{' || c == '[') ++depth;
-      else if (--depth == 0) return {pos_, i + 1};
-      else if (depth < 0) fail("unbalanced brackets", consumed_ + i);
+      if (c == '"') {
+        in_str = true;
+      } else if (c == '{' || c == '[') {
+        if (++depth > kMaxDepth) fail(fmt::format("brackets nested deeper than {}", kMaxDepth), consumed_ + i);
+      } else if (--depth == 0) {
+        return {pos_, i + 1};
+      } else if (depth < 0) {
+        fail("unbalanced brackets", consumed_ + i);
+      }
       ++i;
     }
   }
@@ -284,6 +304,11 @@ class Reader {
         continue;
       }
       auto [vb, ve] = value();
+      // value() checks strings and brackets only: a scalar (a number, true,
+      // false, null) is checked here, and "x": } (no value at all) refused.
+      if (vb == ve) fail("the field " + key + " has no value", consumed_ + vb);
+      if (buf_[vb] != '{' && buf_[vb] != '[' && buf_[vb] != '"' && !json::accept(buf_.data() + vb, buf_.data() + ve))
+        fail("the value of " + key + " is not JSON", consumed_ + vb);
       if (key == "deviceProperties" || key == "distributedInfo" || key == "baseTimeNanoseconds") {
         const std::uint64_t at = consumed_ + vb;
         const json v = json::parse(buf_.data() + vb, buf_.data() + ve, nullptr, false);
@@ -314,7 +339,7 @@ class Reader {
         ++pos_;
         break;
       }
-      if (c == 0) fail("the file ends inside traceEvents");
+      if (c == 0 && pos_ >= len_) fail("the file ends inside traceEvents");
       if (!first) {
         if (c != ',') fail("expected ',' between events");
         ++pos_;
@@ -392,7 +417,7 @@ class Reader {
   // (value() then event(), one at a time) reads the same bytes and reports
   // what is wrong where. Returns false when it read nothing.
   bool batch() {
-    if (pos_ == 0 || buf_[pos_] != '{') return false;
+    if (pos_ == 0 || buf_[pos_] != '{' || consumed_ + pos_ <= exact_until_) return false;
     auto is_ws = [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; };
     std::size_t open = len_;  // the '{' of the last event that starts in the buffer
     std::size_t comma = 0, close = 0;
@@ -414,10 +439,12 @@ class Reader {
     const char saved = buf_[begin];
     buf_[begin] = '[';
     buf_[comma] = ']';
-    const std::size_t n_events = t_.events.size(), n_memory = t_.memory.size();
+    const std::size_t n_events = t_.events.size(), n_memory = t_.memory.size(), n_names = t_.names.size();
     const auto cats = cats_;
     const auto phases = phase1_;
+    const auto long_phases = t_.phase_counts;  // fields() counts phases of other lengths there
     const std::int64_t flows = t_.flows;
+    const bool fractional_ts = t_.fractional_ts;
     bool ok = true;
     try {
       od::document doc;
@@ -435,6 +462,11 @@ class Reader {
           }
           fields(obj, consumed_ + pos_);
         }
+      // The array must end where the batch does: a "}, {" after the end of
+      // traceEvents (in "samples": [{...}, {...}], deviceProperties placed
+      // last) closes the array early, and what follows it is not events.
+      const char* rest = nullptr;
+      if (ok && doc.current_location().get(rest) != simdjson::OUT_OF_BOUNDS) ok = false;
     } catch (const UsageError&) {
       ok = false;
     }
@@ -443,9 +475,17 @@ class Reader {
     if (!ok) {
       t_.events.resize(n_events);
       t_.memory.resize(n_memory);
+      for (std::size_t i = n_names; i < t_.names.size(); ++i) name_ids_.erase(t_.names[i]);
+      t_.names.resize(n_names);
       cats_ = cats;
       phase1_ = phases;
+      t_.phase_counts = long_phases;
       t_.flows = flows;
+      t_.fractional_ts = fractional_ts;
+      // Not again before the exact path has passed this boundary: retried at
+      // every event, each try parsing to the same look-alike, a chunk cost
+      // O(events x chunk) (seconds to minutes for 4 MiB).
+      exact_until_ = consumed_ + close;
       return false;
     }
     pos_ = close + 1;
@@ -572,7 +612,7 @@ Trace read_kineto(const std::string& path) {
   gzbuffer(gz, 1u << 20);
   Trace t;
   t.file_bytes = std::uint64_t(st.st_size);
-  Source src(gz, path);
+  Source src(gz);
   Reader r(src, path, t);
   r.run();
   t.gzip = src.gzip();

@@ -47,6 +47,10 @@
 #include "kernels/cuda/detail/cudnn_sdpa.hpp"  // make_naive_attention, make_cudnn_attention, AttnContext
 #include "kernels/cuda/gate.cuh"               // launch_stream_gate
 #include "kernels/cuda/nvml_probe.hpp"         // NvmlGpu
+#include "harness/kineto_trace.hpp"            // KinetoTrace: --trace
+#ifdef STALLBENCH_HAVE_CUPTI
+#include "kernels/cuda/cupti_trace.hpp"  // CuptiTrace: --trace's kernels, copies and launches
+#endif
 #include "kernels/cuda/train_kernels.cuh"      // make_cuda_train_ops
 #include "harness/train_ops.hpp"               // TrainOps
 
@@ -413,8 +417,36 @@ class CudaDevice final : public Device {
 
   // NVTX ranges nest per thread; Nsight Systems shows them on the host
   // timeline. With no tool attached each call returns at once.
-  void range_push(const char* name) override { nvtxRangePushA(name); }
-  void range_pop() override { nvtxRangePop(); }
+  void range_push(const char* name) override {
+    nvtxRangePushA(name);
+    if (trace_) trace_->push(name);
+  }
+  void range_pop() override {
+    nvtxRangePop();
+    if (trace_) trace_->pop();
+  }
+
+  // --trace: host ranges and the ledger's bytes here; the GPU's kernels, copies, memsets and the
+  // runtime calls that launched them from CUPTI (kernels/cuda/cupti_trace.cpp). Null flushes
+  // CUPTI's buffers into the trace and stops. Compiled, never run on a GPU.
+  void set_trace(KinetoTrace* t) override {
+#ifdef STALLBENCH_HAVE_CUPTI
+    cupti_.reset();
+#endif
+    trace_ = t;
+    ledger_->set_trace(t);
+    if (!t) return;
+    std::string note = "a cuda device: kernels, copies, memsets and runtime calls from CUPTI's activity API";
+#ifdef STALLBENCH_HAVE_CUPTI
+    std::string why;
+    bind();
+    cupti_ = CuptiTrace::start(*t, why);
+    if (!cupti_) note = "a cuda device: host ranges and memory only, no GPU events: " + why;
+#else
+    note = "a cuda device: host ranges and memory only (built without CUPTI's headers): no GPU events";
+#endif
+    t->set_device(info_.name, std::int64_t(info_.props.value("memory_bytes", std::uint64_t(0))), cc_major_, note);
+  }
 
   void bind() const { SB_CUDA_CHECK(cudaSetDevice(index_)); }
   cudaStream_t stream() const { return stream_.get(); }
@@ -507,6 +539,10 @@ class CudaDevice final : public Device {
   Stream stream_;
   LtHandle lt_;
   std::shared_ptr<NvmlGpu> nvml_;  // nullptr when NVML is unavailable
+  KinetoTrace* trace_ = nullptr;   // --trace, when asked
+#ifdef STALLBENCH_HAVE_CUPTI
+  std::unique_ptr<CuptiTrace> cupti_;
+#endif
   std::mutex lazy_mu_;             // guards the lazily made handles below
   Buffer cublas_workspace_;
   CublasHandle cublas_;

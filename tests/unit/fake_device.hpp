@@ -139,4 +139,14 @@ inline bool cpu_has(const Device& dev, const std::string& isa) {
   return false;
 }
 
+// Whether oneDNN, as it runs here, may use AVX-512 (props.onednn_isa, from
+// dnnl_get_effective_cpu_isa: avx512_core and up). Not the same as the CPU's
+// flags: ONEDNN_MAX_CPU_ISA=AVX2 caps it on an AVX-512 CPU (CI runs the unit
+// suite that way), and oneDNN 2.6 runs bf16 from avx512_core up.
+inline bool onednn_uses_avx512(const Device& dev) {
+  const auto& props = dev.info().props;
+  if (!props.contains("onednn_isa") || !props["onednn_isa"].is_string()) return false;
+  return props["onednn_isa"].get<std::string>().rfind("avx512", 0) == 0;
+}
+
 }  // namespace sb::test
