@@ -42,6 +42,7 @@
 #include "scenarios/diagnose/diagnose.hpp"         // diagnose::run, format_report
 #include "scenarios/diagnose/trace_diagnose.hpp"   // diagnose_trace
 #include "harness/exit_codes.hpp"  // kExit*
+#include "watch/watch.hpp"          // watch::run
 
 namespace sb {
 namespace {
@@ -487,6 +488,46 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
   return kExitOk;
 }
 
+struct WatchCli {
+  watch::Args a;
+  std::string json_path = "stallbench-watch.json";
+  std::string html_path;
+};
+
+int cmd_watch(const WatchCli& w, int argc, char** argv) {
+  if (!w.json_path.empty()) check_writable_target(w.json_path, "--json");
+  if (!w.html_path.empty()) {
+    check_writable_target(w.html_path, "--html");
+    if (w.html_path == w.json_path)
+      throw UsageError(fmt::format("--json and --html name the same file ({}): one would replace the other", w.json_path));
+  }
+  auto meta_for = [&](const std::string& id, const std::string& name, const json& props) {
+    DeviceInfo di;
+    di.id = id;
+    di.kind = DeviceKind::cuda;
+    di.name = name;
+    di.props = props;
+    RunArgs ra;
+    json meta = run_meta(ra, argc, argv, di, MeasureConfig{});
+    meta["measure"]["timing"] = w.a.from.empty() ? fmt::format("NVML sampled every {} ms", w.a.interval_ms)
+                                                 : "read from a recorded log";
+    return meta;
+  };
+  auto write = [&](const Result& r) {
+    if (!w.json_path.empty())
+      write_file_atomic(w.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+  };
+  watch::Outcome o = watch::run(w.a, meta_for, write);
+  write(o.result);
+  if (!w.html_path.empty()) write_file_atomic(w.html_path, diagnose::format_html(o.result));
+  // with --exec the command's output owns stdout: the summary goes to stderr
+  std::ostream& out = w.a.exec.empty() ? std::cout : std::cerr;
+  out << o.summary;
+  if (!w.json_path.empty() || !w.html_path.empty())
+    out << fmt::format("result: {}{}\n", w.json_path, w.html_path.empty() ? "" : ", report: " + w.html_path);
+  return o.exit_code;
+}
+
 int cmd_analyze_hang(const std::string& dir, bool as_json) {
   const HangReport rep = analyze_hang_dir(dir);
   if (as_json) std::cout << to_json(rep).dump(2) << "\n";
@@ -588,6 +629,73 @@ int main_impl(int argc, char** argv) {
       ->capture_default_str()
       ->check(finite_range(1.0, 86400.0));
 
+  // watch: everything after --exec (and an optional --) is the command, taken
+  // before CLI11 sees the line so the command's own flags stay its own.
+  WatchCli wc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) != "--exec") continue;
+    if (i < 2 || std::string_view(argv[1]) != "watch") break;
+    int first = i + 1;
+    if (first < argc && std::string_view(argv[first]) == "--") ++first;
+    for (int k = first; k < argc; ++k) wc.a.exec.emplace_back(argv[k]);
+    if (wc.a.exec.empty()) {
+      std::cerr << "stallbench: watch --exec: name the command to run, e.g. watch --exec -- python train.py\n";
+      return kExitUsage;
+    }
+    argc = i;
+    break;
+  }
+  auto* watch_cmd = app.add_subcommand(
+      "watch", "watch a live job's GPUs (NVML): the utilization pattern, what it suggests, the stuck alarm");
+  watch_cmd->add_option("--gpu", wc.a.gpus, "all, or NVML indices: 0,1")->capture_default_str();
+  auto* interval_opt = watch_cmd->add_option("--interval", wc.a.interval_ms, "milliseconds between samples (10-10000)")
+                           ->capture_default_str()
+                           ->check(CLI::Range(10, 10000));
+  auto* duration_opt = watch_cmd->add_option("--duration", wc.a.duration_s, "seconds to watch (default: until Ctrl-C)")
+                           ->check(finite_range(0.0, 1e7));
+  watch_cmd->add_option("--json", wc.json_path, "result JSON (written at each alarm, every 60 s and at the end)")
+      ->capture_default_str()
+      ->check(non_empty_path());
+  watch_cmd->add_option("--html", wc.html_path, "also write the report as one self-contained HTML file")
+      ->check(non_empty_path());
+  watch_cmd->add_option("--stuck-after", wc.a.opt.stuck_after_s,
+                        "seconds of utilization 0 with memory held before the stuck alarm")
+      ->capture_default_str()
+      ->check(finite_range(0.0, 1e7));
+  watch_cmd->add_option("--held-mib", wc.a.opt.held_mib, "memory used that counts as held, MiB (a process listed also counts)")
+      ->capture_default_str()
+      ->check(finite_range(0.0, 1e9));
+  watch_cmd->add_option("--window", wc.a.opt.window_s, "seconds of samples the live pattern is named from")
+      ->capture_default_str()
+      ->check(finite_range(0.1, 86400.0));
+  watch_cmd->add_option("--summary-window", wc.a.opt.summary_window_s,
+                        "the summary names the pattern of each window of this many seconds")
+      ->capture_default_str()
+      ->check(finite_range(0.1, 86400.0));
+  auto* on_stuck_opt = watch_cmd->add_option("--on-stuck", wc.a.on_stuck,
+                                             "a shell command run at each stuck alarm (env STALLBENCH_STUCK_GPU, "
+                                             "_PIDS, STALLBENCH_CHILD_PID), e.g. 'py-spy dump --pid $STALLBENCH_CHILD_PID'");
+  watch_cmd->add_option("--on-stuck-timeout", wc.a.on_stuck_timeout_s, "seconds before --on-stuck is killed")
+      ->capture_default_str()
+      ->check(finite_range(0.1, 86400.0));
+  watch_cmd->add_option("--print-every", wc.a.print_every_s,
+                        "seconds between plain lines (default 1; 10 with --exec; a terminal refreshes in place)")
+      ->check(finite_range(0.01, 86400.0));
+  bool plain = false;
+  watch_cmd->add_flag("--plain", plain, "plain lines even on a terminal");
+  auto* from_opt = watch_cmd->add_option("--from", wc.a.from,
+                                         "read recorded telemetry instead: nvidia-smi --query-gpu ... --format=csv "
+                                         "output, or dcgmi dmon output")
+                       ->check(non_empty_path());
+  watch_cmd->add_option("--from-interval", wc.a.from_interval_ms,
+                        "the log's interval in ms when it has no timestamps (dcgmi dmon -d; default 1000)")
+      ->check(finite_range(1.0, 3.6e6));
+  watch_cmd->footer("--exec -- CMD ARGS...  run CMD under the watch (last on the line): signals sent to stallbench "
+                    "are forwarded to it, the watch ends when it does, and its exit code is returned.\n"
+                    "Exit codes: 0; 2 bad input or no NVML; 4 a stuck alarm was raised (without --exec); "
+                    "with --exec, the command's.");
+  for (CLI::Option* o : {interval_opt, on_stuck_opt}) from_opt->excludes(o);
+
   std::string ca, cb;
   double tolerance = 0.05;
   auto* cmp = app.add_subcommand("compare", "compare result A with result B or an expected file");
@@ -640,6 +748,14 @@ int main_impl(int argc, char** argv) {
   if (*hang) return cmd_analyze_hang(hang_dir, hang_json);
   if (*cmp) return cmd_compare(ca, cb, tolerance, tol_opt->count() > 0);
   if (*clean) return cmd_clean(clean_dry);
+  if (*watch_cmd) {
+    wc.a.live = !plain;
+    if (!wc.a.exec.empty() && !wc.a.from.empty())
+      throw UsageError("watch: --from reads a recorded log; --exec runs a command to watch live: one or the other");
+    if (!wc.a.exec.empty() && duration_opt->count() > 0)
+      throw UsageError("watch --exec: the watch lasts as long as the command; --duration does not apply");
+    return cmd_watch(wc, argc, argv);
+  }
   return kExitUsage;
 }
 

@@ -44,17 +44,11 @@ std::string bars(double base, double fixed, const std::string& unit, const std::
                      bar(base, 0, "#b0b7c3", first), bar(fixed, 18, "#2f7d4f", second));
 }
 
-}  // namespace
-
-std::string format_html(const Result& r) {
+std::string page_head(const std::string& title) {
   std::ostringstream o;
-  const json& dm = r.meta.contains("diagnose") ? r.meta["diagnose"] : json::object();
-  const std::string dev = r.meta.value("/device/id"_json_pointer, std::string("?"));
-  const std::string dev_name = r.meta.value("/device/name"_json_pointer, std::string());
-  const bool simulated = r.meta.value("/device/simulated"_json_pointer, false);
   o << "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-       "<title>stallbench diagnose</title><style>"
+       "<title>" + esc(title) + "</title><style>"
        "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:60em;"
        "color:#1d2330;padding:0 1em}h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em}"
        "table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #dde1e8;padding:.35em .5em;"
@@ -63,6 +57,109 @@ std::string format_html(const Result& r) {
        ".finding{border-left:4px solid #2f7d4f;padding:.3em .8em;margin:.8em 0;background:#f7faf8}"
        ".note{color:#5b6472}.sim{background:#fff4d6;padding:.4em .8em;border:1px solid #e8c96a}"
        "</style></head><body>\n";
+  return o.str();
+}
+
+const char* pattern_colour(const std::string& p) {
+  if (p == "healthy") return "#2f7d4f";
+  if (p == "spiky") return "#d98c1f";
+  if (p == "steady-low") return "#c9b037";
+  if (p == "stuck") return "#b3261e";
+  return "#b0b7c3";  // idle
+}
+
+// The utilization series as a line over time (0-100%), SM active dashed
+// when the log has it, and below it the pattern of each summary window.
+std::string watch_chart(const json& sum) {
+  const json& ser = sum["series"];
+  const json& t = ser["t_s"];
+  const json& u = ser["util_pct"];
+  const double w = 640, h = 120;
+  const double t_end = std::max(sum.value("duration_s", 0.0), t.empty() ? 0.0 : t.back().get<double>()) +
+                       ser.value("bucket_s", 1.0);
+  auto x = [&](double ts) { return w * ts / std::max(t_end, 1e-9); };
+  std::string pts, sm;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    pts += fmt::format("{:.1f},{:.1f} ", x(t[i].get<double>()), h - h * u[i].get<double>() / 100);
+    if (ser.contains("sm_active") && ser["sm_active"][i].is_number())
+      sm += fmt::format("{:.1f},{:.1f} ", x(t[i].get<double>()), h - h * ser["sm_active"][i].get<double>());
+  }
+  std::string svg = fmt::format(
+      "<svg width='{0}' height='{1}' role='img' aria-label='utilization over time'>"
+      "<rect x='0' y='0' width='{0}' height='{2}' fill='#f7f8fa' stroke='#dde1e8'/>"
+      "<line x1='0' y1='{3:.1f}' x2='{0}' y2='{3:.1f}' stroke='#9aa3b0' stroke-dasharray='3,3'/>"
+      "<polyline fill='none' stroke='#2b5fb3' stroke-width='1.5' points='{4}'/>",
+      w, h + 38, h, h - h * 0.9, pts);
+  if (!sm.empty())
+    svg += fmt::format("<polyline fill='none' stroke='#7a3fb0' stroke-width='1' stroke-dasharray='4,2' points='{}'/>", sm);
+  const double win = sum.value("window_s", 10.0);
+  for (const auto& wd : sum["windows"]) {
+    const double ts = wd["t_s"].get<double>();
+    svg += fmt::format("<rect x='{:.1f}' y='{:.1f}' width='{:.1f}' height='14' fill='{}'><title>{} at {:.0f} s</title></rect>",
+                       x(ts), h + 6, std::max(1.0, x(std::min(ts + win, t_end)) - x(ts)),
+                       pattern_colour(wd["pattern"].get<std::string>()), esc(wd["pattern"].get<std::string>()), ts);
+  }
+  svg += fmt::format("<text x='0' y='{:.0f}' font-size='11'>0 s</text><text x='{:.0f}' y='{:.0f}' font-size='11' "
+                     "text-anchor='end'>{:.0f} s</text></svg>",
+                     h + 34, w, h + 34, t_end);
+  return svg;
+}
+
+std::string watch_html(const Result& r) {
+  std::ostringstream o;
+  o << page_head("stallbench watch");
+  o << "<h1>stallbench watch</h1>\n";
+  const json& props = r.meta.value("/device/props"_json_pointer, json::object());
+  const std::string source = props.value("source", std::string("nvml"));
+  o << fmt::format("<p>{} &middot; stallbench {} ({}) &middot; {}</p>\n",
+                   source == "nvml" ? fmt::format("NVML, every {} ms", props.value("interval_ms", 0))
+                                    : esc(source + " log " + props.value("file", std::string())),
+                   esc(r.meta.value("version", std::string())), esc(r.meta.value("git_sha", std::string())),
+                   esc(r.meta.value("time_utc", std::string())));
+  o << "<p class='note'>The pattern rule (the dataloader scenario's): idle under 5% mean; healthy at 90% and up; "
+       "spiky when at least 15% of samples are near idle and 15% near full; steady-low otherwise; stuck when "
+       "utilization stays 0 with memory held past --stuck-after. Line: utilization.gpu (blue), SM active (purple, "
+       "dashed, when recorded), 90% dashed; bar: the pattern of each window (green healthy, orange spiky, yellow "
+       "steady-low, red stuck, grey idle).</p>\n";
+  o << "<h2>Findings</h2>\n";
+  if (r.findings.empty()) o << "<p>None: healthy or idle throughout.</p>\n";
+  for (const Finding& f : r.findings) {
+    o << "<div class='finding'><b>" << esc(f.cause) << "</b><br>" << esc(f.summary);
+    if (f.evidence.contains("config_line"))
+      o << "<br>Change: <code>" << esc(f.evidence["config_line"].get<std::string>()) << "</code>";
+    if (f.evidence.contains("command"))
+      o << "<br><span class='note'>Then: <code>" << esc(f.evidence["command"].get<std::string>()) << "</code></span>";
+    o << "</div>\n";
+  }
+  for (const Point& p : r.points) {
+    const json& sum = p.info.contains("summary") ? p.info["summary"] : json::object();
+    o << fmt::format("<h2>GPU {} {}</h2>\n", p.params.value("gpu", 0), esc(p.info.value("name", std::string())));
+    if (p.status != Status::ok) {
+      o << "<p class='error'>" << esc(p.reason) << "</p>\n";
+      continue;
+    }
+    if (sum.contains("series")) o << watch_chart(sum) << "\n";
+    o << "<table><tr><th>figure</th><th>value</th><th>note</th></tr>\n";
+    for (const Metric& m : p.metrics)
+      o << "<tr><td>" << esc(m.name) << "</td><td>" << esc(format_number(m.value) + " " + m.unit) << "</td><td class='note'>"
+        << esc(m.note) << "</td></tr>\n";
+    o << "</table>\n";
+  }
+  o << "<p class='note'>Written by <code>stallbench watch</code>; the result JSON holds every figure with its unit "
+       "and the series behind the chart.</p>\n</body></html>\n";
+  return o.str();
+}
+
+}  // namespace
+
+std::string format_html(const Result& r) {
+  std::ostringstream o;
+  const json& dm = r.meta.contains("diagnose") ? r.meta["diagnose"] : json::object();
+  const std::string dev = r.meta.value("/device/id"_json_pointer, std::string("?"));
+  const std::string dev_name = r.meta.value("/device/name"_json_pointer, std::string());
+  const bool simulated = r.meta.value("/device/simulated"_json_pointer, false);
+  if (r.scenario == "watch") return watch_html(r);
+  o << page_head("stallbench diagnose");
   o << "<h1>stallbench diagnose</h1>\n";
   o << fmt::format("<p>Device <b>{}</b> {} &middot; stallbench {} ({}) &middot; {}</p>\n", esc(dev), esc(dev_name),
                    esc(r.meta.value("version", std::string())), esc(r.meta.value("git_sha", std::string())),

@@ -1,0 +1,196 @@
+#include "watch/nvml_session.hpp"
+
+#include <dlfcn.h>  // dlopen, dlsym, dladdr
+
+#include <algorithm>  // std::min
+#include <array>      // std::array
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/errors.hpp"  // throw_call_failure
+#include "watch/nvml_abi.hpp"  // the NVML types, declared locally
+
+namespace sb::watch {
+
+using namespace nvml_abi;
+
+namespace {
+constexpr const char* kLibrary = "libnvidia-ml.so.1";
+constexpr unsigned kMaxProcesses = 64;
+}  // namespace
+
+// The entry points, resolved per session. Required: init, shutdown, count,
+// handle by index, utilization; the rest leave their field empty when absent.
+struct NvmlSession::Impl {
+  void* lib = nullptr;
+  std::vector<DeviceHandle> handles;
+  Return (*init)() = nullptr;
+  Return (*shutdown)() = nullptr;
+  const char* (*error_string)(Return) = nullptr;
+  Return (*count)(unsigned*) = nullptr;
+  Return (*handle_by_index)(unsigned, DeviceHandle*) = nullptr;
+  Return (*name)(DeviceHandle, char*, unsigned) = nullptr;
+  Return (*uuid)(DeviceHandle, char*, unsigned) = nullptr;
+  Return (*driver_version)(char*, unsigned) = nullptr;
+  Return (*utilization)(DeviceHandle, Utilization*) = nullptr;
+  Return (*clock)(DeviceHandle, int, unsigned*) = nullptr;
+  Return (*max_clock)(DeviceHandle, int, unsigned*) = nullptr;
+  Return (*power)(DeviceHandle, unsigned*) = nullptr;        // mW
+  Return (*power_limit)(DeviceHandle, unsigned*) = nullptr;  // mW, enforced
+  Return (*memory)(DeviceHandle, Memory*) = nullptr;
+  Return (*pcie)(DeviceHandle, int, unsigned*) = nullptr;  // KB/s
+  Return (*reasons)(DeviceHandle, unsigned long long*) = nullptr;
+  Return (*temperature)(DeviceHandle, int, unsigned*) = nullptr;
+  Return (*processes)(DeviceHandle, unsigned*, ProcessInfo*) = nullptr;
+
+  std::string err(Return r) const {
+    const char* s = error_string ? error_string(r) : nullptr;
+    return s ? fmt::format("{} ({})", s, r) : fmt::format("NVML error {}", r);
+  }
+  ~Impl() {
+    // dlclose is not called: a library that started threads of its own may
+    // still run code from it while the process exits.
+    if (shutdown) (void)shutdown();
+  }
+};
+
+std::unique_ptr<NvmlSession> NvmlSession::open(std::string& why) {
+  auto impl = std::make_unique<Impl>();
+  impl->lib = ::dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
+  if (!impl->lib) {
+    const char* e = ::dlerror();
+    why = fmt::format("dlopen({}) failed: {} (no NVIDIA driver on this machine?)", kLibrary, e ? e : "unknown error");
+    return nullptr;
+  }
+  std::string missing;
+  auto get = [&](const char* symbol, auto& fn, bool required) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(impl->lib, symbol));
+    if (!fn && required) missing += (missing.empty() ? "" : ", ") + std::string(symbol);
+    return fn != nullptr;
+  };
+  get("nvmlInit_v2", impl->init, true);
+  get("nvmlShutdown", impl->shutdown, true);
+  get("nvmlDeviceGetCount_v2", impl->count, true);
+  get("nvmlDeviceGetHandleByIndex_v2", impl->handle_by_index, true);
+  get("nvmlDeviceGetUtilizationRates", impl->utilization, true);
+  if (!missing.empty()) {
+    why = fmt::format("{} lacks {}", kLibrary, missing);
+    impl->shutdown = nullptr;  // never initialized
+    return nullptr;
+  }
+  get("nvmlErrorString", impl->error_string, false);
+  get("nvmlDeviceGetName", impl->name, false);
+  get("nvmlDeviceGetUUID", impl->uuid, false);
+  get("nvmlSystemGetDriverVersion", impl->driver_version, false);
+  get("nvmlDeviceGetClockInfo", impl->clock, false);
+  get("nvmlDeviceGetMaxClockInfo", impl->max_clock, false);
+  get("nvmlDeviceGetPowerUsage", impl->power, false);
+  get("nvmlDeviceGetEnforcedPowerLimit", impl->power_limit, false);
+  get("nvmlDeviceGetMemoryInfo", impl->memory, false);
+  get("nvmlDeviceGetPcieThroughput", impl->pcie, false);
+  get("nvmlDeviceGetTemperature", impl->temperature, false);
+  get("nvmlDeviceGetComputeRunningProcesses_v3", impl->processes, false);
+  // Renamed in driver 535; older drivers have only the old name.
+  if (!get("nvmlDeviceGetCurrentClocksEventReasons", impl->reasons, false))
+    get("nvmlDeviceGetCurrentClocksThrottleReasons", impl->reasons, false);
+
+  const auto init = impl->init;
+  if (const Return r = init(); r != kSuccess) {
+    why = fmt::format("nvmlInit_v2 failed: {}", impl->err(r));
+    impl->shutdown = nullptr;
+    return nullptr;
+  }
+  unsigned n = 0;
+  if (const Return r = impl->count(&n); r != kSuccess) {
+    why = fmt::format("nvmlDeviceGetCount_v2 failed: {}", impl->err(r));
+    return nullptr;
+  }
+  if (n == 0) {
+    why = "NVML sees no GPU";
+    return nullptr;
+  }
+  std::unique_ptr<NvmlSession> s(new NvmlSession());
+  for (unsigned i = 0; i < n; ++i) {
+    DeviceHandle h = nullptr;
+    if (const Return r = impl->handle_by_index(i, &h); r != kSuccess) {
+      // A GPU NVML cannot open (no permission, lost): the others are still watched.
+      why += fmt::format("{}GPU {}: nvmlDeviceGetHandleByIndex_v2 failed: {}", why.empty() ? "" : "; ", i,
+                         impl->err(r));
+      continue;
+    }
+    GpuIdentity g;
+    g.index = int(i);
+    std::array<char, kNameSize> name{};
+    if (impl->name && impl->name(h, name.data(), kNameSize) == kSuccess) g.name = name.data();
+    std::array<char, kUuidSize> uuid{};
+    if (impl->uuid && impl->uuid(h, uuid.data(), kUuidSize) == kSuccess) g.uuid = uuid.data();
+    unsigned v = 0;
+    if (impl->max_clock && impl->max_clock(h, kClockSm, &v) == kSuccess) g.sm_clock_max_mhz = v;
+    if (impl->power_limit && impl->power_limit(h, &v) == kSuccess) g.power_limit_w = v / 1000.0;
+    Memory m{};
+    if (impl->memory && impl->memory(h, &m) == kSuccess) g.mem_total_mib = double(m.total) / (1 << 20);
+    impl->handles.push_back(h);
+    s->gpus_.push_back(std::move(g));
+  }
+  if (s->gpus_.empty()) return nullptr;  // why says each GPU's failure
+  std::array<char, kDriverVersionSize> drv{};
+  if (impl->driver_version && impl->driver_version(drv.data(), kDriverVersionSize) == kSuccess)
+    s->driver_ = drv.data();
+  s->impl_ = std::move(impl);
+  return s;
+}
+
+NvmlSession::~NvmlSession() = default;
+
+std::string NvmlSession::library() const {
+  Dl_info info{};
+  if (impl_->init && ::dladdr(reinterpret_cast<void*>(impl_->init), &info) && info.dli_fname) return info.dli_fname;
+  return kLibrary;
+}
+
+LiveSample NvmlSession::sample(std::size_t slot) const {
+  const Impl& l = *impl_;
+  const DeviceHandle h = l.handles.at(slot);
+  const GpuIdentity& g = gpus_.at(slot);
+  LiveSample out;
+  telemetry::Sample& s = out.s;
+  s.gpu = g.index;
+  Utilization u{};
+  if (const Return r = l.utilization(h, &u); r != kSuccess)
+    throw_call_failure(ErrorKind::runtime, "NVML", "nvmlDeviceGetUtilizationRates(device, &util)", l.err(r), __FILE__,
+                       __LINE__);
+  s.util_pct = std::min(100u, u.gpu);
+  s.mem_util_pct = std::min(100u, u.memory);
+  unsigned v = 0;
+  if (l.clock && l.clock(h, kClockSm, &v) == kSuccess) s.sm_clock_mhz = v;
+  if (g.sm_clock_max_mhz > 0) s.sm_clock_max_mhz = g.sm_clock_max_mhz;
+  if (l.power && l.power(h, &v) == kSuccess) s.power_w = v / 1000.0;
+  // The enforced limit can change while a job runs (nvidia-smi -pl): read each time.
+  if (l.power_limit && l.power_limit(h, &v) == kSuccess) s.power_limit_w = v / 1000.0;
+  if (l.temperature && l.temperature(h, kTemperatureGpu, &v) == kSuccess) s.temp_c = v;
+  Memory m{};
+  if (l.memory && l.memory(h, &m) == kSuccess) {
+    s.mem_used_mib = double(m.used) / (1 << 20);
+    s.mem_total_mib = double(m.total) / (1 << 20);
+  }
+  // KB/s over NVML's 20 ms window; MB/s here (1 KB = 1024 bytes in NVML's docs).
+  if (l.pcie && l.pcie(h, kPcieTxBytes, &v) == kSuccess) s.pcie_tx_mb_s = v * 1024.0 / 1e6;
+  if (l.pcie && l.pcie(h, kPcieRxBytes, &v) == kSuccess) s.pcie_rx_mb_s = v * 1024.0 / 1e6;
+  unsigned long long reasons = 0;
+  if (l.reasons && l.reasons(h, &reasons) == kSuccess) s.clock_event_reasons = reasons;
+  if (l.processes) {
+    std::array<ProcessInfo, kMaxProcesses> infos{};
+    unsigned n = kMaxProcesses;
+    const Return r = l.processes(h, &n, infos.data());
+    if (r == kSuccess || r == kErrorInsufficientSize) {
+      out.processes_known = true;
+      for (unsigned i = 0; i < std::min(n, kMaxProcesses); ++i)
+        out.processes.push_back({infos[i].pid, infos[i].used_gpu_memory == kValueNotAvailable
+                                                   ? -1.0
+                                                   : double(infos[i].used_gpu_memory) / (1 << 20)});
+    }
+  }
+  return out;
+}
+
+}  // namespace sb::watch

@@ -1,0 +1,62 @@
+// NVML for `stallbench watch`: every GPU of the machine, sampled the way
+// nvidia-smi reads them (utilization, SM clock against its maximum, power
+// against the enforced limit, memory used, PCIe throughput, clock event
+// (throttle) reasons, temperature, the compute processes). libnvidia-ml.so.1
+// is loaded with dlopen and never linked, so stallbench runs where no driver
+// is installed; the tests put a fake NVML (tests/fake_nvml) in its place
+// through LD_LIBRARY_PATH. No CUDA or NVML header is needed.
+#pragma once
+
+#include <memory>  // std::unique_ptr
+#include <string>  // std::string
+#include <vector>  // std::vector
+
+#include "readers/telemetry.hpp"  // telemetry::Sample
+
+namespace sb::watch {
+
+struct GpuProcess {
+  unsigned pid = 0;
+  double used_mib = -1;  // -1: NVML hides it (a container without the PID namespace)
+};
+
+struct GpuIdentity {
+  int index = 0;
+  std::string name, uuid;
+  double mem_total_mib = 0, sm_clock_max_mhz = 0, power_limit_w = 0;  // 0: not reported
+};
+
+struct LiveSample {
+  telemetry::Sample s;
+  std::vector<GpuProcess> processes;
+  bool processes_known = false;  // the process query answered
+};
+
+class NvmlSession {
+ public:
+  // Loads and initializes NVML and opens every GPU. On failure returns
+  // nullptr and says why in `why` (no libnvidia-ml.so.1, no driver, no GPU).
+  static std::unique_ptr<NvmlSession> open(std::string& why);
+  ~NvmlSession();  // nvmlShutdown
+  NvmlSession(const NvmlSession&) = delete;
+  NvmlSession& operator=(const NvmlSession&) = delete;
+
+  const std::vector<GpuIdentity>& gpus() const { return gpus_; }
+  std::string driver_version() const { return driver_; }
+  std::string library() const;  // the path dlopen found, from dladdr
+  // One reading of GPU `slot` (an index into gpus()), t_s left at 0 for the
+  // caller to set. A field NVML does not report stays empty; only the
+  // utilization query is required (a GPU that stops answering it, e.g.
+  // NVML_ERROR_GPU_IS_LOST, throws Error naming the call and the code).
+  LiveSample sample(std::size_t slot) const;
+
+  struct Impl;
+
+ private:
+  NvmlSession() = default;
+  std::unique_ptr<Impl> impl_;
+  std::vector<GpuIdentity> gpus_;
+  std::string driver_;
+};
+
+}  // namespace sb::watch

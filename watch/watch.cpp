@@ -1,0 +1,628 @@
+#include "watch/watch.hpp"
+
+#include <signal.h>     // sigaction, kill
+#include <spawn.h>      // posix_spawnp
+#include <sys/ioctl.h>  // TIOCGWINSZ
+#include <sys/resource.h>  // getrusage
+#include <sys/wait.h>   // waitpid
+#include <time.h>       // nanosleep
+#include <unistd.h>     // isatty
+
+#include <algorithm>  // std::sort
+#include <array>      // std::array
+#include <atomic>     // std::atomic
+#include <cerrno>     // errno
+#include <chrono>     // std::chrono
+#include <cstdio>     // std::fputs
+#include <cstring>    // std::strerror
+#include <map>        // std::map
+#include <memory>     // std::unique_ptr
+#include <optional>   // std::optional
+
+#include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
+
+#include "harness/errors.hpp"      // UsageError, Error
+#include "harness/exit_codes.hpp"  // kExitHang
+#include "watch/nvml_session.hpp"  // NvmlSession
+
+extern char** environ;
+
+namespace sb::watch {
+
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// ---- signals ----
+// A handler only counts what arrived, split by where it came from: a signal a
+// terminal generated (Ctrl-C: si_code SI_KERNEL) reached the whole foreground
+// process group, the child included, so it is not sent again; one sent with
+// kill(2) (SI_USER, SI_QUEUE: a scheduler, `kill PID`) reached this process
+// alone and is forwarded to the child.
+constexpr std::array kForwarded = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+std::atomic<int> g_pending[NSIG][2];  // [signal][0: from the terminal/kernel, 1: from a process]
+
+void on_signal(int sig, siginfo_t* info, void*) {
+  const bool from_process = info && (info->si_code == SI_USER || info->si_code == SI_QUEUE);
+  g_pending[sig][from_process ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
+}
+
+class SignalScope {
+ public:
+  SignalScope() {
+    for (std::size_t i = 0; i < kForwarded.size(); ++i) {
+      const int sig = kForwarded[i];
+      for (auto& c : g_pending[sig]) c.store(0);
+      struct sigaction sa {};
+      sa.sa_sigaction = on_signal;
+      sa.sa_flags = SA_SIGINFO;  // no SA_RESTART: nanosleep wakes at once
+      sigemptyset(&sa.sa_mask);
+      sigaction(sig, &sa, &old_[i]);
+    }
+  }
+  ~SignalScope() {
+    for (std::size_t i = 0; i < kForwarded.size(); ++i) sigaction(kForwarded[i], &old_[i], nullptr);
+  }
+  // (signal, from a process) pairs that arrived since the last call
+  std::vector<std::pair<int, bool>> take() {
+    std::vector<std::pair<int, bool>> out;
+    for (int sig : kForwarded)
+      for (int k = 0; k < 2; ++k)
+        for (int n = g_pending[sig][k].exchange(0); n > 0; --n) out.emplace_back(sig, k == 1);
+    return out;
+  }
+
+ private:
+  std::array<struct sigaction, kForwarded.size()> old_{};
+};
+
+// ---- child processes ----
+pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env, bool own_group,
+            std::string& why) {
+  std::vector<char*> av;
+  for (const auto& s : argv) av.push_back(const_cast<char*>(s.c_str()));
+  av.push_back(nullptr);
+  std::vector<std::string> env_store;
+  std::vector<char*> envp;
+  for (char** e = environ; e && *e; ++e) envp.push_back(*e);
+  for (const auto& e : extra_env) env_store.push_back(e);
+  for (auto& e : env_store) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t def;
+  sigemptyset(&def);
+  for (int sig : kForwarded) sigaddset(&def, sig);
+  sigaddset(&def, SIGPIPE);
+  short flags = POSIX_SPAWN_SETSIGDEF;
+  if (own_group) {
+    flags |= POSIX_SPAWN_SETPGROUP;
+    posix_spawnattr_setpgroup(&attr, 0);
+  }
+  posix_spawnattr_setsigdefault(&attr, &def);
+  posix_spawnattr_setflags(&attr, flags);
+  pid_t pid = -1;
+  const int rc = posix_spawnp(&pid, av[0], nullptr, &attr, av.data(), envp.data());
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    why = std::strerror(rc);
+    return -1;
+  }
+  return pid;
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);  // as a shell reports it
+  return 1;
+}
+
+// --on-stuck: one shell command at a time, killed (its process group) at its deadline.
+struct OnStuck {
+  pid_t pid = -1;
+  Clock::time_point deadline;
+  StuckEpisode* episode = nullptr;
+  int gpu = 0;
+};
+
+// ---- the terminal ----
+int terminal_width(int fd) {
+  struct winsize w {};
+  if (ioctl(fd, TIOCGWINSZ, &w) == 0 && w.ws_col > 20) return w.ws_col;
+  return 120;
+}
+
+// Cuts a line to `cols` terminal columns (the sparkline's blocks are one
+// column and three bytes each; everything else here is ASCII).
+std::string fit(const std::string& s, int cols) {
+  std::string out;
+  int c = 0;
+  for (std::size_t i = 0; i < s.size();) {
+    const unsigned char b = static_cast<unsigned char>(s[i]);
+    const std::size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : 4;
+    if (c + 1 > cols) break;
+    out.append(s, i, len);
+    i += len;
+    ++c;
+  }
+  return out;
+}
+
+std::string opt_num(const std::optional<double>& v, const char* fmtstr) {
+  return v ? fmt::format(fmt::runtime(fmtstr), *v) : std::string("-");
+}
+
+double cpu_seconds_self() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+struct Watched {
+  GpuIdentity id;
+  std::size_t slot = 0;  // NvmlSession's index
+  GpuTracker tracker;
+  bool lost = false;
+  std::string lost_why;
+};
+
+std::string live_line(const Watched& w, int cols) {
+  const telemetry::Sample* s = w.tracker.last();
+  const Pattern p = w.tracker.pattern();
+  std::string head = fmt::format("GPU{} ", w.id.index);
+  if (w.lost) return fit(head + "lost: " + w.lost_why, cols);
+  std::string figures;
+  if (s) {
+    figures = fmt::format(" {:>3}% ", opt_num(s->util_pct, "{:.0f}"));
+    figures += fmt::format("{}/{}MHz ", opt_num(s->sm_clock_mhz, "{:.0f}"), opt_num(s->sm_clock_max_mhz, "{:.0f}"));
+    figures += fmt::format("{}/{}W ", opt_num(s->power_w, "{:.0f}"), opt_num(s->power_limit_w, "{:.0f}"));
+    figures += fmt::format("{}/{}GiB ", s->mem_used_mib ? fmt::format("{:.1f}", *s->mem_used_mib / 1024) : "-",
+                           s->mem_total_mib ? fmt::format("{:.0f}", *s->mem_total_mib / 1024) : "-");
+  }
+  std::string state = std::string(to_string(p));
+  if (p == Pattern::stuck) state = fmt::format("STUCK {:.0f}s", w.tracker.stuck_for_s());
+  const std::string tail = state + ": " + short_hint(p);
+  // the sparkline takes what the figures and the pattern leave, up to 60 columns
+  const int spark_cols = std::clamp(cols - int(head.size() + figures.size() + tail.size()) - 1, 10, 60);
+  const auto u = w.tracker.recent_util(std::size_t(spark_cols));
+  return fit(head + sparkline(u, std::size_t(spark_cols)) + figures + tail, cols);
+}
+
+std::string plain_line(const Watched& w, double t) {
+  const telemetry::Sample* s = w.tracker.last();
+  if (w.lost) return fmt::format("t={:.1f}s gpu={} lost: {}", t, w.id.index, w.lost_why);
+  const Pattern p = w.tracker.pattern();
+  std::string line = fmt::format("t={:.1f}s gpu={}", t, w.id.index);
+  if (s) {
+    line += fmt::format(" util={}% sm_clock={}/{}MHz power={}/{}W mem={}/{}MiB", opt_num(s->util_pct, "{:.0f}"),
+                        opt_num(s->sm_clock_mhz, "{:.0f}"), opt_num(s->sm_clock_max_mhz, "{:.0f}"),
+                        opt_num(s->power_w, "{:.0f}"), opt_num(s->power_limit_w, "{:.0f}"),
+                        opt_num(s->mem_used_mib, "{:.0f}"), opt_num(s->mem_total_mib, "{:.0f}"));
+    if (s->sm_active) line += fmt::format(" sm_active={:.2f}", *s->sm_active);
+  }
+  line += fmt::format(" pattern={} ({}) hint: {}", to_string(p), w.tracker.pattern_evidence(), short_hint(p));
+  return line;
+}
+
+// ---- the result ----
+Metric metric(std::string name, double v, std::string unit, Direction d, std::string note = "", bool table = true) {
+  Metric m;
+  m.name = std::move(name);
+  m.value = v;
+  m.unit = std::move(unit);
+  m.direction = d;
+  m.note = std::move(note);
+  m.in_table = table;
+  return m;
+}
+
+constexpr double kFindingSharePct = 25;   // a pattern over a quarter of the watch is named
+constexpr double kThrottlePct = 5;        // throttled over 5% of the loaded time is named
+
+void add_findings(Result& r, const Watched& w) {
+  const GpuTracker& t = w.tracker;
+  const json sum = t.summary();
+  const json& share = sum["pattern_share_pct"];
+  const std::string gpu = fmt::format("GPU {}", w.id.index);
+  auto finding = [&](std::string cause, std::string summary, json evidence) {
+    evidence["gpu"] = w.id.index;
+    r.findings.push_back({std::move(cause), std::move(summary), std::nullopt, std::move(evidence)});
+  };
+  for (const auto& e : t.stuck_episodes())
+    finding("a hang: stuck with memory held",
+            fmt::format("{}: utilization 0 with {:.1f} GiB held from t={:.1f} s{} (alarm after {:.0f} s): {}", gpu,
+                        e.mem_used_mib / 1024, e.start_s,
+                        e.end_s < 0 ? " to the end of the watch" : fmt::format(" to t={:.1f} s", e.end_s),
+                        e.alarm_s - e.start_s,
+                        GpuTracker::suggestion(Pattern::stuck)),
+            json{{"check", "stuck"},
+                 {"start_s", e.start_s},
+                 {"alarm_s", e.alarm_s},
+                 {"end_s", e.end_s},
+                 {"mem_used_mib", e.mem_used_mib},
+                 {"pids", e.pids},
+                 {"on_stuck_rc", e.on_stuck_rc}});
+  const double spiky = share.value("spiky", 0.0), low = share.value("steady-low", 0.0);
+  if (spiky >= kFindingSharePct)
+    finding("a slow host dataloader",
+            fmt::format("{}: spiky {:.0f}% of the watch (near-idle and near-full samples alternate): {}", gpu, spiky,
+                        GpuTracker::suggestion(Pattern::spiky)),
+            json{{"check", "loader"},
+                 {"share_pct", spiky},
+                 {"config_line", "dataloader_num_workers: 4  # with dataloader_pin_memory: true, "
+                                 "dataloader_prefetch_factor: 2"},
+                 {"command", "stallbench run dataloader"}});
+  if (low >= kFindingSharePct) {
+    std::string why = fmt::format("{}: steady-low {:.0f}% of the watch (mean utilization {:.0f}%", gpu, low,
+                                  sum.value("mean_util_pct", 0.0));
+    if (sum.contains("mean_sm_active")) why += fmt::format(", SM active {:.0f}%", 100 * sum["mean_sm_active"].get<double>());
+    if (sum.contains("mean_tensor_active"))
+      why += fmt::format(", tensor active {:.0f}%", 100 * sum["mean_tensor_active"].get<double>());
+    why += ")";
+    const bool no_tensor = sum.contains("mean_tensor_active") && sum["mean_tensor_active"].get<double>() < 0.05;
+    finding(no_tensor ? "fp32 where bf16 would do" : "steady-low utilization: fp32 where bf16 would do, or a batch too small",
+            why + ": " + GpuTracker::suggestion(Pattern::steady_low),
+            json{{"check", "utilization"},
+                 {"share_pct", low},
+                 {"config_line", no_tensor ? "bf16: true" : "bf16: true  # then a larger micro_batch_size"},
+                 {"command", "stallbench diagnose --config your.yml"}});
+  }
+  const double loaded = sum.value("loaded_s", 0.0);
+  if (loaded > 0 && 100 * t.throttled_s() / loaded >= kThrottlePct) {
+    std::vector<std::string> reasons;
+    for (const auto& [name, s] : t.throttle_reason_s()) reasons.push_back(fmt::format("{} {:.1f} s", name, s));
+    const double pct = 100 * t.throttled_s() / loaded;
+    finding("throttling",
+            fmt::format("{}: clocks held back {:.0f}% of the time under load ({:.1f} of {:.1f} s){}{}: check cooling and "
+                        "the power limit (nvidia-smi -q -d PERFORMANCE,POWER); benchmark figures from this GPU "
+                        "are low by that much",
+                        gpu, pct, t.throttled_s(), loaded, reasons.empty() ? "" : "; reasons: " + fmt::format("{}", fmt::join(reasons, ", ")),
+                        t.clocks_low_s() > 0 ? fmt::format("; SM clock under 90% of its max {:.1f} s", t.clocks_low_s()) : ""),
+            json{{"check", "throttling"},
+                 {"share_pct", pct},
+                 {"throttled_s", t.throttled_s()},
+                 {"loaded_s", loaded},
+                 {"clocks_low_s", t.clocks_low_s()},
+                 {"reasons_s", json(t.throttle_reason_s())}});
+  }
+  if (w.lost) finding("GPU lost", fmt::format("{}: {}", gpu, w.lost_why), json{{"check", "nvml"}});
+}
+
+Point point_of(const Watched& w, double cpu_pct, bool live) {
+  const GpuTracker& t = w.tracker;
+  Point p;
+  p.params = json{{"gpu", w.id.index}};
+  const json sum = t.summary();
+  if (t.samples() == 0) {
+    p.status = Status::error;
+    p.reason = w.lost ? w.lost_why : "no sample of this GPU";
+  }
+  p.add(metric("mean_util", sum.value("mean_util_pct", 0.0), "%", Direction::higher,
+               "utilization.gpu: the share of time a kernel ran"));
+  for (const auto& [pat, name] : kPatternNames.entries) {
+    std::string key = std::string(name);
+    std::replace(key.begin(), key.end(), '-', '_');
+    p.add(metric(key + "_share", sum["pattern_share_pct"].value(std::string(name), 0.0), "% of time",
+                 pat == Pattern::healthy ? Direction::higher : Direction::lower,
+                 fmt::format("windows of {} s", sum.value("window_s", 0.0))));
+  }
+  if (sum.contains("mean_sm_active"))
+    p.add(metric("mean_sm_active", 100 * sum["mean_sm_active"].get<double>(), "%", Direction::higher, "DCGM SM active"));
+  const double loaded = sum.value("loaded_s", 0.0);
+  p.add(metric("throttled", loaded > 0 ? 100 * t.throttled_s() / loaded : 0.0, "% of loaded time", Direction::lower,
+               "a clock event reason (power cap, thermal, HW slowdown) or SM clock under 90% of max, at >= 50% util"));
+  double stuck_s = 0;
+  for (const auto& e : t.stuck_episodes()) stuck_s += (e.end_s < 0 ? t.duration_s() : e.end_s) - e.start_s;
+  p.add(metric("stuck", stuck_s, "s", Direction::lower, "utilization 0 with memory held, once past --stuck-after"));
+  if (sum.contains("mean_power_w")) p.add(metric("mean_power", sum["mean_power_w"].get<double>(), "W", Direction::none));
+  p.add(metric("max_mem_used", sum.value("max_mem_used_mib", 0.0), "MiB", Direction::none));
+  p.add(metric("samples", double(t.samples()), "count", Direction::none, "", false));
+  p.add(metric("duration", t.duration_s(), "s", Direction::none, "", false));
+  if (live)
+    p.add(metric("watch_cpu", cpu_pct, "% of a core", Direction::lower,
+                 "the whole watch process (sampling every GPU, the view), user + system CPU over wall time"));
+  p.info = json{{"name", w.id.name}, {"uuid", w.id.uuid}, {"pattern_now", to_string(t.pattern())},
+                {"summary", sum}};
+  return p;
+}
+
+std::string summary_text(const std::vector<Watched>& ws, const Result& r, double wall_s, double cpu_pct, bool live,
+                         const std::string& source) {
+  std::string o = fmt::format("watch: {:.1f} s of {}{}\n", wall_s, source,
+                              live ? fmt::format(", the watch itself {:.2f}% of a core", cpu_pct) : "");
+  for (const Watched& w : ws) {
+    const json sum = w.tracker.summary();
+    o += fmt::format("  GPU{} {}: {} samples, mean utilization {:.0f}%", w.id.index, w.id.name, w.tracker.samples(),
+                     sum.value("mean_util_pct", 0.0));
+    std::vector<std::string> shares;
+    for (const auto& [k, v] : sum["pattern_share_pct"].items())
+      if (v.get<double>() > 0) shares.push_back(fmt::format("{} {:.0f}%", k, v.get<double>()));
+    o += shares.empty() ? "\n" : fmt::format("; time {}\n", fmt::join(shares, ", "));
+    const double loaded = sum.value("loaded_s", 0.0);
+    if (w.tracker.throttled_s() > 0)
+      o += fmt::format("    throttled {:.1f} s of {:.1f} s under load\n", w.tracker.throttled_s(), loaded);
+    for (const auto& e : w.tracker.stuck_episodes())
+      o += fmt::format("    STUCK from t={:.1f} s{}, {:.1f} GiB held{}\n", e.start_s,
+                       e.end_s < 0 ? " to the end" : fmt::format(" to t={:.1f} s", e.end_s), e.mem_used_mib / 1024,
+                       e.on_stuck_rc == -1000 ? "" : fmt::format(", --on-stuck exit {}", e.on_stuck_rc));
+  }
+  if (r.findings.empty()) o += "findings: none (healthy or idle throughout)\n";
+  else o += "findings:\n";
+  for (const auto& f : r.findings) o += "  - " + f.summary + "\n";
+  return o;
+}
+
+}  // namespace
+
+std::string short_hint(Pattern p) {
+  switch (p) {
+    case Pattern::spiky: return "loader: raise dataloader_num_workers, pin_memory";
+    case Pattern::steady_low: return "dtype/batch: bf16, then micro_batch_size";
+    case Pattern::stuck: return "hang: dump stacks (py-spy), Flight Recorder, analyze-hang";
+    case Pattern::idle: return "no work";
+    case Pattern::healthy: return "ok";
+  }
+  return "";
+}
+
+std::vector<int> parse_gpu_list(const std::string& s) {
+  if (s == "all") return {};
+  std::vector<int> out;
+  std::size_t i = 0;
+  while (i <= s.size()) {
+    const std::size_t j = std::min(s.find(',', i), s.size());
+    const std::string item = s.substr(i, j - i);
+    if (item.empty() || item.size() > 4 || item.find_first_not_of("0123456789") != std::string::npos)
+      throw UsageError(fmt::format("--gpu {}: expected all, or GPU indices separated by commas (0,1)", s));
+    out.push_back(std::stoi(item));
+    i = j + 1;
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+Outcome run(const Args& a, const std::function<json(const std::string&, const std::string&, const json&)>& meta_for,
+            const std::function<void(const Result&)>& write_json) {
+  const std::vector<int> want = parse_gpu_list(a.gpus);
+  auto wanted = [&](int i) { return want.empty() || std::find(want.begin(), want.end(), i) != want.end(); };
+  std::vector<Watched> ws;
+  Outcome out;
+  Result& r = out.result;
+  r.scenario = "watch";
+
+  // ---- recorded telemetry ----
+  if (!a.from.empty()) {
+    const telemetry::Recording rec = telemetry::read_telemetry(a.from, a.from_interval_ms);
+    std::map<int, std::size_t> slot;
+    for (const auto& s : rec.samples) {
+      if (!wanted(s.gpu)) continue;
+      auto it = slot.find(s.gpu);
+      if (it == slot.end()) {
+        it = slot.emplace(s.gpu, ws.size()).first;
+        GpuIdentity id;
+        id.index = s.gpu;
+        id.name = rec.format + " log";
+        ws.push_back({id, ws.size(), GpuTracker(s.gpu, a.opt)});
+      }
+      ws[it->second].tracker.add(s);
+    }
+    if (ws.empty())
+      throw UsageError(fmt::format("{}: no sample of the GPUs asked for (--gpu {})", a.from, a.gpus));
+    std::sort(ws.begin(), ws.end(), [](const Watched& x, const Watched& y) { return x.id.index < y.id.index; });
+    double wall = 0;
+    for (auto& w : ws) {
+      w.tracker.finish();
+      wall = std::max(wall, w.tracker.duration_s());
+    }
+    const json props{{"source", rec.format}, {"file", a.from}, {"columns", rec.columns}, {"ignored", rec.ignored},
+                     {"notes", rec.notes}};
+    r.meta = meta_for(fmt::format("cuda:{}", ws.front().id.index), rec.format + " log", props);
+    r.params = json{{"source", json::array({rec.format})}, {"gpus", json::array({a.gpus})}};
+    for (const auto& w : ws) {
+      r.points.push_back(point_of(w, 0, false));
+      add_findings(r, w);
+    }
+    out.summary = summary_text(ws, r, wall, 0, false, fmt::format("{} ({}, {} samples)", a.from, rec.format,
+                                                                  rec.samples.size()));
+    for (const auto& n : rec.notes) out.summary += "note: " + n + "\n";
+    return out;
+  }
+
+  // ---- live, through NVML ----
+  std::string why;
+  auto nvml = NvmlSession::open(why);
+  if (!nvml) throw UsageError("watch: cannot read the GPUs through NVML: " + why);
+  for (std::size_t i = 0; i < nvml->gpus().size(); ++i)
+    if (wanted(nvml->gpus()[i].index)) ws.push_back({nvml->gpus()[i], i, GpuTracker(nvml->gpus()[i].index, a.opt)});
+  if (ws.empty()) throw UsageError(fmt::format("--gpu {}: NVML sees GPUs 0..{}", a.gpus, nvml->gpus().size() - 1));
+  if (!why.empty()) std::fprintf(stderr, "watch: %s\n", why.c_str());  // a GPU NVML could not open
+
+  SignalScope signals;
+  const bool exec = !a.exec.empty();
+  pid_t child = -1;
+  int child_rc = -1;
+  if (exec) {
+    std::string err;
+    child = spawn(a.exec, {}, false, err);
+    if (child < 0) throw UsageError(fmt::format("--exec: cannot run {}: {}", a.exec[0], err));
+  }
+  // where the view goes: stdout, or stderr while a command shares the terminal
+  FILE* view = exec ? stderr : stdout;
+  const int view_fd = fileno(view);
+  const bool tty = a.live && !exec && isatty(view_fd);
+  const double print_every = a.print_every_s > 0 ? a.print_every_s : tty ? 0.25 : exec ? 10.0 : 1.0;
+
+  const json props{{"source", "nvml"},
+                   {"library", nvml->library()},
+                   {"driver", nvml->driver_version()},
+                   {"interval_ms", a.interval_ms},
+                   {"gpus", [&] {
+                      json g = json::array();
+                      for (const auto& w : ws)
+                        g.push_back({{"index", w.id.index}, {"name", w.id.name}, {"uuid", w.id.uuid},
+                                     {"mem_total_mib", w.id.mem_total_mib}, {"sm_clock_max_mhz", w.id.sm_clock_max_mhz},
+                                     {"power_limit_w", w.id.power_limit_w}});
+                      return g;
+                    }()}};
+  r.meta = meta_for(fmt::format("cuda:{}", ws.front().id.index), ws.front().id.name, props);
+  r.params = json{{"source", json::array({"nvml"})}, {"gpus", json::array({a.gpus})}, {"interval_ms", json::array({a.interval_ms})}};
+  if (exec) r.params["exec"] = json::array({fmt::format("{}", fmt::join(a.exec, " "))});
+
+  const auto t0 = Clock::now();
+  const double cpu0 = cpu_seconds_self();
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  auto cpu_pct = [&] {
+    const double wall = elapsed();
+    return wall > 0 ? 100 * (cpu_seconds_self() - cpu0) / wall : 0.0;
+  };
+  auto build = [&](bool final) {
+    Result cur;
+    cur.meta = r.meta;
+    cur.scenario = r.scenario;
+    cur.params = r.params;
+    const double cpu = cpu_pct();
+    for (auto& w : ws) {
+      cur.points.push_back(point_of(w, cpu, true));
+      add_findings(cur, w);
+    }
+    cur.meta["watch"] = json{{"final", final}, {"wall_s", elapsed()}, {"child_exit_code", child_rc}};
+    return cur;
+  };
+
+  std::optional<OnStuck> on_stuck;
+  std::vector<std::pair<StuckEpisode*, int>> stuck_queue;  // alarms waiting for --on-stuck
+  int drawn = 0;                                           // lines of the live view on screen
+  double next_print = 0, next_json = 60;
+  bool stop = false, any_alarm = false;
+  const auto period = std::chrono::milliseconds(a.interval_ms);
+  auto next = t0;
+  while (!stop) {
+    const double t = elapsed();
+    std::vector<std::string> alarms;
+    for (auto& w : ws) {
+      if (w.lost) continue;
+      try {
+        LiveSample ls = nvml->sample(w.slot);
+        ls.s.t_s = t;
+        std::vector<unsigned> pids;
+        std::vector<double> mib;
+        for (const auto& p : ls.processes) {
+          pids.push_back(p.pid);
+          mib.push_back(p.used_mib);
+        }
+        if (w.tracker.add(ls.s, ls.processes_known ? &pids : nullptr, ls.processes_known ? &mib : nullptr)) {
+          any_alarm = true;
+          StuckEpisode* e = w.tracker.open_episode();
+          alarms.push_back(fmt::format("watch: ALARM GPU{} stuck: utilization 0 with {:.1f} GiB held for {:.0f} s{}",
+                                       w.id.index, e->mem_used_mib / 1024, w.tracker.stuck_for_s(),
+                                       e->pids.empty() ? "" : fmt::format(" (pids {})", fmt::join(e->pids, ","))));
+          if (!a.on_stuck.empty()) stuck_queue.emplace_back(e, w.id.index);
+        }
+      } catch (const Error& e) {
+        w.lost = true;
+        w.lost_why = e.what();
+        alarms.push_back(fmt::format("watch: GPU{} stopped answering: {}", w.id.index, e.what()));
+      }
+    }
+    // --on-stuck: start the next, reap or kill the running one
+    if (on_stuck && on_stuck->pid > 0) {
+      int status = 0;
+      const pid_t got = waitpid(on_stuck->pid, &status, WNOHANG);
+      if (got == on_stuck->pid) {
+        on_stuck->episode->on_stuck_rc = exit_code_of(status);
+        on_stuck.reset();
+      } else if (Clock::now() > on_stuck->deadline) {
+        kill(-on_stuck->pid, SIGKILL);
+        waitpid(on_stuck->pid, &status, 0);
+        on_stuck->episode->on_stuck_rc = -1;
+        alarms.push_back(fmt::format("watch: --on-stuck killed after {:.0f} s", a.on_stuck_timeout_s));
+        on_stuck.reset();
+      }
+    }
+    if (!on_stuck && !stuck_queue.empty()) {
+      auto [e, gpu] = stuck_queue.front();
+      stuck_queue.erase(stuck_queue.begin());
+      std::string err;
+      std::vector<std::string> env = {fmt::format("STALLBENCH_STUCK_GPU={}", gpu),
+                                      fmt::format("STALLBENCH_STUCK_PIDS={}", fmt::join(e->pids, ",")),
+                                      fmt::format("STALLBENCH_STUCK_SECONDS={:.0f}", e->alarm_s - e->start_s)};
+      if (child > 0) env.push_back(fmt::format("STALLBENCH_CHILD_PID={}", child));
+      const pid_t pid = spawn({"/bin/sh", "-c", a.on_stuck}, env, true, err);
+      if (pid > 0) on_stuck = OnStuck{pid, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                              std::chrono::duration<double>(a.on_stuck_timeout_s)),
+                                      e, gpu};
+      else alarms.push_back("watch: --on-stuck could not start: " + err);
+    }
+    // signals: forwarded to the command, or the end of the watch
+    for (auto [sig, from_process] : signals.take()) {
+      if (exec && child > 0) {
+        if (from_process) kill(child, sig);
+      } else {
+        stop = true;
+      }
+    }
+    if (exec && child > 0) {
+      int status = 0;
+      if (waitpid(child, &status, WNOHANG) == child) {
+        child_rc = exit_code_of(status);
+        child = -1;
+        stop = true;
+      }
+    }
+    if (a.duration_s > 0 && t >= a.duration_s) stop = true;
+    bool all_lost = true;
+    for (const auto& w : ws) all_lost &= w.lost;
+    if (all_lost && !exec) stop = true;
+
+    // the view
+    if (!alarms.empty() || t >= next_print || stop) {
+      const int cols = terminal_width(view_fd);
+      std::string text;
+      if (tty && drawn > 0) text += fmt::format("\x1b[{}A", drawn);  // back to the top of the view
+      for (const auto& al : alarms) text += (tty ? "\r\x1b[2K" : "") + al + "\n";
+      if (tty) {
+        text += "\r\x1b[2K" + fit(fmt::format("stallbench watch  {:.0f} s  every {} ms  Ctrl-C ends", t, a.interval_ms), cols) + "\n";
+        for (const auto& w : ws) text += "\r\x1b[2K" + live_line(w, cols) + "\n";
+        drawn = int(ws.size()) + 1;
+      } else if (t >= next_print || stop) {
+        for (const auto& w : ws) text += (exec ? "watch: " : "") + plain_line(w, t) + "\n";
+      }
+      std::fputs(text.c_str(), view);
+      std::fflush(view);
+      if (t >= next_print) next_print = t + print_every;
+    }
+    if (write_json && (!alarms.empty() || t >= next_json)) {
+      write_json(build(false));
+      next_json = t + 60;
+    }
+    if (stop) break;
+    next += period;
+    const auto now = Clock::now();
+    if (next < now) next = now;  // behind (a slow NVML call): no burst of catch-up samples
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(next - now).count();
+    struct timespec ts {time_t(ns / 1000000000), long(ns % 1000000000)};
+    nanosleep(&ts, nullptr);  // a signal ends it early; the loop handles the signal at once
+  }
+  // a command still running when the watch ends (--duration): left to run, said so
+  if (on_stuck && on_stuck->pid > 0) {
+    int status = 0;
+    kill(-on_stuck->pid, SIGKILL);
+    waitpid(on_stuck->pid, &status, 0);
+    on_stuck->episode->on_stuck_rc = -1;
+  }
+  for (auto& w : ws) w.tracker.finish();
+  const double cpu = cpu_pct();
+  r = build(true);
+  out.exit_code = exec ? (child_rc >= 0 ? child_rc : 0) : any_alarm ? kExitHang : 0;
+  std::string source = fmt::format("NVML every {} ms", a.interval_ms);
+  if (exec)
+    source += child_rc >= 0 ? fmt::format(", {} exited {}", a.exec[0], child_rc)
+                            : fmt::format(", {} still running (pid {})", a.exec[0], child);
+  out.summary = summary_text(ws, r, elapsed(), cpu, true, source);
+  return out;
+}
+
+}  // namespace sb::watch
