@@ -98,7 +98,7 @@ with tempfile.TemporaryDirectory() as tmp:
 expect(["--help"], 0, ["list", "devices", "run", "diagnose", "compare", "analyze-hang", "exit codes"], "stdout")
 expect(["--version"], 0, ["stallbench 0.1.0"], "stdout")
 expect([], 2, ["A subcommand is required"])
-expect(["frobnicate"], 2, ["unknown command 'frobnicate'", "valid: list, devices, run, diagnose, compare, analyze-hang"])
+expect(["frobnicate"], 2, ["unknown command 'frobnicate'", "valid: list, devices, run, diagnose, watch, compare, analyze-hang"])
 expect(["run"], 2, ["scenario is required"])
 # diagnose: bad input is exit 2 before any device is opened
 expect(["diagnose", "--observed-tokens-per-s", "nan"], 2, ["--observed-tokens-per-s"])
