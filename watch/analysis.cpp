@@ -45,6 +45,23 @@ Reading GpuTracker::read(const telemetry::Sample& s, bool proc_held) const {
   return r;
 }
 
+void GpuTracker::merge_series() {  // halves the series' resolution
+  std::vector<Bucket> merged;
+  for (std::size_t i = 0; i < series_.size(); i += 2) {
+    Bucket m = series_[i];
+    m.t0 = double(merged.size()) * bucket_s_ * 2;
+    if (i + 1 < series_.size()) {
+      const Bucket& o = series_[i + 1];
+      m.util += o.util, m.n += o.n, m.sm_active += o.sm_active, m.n_sm += o.n_sm;
+      m.power += o.power, m.n_power += o.n_power, m.clock += o.clock, m.n_clock += o.n_clock;
+      m.mem = std::max(m.mem, o.mem);
+    }
+    merged.push_back(m);
+  }
+  series_ = std::move(merged);
+  bucket_s_ *= 2;
+}
+
 bool GpuTracker::add(const telemetry::Sample& s_in, const std::vector<unsigned>* processes,
                      const std::vector<double>* process_mib) {
   telemetry::Sample s = s_in;
@@ -70,8 +87,14 @@ bool GpuTracker::add(const telemetry::Sample& s_in, const std::vector<unsigned>*
   prev_clocks_low_ = r.clocks_low;
   prev_bits_ = r.throttle_bits;
   // the summary windows this sample closes
-  while (t >= window_start_ + opt_.summary_window_s && opt_.summary_window_s > 0)
-    close_window(window_start_ + opt_.summary_window_s);
+  const double w = opt_.summary_window_s;
+  while (w > 0 && t >= window_start_ + w) {
+    close_window(window_start_ + w);
+    // a gap in a log: the windows after the last sample are empty, skipped at once
+    // (not one by one: a clock jump of years would be billions of them)
+    if (t >= window_start_ + w && (recent_.empty() || recent_.back().s.t_s < window_start_))
+      window_start_ += std::floor((t - window_start_) / w) * w;
+  }
   ++n_;
   t_prev_ = t_last_ = t;
   recent_.push_back({s, r});
@@ -97,6 +120,8 @@ bool GpuTracker::add(const telemetry::Sample& s_in, const std::vector<unsigned>*
   }
   if (s.mem_used_mib) mem_max_ = std::max(mem_max_, *s.mem_used_mib);
   const double rel = t - t_first_;
+  // coarser buckets first when this sample lies far past the series' end
+  while (rel / bucket_s_ >= double(2 * kMaxSeries)) merge_series();
   const std::size_t bi = std::size_t(std::floor(rel / bucket_s_));
   while (series_.size() <= bi) series_.push_back({double(series_.size()) * bucket_s_});
   Bucket& b = series_[bi];
@@ -117,21 +142,7 @@ bool GpuTracker::add(const telemetry::Sample& s_in, const std::vector<unsigned>*
     ++b.n_clock;
   }
   if (s.mem_used_mib) b.mem = std::max(b.mem, *s.mem_used_mib);
-  if (series_.size() > kMaxSeries) {  // halve the resolution
-    std::vector<Bucket> merged;
-    for (std::size_t i = 0; i < series_.size(); i += 2) {
-      Bucket m = series_[i];
-      if (i + 1 < series_.size()) {
-        const Bucket& o = series_[i + 1];
-        m.util += o.util, m.n += o.n, m.sm_active += o.sm_active, m.n_sm += o.n_sm;
-        m.power += o.power, m.n_power += o.n_power, m.clock += o.clock, m.n_clock += o.n_clock;
-        m.mem = std::max(m.mem, o.mem);
-      }
-      merged.push_back(m);
-    }
-    series_ = std::move(merged);
-    bucket_s_ *= 2;
-  }
+  if (series_.size() > kMaxSeries) merge_series();
 
   // stuck: utilization 0 with memory held, for stuck_after_s
   if (r.has_util && r.util == 0 && r.held) {

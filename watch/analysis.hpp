@@ -106,6 +106,7 @@ class GpuTracker {
   };
   void settle(Window& w);  // adds a window's time to the shares, the episodes known
   void settle_pending();
+  void merge_series();
 
   int gpu_;
   Options opt_;

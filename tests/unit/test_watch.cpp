@@ -172,6 +172,20 @@ TEST(WatchAnalysis, AClockStepBackIsClampedAndTheSparklineHoldsTheLastValue) {
   EXPECT_DOUBLE_EQ(u[5], 0.5);
 }
 
+TEST(WatchAnalysis, AGapOfYearsInALogIsOneStepNotBillions) {
+  // the fuzzer's input: a clock jump of 10 years between two rows
+  GpuTracker t(0, opts(60, 10, 1e9));
+  t.add(at(0, 100));
+  t.add(at(0.1, 100));
+  t.add(at(3.15e8, 100));
+  t.finish();
+  const json s = t.summary();
+  EXPECT_NEAR(t.duration_s(), 3.15e8, 1);
+  EXPECT_LE(s["series"]["t_s"].size(), 3u);  // the empty buckets are not listed
+  EXPECT_LE(s["windows"].size(), 3u);
+  EXPECT_NEAR(s["pattern_share_pct"]["healthy"].get<double>(), 100, 1e-9);
+}
+
 TEST(WatchAnalysis, GpuListIsParsedOrRefused) {
   EXPECT_TRUE(parse_gpu_list("all").empty());
   EXPECT_EQ(parse_gpu_list("3,1,1"), (std::vector<int>{1, 3}));
