@@ -8,6 +8,7 @@
 
 #include <algorithm>  // std::find
 #include <cerrno>    // errno, ERANGE
+#include <csignal>   // std::signal: SIGPIPE in watch
 #include <chrono>    // std::chrono::system_clock
 #include <cmath>     // std::isfinite
 #include <cstdio>    // std::fputs
@@ -520,7 +521,9 @@ int cmd_watch(const WatchCli& w, int argc, char** argv) {
   watch::Outcome o = watch::run(w.a, meta_for, write);
   write(o.result);
   if (!w.html_path.empty()) write_file_atomic(w.html_path, diagnose::format_html(o.result));
-  // with --exec the command's output owns stdout: the summary goes to stderr
+  // with --exec the command's output owns stdout: the summary goes to stderr.
+  // A reader that went away (watch | head) loses the summary, not the exit code.
+  std::signal(SIGPIPE, SIG_IGN);
   std::ostream& out = w.a.exec.empty() ? std::cout : std::cerr;
   out << o.summary;
   if (!w.json_path.empty() || !w.html_path.empty())
@@ -653,6 +656,12 @@ int main_impl(int argc, char** argv) {
                            ->check(CLI::Range(10, 10000));
   auto* duration_opt = watch_cmd->add_option("--duration", wc.a.duration_s, "seconds to watch (default: until Ctrl-C)")
                            ->check(finite_range(0.0, 1e7));
+  auto* count_opt = watch_cmd->add_option("--count", wc.a.count, "stop after this many samples of each GPU (as nvidia-smi -c)")
+                        ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
+  watch_cmd->add_option("--kill-after", wc.a.kill_after_s,
+                        "--exec: SIGKILL the job this many seconds after a forwarded INT/TERM/HUP/QUIT")
+      ->capture_default_str()
+      ->check(finite_range(0.1, 86400.0));
   watch_cmd->add_option("--json", wc.json_path, "result JSON (written at each alarm, every 60 s and at the end)")
       ->capture_default_str()
       ->check(non_empty_path());
@@ -694,7 +703,7 @@ int main_impl(int argc, char** argv) {
                     "are forwarded to it, the watch ends when it does, and its exit code is returned.\n"
                     "Exit codes: 0; 2 bad input or no NVML; 4 a stuck alarm was raised (without --exec); "
                     "with --exec, the command's.");
-  for (CLI::Option* o : {interval_opt, on_stuck_opt}) from_opt->excludes(o);
+  for (CLI::Option* o : {interval_opt, on_stuck_opt, count_opt}) from_opt->excludes(o);
 
   std::string ca, cb;
   double tolerance = 0.05;

@@ -6,6 +6,7 @@
 #include <algorithm>     // std::find, std::max
 #include <charconv>      // std::from_chars
 #include <cmath>         // std::isfinite
+#include <cstdlib>
 #include <map>           // std::map
 #include <set>           // std::set
 #include <system_error>  // std::errc
@@ -430,6 +431,7 @@ Recording parse_smi(Lines& lines, std::string_view first, Builder& b, double int
   bool have_t0 = false;
   std::int64_t t0 = 0, latest = 0;
   std::size_t latest_line = 0, held = 0;
+  std::int64_t dst_shift = 0, last_gap = -1;  // µs: a daylight-saving change taken out; the last row's step
   std::int64_t held_most = 0;
   // without a timestamp column: a reading ends when a GPU repeats
   std::set<int> tick_gpus;
@@ -486,12 +488,26 @@ Recording parse_smi(Lines& lines, std::string_view first, Builder& b, double int
       const std::string_view ts = fields[std::size_t(plan.time_col)];
       const auto t = smi_time(ts);
       if (!t) b.fail(n, fmt::format("timestamp '{}' is not nvidia-smi's YYYY/MM/DD HH:MM:SS.mmm", snippet(ts)));
-      std::int64_t at = *t;
+      std::int64_t at = *t + dst_shift;
+      bool first_row = false;
       if (!have_t0) {
         have_t0 = true;
         t0 = latest = at;
         latest_line = n;
+        first_row = true;
       }
+      // nvidia-smi writes local time: a daylight-saving change steps the clock by
+      // an hour between two rows a few seconds apart. Taken out, with a note.
+      if (const std::int64_t jump = at - latest; std::llabs(std::llabs(jump) - 3'600'000'000LL) <= 60'000'000LL &&
+                                                 last_gap >= 0 && last_gap < 60'000'000LL) {
+        const std::int64_t shift = jump > 0 ? -3'600'000'000LL : 3'600'000'000LL;
+        dst_shift += shift;
+        at += shift;
+        b.notes().push_back(fmt::format("line {}: the clock {} by an hour (a daylight-saving change: nvidia-smi "
+                                        "writes local time); taken out",
+                                        n, jump > 0 ? "jumps forward" : "steps back"));
+      }
+      last_gap = first_row ? -1 : at - latest;
       if (at < latest - 1'000'000)
         b.fail(n, fmt::format("timestamp '{}' is {:.3f} s before line {}'s: the clock stepped back more than 1 s", snippet(ts),
                               double(latest - at) / 1e6, latest_line));

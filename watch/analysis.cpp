@@ -15,7 +15,7 @@ namespace {
 constexpr double kLoadedUtil = 0.5;      // "under load": utilization.gpu >= 50%
 constexpr double kClockLowFrac = 0.9;    // clocks below 90% of their max under load: throttled
 constexpr std::size_t kMaxSeries = 3600;  // points in the report's series (then 2 s, 4 s, ... each)
-constexpr std::size_t kMaxWindows = 2000;
+constexpr std::size_t kMaxRuns = 2000;
 }  // namespace
 
 std::vector<std::string> throttle_reason_names(std::uint64_t bits) {
@@ -37,9 +37,13 @@ Reading GpuTracker::read(const telemetry::Sample& s, bool proc_held) const {
     r.util = std::clamp(*s.util_pct / 100.0, 0.0, 1.0);
   }
   r.held = proc_held || (s.mem_used_mib && *s.mem_used_mib >= opt_.held_mib);
-  if (s.clock_event_reasons) r.throttle_bits = *s.clock_event_reasons & nvml_abi::kThrottleReasons;
   const bool loaded = r.has_util && r.util >= kLoadedUtil;
-  r.clocks_low = loaded && s.sm_clock_mhz && s.sm_clock_max_mhz && *s.sm_clock_max_mhz > 0 &&
+  // Throttling is a busy GPU held back: an idle one's reasons (power cap at a
+  // low limit, say) cost nothing. Application clocks set below the maximum
+  // (nvidia-smi -ac) are a choice, not a throttle.
+  if (s.clock_event_reasons && loaded) r.throttle_bits = *s.clock_event_reasons & nvml_abi::kThrottleReasons;
+  const bool app_clocks = s.clock_event_reasons && (*s.clock_event_reasons & nvml_abi::kReasonAppClocks);
+  r.clocks_low = loaded && !app_clocks && s.sm_clock_mhz && s.sm_clock_max_mhz && *s.sm_clock_max_mhz > 0 &&
                  *s.sm_clock_mhz < kClockLowFrac * *s.sm_clock_max_mhz;
   r.throttled = r.throttle_bits != 0 || r.clocks_low;
   return r;
@@ -191,12 +195,16 @@ Pattern GpuTracker::classify_span(const std::deque<Entry>& xs, double from_s, bo
 }
 
 void GpuTracker::close_window(double end_s) {
-  Window w{window_start_, end_s, {}};
-  for (const Entry& e : recent_)
-    if (e.s.t_s >= w.start && e.s.t_s < end_s) w.entries.push_back(e);
+  Window w{window_start_, end_s, {}, 0};
+  const bool pending = zero_since_ >= 0 && !alarm_raised_;
+  for (const Entry& e : recent_) {
+    if (e.s.t_s < w.start || e.s.t_s >= end_s) continue;
+    if (pending && e.s.t_s >= zero_since_) ++w.zeros;  // all utilization 0 by definition
+    else w.entries.push_back(e);
+  }
   window_start_ = end_s;
   // a zero run still pending: the window waits until it is stuck or not
-  if (zero_since_ >= 0 && !alarm_raised_) {
+  if (pending) {
     pending_.push_back(std::move(w));
     return;
   }
@@ -228,6 +236,18 @@ void GpuTracker::settle(Window& w) {
   std::deque<Entry> rest;
   for (const Entry& e : w.entries)
     if (!in_episode(e.s.t_s)) rest.push_back(e);
+  // the zero run's samples: stuck when an episode covers them, else utilization 0
+  const bool zeros_stuck = !episodes_.empty() && episodes_.back().start_s + t_first_ <= w.end &&
+                           in_episode(std::max(w.start, episodes_.back().start_s + t_first_));
+  if (!zeros_stuck)
+    for (std::size_t i = 0; i < w.zeros; ++i) {
+      Entry z;
+      z.r.has_util = true;
+      z.r.held = true;
+      z.s.t_s = w.end;  // inside the window for classify_span
+      z.s.util_pct = 0;
+      rest.push_back(z);
+    }
   const double span = w.end - w.start;
   bool any = false;
   for (const Entry& e : rest) any |= e.r.has_util;
@@ -240,7 +260,28 @@ void GpuTracker::settle(Window& w) {
     return;  // no sample in this window (a gap in a log)
   }
   if (stuck > 0) pattern_s_[Pattern::stuck] += any ? stuck : span;
-  if (windows_.size() < kMaxWindows) windows_.emplace_back(w.start - t_first_, label);
+  add_run(w.start - t_first_, w.end - t_first_, label);
+}
+
+void GpuTracker::add_run(double start, double end, Pattern p) {
+  if (!runs_.empty() && runs_.back().p == p && std::abs(runs_.back().end - start) < 1e-9) {
+    runs_.back().end = end;
+    return;
+  }
+  runs_.push_back({start, end, p});
+  if (runs_.size() <= kMaxRuns) return;
+  std::vector<Run> merged;  // pairs into one, the longer one's pattern
+  for (std::size_t i = 0; i < runs_.size(); i += 2) {
+    Run m = runs_[i];
+    if (i + 1 < runs_.size()) {
+      const Run& o = runs_[i + 1];
+      if (o.end - o.start > m.end - m.start) m.p = o.p;
+      m.end = o.end;
+    }
+    if (!merged.empty() && merged.back().p == m.p) merged.back().end = m.end;
+    else merged.push_back(m);
+  }
+  runs_ = std::move(merged);
 }
 
 void GpuTracker::finish() {
@@ -250,7 +291,7 @@ void GpuTracker::finish() {
   } else if (pattern_s_.empty() && pending_.empty()) {
     // a single sample (or all at one time): its pattern, for no time
     std::deque<Entry> in(recent_.begin(), recent_.end());
-    windows_.emplace_back(0, classify_span(in, t_last_, alarm_raised_));
+    add_run(0, 0, classify_span(in, t_last_, alarm_raised_));
   }
   settle_pending();
 }
@@ -309,19 +350,18 @@ std::vector<double> GpuTracker::recent_util(std::size_t width) const {
   const double end = t_last_, start = std::max(end - opt_.window_s, t_first_);
   const double slice = std::max(end - start, 1e-9) / double(width);
   std::size_t j = 0;
+  while (j < recent_.size() && recent_[j].s.t_s < start) ++j;
   double last = -1;
   for (std::size_t c = 0; c < width; ++c) {
-    const double until = start + slice * double(c + 1);
-    bool any = false;
-    while (j < recent_.size() && recent_[j].s.t_s <= until) {
-      if (recent_[j].s.t_s >= start && recent_[j].r.has_util) {
-        last = recent_[j].r.util;
-        any = true;
+    const double until = c + 1 == width ? end + 1 : start + slice * double(c + 1);
+    double lo = 2, hi = -1;
+    for (; j < recent_.size() && recent_[j].s.t_s < until; ++j)
+      if (recent_[j].r.has_util) {
+        lo = std::min(lo, recent_[j].r.util);
+        hi = std::max(hi, recent_[j].r.util);
       }
-      ++j;
-    }
-    if (any) out.push_back(last);
-    else if (last >= 0) out.push_back(last);  // no new sample in this slice: the last one still holds
+    if (hi >= 0) last = c % 2 == 0 ? lo : hi;
+    if (last >= 0) out.push_back(last);  // no sample in this slice: the last value holds
   }
   return out;
 }
@@ -343,7 +383,7 @@ json GpuTracker::summary() const {
     share[std::string(name)] = total > 0 ? 100 * share_s(p) / total : 0.0;
   j["pattern_share_pct"] = share;
   json windows = json::array();
-  for (const auto& [t, p] : windows_) windows.push_back({{"t_s", t}, {"pattern", to_string(p)}});
+  for (const Run& r : runs_) windows.push_back({{"t_s", r.start}, {"end_s", r.end}, {"pattern", to_string(r.p)}});
   j["windows"] = windows;
   j["window_s"] = opt_.summary_window_s;
   j["mean_util_pct"] = 100 * mean_util();

@@ -68,10 +68,15 @@ class GpuTracker {
   bool stuck_now() const { return alarm_raised_; }
   double stuck_for_s() const;  // how long utilization has been 0 with memory held (0 when not)
   const std::vector<StuckEpisode>& stuck_episodes() const { return episodes_; }
-  StuckEpisode* open_episode() { return alarm_raised_ && !episodes_.empty() ? &episodes_.back() : nullptr; }
+  // The episode an alarm is raised for, by index (a pointer would dangle when
+  // a later episode grows the vector); -1 when not stuck now.
+  int open_episode() const { return alarm_raised_ && !episodes_.empty() ? int(episodes_.size()) - 1 : -1; }
+  void set_on_stuck_rc(std::size_t episode, int rc) { episodes_.at(episode).on_stuck_rc = rc; }
 
-  // The utilization of the last window_s, one value per column (the last sample
-  // in each of `width` equal slices), for the sparkline.
+  // The utilization of the last window_s in `width` equal slices, for the
+  // sparkline: the lowest sample of a slice in even columns, the highest in odd
+  // ones, so that a spread inside a slice (a loader's stalls between bursts)
+  // shows as a zigzag instead of being averaged or aliased away.
   std::vector<double> recent_util(std::size_t width) const;
   const telemetry::Sample* last() const { return recent_.empty() ? nullptr : &recent_.back().s; }
 
@@ -102,7 +107,8 @@ class GpuTracker {
   // counted as stuck, not as idle or spiky).
   struct Window {
     double start = 0, end = 0;
-    std::deque<Entry> entries;
+    std::deque<Entry> entries;  // pending: only those before the zero run
+    std::size_t zeros = 0;      // pending: the zero run's samples in it (utilization 0, not kept)
   };
   void settle(Window& w);  // adds a window's time to the shares, the episodes known
   void settle_pending();
@@ -121,7 +127,14 @@ class GpuTracker {
   double window_start_ = 0;
   std::vector<Window> pending_;
   std::map<Pattern, double> pattern_s_;
-  std::vector<std::pair<double, Pattern>> windows_;  // (start, pattern) of each closed window
+  // The pattern over time as runs of equal windows (start, end, pattern);
+  // past kMaxRuns, neighbouring runs merge (the longer one's pattern).
+  struct Run {
+    double start = 0, end = 0;
+    Pattern p = Pattern::idle;
+  };
+  std::vector<Run> runs_;
+  void add_run(double start, double end, Pattern p);
   // throttling: seconds (each sample counts the time to the next)
   double throttled_s_ = 0, clocks_low_s_ = 0, loaded_s_ = 0;
   std::map<std::string, double> reason_s_;

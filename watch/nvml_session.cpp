@@ -4,6 +4,7 @@
 
 #include <algorithm>  // std::min
 #include <array>      // std::array
+#include <chrono>     // std::chrono::steady_clock
 
 #include <fmt/format.h>  // fmt::format
 
@@ -148,7 +149,7 @@ std::string NvmlSession::library() const {
   return kLibrary;
 }
 
-LiveSample NvmlSession::sample(std::size_t slot) const {
+LiveSample NvmlSession::sample(std::size_t slot) {
   const Impl& l = *impl_;
   const DeviceHandle h = l.handles.at(slot);
   const GpuIdentity& g = gpus_.at(slot);
@@ -156,9 +157,12 @@ LiveSample NvmlSession::sample(std::size_t slot) const {
   telemetry::Sample& s = out.s;
   s.gpu = g.index;
   Utilization u{};
-  if (const Return r = l.utilization(h, &u); r != kSuccess)
-    throw_call_failure(ErrorKind::runtime, "NVML", "nvmlDeviceGetUtilizationRates(device, &util)", l.err(r), __FILE__,
-                       __LINE__);
+  if (const Return r = l.utilization(h, &u); r != kSuccess) {
+    out.error = r;
+    out.error_text = "nvmlDeviceGetUtilizationRates: " + l.err(r);
+    out.lost = r == kErrorGpuIsLost;
+    return out;
+  }
   s.util_pct = std::min(100u, u.gpu);
   s.mem_util_pct = std::min(100u, u.memory);
   unsigned v = 0;
@@ -173,23 +177,46 @@ LiveSample NvmlSession::sample(std::size_t slot) const {
     s.mem_used_mib = double(m.used) / (1 << 20);
     s.mem_total_mib = double(m.total) / (1 << 20);
   }
-  // KB/s over NVML's 20 ms window; MB/s here (1 KB = 1024 bytes in NVML's docs).
-  if (l.pcie && l.pcie(h, kPcieTxBytes, &v) == kSuccess) s.pcie_tx_mb_s = v * 1024.0 / 1e6;
-  if (l.pcie && l.pcie(h, kPcieRxBytes, &v) == kSuccess) s.pcie_rx_mb_s = v * 1024.0 / 1e6;
   unsigned long long reasons = 0;
   if (l.reasons && l.reasons(h, &reasons) == kSuccess) s.clock_event_reasons = reasons;
-  if (l.processes) {
-    std::array<ProcessInfo, kMaxProcesses> infos{};
-    unsigned n = kMaxProcesses;
-    const Return r = l.processes(h, &n, infos.data());
-    if (r == kSuccess || r == kErrorInsufficientSize) {
-      out.processes_known = true;
-      for (unsigned i = 0; i < std::min(n, kMaxProcesses); ++i)
-        out.processes.push_back({infos[i].pid, infos[i].used_gpu_memory == kValueNotAvailable
-                                                   ? -1.0
-                                                   : double(infos[i].used_gpu_memory) / (1 << 20)});
+
+  // Once a second: PCIe throughput and the processes.
+  if (slow_.size() < gpus_.size()) slow_.resize(gpus_.size());
+  Slow& sl = slow_[slot];
+  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (now - sl.at >= 1.0) {
+    sl.at = now;
+    // KB/s over NVML's 20 ms window; MB/s here (1 KB = 1024 bytes in NVML's docs).
+    sl.tx.reset();
+    sl.rx.reset();
+    if (l.pcie && l.pcie(h, kPcieTxBytes, &v) == kSuccess) sl.tx = v * 1024.0 / 1e6;
+    if (l.pcie && l.pcie(h, kPcieRxBytes, &v) == kSuccess) sl.rx = v * 1024.0 / 1e6;
+    sl.processes.clear();
+    sl.processes_known = false;
+    if (l.processes) {
+      // NVML fills nothing when the array is short (INSUFFICIENT_SIZE, with the
+      // count it needs): ask again with that many, a few times at most.
+      std::vector<ProcessInfo> infos(kMaxProcesses);
+      for (int attempt = 0; attempt < 3; ++attempt) {
+        unsigned n = unsigned(infos.size());
+        const Return r = l.processes(h, &n, infos.data());
+        if (r == kSuccess) {
+          sl.processes_known = true;
+          for (unsigned i = 0; i < std::min<std::size_t>(n, infos.size()); ++i)
+            sl.processes.push_back({infos[i].pid, infos[i].used_gpu_memory == kValueNotAvailable
+                                                      ? -1.0
+                                                      : double(infos[i].used_gpu_memory) / (1 << 20)});
+          break;
+        }
+        if (r != kErrorInsufficientSize || n <= infos.size() || n > 65536) break;
+        infos.assign(n + 8, ProcessInfo{});  // processes may start between the calls
+      }
     }
   }
+  s.pcie_tx_mb_s = sl.tx;
+  s.pcie_rx_mb_s = sl.rx;
+  out.processes = sl.processes;
+  out.processes_known = sl.processes_known;
   return out;
 }
 

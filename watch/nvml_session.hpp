@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>  // std::unique_ptr
+#include <optional>  // std::optional
 #include <string>  // std::string
 #include <vector>  // std::vector
 
@@ -29,7 +30,10 @@ struct GpuIdentity {
 struct LiveSample {
   telemetry::Sample s;
   std::vector<GpuProcess> processes;
-  bool processes_known = false;  // the process query answered
+  bool processes_known = false;  // the process query answered (this time or, cached, within a second)
+  int error = 0;                 // the utilization query's NVML error (0: the sample is good)
+  std::string error_text;        // its name, "GPU is lost (15)"
+  bool lost = false;             // NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus
 };
 
 class NvmlSession {
@@ -45,10 +49,11 @@ class NvmlSession {
   std::string driver_version() const { return driver_; }
   std::string library() const;  // the path dlopen found, from dladdr
   // One reading of GPU `slot` (an index into gpus()), t_s left at 0 for the
-  // caller to set. A field NVML does not report stays empty; only the
-  // utilization query is required (a GPU that stops answering it, e.g.
-  // NVML_ERROR_GPU_IS_LOST, throws Error naming the call and the code).
-  LiveSample sample(std::size_t slot) const;
+  // caller to set. A field NVML does not report stays empty. When the
+  // utilization query fails, error says how and the rest is not read.
+  // PCIe throughput (NVML measures it over 20 ms per call) and the process
+  // list are read at most once a second per GPU; between, the last values.
+  LiveSample sample(std::size_t slot);
 
   struct Impl;
 
@@ -57,6 +62,13 @@ class NvmlSession {
   std::unique_ptr<Impl> impl_;
   std::vector<GpuIdentity> gpus_;
   std::string driver_;
+  struct Slow {  // the once-a-second readings of a GPU
+    double at = -1e9;
+    std::optional<double> tx, rx;
+    std::vector<GpuProcess> processes;
+    bool processes_known = false;
+  };
+  std::vector<Slow> slow_;
 };
 
 }  // namespace sb::watch

@@ -1,7 +1,8 @@
 #include "watch/watch.hpp"
 
+#include <fcntl.h>      // O_CLOEXEC
 #include <signal.h>     // sigaction, kill
-#include <spawn.h>      // posix_spawnp
+#include <sys/prctl.h>  // PR_SET_PDEATHSIG
 #include <sys/ioctl.h>  // TIOCGWINSZ
 #include <sys/resource.h>  // getrusage
 #include <sys/wait.h>   // waitpid
@@ -18,12 +19,17 @@
 #include <map>        // std::map
 #include <memory>     // std::unique_ptr
 #include <optional>   // std::optional
+#include <condition_variable>  // std::condition_variable
+#include <deque>      // std::deque
+#include <mutex>      // std::mutex
+#include <thread>     // std::thread
 
 #include <fmt/format.h>  // fmt::format
 #include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"      // UsageError, Error
 #include "harness/exit_codes.hpp"  // kExitHang
+#include "watch/nvml_abi.hpp"      // kErrorNotSupported
 #include "watch/nvml_session.hpp"  // NvmlSession
 
 extern char** environ;
@@ -36,11 +42,12 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 // ---- signals ----
-// A handler only counts what arrived, split by where it came from: a signal a
-// terminal generated (Ctrl-C: si_code SI_KERNEL) reached the whole foreground
-// process group, the child included, so it is not sent again; one sent with
-// kill(2) (SI_USER, SI_QUEUE: a scheduler, `kill PID`) reached this process
-// alone and is forwarded to the child.
+// A handler only counts what arrived and where from. With the job in
+// stallbench's own process group (a terminal on stdin), a signal the
+// terminal generated (Ctrl-C: si_code SI_KERNEL) reached the job too and is
+// not sent again; one sent with kill(2) (SI_USER, SI_QUEUE: `kill PID`) reached
+// stallbench alone and is forwarded. Without a terminal the job gets a process
+// group of its own (as dumb-init does) and every signal is forwarded.
 constexpr std::array kForwarded = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 std::atomic<int> g_pending[NSIG][2];  // [signal][0: from the terminal/kernel, 1: from a process]
 
@@ -55,15 +62,30 @@ class SignalScope {
     for (std::size_t i = 0; i < kForwarded.size(); ++i) {
       const int sig = kForwarded[i];
       for (auto& c : g_pending[sig]) c.store(0);
+      sigaction(sig, nullptr, &old_[i]);
+      // nohup, trap '' HUP: an ignored signal stays ignored, for the job too
+      if (old_[i].sa_handler == SIG_IGN && !(old_[i].sa_flags & SA_SIGINFO)) {
+        ignored_[i] = true;
+        continue;
+      }
       struct sigaction sa {};
       sa.sa_sigaction = on_signal;
-      sa.sa_flags = SA_SIGINFO;  // no SA_RESTART: nanosleep wakes at once
+      sa.sa_flags = SA_SIGINFO;  // no SA_RESTART: the loop's waits wake at once
       sigemptyset(&sa.sa_mask);
-      sigaction(sig, &sa, &old_[i]);
+      sigaction(sig, &sa, nullptr);
     }
+    // A closed pipe on stdout (watch | head) must end the view, not the watch
+    // (and not leave a job unsupervised): EPIPE is handled where we write.
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, &old_pipe_);
+    pipe_was_ignored_ = old_pipe_.sa_handler == SIG_IGN;
   }
   ~SignalScope() {
-    for (std::size_t i = 0; i < kForwarded.size(); ++i) sigaction(kForwarded[i], &old_[i], nullptr);
+    for (std::size_t i = 0; i < kForwarded.size(); ++i)
+      if (!ignored_[i]) sigaction(kForwarded[i], &old_[i], nullptr);
+    sigaction(SIGPIPE, &old_pipe_, nullptr);
   }
   // (signal, from a process) pairs that arrived since the last call
   std::vector<std::pair<int, bool>> take() {
@@ -73,43 +95,70 @@ class SignalScope {
         for (int n = g_pending[sig][k].exchange(0); n > 0; --n) out.emplace_back(sig, k == 1);
     return out;
   }
+  bool pipe_was_ignored() const { return pipe_was_ignored_; }
 
  private:
   std::array<struct sigaction, kForwarded.size()> old_{};
+  std::array<bool, kForwarded.size()> ignored_{};
+  struct sigaction old_pipe_ {};
+  bool pipe_was_ignored_ = false;
 };
 
 // ---- child processes ----
+// fork + exec, so the child can ask for a signal when stallbench dies
+// (PR_SET_PDEATHSIG: a watch killed with SIGKILL does not leave the job
+// running unsupervised). exec's failure comes back through a close-on-exec pipe.
 pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env, bool own_group,
-            std::string& why) {
+            int death_signal, bool restore_sigpipe, std::string& why) {
   std::vector<char*> av;
   for (const auto& s : argv) av.push_back(const_cast<char*>(s.c_str()));
   av.push_back(nullptr);
-  std::vector<std::string> env_store;
+  std::vector<std::string> env_store(extra_env.begin(), extra_env.end());
   std::vector<char*> envp;
   for (char** e = environ; e && *e; ++e) envp.push_back(*e);
-  for (const auto& e : extra_env) env_store.push_back(e);
   for (auto& e : env_store) envp.push_back(e.data());
   envp.push_back(nullptr);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t def;
-  sigemptyset(&def);
-  for (int sig : kForwarded) sigaddset(&def, sig);
-  sigaddset(&def, SIGPIPE);
-  short flags = POSIX_SPAWN_SETSIGDEF;
-  if (own_group) {
-    flags |= POSIX_SPAWN_SETPGROUP;
-    posix_spawnattr_setpgroup(&attr, 0);
-  }
-  posix_spawnattr_setsigdefault(&attr, &def);
-  posix_spawnattr_setflags(&attr, flags);
-  pid_t pid = -1;
-  const int rc = posix_spawnp(&pid, av[0], nullptr, &attr, av.data(), envp.data());
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
-    why = std::strerror(rc);
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    why = std::strerror(errno);
     return -1;
   }
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    why = std::strerror(errno);
+    close(fds[0]);
+    close(fds[1]);
+    return -1;
+  }
+  if (pid == 0) {  // the child: async-signal-safe calls only
+    close(fds[0]);
+    if (own_group) setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, death_signal);
+    if (getppid() != parent) _exit(127);  // stallbench died before prctl
+    if (restore_sigpipe) signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execvpe(av[0], av.data(), envp.data());
+    const int e = errno;
+    (void)!write(fds[1], &e, sizeof e);
+    _exit(127);
+  }
+  close(fds[1]);
+  int e = 0;
+  ssize_t got;
+  do got = read(fds[0], &e, sizeof e);
+  while (got < 0 && errno == EINTR);
+  close(fds[0]);
+  if (got == ssize_t(sizeof e)) {  // exec failed
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    why = std::strerror(e);
+    return -1;
+  }
+  if (own_group) setpgid(pid, pid);  // both sides, so a signal sent at once finds the group
   return pid;
 }
 
@@ -119,11 +168,45 @@ int exit_code_of(int status) {
   return 1;
 }
 
+// Reaps pid within timeout_s (polling: waitpid has no deadline of its own).
+// Returns its exit code, or -1 when it was not reaped in time.
+int reap_within(pid_t pid, double timeout_s) {
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return exit_code_of(status);
+    if (r < 0 && errno != EINTR) return -1;  // not our child any more
+    if (Clock::now() >= until) return -1;
+    struct timespec ts {0, 10'000'000};
+    nanosleep(&ts, nullptr);
+  }
+}
+
+// Ends a process (its group when it has one): SIGTERM, then SIGKILL after
+// grace_s; returns its exit code, or -1 when even that did not reap it.
+int end_process(pid_t pid, bool group, double grace_s) {
+  kill(group ? -pid : pid, SIGTERM);
+  int rc = reap_within(pid, grace_s);
+  if (rc >= 0) return rc;
+  kill(group ? -pid : pid, SIGKILL);
+  return reap_within(pid, 5);
+}
+
+// The job: ended (TERM, then KILL) if the watch unwinds while it runs.
+struct ChildGuard {
+  pid_t pid = -1;
+  bool group = false;
+  ~ChildGuard() {
+    if (pid > 0) end_process(pid, group, 10);
+  }
+};
+
 // --on-stuck: one shell command at a time, killed (its process group) at its deadline.
 struct OnStuck {
   pid_t pid = -1;
   Clock::time_point deadline;
-  StuckEpisode* episode = nullptr;
+  std::size_t watched = 0, episode = 0;  // which GPU's which episode
   int gpu = 0;
 };
 
@@ -166,6 +249,7 @@ struct Watched {
   GpuTracker tracker;
   bool lost = false;
   std::string lost_why;
+  int errors = 0, consecutive_errors = 0;  // NVML errors on the utilization query
 };
 
 std::string live_line(const Watched& w, int cols) {
@@ -433,7 +517,7 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
 
   // ---- live, through NVML ----
   std::string why;
-  auto nvml = NvmlSession::open(why);
+  std::unique_ptr<NvmlSession> nvml = NvmlSession::open(why);
   if (!nvml) throw UsageError("watch: cannot read the GPUs through NVML: " + why);
   for (std::size_t i = 0; i < nvml->gpus().size(); ++i)
     if (wanted(nvml->gpus()[i].index)) ws.push_back({nvml->gpus()[i], i, GpuTracker(nvml->gpus()[i].index, a.opt)});
@@ -442,18 +526,23 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
 
   SignalScope signals;
   const bool exec = !a.exec.empty();
-  pid_t child = -1;
+  // The job's process group: stallbench's own with a terminal (Ctrl-C reaches
+  // both, and the job can read the terminal), one of its own otherwise.
+  const bool child_group = exec && !isatty(STDIN_FILENO);
+  ChildGuard child;
   int child_rc = -1;
   if (exec) {
     std::string err;
-    child = spawn(a.exec, {}, false, err);
-    if (child < 0) throw UsageError(fmt::format("--exec: cannot run {}: {}", a.exec[0], err));
+    child.pid = spawn(a.exec, {}, child_group, SIGTERM, !signals.pipe_was_ignored(), err);
+    child.group = child_group;
+    if (child.pid < 0) throw UsageError(fmt::format("--exec: cannot run {}: {}", a.exec[0], err));
   }
   // where the view goes: stdout, or stderr while a command shares the terminal
   FILE* view = exec ? stderr : stdout;
   const int view_fd = fileno(view);
   const bool tty = a.live && !exec && isatty(view_fd);
   const double print_every = a.print_every_s > 0 ? a.print_every_s : tty ? 0.25 : exec ? 10.0 : 1.0;
+  bool view_dead = false;  // the reader of the view went away (EPIPE): the watch goes on
 
   const json props{{"source", "nvml"},
                    {"library", nvml->library()},
@@ -478,6 +567,76 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
     const double wall = elapsed();
     return wall > 0 ? 100 * (cpu_seconds_self() - cpu0) / wall : 0.0;
   };
+
+  // ---- the sampler: NVML read on a thread of its own, so that a GPU whose
+  // NVML calls block (a wedged driver) cannot stop signals, the job's reaping
+  // or the view; the loop below notices when rounds stop coming.
+  struct Round {
+    double t = 0;
+    std::vector<std::pair<std::size_t, LiveSample>> samples;  // (index into ws, sample)
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Round> rounds;
+  bool stop_sampling = false, sampler_done = false;
+  std::vector<char> skip(ws.size(), 0);  // GPUs no longer read (lost); guarded by mu
+  std::int64_t rounds_taken = 0;
+  std::thread sampler([&] {
+    const auto period = std::chrono::milliseconds(a.interval_ms);
+    auto next = Clock::now();
+    for (std::int64_t n = 0; a.count <= 0 || n < a.count; ++n) {
+      Round rd;
+      rd.t = elapsed();
+      std::vector<char> sk;
+      {
+        std::lock_guard lk(mu);
+        if (stop_sampling) break;
+        sk = skip;
+      }
+      for (std::size_t i = 0; i < ws.size(); ++i)
+        if (!sk[i]) rd.samples.emplace_back(i, nvml->sample(ws[i].slot));
+      {
+        std::lock_guard lk(mu);
+        rounds.push_back(std::move(rd));
+        ++rounds_taken;
+      }
+      cv.notify_one();
+      next += period;
+      std::unique_lock lk(mu);
+      if (next < Clock::now()) next = Clock::now();  // behind: no burst of catch-up samples
+      if (cv.wait_until(lk, next, [&] { return stop_sampling; })) break;
+    }
+    std::lock_guard lk(mu);
+    sampler_done = true;
+    cv.notify_all();
+  });
+  // Stops the sampler; a thread stuck inside NVML is left behind with the
+  // session (both leaked: the process is about to end, and nvmlShutdown under
+  // a blocked call is not safe).
+  auto stop_sampler = [&] {
+    {
+      std::lock_guard lk(mu);
+      stop_sampling = true;
+    }
+    cv.notify_all();
+    std::unique_lock lk(mu);
+    if (cv.wait_for(lk, std::chrono::seconds(3), [&] { return sampler_done; })) {
+      lk.unlock();
+      sampler.join();
+    } else {
+      lk.unlock();
+      sampler.detach();
+      (void)nvml.release();
+      std::fprintf(stderr, "watch: NVML did not return within 3 s of the end: left behind\n");
+    }
+  };
+  struct SamplerGuard {
+    std::function<void()> f;
+    ~SamplerGuard() {
+      if (f) f();
+    }
+  } sampler_guard{stop_sampler};
+
   auto build = [&](bool final) {
     Result cur;
     cur.meta = r.meta;
@@ -491,22 +650,92 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
     cur.meta["watch"] = json{{"final", final}, {"wall_s", elapsed()}, {"child_exit_code", child_rc}};
     return cur;
   };
+  bool json_warned = false;
+  auto write_now = [&](bool final) {
+    if (!write_json) return;
+    try {
+      write_json(build(final));
+    } catch (const Error& e) {
+      if (final) throw;
+      if (!json_warned) std::fprintf(stderr, "watch: the result JSON could not be written (%s); the watch goes on\n", e.what());
+      json_warned = true;
+    }
+  };
 
   std::optional<OnStuck> on_stuck;
-  std::vector<std::pair<StuckEpisode*, int>> stuck_queue;  // alarms waiting for --on-stuck
-  int drawn = 0;                                           // lines of the live view on screen
-  double next_print = 0, next_json = 60;
-  bool stop = false, any_alarm = false;
-  const auto period = std::chrono::milliseconds(a.interval_ms);
-  auto next = t0;
+  std::deque<std::pair<std::size_t, std::size_t>> stuck_queue;  // (ws index, episode index) waiting for --on-stuck
+  int drawn = 0;                                                 // lines of the live view on screen
+  double next_print = 0, next_json = 60, last_round_t = 0, kill_at = -1;
+  bool stop = false, any_alarm = false, nvml_stall_said = false, all_lost_said = false;
+  const double stall_after = std::max(5.0, 20.0 * a.interval_ms / 1000.0);
+  std::vector<std::string> notes;  // said once, kept for the summary
+
+  auto start_on_stuck = [&](std::vector<std::string>& alarms) {
+    if (on_stuck || stuck_queue.empty()) return;
+    const auto [wi, ei] = stuck_queue.front();
+    stuck_queue.pop_front();
+    const StuckEpisode& e = ws[wi].tracker.stuck_episodes().at(ei);
+    std::vector<std::string> env = {fmt::format("STALLBENCH_STUCK_GPU={}", ws[wi].id.index),
+                                    fmt::format("STALLBENCH_STUCK_PIDS={}", fmt::join(e.pids, ",")),
+                                    fmt::format("STALLBENCH_STUCK_SECONDS={:.0f}", e.alarm_s - e.start_s)};
+    if (child.pid > 0) env.push_back(fmt::format("STALLBENCH_CHILD_PID={}", child.pid));
+    std::string err;
+    const pid_t pid = spawn({"/bin/sh", "-c", a.on_stuck}, env, true, SIGKILL, !signals.pipe_was_ignored(), err);
+    if (pid > 0)
+      on_stuck = OnStuck{pid,
+                         Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(a.on_stuck_timeout_s)),
+                         wi, ei, ws[wi].id.index};
+    else
+      alarms.push_back("watch: --on-stuck could not start: " + err);
+  };
+  auto poll_on_stuck = [&](std::vector<std::string>& alarms) {
+    if (!on_stuck) return;
+    int status = 0;
+    const pid_t got = waitpid(on_stuck->pid, &status, WNOHANG);
+    if (got == on_stuck->pid) {
+      ws[on_stuck->watched].tracker.set_on_stuck_rc(on_stuck->episode, exit_code_of(status));
+      on_stuck.reset();
+    } else if (Clock::now() > on_stuck->deadline) {
+      kill(-on_stuck->pid, SIGKILL);
+      (void)reap_within(on_stuck->pid, 5);
+      ws[on_stuck->watched].tracker.set_on_stuck_rc(on_stuck->episode, -1);
+      alarms.push_back(fmt::format("watch: --on-stuck killed after {:.0f} s", a.on_stuck_timeout_s));
+      on_stuck.reset();
+    }
+  };
+
   while (!stop) {
-    const double t = elapsed();
     std::vector<std::string> alarms;
-    for (auto& w : ws) {
-      if (w.lost) continue;
-      try {
-        LiveSample ls = nvml->sample(w.slot);
-        ls.s.t_s = t;
+    std::deque<Round> got;
+    {
+      std::unique_lock lk(mu);
+      cv.wait_for(lk, std::chrono::milliseconds(std::min(a.interval_ms, 100)),
+                  [&] { return !rounds.empty() || sampler_done; });
+      got.swap(rounds);
+    }
+    const double t = elapsed();
+    for (Round& rd : got) {
+      last_round_t = rd.t;
+      for (auto& [wi, ls] : rd.samples) {
+        Watched& w = ws[wi];
+        if (w.lost) continue;
+        if (ls.error != 0) {
+          ++w.errors;
+          const bool unsupported = ls.error == nvml_abi::kErrorNotSupported;
+          if (ls.lost || unsupported || ++w.consecutive_errors >= 10) {
+            w.lost = true;
+            w.lost_why = unsupported ? "NVML reports no utilization for this GPU (MIG mode or a vGPU): not watched"
+                                     : ls.lost ? "the GPU is lost (fell off the bus: see dmesg for Xid 79): " + ls.error_text
+                                               : "NVML stopped answering: " + ls.error_text;
+            alarms.push_back(fmt::format("watch: GPU{} {}", w.id.index, w.lost_why));
+            std::lock_guard lk(mu);
+            skip[wi] = 1;
+          }
+          continue;
+        }
+        w.consecutive_errors = 0;
+        ls.s.t_s = rd.t;
         std::vector<unsigned> pids;
         std::vector<double> mib;
         for (const auto& p : ls.processes) {
@@ -515,70 +744,64 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
         }
         if (w.tracker.add(ls.s, ls.processes_known ? &pids : nullptr, ls.processes_known ? &mib : nullptr)) {
           any_alarm = true;
-          StuckEpisode* e = w.tracker.open_episode();
+          const int ei = w.tracker.open_episode();
+          const StuckEpisode& e = w.tracker.stuck_episodes().at(std::size_t(ei));
           alarms.push_back(fmt::format("watch: ALARM GPU{} stuck: utilization 0 with {:.1f} GiB held for {:.0f} s{}",
-                                       w.id.index, e->mem_used_mib / 1024, w.tracker.stuck_for_s(),
-                                       e->pids.empty() ? "" : fmt::format(" (pids {})", fmt::join(e->pids, ","))));
-          if (!a.on_stuck.empty()) stuck_queue.emplace_back(e, w.id.index);
+                                       w.id.index, e.mem_used_mib / 1024, w.tracker.stuck_for_s(),
+                                       e.pids.empty() ? "" : fmt::format(" (pids {})", fmt::join(e.pids, ","))));
+          if (!a.on_stuck.empty()) stuck_queue.emplace_back(wi, std::size_t(ei));
         }
-      } catch (const Error& e) {
-        w.lost = true;
-        w.lost_why = e.what();
-        alarms.push_back(fmt::format("watch: GPU{} stopped answering: {}", w.id.index, e.what()));
       }
     }
-    // --on-stuck: start the next, reap or kill the running one
-    if (on_stuck && on_stuck->pid > 0) {
-      int status = 0;
-      const pid_t got = waitpid(on_stuck->pid, &status, WNOHANG);
-      if (got == on_stuck->pid) {
-        on_stuck->episode->on_stuck_rc = exit_code_of(status);
-        on_stuck.reset();
-      } else if (Clock::now() > on_stuck->deadline) {
-        kill(-on_stuck->pid, SIGKILL);
-        waitpid(on_stuck->pid, &status, 0);
-        on_stuck->episode->on_stuck_rc = -1;
-        alarms.push_back(fmt::format("watch: --on-stuck killed after {:.0f} s", a.on_stuck_timeout_s));
-        on_stuck.reset();
-      }
+    // NVML blocked: no round for a while (the sampler is inside a call)
+    bool done;
+    {
+      std::lock_guard lk(mu);
+      done = sampler_done;
     }
-    if (!on_stuck && !stuck_queue.empty()) {
-      auto [e, gpu] = stuck_queue.front();
-      stuck_queue.erase(stuck_queue.begin());
-      std::string err;
-      std::vector<std::string> env = {fmt::format("STALLBENCH_STUCK_GPU={}", gpu),
-                                      fmt::format("STALLBENCH_STUCK_PIDS={}", fmt::join(e->pids, ",")),
-                                      fmt::format("STALLBENCH_STUCK_SECONDS={:.0f}", e->alarm_s - e->start_s)};
-      if (child > 0) env.push_back(fmt::format("STALLBENCH_CHILD_PID={}", child));
-      const pid_t pid = spawn({"/bin/sh", "-c", a.on_stuck}, env, true, err);
-      if (pid > 0) on_stuck = OnStuck{pid, Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                              std::chrono::duration<double>(a.on_stuck_timeout_s)),
-                                      e, gpu};
-      else alarms.push_back("watch: --on-stuck could not start: " + err);
+    if (!done && t - last_round_t > stall_after && !nvml_stall_said) {
+      alarms.push_back(fmt::format("watch: ALARM NVML has not answered for {:.0f} s: the driver or a GPU is wedged "
+                                   "(nvidia-smi will hang too; see dmesg)",
+                                   t - last_round_t));
+      notes.push_back(alarms.back());
+      nvml_stall_said = true;
     }
-    // signals: forwarded to the command, or the end of the watch
+    poll_on_stuck(alarms);
+    start_on_stuck(alarms);
+    // signals: forwarded to the job, or the end of the watch
     for (auto [sig, from_process] : signals.take()) {
-      if (exec && child > 0) {
-        if (from_process) kill(child, sig);
+      if (exec && child.pid > 0) {
+        if (from_process || child_group) kill(child.pid, sig);
+        if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT) && kill_at < 0) kill_at = t + a.kill_after_s;
       } else {
         stop = true;
       }
     }
-    if (exec && child > 0) {
+    if (exec && child.pid > 0) {
       int status = 0;
-      if (waitpid(child, &status, WNOHANG) == child) {
+      const pid_t r2 = waitpid(child.pid, &status, WNOHANG);
+      if (r2 == child.pid) {
         child_rc = exit_code_of(status);
-        child = -1;
+        child.pid = -1;
         stop = true;
+      } else if (kill_at >= 0 && t >= kill_at) {
+        alarms.push_back(fmt::format("watch: {} still running {:.0f} s after the signal: SIGKILL", a.exec[0], a.kill_after_s));
+        kill(child_group ? -child.pid : child.pid, SIGKILL);
+        kill_at = -1;
       }
     }
     if (a.duration_s > 0 && t >= a.duration_s) stop = true;
+    if (done && !exec) stop = true;  // --count reached
     bool all_lost = true;
     for (const auto& w : ws) all_lost &= w.lost;
-    if (all_lost && !exec) stop = true;
+    if (all_lost && !all_lost_said) {
+      all_lost_said = true;
+      notes.push_back("every watched GPU stopped answering");
+      if (!exec) stop = true;
+    }
 
     // the view
-    if (!alarms.empty() || t >= next_print || stop) {
+    if (!view_dead && (!alarms.empty() || t >= next_print || stop)) {
       const int cols = terminal_width(view_fd);
       std::string text;
       if (tty && drawn > 0) text += fmt::format("\x1b[{}A", drawn);  // back to the top of the view
@@ -590,38 +813,53 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
       } else if (t >= next_print || stop) {
         for (const auto& w : ws) text += (exec ? "watch: " : "") + plain_line(w, t) + "\n";
       }
-      std::fputs(text.c_str(), view);
-      std::fflush(view);
+      if (std::fputs(text.c_str(), view) < 0 || std::fflush(view) != 0) {
+        view_dead = true;  // EPIPE: nobody reads the view; the watch and its JSON go on
+        clearerr(view);
+      }
       if (t >= next_print) next_print = t + print_every;
+    } else if (view_dead) {
+      for (const auto& al : alarms) notes.push_back(al);
     }
-    if (write_json && (!alarms.empty() || t >= next_json)) {
-      write_json(build(false));
+    if (!alarms.empty() || t >= next_json) {
+      write_now(false);
       next_json = t + 60;
     }
-    if (stop) break;
-    next += period;
-    const auto now = Clock::now();
-    if (next < now) next = now;  // behind (a slow NVML call): no burst of catch-up samples
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(next - now).count();
-    struct timespec ts {time_t(ns / 1000000000), long(ns % 1000000000)};
-    nanosleep(&ts, nullptr);  // a signal ends it early; the loop handles the signal at once
   }
-  // a command still running when the watch ends (--duration): left to run, said so
-  if (on_stuck && on_stuck->pid > 0) {
-    int status = 0;
-    kill(-on_stuck->pid, SIGKILL);
-    waitpid(on_stuck->pid, &status, 0);
-    on_stuck->episode->on_stuck_rc = -1;
+  // the end: a running --on-stuck finishes within its deadline (a second
+  // signal cuts that short); alarms still queued are said, not run
+  if (on_stuck) {
+    std::vector<std::string> ignored;
+    while (on_stuck && signals.take().empty()) {
+      poll_on_stuck(ignored);
+      struct timespec ts {0, 20'000'000};
+      nanosleep(&ts, nullptr);
+    }
+    if (on_stuck) {
+      kill(-on_stuck->pid, SIGKILL);
+      (void)reap_within(on_stuck->pid, 5);
+      ws[on_stuck->watched].tracker.set_on_stuck_rc(on_stuck->episode, -1);
+      on_stuck.reset();
+    }
   }
+  if (!stuck_queue.empty())
+    notes.push_back(fmt::format("--on-stuck not run for {} alarm(s): the watch ended first", stuck_queue.size()));
+  sampler_guard.f = nullptr;
+  stop_sampler();
   for (auto& w : ws) w.tracker.finish();
   const double cpu = cpu_pct();
   r = build(true);
-  out.exit_code = exec ? (child_rc >= 0 ? child_rc : 0) : any_alarm ? kExitHang : 0;
+  r.meta["watch"]["rounds"] = rounds_taken;
+  if (!notes.empty()) r.meta["watch"]["notes"] = notes;
+  bool all_lost = true;
+  for (const auto& w : ws) all_lost &= w.lost;
+  out.exit_code = exec ? (child_rc >= 0 ? child_rc : 0) : all_lost ? kExitFailure : any_alarm ? kExitHang : 0;
   std::string source = fmt::format("NVML every {} ms", a.interval_ms);
   if (exec)
     source += child_rc >= 0 ? fmt::format(", {} exited {}", a.exec[0], child_rc)
-                            : fmt::format(", {} still running (pid {})", a.exec[0], child);
+                            : fmt::format(", {} still running (pid {})", a.exec[0], child.pid);
   out.summary = summary_text(ws, r, elapsed(), cpu, true, source);
+  for (const auto& n : notes) out.summary += "note: " + n + "\n";
   return out;
 }
 

@@ -7,6 +7,7 @@
 // watch, forwards signals to it and returns its exit code.
 #pragma once
 
+#include <cstdint>     // std::int64_t
 #include <functional>  // std::function
 #include <string>      // std::string
 #include <vector>      // std::vector
@@ -22,6 +23,8 @@ struct Args {
   std::string gpus = "all";       // "all" or "0,2": the GPUs to watch (NVML indices)
   int interval_ms = 100;          // 10..10000
   double duration_s = 0;          // 0: until interrupted (or, with exec, until the command ends)
+  std::int64_t count = 0;         // > 0: stop after this many samples of every GPU (rounds)
+  double kill_after_s = 30;       // exec: SIGKILL the job this long after a forwarded INT/TERM/HUP/QUIT
   std::string from;               // a recorded log instead of NVML
   double from_interval_ms = 0;    // the log's interval when it has no timestamps (dcgmi dmon)
   std::vector<std::string> exec;  // the command to run and watch

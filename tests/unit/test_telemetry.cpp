@@ -663,6 +663,39 @@ TEST(TelemetryRefusals, MutatedFixturesNeverCrash) {
 
 namespace sb::telemetry {
 namespace {
+TEST(TelemetryMade, ADaylightSavingChangeIsTakenOut) {
+  // autumn: local time steps back an hour between two rows 1 s apart
+  const Recording r = parse_telemetry(
+      "timestamp, index, utilization.gpu [%]\n"
+      "2026/10/25 02:59:58.000, 0, 10 %\n"
+      "2026/10/25 02:59:59.000, 0, 20 %\n"
+      "2026/10/25 02:00:00.000, 0, 30 %\n"
+      "2026/10/25 02:00:01.000, 0, 40 %\n",
+      "log.csv");
+  ASSERT_EQ(r.samples.size(), 4u);
+  EXPECT_NEAR(r.samples[2].t_s, 2.0, 1e-9);
+  EXPECT_NEAR(r.samples[3].t_s, 3.0, 1e-9);
+  bool noted = false;
+  for (const auto& n : r.notes) noted |= n.find("daylight-saving") != std::string::npos;
+  EXPECT_TRUE(noted);
+  // spring: forward an hour
+  const Recording f = parse_telemetry(
+      "timestamp, index, utilization.gpu [%]\n"
+      "2026/03/29 01:59:59.000, 0, 10 %\n"
+      "2026/03/29 02:00:00.000, 0, 10 %\n"
+      "2026/03/29 03:00:01.000, 0, 20 %\n",
+      "log.csv");
+  EXPECT_NEAR(f.samples[2].t_s, 2.0, 1e-9);
+  // a real pause of an hour with no rows in between looks the same only when the
+  // rows before it were seconds apart; two rows an hour apart from the start are kept
+  const Recording g = parse_telemetry(
+      "timestamp, index, utilization.gpu [%]\n"
+      "2026/03/29 01:00:00.000, 0, 10 %\n"
+      "2026/03/29 02:00:00.000, 0, 20 %\n",
+      "log.csv");
+  EXPECT_NEAR(g.samples[1].t_s, 3600.0, 1e-9);
+}
+
 TEST(TelemetryMade, BusIdsNameTheGpusWhenThereIsNoIndex) {
   const Recording r = parse_telemetry(
       "timestamp, pci.bus_id, utilization.gpu [%]\n"
