@@ -22,7 +22,9 @@
 #include <chrono>     // std::chrono
 #include <cmath>      // std::isfinite
 #include <map>        // std::map
+#include <set>        // std::set
 #include <thread>     // std::this_thread
+#include <tuple>      // std::tuple
 
 #include <fmt/format.h>  // fmt::format
 
@@ -233,10 +235,22 @@ class BatchRun : public ScenarioRun {
       double tps, busy;
       std::string pattern;
     };
-    std::map<std::pair<int, std::string>, std::vector<Pt>> series;
+    // (grad_accum, graphs, and every other swept axis but micro_batch: attn=naive and fused are two series)
+    std::map<std::tuple<int, std::string, std::string>, std::vector<Pt>> series;
+    std::map<std::string, std::set<std::string>> seen;  // the axes that vary, by their values
+    auto text = [](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+    for (const Point& p : res.points)
+      for (const auto& [k, v] : p.params.items()) seen[k].insert(text(v));
+    auto others = [&](const Point& p) {
+      std::string o;
+      for (const auto& [k, v] : p.params.items())
+        if (k != "micro_batch" && k != "grad_accum" && k != "graphs" && k != "trials" && seen[k].size() > 1)
+          o += (o.empty() ? "" : " ") + k + "=" + text(v);
+      return o;
+    };
     for (const Point& p : res.points) {
       if (p.status != Status::ok || !p.metric("tokens_per_s")) continue;
-      series[{p.params.value("grad_accum", 1), p.params.value("graphs", std::string("off"))}].push_back(
+      series[{p.params.value("grad_accum", 1), p.params.value("graphs", std::string("off")), others(p)}].push_back(
           {p.params.value("micro_batch", std::int64_t(0)), p.metric("tokens_per_s")->value, p.metric("busy_pct")->value,
            p.info.value("pattern", std::string())});
     }
@@ -256,12 +270,13 @@ class BatchRun : public ScenarioRun {
       const Pt& small = v.front();
       res.findings.push_back(
           {{},
-           fmt::format("grad_accum={} graphs={}: micro_batch {} gives {} tokens/s ({:.0f}% busy, {}); the smallest "
+           fmt::format("grad_accum={} graphs={}{}: micro_batch {} gives {} tokens/s ({:.0f}% busy, {}); the smallest "
                        "micro batch within 90% of the best ({} tokens/s at {}) is {} -> micro_batch_size: {}",
-                       key.first, key.second, small.mb, format_number(small.tps), small.busy, small.pattern,
+                       std::get<0>(key), std::get<1>(key), std::get<2>(key).empty() ? "" : " " + std::get<2>(key),
+                       small.mb, format_number(small.tps), small.busy, small.pattern,
                        format_number(best), best_mb, knee->mb, knee->mb),
            small.tps > 0 ? std::optional<double>(knee->tps / small.tps) : std::nullopt,
-           json{{"grad_accum", key.first}, {"graphs", key.second}, {"smallest_within_90pct", knee->mb},
+           json{{"grad_accum", std::get<0>(key)}, {"graphs", std::get<1>(key)}, {"smallest_within_90pct", knee->mb},
                 {"best_micro_batch", best_mb}, {"best_tokens_per_s", best}, {"micro_batch_1_pattern", small.pattern}}});
     }
     // grad_accum at a fixed micro batch: what it buys (the optimizer, amortized) and what it does not
@@ -403,6 +418,10 @@ const Scenario batch_scenario{
         ParamSpec{.name = "dtype", .type = ParamType::choice, .default_value = "fp32",
                   .help = "compute dtype (autocast; fp32 masters and gradients)", .choices = {"fp32", "bf16", "fp16"},
                   .gpu_default = "bf16"},
+        ParamSpec{.name = "attn", .type = ParamType::choice, .default_value = "fused",
+                  .help = "fused: the device's fused attention (flash on cpu, cuDNN on cuda); naive: eager, the "
+                          "S x S scores kept (no flash_attention / sdp_attention)",
+                  .choices = {"fused", "naive"}},
         ParamSpec{.name = "optimizer", .type = ParamType::choice, .default_value = "adamw",
                   .help = "once per grad_accum micro steps", .choices = {"adamw", "sgd", "none"}},
         ParamSpec{.name = "dispatch_us", .type = ParamType::real, .default_value = "10",

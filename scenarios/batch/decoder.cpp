@@ -40,6 +40,9 @@ DecoderConfig decoder_config(const ParamSet& ps, const Device& dev) {
   cfg.attention = AttnImpl::flash;
   if (dev.attention_unsupported(AttnImpl::flash, cfg.dtype) && !dev.attention_unsupported(AttnImpl::cudnn, cfg.dtype))
     cfg.attention = AttnImpl::cudnn;
+  // attn=naive: the eager path (two GEMMs and a softmax, the S x S scores kept), as a
+  // job without flash_attention / sdp_attention runs it
+  if (ps.has("attn") && ps.get_str("attn") == "naive") cfg.attention = AttnImpl::naive;
   if (auto why = dev.attention_unsupported(cfg.attention, cfg.dtype)) throw UnsupportedError(*why);
   return cfg;
 }

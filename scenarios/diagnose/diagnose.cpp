@@ -6,6 +6,8 @@
 #include <cmath>      // std::llround
 #include <sstream>    // std::ostringstream
 
+#include <map>
+#include <functional>
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"           // UsageError
@@ -62,7 +64,8 @@ class Diagnosis {
     res.scenario = "diagnose";
     res.meta = meta_;
     res.params = json::object();
-    res.params["check"] = json::array({"utilization", "loader", "dtype", "padding", "attention", "batch", "memory"});
+    res.params["check"] =
+        json::array({"utilization", "loader", "dtype", "padding", "attention", "batch", "memory", "applied"});
     const std::string dev = ctx_.device.info().id;
     res.meta["diagnose"] = json{{"config", to_json(opt_.cfg)},
                                 {"measured_shape", json{{"micro_batch", shape_.micro_batch},
@@ -73,7 +76,7 @@ class Diagnosis {
                                                         {"layers", 2},
                                                         {"reduced", shape_.reduced},
                                                         {"note", shape_.note}}}};
-    checks_ = 7;
+    checks_ = 8;
     res.points.push_back(utilization());
     res.points.push_back(loader());
     res.points.push_back(dtype());
@@ -81,6 +84,7 @@ class Diagnosis {
     res.points.push_back(attention());
     res.points.push_back(batch());
     res.points.push_back(memory());
+    res.points.push_back(applied());
     res.points.push_back(summary());
     // findings, ranked by measured gain
     std::sort(found_.begin(), found_.end(), [](const Finding& a, const Finding& b) {
@@ -185,10 +189,13 @@ class Diagnosis {
                                                       : opt_.cfg.sequence_len;
   }
 
+  // The attention their step runs: eager unless the config turns a fused one on.
+  std::string user_attn() const { return opt_.cfg.flash_attention || opt_.cfg.sdp_attention ? "fused" : "naive"; }
+
   std::vector<std::string> shape_params(bool with_batch) const {
     std::vector<std::string> a{fmt::format("seq_len={}", shape_.seq), fmt::format("d_model={}", shape_.hidden),
                                fmt::format("heads={}", shape_.heads), "layers=2",
-                               fmt::format("dtype={}", dtype_name(opt_.cfg))};
+                               fmt::format("dtype={}", dtype_name(opt_.cfg)), "attn=" + user_attn()};
     if (with_batch) a.push_back(fmt::format("micro_batch={}", shape_.micro_batch));
     return a;
   }
@@ -273,6 +280,20 @@ class Diagnosis {
     if (b > 0 && f / b >= kMinGain) {
       std::string line = fmt::format("dataloader_num_workers: {}", rec);
       if (!c.dataloader_pin_memory) line += ", dataloader_pin_memory: true";
+      repeat_["loader"] = [this, a, theirs, rec]() -> std::optional<double> {
+        const Sub r = sub("dataloader", a);
+        const Point* b2 = nullptr;
+        const Point* f2 = nullptr;
+        for (const Point& q : r.r.points) {
+          if (q.status != Status::ok || !metric(q, "samples_per_s")) continue;
+          const bool mine = q.params.value("workers", -1) == theirs &&
+                            (opt_.cfg.dataloader_pin_memory || q.params.value("pin", std::string("pinned")) == "pageable");
+          if (mine && !b2) b2 = &q;
+          if (q.params.value("workers", -1) == rec && q.params.value("pin", std::string("pinned")) == "pinned") f2 = &q;
+        }
+        if (!b2 || !f2 || metric(*b2, "samples_per_s")->value <= 0) return std::nullopt;
+        return metric(*f2, "samples_per_s")->value / metric(*b2, "samples_per_s")->value;
+      };
       find("slow host dataloader", "loader", f / b,
            fmt::format("a modelled loader (the dataloader scenario's supply=0.5, not yours): busy {:.0f}% ({}) with "
                        "{} worker(s) -> {:.0f}% ({}) with {}",
@@ -317,12 +338,13 @@ class Diagnosis {
     const double x = metric(*a, "tflops")->value, y = metric(*b, "tflops")->value;
     add_gain(p, x, y, "TFLOP/s", fmt::format("the MLP GEMM {}x{}x{}", m, shape_.intermediate, shape_.hidden));
     p.info["impl"] = b->info.value("impl", std::string());
-    if (y / x >= kMinGain)
+    if (y / x >= kMinGain) {
+      applied_.push_back({"dtype", "dtype", to});
       find("fp32 where bf16 would do", "dtype", y / x,
            fmt::format("{} TFLOP/s fp32 -> {} {} at {}x{}x{} ({})", format_number(x), format_number(y), to, m,
                        shape_.intermediate, shape_.hidden, p.info["impl"].get<std::string>()),
            to + ": true", s.command);
-    else
+    } else
       p.info["reading"] = fmt::format("{} is not faster than fp32 on this device ({:.2f}x): no change recommended "
                                       "here; on a GPU with tensor cores it is",
                                       to, y / x);
@@ -362,10 +384,23 @@ class Diagnosis {
     }
     const double x = metric(*a, "real_tokens_per_s")->value, y = metric(*b, "real_tokens_per_s")->value;
     add_gain(p, x, y, "tokens/s", "real (non-pad) tokens per second");
-    if (y / x >= kMinGain)
+    if (y / x >= kMinGain) {
+      const std::vector<std::string> assigns = {"strategy=" + base + ",pack-bfd", "lengths=" + lengths,
+                                                fmt::format("max_len={}", seq), fmt::format("d_model={}", shape_.hidden),
+                                                fmt::format("heads={}", shape_.heads), fmt::format("dtype={}", dtype_name(c)),
+                                                fmt::format("rows={}", shape_.micro_batch), "attn=" + attn,
+                                                fmt::format("sequences={}", opt_.quick ? 256 : 1024)};
+      repeat_["padding"] = [this, assigns, base]() -> std::optional<double> {
+        const Sub r = sub("packing", assigns);
+        const Point* a2 = r.point("strategy", base);
+        const Point* b2 = r.point("strategy", "pack-bfd");
+        if (!a2 || !b2 || a2->status != Status::ok || b2->status != Status::ok) return std::nullopt;
+        return metric(*b2, "real_tokens_per_s")->value / metric(*a2, "real_tokens_per_s")->value;
+      };
       find("batches padded instead of packed", "padding", y / x,
            fmt::format("{} real tokens/s {} -> {} packed", format_number(x), base, format_number(y)),
            "sample_packing: true", s.command);
+    }
     return p;
   }
 
@@ -395,12 +430,14 @@ class Diagnosis {
     }
     const double x = metric(*a, "ms")->value, y = metric(*b, "ms")->value;
     add_gain(p, 1e3 / x, 1e3 / y, "calls/s", "attention forward+backward calls per second");
-    if (x / y >= kMinGain)
+    if (x / y >= kMinGain) {
+      applied_.push_back({"attention", "attn", "fused"});
       find("attention without a fused kernel", "attention", x / y,
            fmt::format("{} ms eager -> {} ms {} per layer", format_number(x), format_number(y), fused),
            ctx_.device.info().kind == DeviceKind::cuda ? "flash_attention: true (or sdp_attention: true)"
                                                        : "flash_attention: true",
            s.command);
+    }
     return p;
   }
 
@@ -446,6 +483,7 @@ class Diagnosis {
     if (knee > mb && f / b >= kMinGain) {
       const std::int64_t global = opt_.cfg.micro_batch_size * opt_.cfg.gradient_accumulation_steps;
       const std::int64_t ga = std::max<std::int64_t>(1, global / std::max<std::int64_t>(1, knee));
+      applied_.push_back({"batch", "micro_batch", std::to_string(knee)});
       find("a batch that is too small (launch-bound, steady-low utilization)", "batch", f / b,
            fmt::format("{} tokens/s at micro batch {} -> {} at {} (the smallest within 90% of the best swept)",
                        format_number(b), mb, format_number(f), knee),
@@ -544,6 +582,149 @@ class Diagnosis {
     return p;
   }
 
+  // 8. each recommended line applied, and measured again. The step-level lines
+  // (attention, dtype, micro batch) are applied to their step one at a time
+  // and all together, in one sweep of the batch scenario: the gain a finding
+  // claims (and is ranked by) is that gain on the whole step, its part-alone
+  // figure kept as evidence. Then every claim is measured a second time, in a
+  // run of its own, and said to hold when the two agree within 15%.
+  Point applied() {
+    step("applied: each line on their step, then measured again");
+    Point p = check_point("applied");
+    if (found_.empty()) {
+      p.status = Status::skipped;
+      p.reason = "nothing to apply: no cause named";
+      return p;
+    }
+    json lines = json::array();
+    std::optional<double> together;
+    if (!applied_.empty()) {
+      // the sweep: each changed axis with its two values (their setting, the fix)
+      std::map<std::string, std::pair<std::string, std::string>> axes = {
+          {"attn", {user_attn(), user_attn()}},
+          {"dtype", {dtype_name(opt_.cfg), dtype_name(opt_.cfg)}},
+          {"micro_batch", {std::to_string(shape_.micro_batch), std::to_string(shape_.micro_batch)}}};
+      for (const Applied& x : applied_) axes[x.key].second = x.value;
+      std::vector<std::string> a{fmt::format("seq_len={}", shape_.seq), fmt::format("d_model={}", shape_.hidden),
+                                 fmt::format("heads={}", shape_.heads), "layers=2", "grad_accum=1", "trials=3"};
+      for (const auto& [k, v] : axes) a.push_back(k + "=" + v.first + (v.first != v.second ? "," + v.second : ""));
+      auto tokens = [&](const Sub& r, const std::map<std::string, std::string>& at) -> std::optional<double> {
+        for (const Point& q : r.r.points) {
+          bool all = q.status == Status::ok && metric(q, "tokens_per_s");
+          for (const auto& [k, v] : at) {
+            if (!all) break;
+            const json& pv = q.params.contains(k) ? q.params[k] : json();
+            all = pv.is_string() ? pv.get<std::string>() == v : pv.is_number() ? std::to_string(pv.get<std::int64_t>()) == v : false;
+          }
+          if (all) return metric(q, "tokens_per_s")->value;
+        }
+        return std::nullopt;
+      };
+      auto base_at = [&] {
+        std::map<std::string, std::string> m;
+        for (const auto& [k, v] : axes) m[k] = v.first;
+        return m;
+      };
+      auto gains = [&](const Sub& r) {
+        std::map<std::string, double> g;  // check -> gain; "together" -> all of them
+        const auto b = tokens(r, base_at());
+        if (!b || *b <= 0) return g;
+        auto all = base_at();
+        for (const Applied& x : applied_) {
+          auto at = base_at();
+          at[x.key] = x.value;
+          all[x.key] = x.value;
+          if (const auto t = tokens(r, at)) g[x.check] = *t / *b;
+        }
+        if (const auto t = tokens(r, all)) g["together"] = *t / *b;
+        return g;
+      };
+      const Sub first = sub("batch", a);
+      const auto g1 = gains(first);
+      const Sub second = sub("batch", a);  // the second measurement, a run of its own
+      const auto g2 = gains(second);
+      p.info["sub"] = compact(first);
+      p.info["repeat"] = compact(second);
+      if (g1.count("together")) together = g1.at("together");
+      for (const Applied& x : applied_) {
+        Finding* f = finding(x.check);
+        if (!f || !g1.count(x.check)) continue;
+        const double part = f->speedup.value_or(0);
+        const double step_gain = g1.at(x.check);
+        const std::optional<double> again = g2.count(x.check) ? std::optional<double>(g2.at(x.check)) : std::nullopt;
+        settle(*f, part, step_gain, again, x.key + "=" + x.value);
+        lines.push_back(line_json(*f));
+      }
+    }
+    // the others: their own sub-run again
+    for (auto& [check, again_fn] : repeat_) {
+      Finding* f = finding(check);
+      if (!f || !f->speedup) continue;
+      const double claimed = *f->speedup;
+      settle(*f, claimed, claimed, again_fn(), "");
+      lines.push_back(line_json(*f));
+    }
+    int held = 0, n = 0;
+    for (const auto& l : lines)
+      if (l.contains("holds")) ++n, held += l["holds"].get<bool>();
+    p.add({"lines_applied", double(lines.size()), "lines", Direction::none, std::nullopt,
+           "recommended lines measured with the line applied"});
+    p.add({"claims_held", double(held), "lines", Direction::higher, std::nullopt,
+           "a second run within 15% of the claimed gain"});
+    if (together)
+      p.add({"step_gain_together", *together, "x", Direction::higher, std::nullopt,
+             "their step with every step-level line applied at once"});
+    p.info["lines"] = lines;
+    p.info["reading"] = fmt::format("{} of {} claims held when measured again (within 15%)", held, n);
+    together_ = together;
+    return p;
+  }
+
+  Finding* finding(const std::string& check) {
+    for (Finding& f : found_)
+      if (f.evidence.value("check", std::string()) == check) return &f;
+    return nullptr;
+  }
+
+  static json line_json(const Finding& f) {
+    json j{{"check", f.evidence["check"]}, {"config_line", f.evidence["config_line"]}};
+    for (const char* k : {"part_gain", "step_gain", "repeat_gain", "holds"})
+      if (f.evidence.contains(k)) j[k] = f.evidence[k];
+    return j;
+  }
+
+  // A finding's claim becomes its gain on the step (step-level lines) and is
+  // checked against a second measurement.
+  void settle(Finding& f, double part, double step_gain, std::optional<double> again, const std::string& param) {
+    const std::string check = f.evidence.value("check", std::string());
+    const bool step_level = !param.empty();
+    if (step_level) {
+      f.evidence["part_gain"] = part;
+      f.evidence["step_gain"] = step_gain;
+      f.evidence["applied"] = param;
+      f.speedup = step_gain;
+    }
+    std::string held;
+    if (again) {
+      const bool holds = std::abs(*again / step_gain - 1.0) <= 0.15;
+      f.evidence["repeat_gain"] = *again;
+      f.evidence["holds"] = holds;
+      held = holds ? fmt::format("; measured again: {:.2f}x, within 15%", *again)
+                   : fmt::format("; measured again: {:.2f}x, {:.0f}% off: noisy here", *again,
+                                 100 * std::abs(*again / step_gain - 1.0));
+    }
+    const std::string line = f.evidence.value("config_line", std::string());
+    const std::string evidence = f.evidence.value("evidence", std::string());
+    const char* how = ctx_.device.info().simulated ? "modelled" : "measured";
+    if (step_level)
+      f.summary = fmt::format("{}: {:.2f}x {} on the step with {} ({:.2f}x on {} alone){} -> {} ({})", check, step_gain,
+                              how, param, part, check == "dtype" ? "the GEMM" : check == "attention" ? "attention" : "the step",
+                              held, line, evidence);
+    else if (!held.empty())
+      f.summary += held;
+    if (step_level && step_gain < kMinGain) f.evidence["minor_on_the_step"] = true;
+  }
+
   struct MemoryEstimate {
     std::uint64_t total = 0;
     json parts;
@@ -573,17 +754,21 @@ class Diagnosis {
 
   Point summary() {
     Point p = check_point("summary");
-    // only gains measured on the whole step multiply into it (padding: real tokens/s of the step; batch:
-    // tokens/s of the step); attention, dtype and the loader are measured on their part alone, whose share
-    // of the user's step is not known here
-    double gain = 1;
+    // The step-level lines (attention, dtype, micro batch) applied together were
+    // measured on the step (the applied check); padding's gain, on its own
+    // step, multiplies into that; the loader's (modelled, outside the step) is
+    // left out.
+    double gain = together_.value_or(1);
     json step_level = json::array(), component = json::array();
     for (const Finding& f : found_) {
       const std::string check = f.evidence.value("check", std::string());
       if (!f.speedup) continue;
-      if (check == "padding" || check == "batch") {
+      if (check == "padding") {
         gain *= std::max(1.0, *f.speedup);
         step_level.push_back(check);
+      } else if (check == "attention" || check == "dtype" || check == "batch") {
+        step_level.push_back(check);
+        if (!together_) gain *= std::max(1.0, *f.speedup);
       } else {
         component.push_back(check);
       }
@@ -592,8 +777,10 @@ class Diagnosis {
       p.add({"tokens_per_s_now", tokens_per_s_, "tokens/s", Direction::higher, std::nullopt,
              "their step at the measured shape (the utilization check)"});
       p.add({"tokens_per_s_after_estimate", tokens_per_s_ * gain, "tokens/s", Direction::higher, std::nullopt,
-             "estimated: the step-level gains (padding, batch) multiplied, as if independent; the gains of "
-             "attention, dtype and the loader, measured on that part alone, are left out"});
+             together_ ? "the step-level lines applied together, measured on the step, times padding's gain; the "
+                         "loader's (modelled, outside the step) left out"
+                       : "estimated: the gains of the step-level lines multiplied, as if independent; the loader's "
+                         "left out"});
       if (ctx_.expected)
         if (auto peak = ctx_.expected->peak_tflops(opt_.cfg.bf16 ? DType::bf16 : opt_.cfg.fp16 ? DType::fp16 : DType::fp32)) {
           const double params = 2.0 * 12.0 * double(shape_.hidden) * double(shape_.hidden);
@@ -639,6 +826,12 @@ class Diagnosis {
   std::string hung_what_;
   double tokens_per_s_ = 0, step_ms_ = 0;
   std::vector<Finding> found_;
+  struct Applied {
+    std::string check, key, value;  // the finding's check; the batch scenario's axis and the fix's value
+  };
+  std::vector<Applied> applied_;
+  std::map<std::string, std::function<std::optional<double>()>> repeat_;  // check -> its gain measured again
+  std::optional<double> together_;
 };
 
 }  // namespace
@@ -732,6 +925,11 @@ std::string format_report(const Result& r) {
     else if (name == "memory" && p.metric("footprint_gib"))
       o << fmt::format(" about {:.1f} GiB of {:.1f} GiB (modelled)", p.metric("footprint_gib")->value,
                        p.metric("capacity_gib")->value);
+    else if (name == "applied" && p.info.contains("reading"))
+      o << " " << p.info["reading"].get<std::string>()
+        << (p.metric("step_gain_together")
+                ? fmt::format("; the step-level lines together: {:.2f}x on the step", p.metric("step_gain_together")->value)
+                : "");
     o << "\n";
   }
   o << (from_trace ? "\nfindings, by estimated gain:\n" : "\nfindings, by measured gain:\n");
@@ -744,10 +942,10 @@ std::string format_report(const Result& r) {
   for (const Point& p : r.points)
     if (p.params.value("check", std::string()) == "summary") {
       if (p.metric("tokens_per_s_now"))
-        o << fmt::format("\nthis step: {} tokens/s now, about {} with the step-level fixes (estimated: padding and "
-                         "batch gains multiplied; attention, dtype and loader gains left out)\n",
+        o << fmt::format("\nthis step: {} tokens/s now, about {} with the fixes ({})\n",
                          format_number(p.metric("tokens_per_s_now")->value),
-                         format_number(p.metric("tokens_per_s_after_estimate")->value));
+                         format_number(p.metric("tokens_per_s_after_estimate")->value),
+                         p.metric("tokens_per_s_after_estimate")->note);
       if (p.info.contains("observed")) o << p.info["observed"].get<std::string>() << "\n";
     }
   return o.str();

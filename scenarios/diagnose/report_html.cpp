@@ -235,7 +235,21 @@ std::string format_html(const Result& r) {
       o << fmt::format("{} tokens/s, {:.0f}% busy, {}", esc(format_number(p.metric("tokens_per_s")->value)),
                        p.metric("busy_pct")->value, esc(p.info.value("pattern", std::string())))
         << "<br><span class='note'>" << esc(p.info.value("reading", std::string())) << "</span>";
-    else if (name == "memory" && p.metric("footprint_gib"))
+    else if (name == "applied" && p.info.contains("lines")) {
+      o << esc(p.info.value("reading", std::string())) << "<br>";
+      for (const auto& l : p.info["lines"]) {
+        o << "<code>" << esc(l.value("config_line", std::string())) << "</code>: ";
+        if (l.contains("step_gain"))
+          o << esc(fmt::format("{:.2f}x on the step ({:.2f}x on its part alone)", l["step_gain"].get<double>(),
+                               l.value("part_gain", 0.0)));
+        if (l.contains("repeat_gain"))
+          o << esc(fmt::format("; again {:.2f}x", l["repeat_gain"].get<double>()))
+            << (l.value("holds", false) ? " <span class='ok'>holds</span>" : " <span class='error'>off by over 15%</span>");
+        o << "<br>";
+      }
+      if (const Metric* t = p.metric("step_gain_together"))
+        o << esc(fmt::format("all step-level lines together: {:.2f}x on the step", t->value));
+    } else if (name == "memory" && p.metric("footprint_gib"))
       o << bars(p.metric("capacity_gib")->value, p.metric("footprint_gib")->value, "GiB", "capacity", "needs")
         << "<br><span class='note'>the device's capacity and the modelled footprint; "
         << esc(p.info.value("note", std::string())) << "</span>";
@@ -248,9 +262,8 @@ std::string format_html(const Result& r) {
       o << "<h2>This step</h2>\n"
         << bars(p.metric("tokens_per_s_now")->value, p.metric("tokens_per_s_after_estimate")->value, "tokens/s",
                 "now", "estimated")
-        << "<p class='note'>Now (" << (simulated ? "modelled" : "measured")
-        << ") and after the step-level fixes (estimated: the padding and batch gains multiplied, as if independent; "
-           "attention, dtype and loader gains, measured on their part alone, left out).</p>\n";
+        << "<p class='note'>Now (" << (simulated ? "modelled" : "measured") << ") and after the fixes: "
+        << esc(p.metric("tokens_per_s_after_estimate")->note) << ".</p>\n";
       if (p.info.contains("observed")) o << "<p>" << esc(p.info["observed"].get<std::string>()) << "</p>\n";
     }
 

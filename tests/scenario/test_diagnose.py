@@ -101,8 +101,8 @@ def main():
             errs = schema_check.errors(doc, schema)
             check(not errs, f"schema {errs[:3]}")
             checks = [q["params"]["check"] for q in doc["points"]]
-            check(checks == ["utilization", "loader", "dtype", "padding", "attention", "batch", "memory", "summary"],
-                  f"checks {checks}")
+            check(checks == ["utilization", "loader", "dtype", "padding", "attention", "batch", "memory", "applied",
+                             "summary"], f"checks {checks}")
             by = {q["params"]["check"]: q for q in doc["points"]}
             check(by["utilization"]["status"] == "ok" and by["utilization"]["metrics"]["tokens_per_s"]["value"] > 0,
                   f"utilization {by['utilization'].get('reason')}")
@@ -119,7 +119,19 @@ def main():
                 if gain is not None and gain >= 1.10:
                     if check(c in found, f"{c}: {gain:.2f}x measured but not named"):
                         f = found[c]
-                        check(abs(f["speedup"] - gain) < 1e-9, f"{c}: point {gain} and finding {f['speedup']} disagree")
+                        ev = f["evidence"]
+                        if c in ("dtype", "attention", "batch") and "step_gain" in ev:
+                            # a step-level line: claimed as its gain on the whole step with the line applied
+                            # (the applied check's sweep), the part-alone figure kept
+                            check(abs(ev["part_gain"] - gain) < 1e-9, f"{c}: point {gain}, part_gain {ev['part_gain']}")
+                            check(abs(f["speedup"] - ev["step_gain"]) < 1e-9, f"{c}: claim {f['speedup']} is not its step gain")
+                            check(ev["applied"].split("=")[0] in ("dtype", "attn", "micro_batch"), f"{c}: applied {ev}")
+                        else:
+                            check(abs(f["speedup"] - gain) < 1e-9, f"{c}: point {gain} and finding {f['speedup']} disagree")
+                        # every claim measured a second time, in a run of its own, and said whether it held
+                        check(isinstance(ev.get("repeat_gain"), float) and isinstance(ev.get("holds"), bool) and
+                              ev["holds"] == (abs(ev["repeat_gain"] / f["speedup"] - 1) <= 0.15),
+                              f"{c}: no second measurement: {ev}")
                         check(f["evidence"]["config_line"] and f["evidence"]["command"].startswith("stallbench run "),
                               f"{c}: {f['evidence']}")
                 else:
@@ -134,7 +146,12 @@ def main():
             lines = {f["evidence"]["config_line"] for f in doc["findings"]}
             check("sample_packing: true" in lines, f"lines {lines}")
             check("reproduce: stallbench run" in p.stdout, "the report shows no command")
-            check("diagnose [1/7] utilization" in p.stderr, "no progress on stderr")
+            check("diagnose [1/8] utilization" in p.stderr, "no progress on stderr")
+            ap = by["applied"]
+            check(ap["status"] == "ok" and ap["metrics"]["lines_applied"]["value"] == len(
+                [f for f in doc["findings"] if f.get("speedup")]), f"applied: {ap.get('reason')} {ap['metrics']}")
+            print("applied:", ap["info"]["reading"], [(l["check"], l.get("step_gain"), l.get("repeat_gain"))
+                                                       for l in ap["info"]["lines"]])
             s = by["summary"]["metrics"]
             check(s["tokens_per_s_after_estimate"]["value"] > s["tokens_per_s_now"]["value"], "no estimated gain")
 
