@@ -765,6 +765,7 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
                                    t - last_round_t));
       notes.push_back(alarms.back());
       nvml_stall_said = true;
+      any_alarm = true;  // a wedged driver is a hang too: exit 4
     }
     poll_on_stuck(alarms);
     start_on_stuck(alarms);
