@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "watch/nvml_abi.hpp"  // the clock event reason bits
+#include "harness/nvml_abi.hpp"  // the clock event reason bits
 
 namespace sb::watch {
 

@@ -9,7 +9,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"  // throw_call_failure
-#include "watch/nvml_abi.hpp"  // the NVML types, declared locally
+#include "harness/nvml_abi.hpp"  // the NVML types, declared locally
 
 namespace sb::watch {
 

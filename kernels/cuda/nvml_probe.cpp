@@ -11,30 +11,7 @@
 
 #include "harness/errors.hpp"  // throw_call_failure, ErrorKind
 
-// The few NVML types used here, declared locally so the build needs no
-// nvml.h (the CUDA toolkit ships it only with its nvml-dev component). When
-// the header is present it checks the declarations against NVML's own.
-namespace sb::nvml_abi {
-using Return = int;                // nvmlReturn_t
-using DeviceHandle = struct Opaque*;  // nvmlDevice_t
-struct Utilization {               // nvmlUtilization_t
-  unsigned int gpu;                // percent of the sample period a kernel ran
-  unsigned int memory;             // percent of it device memory was read or written
-};
-constexpr Return kSuccess = 0;            // NVML_SUCCESS
-constexpr int kClockSm = 1;               // NVML_CLOCK_SM (nvmlClockType_t)
-constexpr unsigned kDriverVersionSize = 80;  // NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
-}  // namespace sb::nvml_abi
-
-#if __has_include(<nvml.h>)
-#include <nvml.h>  // types and enums only, to check the local declarations; never linked
-static_assert(NVML_SUCCESS == sb::nvml_abi::kSuccess);
-static_assert(NVML_CLOCK_SM == sb::nvml_abi::kClockSm);
-static_assert(NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE == sb::nvml_abi::kDriverVersionSize);
-static_assert(sizeof(nvmlUtilization_t) == sizeof(sb::nvml_abi::Utilization));
-static_assert(sizeof(nvmlDevice_t) == sizeof(sb::nvml_abi::DeviceHandle));
-static_assert(sizeof(nvmlReturn_t) == sizeof(sb::nvml_abi::Return));
-#endif
+#include "harness/nvml_abi.hpp"  // the NVML types, declared locally (no nvml.h needed), shared with watch/
 
 namespace sb {
 namespace {

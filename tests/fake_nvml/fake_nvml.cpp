@@ -1,7 +1,7 @@
 // A fake libnvidia-ml.so.1 for the tests of `stallbench watch`: the NVML
 // entry points watch/nvml_session.cpp resolves, answering from a recorded
 // series instead of a GPU. Loaded through LD_LIBRARY_PATH in place of the
-// driver's library; the ABI is watch/nvml_abi.hpp's (NVML's own layouts).
+// driver's library; the ABI is harness/nvml_abi.hpp's (NVML's own layouts).
 //
 // FAKE_NVML_SERIES names a JSON file:
 //   {"driver": "570.86.15", "advance": "call" | "time", "period_ms": 100, "end": "hold" | "loop",
@@ -26,7 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "watch/nvml_abi.hpp"
+#include "harness/nvml_abi.hpp"
 
 using namespace sb::nvml_abi;
 using json = nlohmann::json;

@@ -167,6 +167,17 @@ def cpu_cost(tmp):
     check(0 < cpu < 1.0, f"the watch at 10 ms costs {cpu:.3f}% of a core, over 1%")
 
 
+def signal_and_wait(proc, sig):
+    """Sends sig, waits at most 20 s: (exit code or None, stderr)."""
+    proc.send_signal(sig)
+    try:
+        rc = proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = None
+    return rc, proc.stderr.read()
+
+
 def execs(tmp):
     env = env_for(tmp, series(SERIES["healthy"]))
     p = subprocess.run([EXE, "watch", "--interval", "20", "--exec", "--", "sh", "-c", "echo child-out; exit 7"],
@@ -198,13 +209,7 @@ def execs(tmp):
         line = proc.stdout.readline() if ready else ""
         check(line.strip() == "ready", f"exec {sig.name}: child said {line!r}")
         time.sleep(0.3)
-        proc.send_signal(sig)
-        try:
-            rc = proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = None
-        err = proc.stderr.read()
+        rc, err = signal_and_wait(proc, sig)
         check(rc == want, f"exec {sig.name}: exit {rc}, want {want} (forwarded): {err[-300:]}")
         doc = load(os.path.join(tmp, "sig.json"), f"exec {sig.name}")
         check(doc["meta"]["watch"]["child_exit_code"] == want, f"exec {sig.name}: {doc['meta']['watch']}")
@@ -372,13 +377,7 @@ def process_safety(tmp):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready, _, _ = select.select([proc.stdout], [], [], 30)
     check(ready and proc.stdout.readline().strip() == "ready", "stubborn: the job did not start")
-    proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = None
-    err = proc.stderr.read()
+    rc, err = signal_and_wait(proc, signal.SIGTERM)
     check(rc == 137 and "SIGKILL" in err, f"stubborn: exit {rc}, want 137 after --kill-after: {err[-300:]}")
     # nohup: an ignored SIGHUP stays ignored (the watch goes on)
     p = subprocess.run(["bash", "-c", f"trap '' HUP; {EXE} watch --interval 20 --count 100 --plain --json "

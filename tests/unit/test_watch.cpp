@@ -10,7 +10,7 @@
 
 #include "harness/errors.hpp"
 #include "watch/analysis.hpp"
-#include "watch/nvml_abi.hpp"
+#include "harness/nvml_abi.hpp"
 #include "watch/nvml_session.hpp"
 #include "watch/watch.hpp"
 

@@ -1,5 +1,6 @@
-// The NVML types and constants `watch` uses, declared here so that neither
-// the build nor the fake NVML of the tests (tests/fake_nvml) needs nvml.h (the
+// The NVML types and constants stallbench uses (watch/, the cuda device's
+// probe in kernels/cuda/nvml_probe.cpp), declared here so that neither the
+// build nor the fake NVML of the tests (tests/fake_nvml) needs nvml.h (the
 // CUDA toolkit ships it only with its nvml-dev component, absent here). The
 // layouts are NVML's own (nvml.h of CUDA 12/13, driver 535 and later); where
 // the header is present they are checked against it.
@@ -68,6 +69,9 @@ static_assert(NVML_ERROR_INSUFFICIENT_SIZE == sb::nvml_abi::kErrorInsufficientSi
 static_assert(NVML_CLOCK_SM == sb::nvml_abi::kClockSm);
 static_assert(NVML_PCIE_UTIL_RX_BYTES == sb::nvml_abi::kPcieRxBytes);
 static_assert(sizeof(nvmlUtilization_t) == sizeof(sb::nvml_abi::Utilization));
+static_assert(sizeof(nvmlDevice_t) == sizeof(sb::nvml_abi::DeviceHandle));
+static_assert(sizeof(nvmlReturn_t) == sizeof(sb::nvml_abi::Return));
+static_assert(NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE == sb::nvml_abi::kDriverVersionSize);
 static_assert(sizeof(nvmlMemory_t) == sizeof(sb::nvml_abi::Memory));
 static_assert(sizeof(nvmlProcessInfo_t) == sizeof(sb::nvml_abi::ProcessInfo));
 static_assert(nvmlClocksEventReasonSwPowerCap == sb::nvml_abi::kReasonSwPowerCap);
