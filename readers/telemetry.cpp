@@ -319,12 +319,30 @@ class Builder {
     }
     const auto d = to_double(v);
     if (!d) return false;
-    if (k.field == Field::mem_free) free_mib = *d * k.scale;
+    // A value no GPU reports is a damaged log, not a reading: a percentage
+    // outside 0..100, a DCGM ratio outside 0..1 (a little over: DCGM rounds),
+    // a negative or absurd clock, power, memory or rate.
+    const double x = *d * k.scale;
+    const bool pct = k.field == Field::util || k.field == Field::mem_util;
+    const bool ratio = k.field == Field::sm_active || k.field == Field::sm_occupancy ||
+                       k.field == Field::tensor_active || k.field == Field::dram_active;
+    if (!std::isfinite(x) || x < (k.field == Field::temp ? -100 : 0) || (pct && x > 100) || (ratio && x > 1.01) ||
+        x > 1e9) {
+      range_error_ = true;
+      return false;
+    }
+    if (k.field == Field::mem_free) free_mib = x;
     else s.*member(k.field) = *d * k.scale;
     return true;
   }
 
   void cut(const std::string& column) { ++cut_[column]; }
+  // Why the last set() refused: "out of range" or "not a number".
+  const char* refused() {
+    const bool r = range_error_;
+    range_error_ = false;
+    return r ? "is out of range for it" : "is not a number";
+  }
 
   void add(Sample s, const Plan& p, double free_mib) {
     if (p.derive_total && s.mem_used_mib && free_mib >= 0) s.mem_total_mib = *s.mem_used_mib + free_mib;
@@ -350,6 +368,7 @@ class Builder {
   std::string name_;
   Recording rec_;
   std::map<std::string, std::size_t> empty_, cut_;
+  bool range_error_ = false;
   std::set<int> gpus_;
   bool derived_noted_ = false;
 };
@@ -541,7 +560,7 @@ Recording parse_smi(Lines& lines, std::string_view first, Builder& b, double int
       if (!unit.empty() && v.size() > unit.size() && ends_with(v, unit) && v[v.size() - unit.size() - 1] == ' ')
         v = trim(v.substr(0, v.size() - unit.size()));
       if (!b.set(s, free_mib, plan, c, v))
-        b.fail(n, fmt::format("column '{}': '{}' is not a number", plan.names[c], snippet(fields[c])));
+        b.fail(n, fmt::format("column '{}': '{}' {}", plan.names[c], snippet(fields[c]), b.refused()));
     }
     b.add(s, plan, free_mib);
   }
@@ -670,7 +689,7 @@ Recording parse_dcgm(Lines& lines, std::string_view first, Builder& b, double in
         continue;
       }
       if (!b.set(s, free_mib, plan, c, v))
-        b.fail(n, fmt::format("field {}: '{}' is not a number", plan.names[c], snippet(values[c])));
+        b.fail(n, fmt::format("field {}: '{}' {}", plan.names[c], snippet(values[c]), b.refused()));
     }
     b.add(s, plan, free_mib);
   }

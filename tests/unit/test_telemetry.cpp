@@ -663,6 +663,28 @@ TEST(TelemetryRefusals, MutatedFixturesNeverCrash) {
 
 namespace sb::telemetry {
 namespace {
+TEST(TelemetryMade, ValuesNoGpuReportsAreRefused) {
+  const std::string head = "timestamp, index, utilization.gpu [%], power.draw [W]\n2024/05/01 12:00:00.000, 0, ";
+  for (const char* bad : {"150 %, 10 W", "-5 %, 10 W", "50 %, -1 W", "50 %, 1e308 W"}) {
+    try {
+      parse_telemetry(head + bad + "\n", "log.csv");
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("log.csv:2: column"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+    }
+  }
+  // dcgmi: a ratio over 1
+  try {
+    parse_telemetry("#Entity   SMACT\nID\nGPU 0     1.500\n", "d.txt", 100);
+    ADD_FAILURE() << "SMACT 1.5 accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+  }
+  // the edges are fine
+  EXPECT_EQ(parse_telemetry(head + "100 %, 0 W\n", "log.csv").samples.size(), 1u);
+}
+
 TEST(TelemetryMade, ADaylightSavingChangeIsTakenOut) {
   // autumn: local time steps back an hour between two rows 1 s apart
   const Recording r = parse_telemetry(
