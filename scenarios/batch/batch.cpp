@@ -268,6 +268,7 @@ class BatchRun : public ScenarioRun {
         }
       if (!knee || v.size() < 2) continue;
       const Pt& small = v.front();
+      if (knee->mb == small.mb) continue;  // the smallest is already within 90% of the best: nothing to change
       res.findings.push_back(
           {{},
            fmt::format("grad_accum={} graphs={}{}: micro_batch {} gives {} tokens/s ({:.0f}% busy, {}); the smallest "
