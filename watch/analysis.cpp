@@ -195,7 +195,7 @@ Pattern GpuTracker::classify_span(const std::deque<Entry>& xs, double from_s, bo
 }
 
 void GpuTracker::close_window(double end_s) {
-  Window w{window_start_, end_s, {}, 0};
+  Window w{window_start_, end_s, {}, 0, zero_since_};
   const bool pending = zero_since_ >= 0 && !alarm_raised_;
   for (const Entry& e : recent_) {
     if (e.s.t_s < w.start || e.s.t_s >= end_s) continue;
@@ -237,8 +237,7 @@ void GpuTracker::settle(Window& w) {
   for (const Entry& e : w.entries)
     if (!in_episode(e.s.t_s)) rest.push_back(e);
   // the zero run's samples: stuck when an episode covers them, else utilization 0
-  const bool zeros_stuck = !episodes_.empty() && episodes_.back().start_s + t_first_ <= w.end &&
-                           in_episode(std::max(w.start, episodes_.back().start_s + t_first_));
+  const bool zeros_stuck = w.zeros > 0 && in_episode(std::max(w.start, w.zeros_from));
   if (!zeros_stuck)
     for (std::size_t i = 0; i < w.zeros; ++i) {
       Entry z;

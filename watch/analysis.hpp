@@ -109,6 +109,7 @@ class GpuTracker {
     double start = 0, end = 0;
     std::deque<Entry> entries;  // pending: only those before the zero run
     std::size_t zeros = 0;      // pending: the zero run's samples in it (utilization 0, not kept)
+    double zeros_from = 0;      // pending: when that zero run started
   };
   void settle(Window& w);  // adds a window's time to the shares, the episodes known
   void settle_pending();

@@ -305,9 +305,8 @@ Metric metric(std::string name, double v, std::string unit, Direction d, std::st
 constexpr double kFindingSharePct = 25;   // a pattern over a quarter of the watch is named
 constexpr double kThrottlePct = 5;        // throttled over 5% of the loaded time is named
 
-void add_findings(Result& r, const Watched& w) {
+void add_findings(Result& r, const Watched& w, const json& sum) {
   const GpuTracker& t = w.tracker;
-  const json sum = t.summary();
   const json& share = sum["pattern_share_pct"];
   const std::string gpu = fmt::format("GPU {}", w.id.index);
   auto finding = [&](std::string cause, std::string summary, json evidence) {
@@ -374,11 +373,10 @@ void add_findings(Result& r, const Watched& w) {
   if (w.lost) finding("GPU lost", fmt::format("{}: {}", gpu, w.lost_why), json{{"check", "nvml"}});
 }
 
-Point point_of(const Watched& w, double cpu_pct, bool live) {
+Point point_of(const Watched& w, const json& sum, double cpu_pct, bool live) {
   const GpuTracker& t = w.tracker;
   Point p;
   p.params = json{{"gpu", w.id.index}};
-  const json sum = t.summary();
   if (t.samples() == 0) {
     p.status = Status::error;
     p.reason = w.lost ? w.lost_why : "no sample of this GPU";
@@ -416,8 +414,9 @@ std::string summary_text(const std::vector<Watched>& ws, const Result& r, double
                          const std::string& source) {
   std::string o = fmt::format("watch: {:.1f} s of {}{}\n", wall_s, source,
                               live ? fmt::format(", the watch itself {:.2f}% of a core", cpu_pct) : "");
-  for (const Watched& w : ws) {
-    const json sum = w.tracker.summary();
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    const Watched& w = ws[i];
+    const json& sum = r.points.at(i).info["summary"];  // point_of's, one per GPU in ws's order
     o += fmt::format("  GPU{} {}: {} samples, mean utilization {:.0f}%", w.id.index, w.id.name, w.tracker.samples(),
                      sum.value("mean_util_pct", 0.0));
     std::vector<std::string> shares;
@@ -506,8 +505,9 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
     r.meta = meta_for(fmt::format("cuda:{}", ws.front().id.index), rec.format + " log", props);
     r.params = json{{"source", json::array({rec.format})}, {"gpus", json::array({a.gpus})}};
     for (const auto& w : ws) {
-      r.points.push_back(point_of(w, 0, false));
-      add_findings(r, w);
+      const json sum = w.tracker.summary();
+      r.points.push_back(point_of(w, sum, 0, false));
+      add_findings(r, w, sum);
     }
     out.summary = summary_text(ws, r, wall, 0, false, fmt::format("{} ({}, {} samples)", a.from, rec.format,
                                                                   rec.samples.size()));
@@ -600,8 +600,7 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
         rounds.push_back(std::move(rd));
         ++rounds_taken;
       }
-      cv.notify_one();
-      next += period;
+      next += period;  // no wake-up per round: the loop below takes what has come every 100 ms
       std::unique_lock lk(mu);
       if (next < Clock::now()) next = Clock::now();  // behind: no burst of catch-up samples
       if (cv.wait_until(lk, next, [&] { return stop_sampling; })) break;
@@ -644,8 +643,9 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
     cur.params = r.params;
     const double cpu = cpu_pct();
     for (auto& w : ws) {
-      cur.points.push_back(point_of(w, cpu, true));
-      add_findings(cur, w);
+      const json sum = w.tracker.summary();  // once per GPU: it carries the whole series
+      cur.points.push_back(point_of(w, sum, cpu, true));
+      add_findings(cur, w, sum);
     }
     cur.meta["watch"] = json{{"final", final}, {"wall_s", elapsed()}, {"child_exit_code", child_rc}};
     return cur;
@@ -710,8 +710,9 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
     std::deque<Round> got;
     {
       std::unique_lock lk(mu);
-      cv.wait_for(lk, std::chrono::milliseconds(std::min(a.interval_ms, 100)),
-                  [&] { return !rounds.empty() || sampler_done; });
+      // every 100 ms (or the interval, when longer), or at once when the sampler is done: the
+      // rounds since are taken together, so the loop's own cost does not grow with 1 / interval
+      cv.wait_for(lk, std::chrono::milliseconds(std::max(a.interval_ms, 100)), [&] { return sampler_done; });
       got.swap(rounds);
     }
     const double t = elapsed();

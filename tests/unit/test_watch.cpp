@@ -108,6 +108,24 @@ TEST(WatchAnalysis, StuckAlarmOnceAfterTheThresholdWithMemoryHeld) {
   EXPECT_GT(t.summary()["pattern_share_pct"]["stuck"].get<double>(), 0);
 }
 
+TEST(WatchAnalysis, AZeroRunAfterAnEpisodeIsNotCountedAsThatEpisode) {
+  // stuck 0.5-6.0 s (alarm at 5.5), busy to 8.0, then 0 from 8.0 to 12.0: too short for an alarm,
+  // and pending when the 10 s window closes. Its zeros belong to the window (utilization 0), not to
+  // the earlier episode that also lies in that window.
+  GpuTracker t(0, opts(10, 10, 5));
+  for (int i = 0; i <= 200; ++i) {
+    const double time = i * 0.1;
+    const bool zero = (time >= 0.5 && time < 6.0) || (time >= 8.0 && time < 12.0);
+    t.add(at(time, zero ? 0 : 97, 50000));
+  }
+  t.finish();
+  ASSERT_EQ(t.stuck_episodes().size(), 1u);
+  const json share = t.summary()["pattern_share_pct"];
+  // [0,10): 5.5 s stuck; the rest (97% then 0 from 8.0) is spiky. [10,20): the run's end, then 97%: spiky too.
+  EXPECT_NEAR(share["stuck"].get<double>(), 100 * 5.5 / 20, 1e-6);
+  EXPECT_NEAR(share["spiky"].get<double>(), 100 * 14.5 / 20, 1e-6);
+}
+
 TEST(WatchAnalysis, ZeroWithoutMemoryHeldIsIdleNotStuck) {
   GpuTracker t(0, opts(10, 5, 1));
   for (int i = 0; i < 100; ++i) EXPECT_FALSE(t.add(at(i * 0.1, 0, 300)));  // a bare context, under 1 GiB
