@@ -12,7 +12,8 @@
   X(collective)         \
   X(numerics)           \
   X(batch)              \
-  X(memory)
+  X(memory)             \
+  X(train)
 
 namespace sb {
 

@@ -49,14 +49,6 @@ inline constexpr NameTable<OptKind, 3> kOptKindNames{{{{OptKind::adamw, "adamw"}
 
 double secs(clk::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// The framework's per-op dispatch cost, spent as real host CPU work (a spin
-// on the clock), as PyTorch eager spends it in the dispatcher.
-void spin_for(double us) {
-  if (us <= 0) return;
-  const auto until = clk::now() + std::chrono::nanoseconds(std::int64_t(us * 1000.0));
-  while (clk::now() < until) {
-  }
-}
 
 class BatchRun : public ScenarioRun {
  public:

@@ -27,6 +27,13 @@ namespace {
 std::uint64_t in_use(const Device& dev) { return dev.memory_stats().in_use; }
 }  // namespace
 
+void spin_for(double us) {
+  if (us <= 0) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(std::int64_t(us * 1000.0));
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
 DecoderConfig decoder_config(const ParamSet& ps, const Device& dev) {
   DecoderConfig cfg;
   cfg.micro_batch = ps.get_int("micro_batch");
@@ -63,11 +70,20 @@ void DecoderStep::alloc_acts(Acts& a, const std::string& n) {
   a.y = ops_.alloc(T * d, t, n + " mlp output");
 }
 
+namespace {
+// A non-owning view of a tensor another step owns.
+DTensor view_of(const DTensor& t) { return DTensor{Buffer(t.data(), t.buf.bytes(), t.buf.kind(), {}), t.dtype, t.numel}; }
+}  // namespace
+
 DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, std::uint64_t seed,
-                         std::function<void()> before_submit)
-    : dev_(dev), ops_(ops), cfg_(cfg), before_submit_(std::move(before_submit)) {
+                         std::function<void()> before_submit, DecoderStep* share)
+    : dev_(dev), ops_(ops), cfg_(cfg), before_submit_(std::move(before_submit)), share_(share) {
   if (cfg.d_model % cfg.heads != 0)
     throw UsageError(fmt::format("d_model {} is not a multiple of heads {}", cfg.d_model, cfg.heads));
+  if (share && (share->cfg_.d_model != cfg.d_model || share->cfg_.heads != cfg.heads ||
+                share->cfg_.layers != cfg.layers || share->cfg_.dtype != cfg.dtype))
+    throw UsageError("a decoder step can share the parameters of a step of the same model only (d_model, heads, "
+                     "layers, dtype)");
   const std::int64_t T = tokens(), d = cfg.d_model;
   const DType t = cfg.dtype;
   const int nl = cfg.layers;
@@ -83,7 +99,15 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
     part += now - mark;
     mark = now;
   };
-  for (int l = 0; l < nl; ++l) {
+  for (int l = 0; l < nl && share; ++l)
+    for (int w = 0; w < 4; ++w) {
+      const Layer& S = share->ls_[std::size_t(l)];
+      Layer& L = ls_[std::size_t(l)];
+      L.w[w] = view_of(S.w[w]);
+      if (t != DType::fp32) L.wc[w] = view_of(S.wc[w]);
+      L.g[w] = view_of(S.g[w]);
+    }
+  for (int l = 0; l < nl && !share; ++l) {
     Layer& L = ls_[std::size_t(l)];
     const std::string n = fmt::format("layer {}", l);
     for (int w = 0; w < 4; ++w) {
@@ -99,7 +123,7 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
     }
   }
   measured(measured_.weights);
-  for (int l = 0; l < nl; ++l)
+  for (int l = 0; l < nl && !share; ++l)
     for (int w = 0; w < 4; ++w)
       ls_[std::size_t(l)].g[w] =
           ops.alloc(in_of(w) * out_of(w), DType::fp32, fmt::format("layer {} {} grad (fp32)", l, names[w]));
@@ -367,6 +391,16 @@ void DecoderStep::zero_grad() {
 
 void DecoderStep::prepare_optimizer(OptKind kind) {
   if (kind != OptKind::adamw || moments_) return;
+  if (share_) {  // the owner's moments, made there once
+    share_->prepare_optimizer(kind);
+    for (std::size_t l = 0; l < ls_.size(); ++l)
+      for (int w = 0; w < 4; ++w) {
+        ls_[l].m[w] = view_of(share_->ls_[l].m[w]);
+        ls_[l].v[w] = view_of(share_->ls_[l].v[w]);
+      }
+    moments_ = true;
+    return;
+  }
   // once: settle stream-ordered frees, then read the allocator around the moments
   dev_.synchronize(std::chrono::minutes(5));
   const std::uint64_t before = in_use(dev_);

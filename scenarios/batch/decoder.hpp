@@ -91,6 +91,11 @@ std::size_t step_gemm_workspace(TrainOps& ops, const DecoderConfig& cfg);
 
 enum class OptKind { adamw, sgd, none };
 
+// The framework's per-op dispatch cost, spent as real host CPU work (a spin
+// on the clock), as PyTorch eager spends it in the dispatcher: what the
+// batch and train scenarios' before_submit does.
+void spin_for(double us);
+
 // The step's shape from a scenario's parameters (micro_batch, seq_len,
 // d_model, heads, layers, dtype; the batch and memory scenarios share them)
 // and the fused attention this device has (flash, else cuDNN). UsageError
@@ -110,8 +115,13 @@ MemoryParts predict_footprint(const DecoderConfig& cfg, OptKind opt, std::uint64
 class DecoderStep {
  public:
   // Allocates every tensor (throws OutOfMemory, UnsupportedError).
+  // share: another step of the same model (d_model, heads, layers, dtype) at
+  // another shape (micro_batch, seq): this one trains *its* weights, compute
+  // copies, gradients and AdamW moments (non-owning views, nothing
+  // allocated for them), as one model runs batches of different padded
+  // lengths. `share` must outlive this step. UsageError when the models differ.
   DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, std::uint64_t seed,
-              std::function<void()> before_submit);
+              std::function<void()> before_submit, DecoderStep* share = nullptr);
   const DecoderConfig& config() const { return cfg_; }
   std::int64_t tokens() const { return cfg_.micro_batch * cfg_.seq; }
   std::int64_t parameters() const;
@@ -189,6 +199,7 @@ class DecoderStep {
   std::vector<Piece> pieces_;
   float pieces_mult_ = 0;
   bool graphs_ = false, capturing_ = false, moments_ = false;
+  DecoderStep* share_ = nullptr;  // the step whose parameters this one trains (views), or none
   std::int64_t last_subs_ = 0;
   int opt_calls_ = 0;
   std::int64_t micro_steps_ = 0;

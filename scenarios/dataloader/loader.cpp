@@ -274,7 +274,7 @@ Loader::Loader(Config cfg) : cfg_(validated(std::move(cfg))) {
       }
     }
     // Calibrate before any worker runs, so the measurement has the CPU to itself.
-    if (cfg_.decode_us > 0) iters_per_us_ = decode_iters_per_us();
+    if (cfg_.decode_us > 0 || cfg_.sample_us) iters_per_us_ = decode_iters_per_us();
 
     // All slots at once first, so a configuration that cannot fit (64 workers
     // x prefetch 64 of large batches) is refused before any is allocated.
@@ -369,7 +369,8 @@ void Loader::read_sample(std::int64_t s, std::byte* dst) const {
 }
 
 bool Loader::decode_sample(std::int64_t s, std::byte* p) const {
-  const double us = sample_decode_us(cfg_.decode_us, cfg_.decode_spread, cfg_.seed, s);
+  const double us = cfg_.sample_us ? std::max(0.0, cfg_.sample_us(s))
+                                   : sample_decode_us(cfg_.decode_us, cfg_.decode_spread, cfg_.seed, s);
   std::int64_t left = std::llround(us * iters_per_us_);
   std::uint64_t h = splitmix64(cfg_.seed ^ std::uint64_t(s));
   std::size_t j = 0;
@@ -417,7 +418,7 @@ Loader::Outcome Loader::load_batch(std::int64_t b, int worker, std::byte* dst, D
       if (cfg_.fault.kind == Fault::Kind::fail && s == cfg_.fault.sample)
         throw std::runtime_error(fmt::format("injected corrupt sample (fault={})", to_string(cfg_.fault)));
       read_sample(s, dst + off);
-      if (cfg_.decode_us > 0 && !decode_sample(s, dst + off)) return Outcome::stopped;
+      if ((cfg_.decode_us > 0 || cfg_.sample_us) && !decode_sample(s, dst + off)) return Outcome::stopped;
     } catch (const std::exception& e) {
       // A fault of the file itself is never one sample to skip.
       if (cfg_.on_error == OnError::skip && !dynamic_cast<const DatasetFileError*>(&e)) {

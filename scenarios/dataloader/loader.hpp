@@ -75,6 +75,10 @@ struct Config {
   std::size_t sample_bytes = 4096;
   double decode_us = 0;         // real CPU work per sample, not sleep
   double decode_spread = 0;     // per-sample cost uniform in +-spread*decode_us, from (seed, sample); 0..1
+  // When set, the CPU work of sample s in microseconds (real work, as decode_us), in place of
+  // decode_us and decode_spread: a sample whose cost is its own (the train scenario's rows cost
+  // their real tokens). Must return a finite value >= 0.
+  std::function<double(std::int64_t sample)> sample_us;
   Source source = Source::memory;
   ReadMode read = ReadMode::pread;
   std::vector<int> cpus;        // the CPUs the workers run on (sched_setaffinity); empty: any

@@ -240,7 +240,7 @@ std::string format_html(const Result& r) {
       for (const auto& l : p.info["lines"]) {
         o << "<code>" << esc(l.value("config_line", std::string())) << "</code>: ";
         if (l.contains("step_gain"))
-          o << esc(fmt::format("{:.2f}x on the step ({:.2f}x on its part alone)", l["step_gain"].get<double>(),
+          o << esc(fmt::format("{:.2f}x on their training loop ({:.2f}x on its part alone)", l["step_gain"].get<double>(),
                                l.value("part_gain", 0.0)));
         if (l.contains("repeat_gain"))
           o << esc(fmt::format("; again {:.2f}x", l["repeat_gain"].get<double>()))
@@ -248,7 +248,7 @@ std::string format_html(const Result& r) {
         o << "<br>";
       }
       if (const Metric* t = p.metric("step_gain_together"))
-        o << esc(fmt::format("all step-level lines together: {:.2f}x on the step", t->value));
+        o << esc(fmt::format("every line together: {:.2f}x on their training loop", t->value));
     } else if (name == "memory" && p.metric("footprint_gib"))
       o << bars(p.metric("capacity_gib")->value, p.metric("footprint_gib")->value, "GiB", "capacity", "needs")
         << "<br><span class='note'>the device's capacity and the modelled footprint; "

@@ -120,14 +120,16 @@ def main():
                     if check(c in found, f"{c}: {gain:.2f}x measured but not named"):
                         f = found[c]
                         ev = f["evidence"]
-                        if c in ("dtype", "attention", "batch") and "step_gain" in ev:
-                            # a step-level line: claimed as its gain on the whole step with the line applied
-                            # (the applied check's sweep), the part-alone figure kept
+                        # every line is applied to their training loop (the train scenario: loader,
+                        # collation and step in one loop): claimed as its gain on that loop, the part-alone
+                        # figure kept
+                        if check("step_gain" in ev, f"{c}: not applied to the loop: {ev}"):
                             check(abs(ev["part_gain"] - gain) < 1e-9, f"{c}: point {gain}, part_gain {ev['part_gain']}")
-                            check(abs(f["speedup"] - ev["step_gain"]) < 1e-9, f"{c}: claim {f['speedup']} is not its step gain")
-                            check(ev["applied"].split("=")[0] in ("dtype", "attn", "micro_batch"), f"{c}: applied {ev}")
-                        else:
-                            check(abs(f["speedup"] - gain) < 1e-9, f"{c}: point {gain} and finding {f['speedup']} disagree")
+                            check(abs(f["speedup"] - ev["step_gain"]) < 1e-9, f"{c}: claim {f['speedup']} is not its loop gain")
+                            want = {"loader": {"workers", "pin"}, "padding": {"collate"}, "dtype": {"dtype"},
+                                    "attention": {"attn"}, "batch": {"micro_batch"}}[c]
+                            keys = {a.split("=")[0] for a in ev["applied"].split(", ")}
+                            check(keys and keys <= want, f"{c}: applied {ev['applied']}")
                         # every claim measured a second time, in a run of its own, and said whether it held
                         check(isinstance(ev.get("repeat_gain"), float) and isinstance(ev.get("holds"), bool) and
                               ev["holds"] == (abs(ev["repeat_gain"] / f["speedup"] - 1) <= 0.15),
@@ -154,6 +156,18 @@ def main():
                                                        for l in ap["info"]["lines"]])
             s = by["summary"]["metrics"]
             check(s["tokens_per_s_after_estimate"]["value"] > s["tokens_per_s_now"]["value"], "no estimated gain")
+            # the summary's figures are the loop's, measured: as configured, and with every line applied
+            check(abs(s["tokens_per_s_now"]["value"] - ap["metrics"]["real_tokens_per_s_theirs"]["value"]) < 1e-6,
+                  "the summary's now is not their loop's figure")
+            if len(ap["info"]["lines"]) > 1:
+                together = ap["info"]["runs"]["together"]["points"][0]["metrics"]["real_tokens_per_s"]
+                check(abs(s["tokens_per_s_after_estimate"]["value"] - together) < 1e-6, "after is not the measured loop")
+            # the loop as configured: their loader (inline, pageable), their padding, fp32, eager attention
+            theirs = ap["info"]["runs"]["theirs"]["points"][0]["params"]
+            check(theirs["workers"] == 0 and theirs["pin"] == "pageable" and theirs["collate"] == "pad-max" and
+                  theirs["dtype"] == "fp32" and theirs["attn"] == "naive" and theirs["micro_batch"] == 1,
+                  f"their loop: {theirs}")
+            check(ap["metrics"]["load_us_per_token"]["value"] > 0, "the loader's cost was not calibrated")
 
         if doc:
             check_html(html, doc, tmp)

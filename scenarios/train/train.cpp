@@ -1,0 +1,451 @@
+// train: the training loop end to end (definitions in train.hpp).
+#include "scenarios/train/train.hpp"
+
+#include <algorithm>  // std::min, std::max
+#include <chrono>     // std::chrono
+#include <cmath>      // std::isfinite
+#include <map>        // std::map
+#include <memory>     // std::unique_ptr
+#include <optional>   // std::optional
+#include <set>        // std::set
+#include <tuple>      // std::tuple: the dataset cache key
+
+#include <fmt/format.h>  // fmt::format
+
+#include "harness/cpu_affinity.hpp"       // allowed_cpus: the loader keeps off the compute's CPUs
+#include "harness/errors.hpp"             // UsageError
+#include "harness/host_cpus.hpp"          // HostCpuForHost
+#include "harness/host_memory.hpp"        // reserve_host_memory
+#include "harness/printer.hpp"            // format_number
+#include "harness/sampler.hpp"            // Sampler, classify, sparkline
+#include "harness/scenario.hpp"           // Scenario, ScenarioRun
+#include "scenarios/batch/decoder.hpp"    // DecoderStep, decoder_config, spin_for
+#include "scenarios/dataloader/loader.hpp"  // Loader
+#include "scenarios/packing/packers.hpp"  // plan, generate_lengths
+
+namespace sb {
+namespace train {
+
+using json = nlohmann::ordered_json;
+
+Point derive(const Record& r) {
+  Point p;
+  const double W = r.wall_s > 0 ? r.wall_s : 1e-12;
+  const double real_tps = double(r.real_tokens) / W;
+  p.add({"real_tokens_per_s", real_tps, "tokens/s", Direction::higher, std::nullopt,
+         "real (non-pad) tokens trained per second over the timed steps: the loop's throughput"});
+  p.add({"tokens_per_s", double(r.computed_tokens) / W, "tokens/s", Direction::higher, std::nullopt,
+         "computed tokens (padding included) per second"});
+  p.add({"padding_pct",
+         r.computed_tokens > 0 ? 100.0 * (1.0 - double(r.real_tokens) / double(r.computed_tokens)) : 0.0, "%",
+         Direction::lower, std::nullopt, "1 - real tokens / computed tokens"});
+  p.add({"step_ms", r.steps > 0 ? 1e3 * W / double(r.steps) : 0.0, "ms", Direction::lower, std::nullopt,
+         "wall time per optimizer step"});
+  p.add({"busy_pct", 100.0 * r.busy_frac, "%", Direction::higher, std::nullopt,
+         "device busy time over the wall time of the timed steps"});
+  p.add({"data_wait_pct", 100.0 * r.data_wait_s / W, "%", Direction::lower, std::nullopt,
+         "host time blocked waiting for the loader's next batch, over the wall time"});
+  // The queueing model beside the measurement: a device needing train_s per
+  // batch and a loader needing load_s of CPU per batch. Inline (workers=0)
+  // the loop loads, then trains, then synchronizes: busy = train / (train +
+  // load). With workers, loading overlaps the step: busy = min(1, w * train /
+  // load), w the workers that have a CPU of their own.
+  const double train_s = r.batches > 0 ? r.busy_frac * W / double(r.batches) : 0;
+  const double load_s = r.loads > 0 ? r.load_cpu_s / double(r.loads) : 0;
+  double model = 1;
+  if (r.workers == 0)
+    model = train_s + load_s > 0 ? train_s / (train_s + load_s) : 1;
+  else
+    model = loader::predicted_busy(r.workers, train_s, load_s, r.loader_cpus);
+  p.add({"load_ms_per_batch", 1e3 * load_s, "ms", Direction::lower, std::nullopt,
+         "the loader's CPU time per micro batch (its own records): the assumed work per token times the batch's "
+         "real tokens"});
+  p.add({"device_ms_per_batch", 1e3 * train_s, "ms", Direction::lower, std::nullopt,
+         "device busy time per micro batch"});
+  p.add({"model_busy_pct", 100.0 * model, "%", Direction::none, std::nullopt,
+         "the queueing model's busy share from the two figures above (inline: train / (train + load); workers: "
+         "min(1, w x train / load))",
+         false});
+  const Pattern pat = r.util.size() >= 5 ? classify(r.util)
+                                         : (r.busy_frac >= 0.9 ? Pattern::healthy : Pattern::steady_low);
+  p.info = json{{"pattern", std::string(to_string(pat))},
+                {"sparkline", sparkline(r.util)},
+                {"bottleneck", r.workers == 0 ? (load_s > 0.1 * train_s ? "loader (inline, in series with the step)"
+                                                                          : "device")
+                                              : loader::bottleneck(r.workers, train_s, load_s, r.loader_cpus)},
+                {"real_tokens", r.real_tokens},
+                {"computed_tokens", r.computed_tokens},
+                {"steps", r.steps},
+                {"batches", r.batches}};
+  return p;
+}
+
+}  // namespace train
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using clk = std::chrono::steady_clock;
+namespace pk = packing;
+using namespace batch;
+
+enum class Collate { pad_max, pad_longest, pack };
+inline constexpr NameTable<Collate, 3> kCollateNames{
+    {{{Collate::pad_max, "pad-max"}, {Collate::pad_longest, "pad-longest"}, {Collate::pack, "pack"}}}};
+enum class Pin { pinned, pageable };
+inline constexpr NameTable<Pin, 2> kPinNames{{{{Pin::pinned, "pinned"}, {Pin::pageable, "pageable"}}}};
+
+// The bytes a row carries to the device: input_ids, attention_mask and labels, int64 each.
+constexpr std::int64_t kBytesPerToken = 24;
+
+// Everything a point is, read once from its parameters (validate uses it too).
+struct Settings {
+  Collate collate = Collate::pad_longest;
+  std::string lengths;
+  std::int64_t sequences = 0, pad_multiple = 0;
+  int grad_accum = 1, workers = 0, prefetch = 2, trials = 0;
+  Pin pin = Pin::pinned;
+  double load_us_per_token = 0, dispatch_us = 0;
+
+  static Settings from(const ParamSet& ps) {
+    Settings st;
+    st.collate = ps.get_choice("collate", kCollateNames);
+    st.lengths = ps.get_str("lengths");
+    st.sequences = ps.get_int("sequences");
+    st.pad_multiple = ps.get_int("pad_multiple");
+    st.grad_accum = int(ps.get_int("grad_accum"));
+    st.workers = int(ps.get_int("workers"));
+    st.prefetch = int(ps.get_int("prefetch"));
+    st.pin = ps.get_choice("pin", kPinNames);
+    st.load_us_per_token = ps.get_real("load_us_per_token");
+    st.dispatch_us = ps.get_real("dispatch_us");
+    st.trials = int(ps.get_int("trials"));
+    return st;
+  }
+};
+
+class TrainRun : public ScenarioRun {
+ public:
+  explicit TrainRun(RunContext& ctx) : ctx_(ctx) {}
+
+  Point run_point(const ParamSet& ps) override {
+    Device& dev = ctx_.device;
+    const Settings st = Settings::from(ps);
+    const DecoderConfig base = decoder_config(ps, dev);
+    const std::int64_t mb = base.micro_batch, max_len = base.seq;
+
+    // ---- configure: the dataset, its plan, the batches' padded lengths
+    const std::vector<std::int32_t>& lengths = dataset(st.lengths, st.sequences, std::int32_t(max_len));
+    const pk::Strategy strategy = st.collate == Collate::pack        ? pk::Strategy::pack_bfd
+                                  : st.collate == Collate::pad_max   ? pk::Strategy::pad_max
+                                                                     : pk::Strategy::pad_longest;
+    const pk::Plan plan = pk::plan(lengths, strategy, std::int32_t(max_len), std::int32_t(mb), 1, pk::Overflow::split);
+    const std::int64_t n_batches = plan.row_count() / mb;
+    if (n_batches < 1)
+      throw UsageError(fmt::format("train: the dataset makes {} rows, fewer than one micro batch of {}: raise "
+                                   "sequences or lower micro_batch",
+                                   plan.row_count(), mb));
+    std::vector<std::int64_t> row_real(static_cast<std::size_t>(n_batches * mb), 0);
+    std::vector<std::int64_t> batch_len(static_cast<std::size_t>(n_batches), 0);
+    std::vector<std::int64_t> batch_real(static_cast<std::size_t>(n_batches), 0);
+    for (std::int64_t b = 0; b < n_batches; ++b) {
+      std::int64_t longest = 0;
+      for (std::int64_t r = b * mb; r < (b + 1) * mb; ++r) {
+        const pk::Row row = plan.row(r);
+        row_real[std::size_t(r)] = row.used;
+        batch_real[std::size_t(b)] += row.used;
+        longest = std::max<std::int64_t>(longest, plan.computed(r));
+      }
+      const std::int64_t m = st.pad_multiple;
+      batch_len[std::size_t(b)] =
+          st.collate == Collate::pad_longest ? std::min(max_len, std::max<std::int64_t>(m, (longest + m - 1) / m * m))
+                                             : max_len;
+    }
+    const int skip = st.workers * st.prefetch + 1;  // the pipeline fills: untimed
+    const std::int64_t total = std::int64_t(skip + st.trials) * st.grad_accum;
+    auto batch_of = [&](std::int64_t i) { return std::size_t(i % n_batches); };
+
+    const HostCpuForHost host_cpu(dev);  // the host thread keeps a CPU of its own
+    std::vector<int> loader_cpus;
+    if (!host_cpu.compute_cpus().empty()) {
+      const std::set<int> compute(host_cpu.compute_cpus().begin(), host_cpu.compute_cpus().end());
+      for (int c : allowed_cpus())
+        if (!compute.count(c)) loader_cpus.push_back(c);
+    }
+
+    // One decoder step per padded length met, every one training the first's parameters.
+    auto ops = dev.make_train_ops();
+    bool timing = false;
+    std::int64_t timed_subs = 0;
+    auto before = [&] {
+      spin_for(st.dispatch_us);
+      if (timing) ++timed_subs;
+    };
+    std::set<std::int64_t> needed;
+    for (std::int64_t i = 0; i < total; ++i) needed.insert(batch_len[batch_of(i)]);
+    std::map<std::int64_t, std::unique_ptr<DecoderStep>> steps;  // declared after `ops`: destroyed first
+    DecoderStep* owner = nullptr;
+    ctx_.progress(fmt::format("train: {} decoder step(s), padded lengths {}..{}", needed.size(), *needed.begin(),
+                              *needed.rbegin()));
+    for (auto it = needed.rbegin(); it != needed.rend(); ++it) {  // the longest owns the parameters
+      DecoderConfig c = base;
+      c.seq = *it;
+      auto s = std::make_unique<DecoderStep>(dev, *ops, c, 7, before, owner);
+      if (!owner) owner = s.get();
+      steps[*it] = std::move(s);
+    }
+    owner->prepare_optimizer(OptKind::adamw);
+    for (auto& [len, s] : steps) {  // warm-up: each shape once (attention plans, primitive caches)
+      s->prepare_optimizer(OptKind::adamw);
+      s->micro_step(1.0f);
+    }
+    owner->zero_grad();
+    dev.synchronize(ctx_.measure.sync_timeout);
+
+    // The device's copy of a batch: its rows at their padded length.
+    Buffer dev_batch = dev.allocate(std::size_t(mb * max_len * kBytesPerToken), MemKind::device);
+    const bool pinned = st.pin == Pin::pinned;
+    loader::Config lc;
+    lc.workers = st.workers;
+    lc.prefetch = st.prefetch;
+    lc.batch = int(mb);
+    lc.sample_bytes = std::size_t(max_len * kBytesPerToken);
+    lc.num_batches = total;
+    lc.cpus = loader_cpus;
+    lc.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(ctx_.measure.sync_timeout);
+    const double us_per_token = st.load_us_per_token;
+    lc.sample_us = [&row_real, us_per_token, rows = n_batches * mb](std::int64_t s) {
+      return us_per_token * double(row_real[std::size_t(s % rows)]);
+    };
+    lc.alloc = [&dev, pinned](std::size_t bytes) {
+      return dev.allocate(bytes, pinned ? MemKind::host_pinned : MemKind::host_pageable);
+    };
+    lc.on_load = [&dev](bool begin) {
+      if (begin)
+        dev.range_push("load");
+      else
+        dev.range_pop();
+    };
+    const HostReservation slots = reserve_host_memory(
+        std::uint64_t(std::max(1, st.workers * st.prefetch)) * std::uint64_t(mb * max_len * kBytesPerToken),
+        "train: the loader's staging slots");
+
+    // ---- the timed window: records only
+    train::Record rec;
+    rec.workers = st.workers;
+    rec.loader_cpus = int(loader_cpus.size());
+    auto busy = dev.utilization_probe();
+    Sampler sampler(dev.utilization_probe());
+    const std::string where = fmt::format("train collate={} workers={} micro_batch={} dtype={} attn={}",
+                                          ps.get_str("collate"), st.workers, mb, ps.get_str("dtype"),
+                                          ps.get_str("attn"));
+    ctx_.progress(where + ": timing");
+    const char* next_name = st.workers == 0 ? "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+                                            : "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__";
+    std::size_t loads_before = 0;
+    clk::time_point w0{};
+    {
+      loader::Loader L(lc);
+      int opt_step = 0;
+      for (std::int64_t i = 0, step_no = 0; i < total; ++step_no) {
+        if (step_no == skip) {  // the timed steps start
+          timing = true;
+          loads_before = L.records().size();
+          sampler.start();
+          if (busy) (void)busy->sample();
+          w0 = clk::now();
+        }
+        const std::string step_name = fmt::format("ProfilerStep#{}", step_no);
+        dev.range_push(step_name.c_str());
+        owner->zero_grad();
+        for (int a = 0; a < st.grad_accum; ++a, ++i) {
+          const auto n0 = clk::now();
+          dev.range_push(next_name);
+          std::optional<loader::Batch> b = L.next();
+          dev.range_pop();
+          if (timing) rec.data_wait_s += std::chrono::duration<double>(clk::now() - n0).count();
+          if (!b) throw Error(ErrorKind::runtime, "train: the loader ended before the timed steps did");
+          const std::size_t bi = batch_of(b->index);
+          const std::int64_t len = batch_len[bi];
+          dev.copy_h2d_from(dev_batch, b->data, std::size_t(mb * len * kBytesPerToken),
+                            pinned ? MemKind::host_pinned : MemKind::host_pageable);
+          EventPtr copied = dev.record();
+          steps.at(len)->micro_step(1.0f / float(st.grad_accum));
+          // the staging slot is free once its copy is done (the device may still be computing)
+          dev.wait_event(copied, ctx_.measure.sync_timeout);
+          L.release(*b);
+          if (timing) {
+            ++rec.batches;
+            rec.real_tokens += batch_real[bi];
+            rec.computed_tokens += mb * len;
+          }
+        }
+        owner->optimizer(OptKind::adamw, 1e-4f, ++opt_step);
+        dev.synchronize(ctx_.measure.sync_timeout);  // loss.item() at each step
+        dev.range_pop();
+        if (timing) ++rec.steps;
+        ctx_.progress(where);
+      }
+      rec.wall_s = std::chrono::duration<double>(clk::now() - w0).count();
+      rec.busy_frac = busy ? busy->sample().util : 0;
+      sampler.stop();
+      timing = false;
+      const std::vector<loader::LoadRecord> loads = L.records();
+      for (std::size_t k = loads_before; k < loads.size(); ++k) rec.load_cpu_s += loads[k].cpu_s, ++rec.loads;
+    }
+    for (const auto& s : sampler.series()) rec.util.push_back(s.s.util);
+
+    Point p = train::derive(rec);
+    p.info["padded_lengths"] = json(std::vector<std::int64_t>(needed.begin(), needed.end()));
+    p.info["loader_cpus"] = loader_cpus;
+    p.info["compute_cpus"] = host_cpu.compute_cpus();
+    p.info["util_source"] = sampler.source();
+    p.info["submissions"] = timed_subs;
+    p.info["attention"] = std::string(to_string(base.attention));
+    p.info["parameters"] = owner->parameters();
+    p.info["plan"] = json{{"rows", plan.row_count()},
+                          {"batches", n_batches},
+                          {"padding_fraction", plan.padding_fraction()},
+                          {"split_sequences", plan.split_sequences}};
+    p.info["assumptions"] = json::array(
+        {fmt::format("the loader's work: {} us of CPU per real token (tokenizing, collating), an assumption about "
+                     "your loader, not a measurement of it",
+                     format_number(st.load_us_per_token)),
+         fmt::format("the framework's dispatch: {} us of host CPU per submission (PyTorch eager: 5-20 us per op)",
+                     format_number(st.dispatch_us)),
+         "the decoder's attention runs causally over each whole row: packed rows' attention is not cut at their "
+         "sequences' boundaries (varlen attention would cost less), so packing's gain here is a lower bound",
+         "the batch's token ids are copied to the device (24 bytes a token); the step's inputs are a stand-in"});
+    return p;
+  }
+
+  void analyze(Result& res) override {
+    // Each axis swept: its first value against each other, every other parameter equal.
+    auto text = [](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+    std::map<std::string, std::set<std::string>> seen;
+    for (const Point& p : res.points)
+      for (const auto& [k, v] : p.params.items()) seen[k].insert(text(v));
+    for (const auto& [axis, values] : seen) {
+      if (values.size() < 2 || axis == "trials") continue;
+      for (const Point& a : res.points) {
+        if (a.status != Status::ok || !a.metric("real_tokens_per_s")) continue;
+        if (text(a.params[axis]) != text(res.points.front().params[axis])) continue;
+        for (const Point& b : res.points) {
+          if (&a == &b || b.status != Status::ok || !b.metric("real_tokens_per_s")) continue;
+          bool same = text(b.params[axis]) != text(a.params[axis]);
+          for (const auto& [k, v] : a.params.items())
+            if (k != axis && k != "trials" && (!b.params.contains(k) || text(b.params[k]) != text(v))) same = false;
+          if (!same) continue;
+          const double x = a.metric("real_tokens_per_s")->value, y = b.metric("real_tokens_per_s")->value;
+          res.findings.push_back(
+              {{},
+               fmt::format("{} {} -> {}: {:.2f}x real tokens/s on the whole loop ({} -> {}; busy {:.0f}% ({}) -> "
+                           "{:.0f}% ({}), data wait {:.0f}% -> {:.0f}%)",
+                           axis, text(a.params[axis]), text(b.params[axis]), x > 0 ? y / x : 0, format_number(x),
+                           format_number(y), a.metric("busy_pct")->value, a.info.value("pattern", std::string()),
+                           b.metric("busy_pct")->value, b.info.value("pattern", std::string()),
+                           a.metric("data_wait_pct")->value, b.metric("data_wait_pct")->value),
+               x > 0 ? std::optional<double>(y / x) : std::nullopt,
+               json{{"axis", axis}, {"from", a.params[axis]}, {"to", b.params[axis]}}});
+        }
+      }
+    }
+  }
+
+ private:
+  // The dataset's lengths, made once per (lengths, sequences, max_len), as the packing scenario does.
+  const std::vector<std::int32_t>& dataset(const std::string& text, std::int64_t sequences, std::int32_t max_len) {
+    auto key = std::make_tuple(text, sequences, max_len);
+    if (!lengths_ || key_ != key) {
+      const pk::LengthSpec spec = pk::parse_lengths(text);
+      lengths_.reset();
+      memory_ = {};
+      std::uint64_t count = std::uint64_t(sequences);
+      if (sequences == 0 && spec.kind == pk::LengthSpec::Kind::file_lengths) count = spec.lengths.size();
+      if (sequences == 0 && spec.kind == pk::LengthSpec::Kind::file_histogram)
+        for (const auto& hc : spec.histogram) count += std::uint64_t(hc.count);
+      memory_ = reserve_host_memory(count * 80, fmt::format("train: {} sequences and their plan", count));
+      lengths_ = pk::generate_lengths(spec, sequences, 1234, 4 * max_len);
+      key_ = std::move(key);
+    }
+    return *lengths_;
+  }
+
+  RunContext& ctx_;
+  std::optional<std::vector<std::int32_t>> lengths_;
+  std::tuple<std::string, std::int64_t, std::int32_t> key_;
+  HostReservation memory_;
+};
+
+}  // namespace
+
+extern const Scenario train_scenario;
+const Scenario train_scenario{
+    "train",
+    "every step-level cause in one training loop (loader, padding, dtype, attention, micro batch)",
+    "the training loop end to end: loader -> collate (padded or packed) -> copy -> decoder step: real tokens/s",
+    {
+        ParamSpec{.name = "collate", .type = ParamType::choice, .default_value = "pad-longest,pack",
+                  .help = "pad-longest: each batch padded to its longest row (rounded to pad_multiple); pad-max: to "
+                          "seq_len (pad_to_sequence_len); pack: best-fit-decreasing into seq_len rows "
+                          "(sample_packing)",
+                  .choices = kCollateNames.names()},
+        ParamSpec{.name = "lengths", .type = ParamType::text, .default_value = "lognormal:64,1.0",
+                  .help = "the dataset's sequence lengths: fixed:N | uniform:LO,HI | lognormal:MEAN,SIGMA | @FILE "
+                          "(lengths, or CSV length,count)",
+                  .gpu_default = "lognormal:256,1.0",
+                  .check = [](const std::string& t) { (void)packing::parse_lengths(t); }},
+        ParamSpec{.name = "sequences", .type = ParamType::integer, .default_value = "2048",
+                  .help = "examples in the dataset (for @FILE: 0 = all); the loop cycles through its batches",
+                  .unit = "sequences", .min = 0, .max = 1 << 26, .quick_default = "512"},
+        ParamSpec{.name = "seq_len", .type = ParamType::integer, .default_value = "256",
+                  .help = "max_len: the trainer's sequence_len (the longest a row holds)", .unit = "tokens", .min = 8,
+                  .max = 1 << 20, .gpu_default = "1024"},
+        ParamSpec{.name = "micro_batch", .type = ParamType::integer, .default_value = "4",
+                  .help = "rows per micro step (micro_batch_size)", .unit = "rows", .min = 1, .max = 4096},
+        ParamSpec{.name = "grad_accum", .type = ParamType::integer, .default_value = "1",
+                  .help = "micro steps per optimizer step (gradient_accumulation_steps)", .unit = "steps", .min = 1,
+                  .max = 1024},
+        ParamSpec{.name = "pad_multiple", .type = ParamType::integer, .default_value = "64",
+                  .help = "pad-longest: padded lengths rounded up to this (the collator's pad_to_multiple_of; "
+                          "Axolotl's trainer sets 64)",
+                  .unit = "tokens", .min = 1, .max = 1 << 20},
+        ParamSpec{.name = "d_model", .type = ParamType::integer, .default_value = "64", .help = "hidden size",
+                  .unit = "features", .min = 8, .max = 65536, .gpu_default = "1024"},
+        ParamSpec{.name = "heads", .type = ParamType::integer, .default_value = "2", .help = "attention heads",
+                  .min = 1, .max = 1024, .gpu_default = "16"},
+        ParamSpec{.name = "layers", .type = ParamType::integer, .default_value = "2", .help = "decoder layers",
+                  .min = 1, .max = 256},
+        ParamSpec{.name = "dtype", .type = ParamType::choice, .default_value = "fp32",
+                  .help = "compute dtype (autocast; fp32 masters and gradients)", .choices = {"fp32", "bf16", "fp16"},
+                  .gpu_default = "bf16"},
+        ParamSpec{.name = "attn", .type = ParamType::choice, .default_value = "fused",
+                  .help = "fused: the device's fused attention (flash on cpu, cuDNN on cuda); naive: eager",
+                  .choices = {"fused", "naive"}},
+        ParamSpec{.name = "workers", .type = ParamType::integer, .default_value = "0",
+                  .help = "loader worker threads (dataloader_num_workers); 0 loads inline, in series with the step",
+                  .unit = "threads", .min = 0, .max = 64},
+        ParamSpec{.name = "prefetch", .type = ParamType::integer, .default_value = "2",
+                  .help = "batches in flight per worker (dataloader_prefetch_factor)", .unit = "batches", .min = 1,
+                  .max = 64},
+        ParamSpec{.name = "pin", .type = ParamType::choice, .default_value = "pinned",
+                  .help = "host staging memory (dataloader_pin_memory): pinned or pageable",
+                  .choices = kPinNames.names()},
+        ParamSpec{.name = "load_us_per_token", .type = ParamType::real, .default_value = "2",
+                  .help = "the loader's CPU work per real token (real work, not sleep): an assumption about the "
+                          "loader",
+                  .unit = "us", .min = 0, .max = 1e6},
+        ParamSpec{.name = "dispatch_us", .type = ParamType::real, .default_value = "10",
+                  .help = "modelled framework cost per submission, spent on the host (PyTorch eager: 5-20 us per op)",
+                  .unit = "us", .min = 0, .max = 1e6},
+        trials_param("12", "6"),
+    },
+    [](RunContext& ctx) { return std::make_unique<TrainRun>(ctx); },
+    false,
+    [](const ParamSet& ps, const RunContext&) {
+      if (ps.get_int("d_model") % ps.get_int("heads") != 0)
+        throw UsageError(fmt::format("d_model={} is not a multiple of heads={}", ps.get_int("d_model"),
+                                     ps.get_int("heads")));
+    }};
+
+}  // namespace sb
