@@ -161,7 +161,9 @@ class TrainRun : public ScenarioRun {
           st.collate == Collate::pad_longest ? std::min(max_len, std::max<std::int64_t>(m, (longest + m - 1) / m * m))
                                              : max_len;
     }
-    const int skip = st.workers * st.prefetch + 1;  // the pipeline fills: untimed
+    // Untimed: the first batches, which the workers load at once while the
+    // loop waits for the first (a head start a longer run amortizes).
+    const int skip = st.workers + 1;
     const std::int64_t total = std::int64_t(skip + st.trials) * st.grad_accum;
     auto batch_of = [&](std::int64_t i) { return std::size_t(i % n_batches); };
 

@@ -16,7 +16,7 @@
 // measured on the whole loop, not on its part alone.
 //
 // Definitions (per point, over `trials` timed optimizer steps, after the
-// loader's pipeline has filled: workers x prefetch + 1 batches untimed):
+// loader's pipeline has started: workers + 1 optimizer steps untimed):
 //   wall W: host clock over the timed steps;
 //   real tokens R: tokens of the dataset's sequences in the timed batches;
 //   computed tokens C: micro_batch x the batch's padded length, summed;
