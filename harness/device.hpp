@@ -165,6 +165,17 @@ struct AttnShape {
   double fwd_flops() const;  // summed per sequence for varlen
 };
 
+// See Device::make_stream_pool. Destroying it synchronizes and frees the pool.
+class StreamPool {
+ public:
+  virtual ~StreamPool() = default;
+  virtual void* malloc(std::size_t bytes) = 0;  // throws OutOfMemory with the bytes asked
+  virtual void free(void* p) = 0;               // stream-ordered
+  virtual std::size_t reserved_high() const = 0;  // the most the pool held from the device
+  virtual std::size_t used_high() const = 0;      // the most allocated from it at once
+  virtual std::string impl() const = 0;
+};
+
 class AttentionOp {
  public:
   virtual ~AttentionOp() = default;
@@ -251,6 +262,13 @@ class Device {
     std::string source;                            // "allocator" or "cudaMemGetInfo"
   };
   virtual MemoryStats memory_stats() const { return {}; }
+  // A stream-ordered pool of the device's memory (cuda: a cudaMemPool used
+  // through cudaMallocFromPoolAsync / cudaFreeAsync on the device's stream,
+  // release threshold unlimited, as PyTorch's cudaMallocAsync backend keeps
+  // it), capped at max_bytes (0: the driver's default); nullptr where the
+  // device has none. For the memory scenario's comparison with the caching
+  // allocator: the same mallocs and frees, what the pool reserved at its peak.
+  virtual std::unique_ptr<StreamPool> make_stream_pool(std::size_t /*max_bytes*/) { return nullptr; }
   virtual void reset_peak_memory() {}
   virtual void set_memory_limit(std::size_t /*bytes, 0 = none*/) {}
 

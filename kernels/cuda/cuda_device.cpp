@@ -264,6 +264,64 @@ class CudaDevice final : public Device {
     (void)cudaGetLastError();
     return ledger_->stats(std::move(source));
   }
+  // A cudaMemPool on this device, used on its stream (cudaMallocAsync's
+  // allocator, as PyTorch's backend:cudaMallocAsync uses the device's pool).
+  // Outside the ledger: the memory scenario caps it by max_bytes instead.
+  class CudaStreamPool : public StreamPool {
+   public:
+    CudaStreamPool(int index, cudaStream_t stream, std::size_t max_bytes) : index_(index), stream_(stream) {
+      cudaMemPoolProps props{};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.handleTypes = cudaMemHandleTypeNone;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = index;
+      props.maxSize = max_bytes;
+      SB_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+      std::uint64_t keep = ~std::uint64_t(0);  // never trim at synchronization
+      SB_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+    }
+    ~CudaStreamPool() override {
+      (void)cudaStreamSynchronize(stream_);
+      (void)cudaMemPoolDestroy(pool_);
+      (void)cudaGetLastError();
+    }
+    void* malloc(std::size_t bytes) override {
+      void* p = nullptr;
+      const cudaError_t s = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_);
+      if (s == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        throw OutOfMemory(fmt::format("cuda:{}: out of memory: cudaMallocFromPoolAsync of {} bytes ({}) failed; the "
+                                      "pool holds {}",
+                                      index_, bytes, format_bytes(double(bytes)), format_bytes(double(reserved()))));
+      }
+      SB_CUDA_CHECK(s);
+      return p;
+    }
+    void free(void* p) override { SB_CUDA_CHECK(cudaFreeAsync(p, stream_)); }
+    std::size_t reserved_high() const override { return attr(cudaMemPoolAttrReservedMemHigh); }
+    std::size_t used_high() const override { return attr(cudaMemPoolAttrUsedMemHigh); }
+    std::string impl() const override { return "cudaMemPool (cudaMallocFromPoolAsync / cudaFreeAsync)"; }
+
+   private:
+    std::size_t reserved() const { return attr(cudaMemPoolAttrReservedMemCurrent); }
+    std::size_t attr(cudaMemPoolAttr a) const {
+      std::uint64_t v = 0;
+      if (cudaMemPoolGetAttribute(pool_, a, &v) != cudaSuccess) (void)cudaGetLastError();
+      return std::size_t(v);
+    }
+    int index_;
+    cudaStream_t stream_;
+    cudaMemPool_t pool_ = nullptr;
+  };
+  std::unique_ptr<StreamPool> make_stream_pool(std::size_t max_bytes) override {
+    bind();
+    int supported = 0;
+    if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, index_) != cudaSuccess || !supported) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return std::make_unique<CudaStreamPool>(index_, stream(), max_bytes);
+  }
   void reset_peak_memory() override { ledger_->reset_peak(); }
   void set_memory_limit(std::size_t bytes) override { ledger_->set_limit(bytes); }
 

@@ -423,13 +423,26 @@ void YamlReader::read(const YNode& doc) {
         continue;
       }
     }
-    if (!read_key(e.key, e.line, e.value)) {
-      cfg_.unknown_keys.push_back(fmt::format("{} (line {})", printable(e.key), e.line));
-      if (e.key == "attn_implementation")
-        cfg_.notes.push_back(fmt::format(
-            "attn_implementation (line {}) is not read: flash_attention and sdp_attention say which "
-            "attention the diagnosis assumes", e.line));
+    if (e.key == "attn_implementation") {
+      // Newer Axolotl (and transformers' own key): the attention by name. flash_attention and
+      // sdp_attention say the same; either makes the attention fused.
+      const std::string word = e.value.IsScalar() ? e.value.Scalar() : std::string();
+      const bool flash = word.find("flash") != std::string::npos;
+      const bool sdp = word == "sdpa" || word == "flex_attention";
+      if (!flash && !sdp && word != "eager")
+        fail(e.line, e.key,
+             fmt::format("'{}' is not an attention implementation diagnose knows; expected eager, sdpa, "
+                         "flex_attention or a flash_attention_* name",
+                         printable(word)));
+      if (flash) cfg_.flash_attention = true;
+      if (sdp) cfg_.sdp_attention = true;
+      cfg_.notes.push_back(fmt::format("attn_implementation: {} (line {}) read as {}", printable(word), e.line,
+                                       flash ? "flash_attention: true" : sdp ? "sdp_attention: true"
+                                                                             : "eager attention"));
+      continue;
     }
+    if (!read_key(e.key, e.line, e.value))
+      cfg_.unknown_keys.push_back(fmt::format("{} (line {})", printable(e.key), e.line));
   }
 
   // Cross-key checks, at the line of the key that breaks them.

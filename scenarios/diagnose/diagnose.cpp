@@ -30,7 +30,7 @@ constexpr double kMinGain = 1.10;
 // batch takes the loader this share of the device time of the loop with
 // every other line applied. Inline (num_workers 0) that is in series with
 // the step; with workers, beside it.
-constexpr double kLoadShare = 1.0;
+constexpr double kLoadShare = 0.5;
 
 std::string dtype_name(const TrainConfig& c) { return c.bf16 ? "bf16" : c.fp16 ? "fp16" : "fp32"; }
 

@@ -240,8 +240,10 @@ std::string format_html(const Result& r) {
       for (const auto& l : p.info["lines"]) {
         o << "<code>" << esc(l.value("config_line", std::string())) << "</code>: ";
         if (l.contains("step_gain"))
-          o << esc(fmt::format("{:.2f}x on their training loop ({:.2f}x on its part alone)", l["step_gain"].get<double>(),
+          o << esc(fmt::format("{:.2f}x alone on their training loop ({:.2f}x on its part alone)", l["step_gain"].get<double>(),
                                l.value("part_gain", 0.0)));
+        if (l.contains("last_gain"))
+          o << esc(fmt::format("; {:.2f}x added last", l["last_gain"].get<double>()));
         if (l.contains("repeat_gain"))
           o << esc(fmt::format("; again {:.2f}x", l["repeat_gain"].get<double>()))
             << (l.value("holds", false) ? " <span class='ok'>holds</span>" : " <span class='error'>off by over 15%</span>");

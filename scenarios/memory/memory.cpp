@@ -41,6 +41,7 @@
 #include <cmath>      // std::ceil
 #include <map>        // std::map
 #include <optional>   // std::optional
+#include <utility>    // std::exchange
 
 #include <fmt/format.h>  // fmt::format
 
@@ -480,13 +481,61 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
   std::uint64_t estimate = 0;
   for (std::int64_t len : padded) estimate = std::max(estimate, state + per_tok_all * std::uint64_t(cfg.micro_batch * len));
 
+  // The sequence, once: every malloc and free of the steps, in order. The caching allocator and the
+  // stream-ordered pool (cuda) replay the same one.
+  struct Op {
+    enum Kind { alloc, free, note, forward_end, step_begin, step_end } kind;
+    std::size_t slot = 0;  // alloc, free: which allocation
+    std::uint64_t bytes = 0;
+    const char* what = "";
+  };
+  std::vector<Op> ops;
+  std::size_t slots = 0;
+  {
+    auto get = [&](std::uint64_t bytes, const char* what) {
+      ops.push_back({Op::alloc, slots, bytes, what});
+      return slots++;
+    };
+    auto put = [&](std::size_t slot) { ops.push_back({Op::free, slot, 0, ""}); };
+    const std::size_t kept = get(state, "weights, gradients, AdamW state");
+    std::vector<std::vector<std::size_t>> acts(std::size_t(cfg.layers));
+    for (int step = 0; step < steps; ++step) {
+      ops.push_back({Op::step_begin, std::size_t(step)});
+      const auto tokens = std::uint64_t(cfg.micro_batch * padded[std::size_t(step)]);
+      // forward: each layer's saved activations, in order
+      for (int l = 0; l < cfg.layers; ++l) {
+        acts[std::size_t(l)].clear();
+        for (std::uint64_t b : per_token) acts[std::size_t(l)].push_back(get(b * tokens, "activation"));
+      }
+      ops.push_back({Op::note});
+      ops.push_back({Op::forward_end});
+      // backward, last layer first: the layer's gradient temporaries, then its activations go;
+      // the input gradient passes down to the next layer
+      std::optional<std::size_t> dx;
+      for (int l = cfg.layers - 1; l >= 0; --l) {
+        std::vector<std::size_t> grads;
+        for (std::uint64_t b : {e * 4 * d, e * 4 * d, e * d, e * d, e * d, e * 3 * d, e * d})
+          grads.push_back(get(b * tokens, "activation gradient"));
+        const std::size_t next_dx = get(e * d * tokens, "input gradient");
+        ops.push_back({Op::note});
+        for (std::size_t g : grads) put(g);
+        for (std::size_t a : acts[std::size_t(l)]) put(a);
+        acts[std::size_t(l)].clear();
+        if (dx) put(*dx);
+        dx = next_dx;
+      }
+      if (dx) put(*dx);
+      ops.push_back({Op::step_end, std::size_t(step)});
+    }
+    put(kept);
+  }
+  std::vector<std::uint64_t> slot_bytes(slots, 0);
+  for (const Op& op : ops)
+    if (op.kind == Op::alloc) slot_bytes[op.slot] = op.bytes;
+
   dev.synchronize(ctx_.measure.sync_timeout);  // what the last step freed in stream order is settled first
   const std::uint64_t held = dev.memory_stats().in_use;
   const std::size_t point_limit = dev.memory_stats().limit;
-  struct Held {
-    CachingAllocator::Block blk;
-    std::uint64_t bytes = 0;
-  };
   struct Run {
     bool ok = true;
     int failed_step = -1;
@@ -503,60 +552,40 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
       CachingAllocator alloc([&dev](std::size_t bytes) -> std::shared_ptr<void> {
         return std::make_shared<Buffer>(dev.allocate(bytes, MemKind::device));
       });
+      std::vector<CachingAllocator::Block> blocks(slots);
       int step = -1;
+      std::uint64_t live_raw = 0;
+      AllocatorStats fwd;
       try {
-        r.request = state;
-        const auto kept = alloc.malloc(std::size_t(state), "weights, gradients, AdamW state");
-        std::vector<std::vector<Held>> acts(std::size_t(cfg.layers));
-        std::uint64_t live_raw = state;
-        for (step = 0; step < steps; ++step) {
-          const auto tokens = std::uint64_t(cfg.micro_batch * padded[std::size_t(step)]);
-          auto get = [&](std::uint64_t bytes, const char* what) {
-            r.request = bytes;
-            auto blk = alloc.malloc(std::size_t(bytes), what);
-            live_raw += bytes;
-            r.peak_raw = std::max(r.peak_raw, live_raw);
-            return blk;
-          };
-          auto put = [&](const CachingAllocator::Block& blk, std::uint64_t bytes) {
-            alloc.free(blk);
-            live_raw -= bytes;
-          };
-          auto note = [&] {
-            const AllocatorStats st = alloc.stats();
-            r.peak_alloc = std::max<std::uint64_t>(r.peak_alloc, st.allocated);
-            r.peak_res = std::max<std::uint64_t>(r.peak_res, st.reserved);
-          };
-          // forward: each layer's saved activations, in order
-          for (int l = 0; l < cfg.layers; ++l) {
-            acts[std::size_t(l)].clear();
-            for (std::uint64_t b : per_token) acts[std::size_t(l)].push_back({get(b * tokens, "activation"), b * tokens});
+        for (const Op& op : ops) {
+          switch (op.kind) {
+            case Op::alloc:
+              r.request = op.bytes;
+              blocks[op.slot] = alloc.malloc(std::size_t(op.bytes), op.what);
+              live_raw += op.bytes;
+              r.peak_raw = std::max(r.peak_raw, live_raw);
+              break;
+            case Op::free:
+              alloc.free(blocks[op.slot]);
+              live_raw -= slot_bytes[op.slot];
+              break;
+            case Op::note: {
+              const AllocatorStats st = alloc.stats();
+              r.peak_alloc = std::max<std::uint64_t>(r.peak_alloc, st.allocated);
+              r.peak_res = std::max<std::uint64_t>(r.peak_res, st.reserved);
+              break;
+            }
+            case Op::forward_end: fwd = alloc.stats(); break;
+            case Op::step_begin: step = int(op.slot); break;
+            case Op::step_end:
+              if (record)
+                r.series.push_back(json{{"step", step},
+                                        {"padded_len", padded[std::size_t(step)]},
+                                        {"allocated_after_forward", fwd.allocated},
+                                        {"reserved_after_forward", fwd.reserved}});
+              break;
           }
-          note();
-          const AllocatorStats fwd = alloc.stats();
-          // backward, last layer first: the layer's gradient temporaries, then its activations go;
-          // the input gradient passes down to the next layer
-          std::optional<Held> dx;
-          for (int l = cfg.layers - 1; l >= 0; --l) {
-            std::vector<Held> grads;
-            for (std::uint64_t b : {e * 4 * d, e * 4 * d, e * d, e * d, e * d, e * 3 * d, e * d})
-              grads.push_back({get(b * tokens, "activation gradient"), b * tokens});
-            const Held next_dx{get(e * d * tokens, "input gradient"), e * d * tokens};
-            note();
-            for (auto& h : grads) put(h.blk, h.bytes);
-            for (auto& h : acts[std::size_t(l)]) put(h.blk, h.bytes);
-            acts[std::size_t(l)].clear();
-            if (dx) put(dx->blk, dx->bytes);
-            dx = next_dx;
-          }
-          if (dx) put(dx->blk, dx->bytes);
-          if (record)
-            r.series.push_back(json{{"step", step},
-                                    {"padded_len", padded[std::size_t(step)]},
-                                    {"allocated_after_forward", fwd.allocated},
-                                    {"reserved_after_forward", fwd.reserved}});
         }
-        alloc.free(kept);
       } catch (const OutOfMemory& ex) {
         const AllocatorStats st = alloc.stats();
         r.ok = false;
@@ -569,6 +598,36 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
     }
     dev.synchronize(ctx_.measure.sync_timeout);
     dev.set_memory_limit(point_limit);
+    return r;
+  };
+  // The same sequence through the device's stream-ordered pool (cudaMallocAsync's), capped at
+  // max_bytes (0: none): whether it runs, and what the pool reserved at its peak.
+  struct PoolRun {
+    bool ok = true;
+    int failed_step = -1;
+    std::uint64_t reserved_high = 0, used_high = 0;
+    std::string error, impl;
+  };
+  auto pool_run = [&](std::unique_ptr<StreamPool> pool) {
+    PoolRun r;
+    r.impl = pool->impl();
+    std::vector<void*> ptrs(slots, nullptr);
+    int step = -1;
+    try {
+      for (const Op& op : ops) {
+        if (op.kind == Op::alloc) ptrs[op.slot] = pool->malloc(std::size_t(op.bytes));
+        if (op.kind == Op::free) pool->free(std::exchange(ptrs[op.slot], nullptr));
+        if (op.kind == Op::step_begin) step = int(op.slot);
+      }
+    } catch (const OutOfMemory& ex) {
+      r.ok = false;
+      r.failed_step = step;
+      r.error = ex.what();
+      for (void*& q : ptrs)
+        if (q) pool->free(std::exchange(q, nullptr));
+    }
+    r.reserved_high = pool->reserved_high();
+    r.used_high = pool->used_high();
     return r;
   };
   // the peak need: the most requested bytes alive at once, from a run with room to spare
@@ -623,6 +682,29 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
                              {"reserved_unallocated", below.reserved - below.allocated},
                              {"largest_free_block", below.largest_free},
                              {"error", below.error}};
+  }
+  // cuda: cudaMallocAsync's pool on the same sequence, unconstrained and capped at what the caching
+  // allocator needed
+  if (auto pool = dev.make_stream_pool(0)) {
+    ctx_.progress("memory: the same steps through the stream-ordered pool");
+    const PoolRun free_pool = pool_run(std::move(pool));
+    json a{{"impl", free_pool.impl}, {"ran", free_pool.ok}};
+    if (free_pool.ok) {
+      a["reserved_high_bytes"] = free_pool.reserved_high;
+      a["used_high_bytes"] = free_pool.used_high;
+      p.add({"async_pool_overhead_pct", 100.0 * (double(free_pool.reserved_high) / double(peak_need) - 1.0), "%",
+             Direction::lower, std::nullopt,
+             "the stream-ordered pool's reserved bytes at its peak (cudaMemPoolAttrReservedMemHigh), unconstrained, "
+             "above the steps' peak need: beside frag_overhead_pct"});
+      if (auto capped = dev.make_stream_pool(std::size_t(needed))) {
+        const PoolRun at = pool_run(std::move(capped));
+        a["at_caching_needed"] = json{{"capacity", needed}, {"ran", at.ok}, {"failed_step", at.failed_step},
+                                      {"error", at.error}, {"reserved_high_bytes", at.reserved_high}};
+      }
+    } else {
+      a["error"] = free_pool.error;
+    }
+    f["async_pool"] = a;
   }
   p.add({"frag_overhead_pct", 100.0 * (double(needed) / double(peak_need) - 1.0), "%", Direction::lower,
          std::nullopt,

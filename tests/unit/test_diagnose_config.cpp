@@ -276,11 +276,22 @@ TEST(DiagnoseConfig, AcceptedSpellings) {
     EXPECT_FALSE(has_note(c, "taken as true"));
   }
   {
-    // attn_implementation is not read, and says so.
+    // attn_implementation (newer Axolotl, transformers): read as the flash/sdp flags, with a note.
     const TrainConfig c = read_axolotl_yaml(dir.write("d.yml", "attn_implementation: flash_attention_2\n"));
-    EXPECT_FALSE(c.flash_attention);
-    EXPECT_EQ(c.unknown_keys, std::vector<std::string>{"attn_implementation (line 1)"});
-    EXPECT_TRUE(has_note(c, "attn_implementation (line 1) is not read"));
+    EXPECT_TRUE(c.flash_attention);
+    EXPECT_FALSE(c.sdp_attention);
+    EXPECT_TRUE(c.unknown_keys.empty());
+    EXPECT_TRUE(has_note(c, "attn_implementation: flash_attention_2 (line 1) read as flash_attention: true"));
+    const TrainConfig s = read_axolotl_yaml(dir.write("e.yml", "micro_batch_size: 2\nattn_implementation: sdpa\n"));
+    EXPECT_TRUE(s.sdp_attention);
+    EXPECT_FALSE(s.flash_attention);
+    const TrainConfig eager = read_axolotl_yaml(dir.write("f.yml", "attn_implementation: eager\n"));
+    EXPECT_FALSE(eager.sdp_attention || eager.flash_attention);
+    EXPECT_TRUE(has_note(eager, "read as eager attention"));
+    const std::string bad = usage_error([&] { read_axolotl_yaml(dir.write("g.yml", "\nattn_implementation: magic\n")); });
+    EXPECT_NE(bad.find("g.yml:2"), std::string::npos) << bad;
+    EXPECT_NE(bad.find("attn_implementation"), std::string::npos) << bad;
+    EXPECT_NE(bad.find("'magic'"), std::string::npos) << bad;
   }
 }
 
