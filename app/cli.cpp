@@ -410,6 +410,7 @@ struct DiagnoseArgs {
   bool quick = false;
   double timeout_s = 1800;
   double observed = -1;
+  double budget_s = 0;  // 0: 120 s, --quick 60 s
 };
 
 // `diagnose`: the user's config read (exit 2 on a bad value, before any
@@ -451,6 +452,7 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
     opt.lengths_path = a.lengths;
   }
   opt.quick = a.quick;
+  opt.budget_s = a.budget_s > 0 ? a.budget_s : a.quick ? 60 : 120;
   if (a.observed > 0) opt.observed_tokens_per_s = a.observed;
   opt.say = [](const std::string& line) { std::cerr << line << "\n"; };
   const DeviceSpec spec = parse_device_spec(a.device);
@@ -627,7 +629,11 @@ int main_impl(int argc, char** argv) {
   auto* observed_opt = diag->add_option("--observed-tokens-per-s", da.observed, "what your training logs report, to compare")
       ->check(finite_range(1e-9, 1e15));
   auto* quick_opt = diag->add_flag("--quick", da.quick, "small sweeps and a short budget (about a minute on 2 cores)");
-  for (CLI::Option* o : {config_opt, model_opt, lengths_opt, observed_opt, quick_opt}) trace_opt->excludes(o);
+  auto* budget_opt = diag->add_option("--budget", da.budget_s,
+                                      "seconds for the runs of your training loop with each line applied (default "
+                                      "120, --quick 60): sets their timed steps, 5 to 12 (--quick 8)")
+                          ->check(finite_range(1.0, 86400.0));
+  for (CLI::Option* o : {config_opt, model_opt, lengths_opt, observed_opt, quick_opt, budget_opt}) trace_opt->excludes(o);
   diag->add_option("--timeout", da.timeout_s, "seconds without progress before the run is ended as a hang (exit 4)")
       ->capture_default_str()
       ->check(finite_range(1.0, 86400.0));

@@ -39,6 +39,9 @@ struct Options {
   TrainConfig cfg;
   std::string lengths_path;  // --lengths FILE, passed to the packing check as @FILE
   bool quick = false;
+  // Seconds the applied check's runs of their training loop may take in all: their timed steps per run
+  // are set from it (the rest of the checks take what their scenarios take).
+  double budget_s = 120;
   std::optional<double> observed_tokens_per_s;  // what the user's logs say
   // Progress lines for stderr: which check, how long so far and left.
   std::function<void(const std::string&)> say = [](const std::string&) {};
