@@ -878,9 +878,28 @@ class Diagnosis {
         if (auto peak = ctx_.expected->peak_tflops(opt_.cfg.bf16 ? DType::bf16 : opt_.cfg.fp16 ? DType::fp16 : DType::fp32)) {
           const double params = 2.0 * 12.0 * double(shape_.hidden) * double(shape_.hidden);
           p.add({"mfu_pct", 100.0 * 6.0 * params * tokens_per_s_ / 1e12 / peak->first, "%", Direction::higher,
-                 std::nullopt, fmt::format("6 x parameters x tokens/s over {} TFLOP/s ({})", format_number(peak->first),
-                                           peak->second)});
+                 std::nullopt, fmt::format("their step: 6 x parameters x tokens/s over {} TFLOP/s ({})",
+                                           format_number(peak->first), peak->second)});
         }
+      // the loop's, in real tokens (model FLOPs count useful tokens only), before and after the fixes, each
+      // over the peak of the dtype it ran in
+      const DType now_dt = opt_.cfg.bf16 ? DType::bf16 : opt_.cfg.fp16 ? DType::fp16 : DType::fp32;
+      DType after_dt = now_dt;
+      for (const Applied& x : applied_)
+        for (const auto& [k, v] : x.change)
+          if (k == "dtype") after_dt = v == "bf16" ? DType::bf16 : v == "fp16" ? DType::fp16 : DType::fp32;
+      const double params = 2.0 * 12.0 * double(shape_.hidden) * double(shape_.hidden);
+      if (ctx_.expected && loop_now_ > 0)
+        if (auto peak = ctx_.expected->peak_tflops(now_dt))
+          p.add({"mfu_now_pct", 100.0 * 6.0 * params * loop_now_ / 1e12 / peak->first, "%", Direction::higher,
+                 std::nullopt, fmt::format("their loop as configured: 6 x parameters x real tokens/s over {} TFLOP/s "
+                                           "({})", format_number(peak->first), peak->second)});
+      if (ctx_.expected && loop_after_ > 0)
+        if (auto peak = ctx_.expected->peak_tflops(after_dt))
+          p.add({"mfu_after_pct", 100.0 * 6.0 * params * loop_after_ / 1e12 / peak->first, "%", Direction::higher,
+                 std::nullopt, fmt::format("their loop with every line: 6 x parameters x real tokens/s over {} "
+                                           "TFLOP/s ({}, {})",
+                                           format_number(peak->first), to_string(after_dt), peak->second)});
     }
     p.info = json{{"fixes", found_.size()},
                   {"combined_gain", gain},
@@ -1041,6 +1060,10 @@ std::string format_report(const Result& r) {
                          format_number(p.metric("tokens_per_s_now")->value),
                          format_number(p.metric("tokens_per_s_after_estimate")->value),
                          p.metric("tokens_per_s_after_estimate")->note);
+      if (p.metric("mfu_now_pct") && p.metric("mfu_after_pct"))
+        o << fmt::format("MFU: {:.2g}% now, {:.2g}% with the fixes (real tokens, over the expected peak of each one's "
+                         "dtype)\n",
+                         p.metric("mfu_now_pct")->value, p.metric("mfu_after_pct")->value);
       if (p.info.contains("observed")) o << p.info["observed"].get<std::string>() << "\n";
     }
   return o.str();

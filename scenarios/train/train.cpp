@@ -448,6 +448,14 @@ const Scenario train_scenario{
       if (ps.get_int("d_model") % ps.get_int("heads") != 0)
         throw UsageError(fmt::format("d_model={} is not a multiple of heads={}", ps.get_int("d_model"),
                                      ps.get_int("heads")));
+      // a sequence is at most 4 x seq_len (longer ones are clipped) and split into seq_len pieces, a row
+      // each at most: a dataset of under a quarter as many sequences as a micro batch's rows can never
+      // fill one (a file's count is known only once read)
+      if (ps.get_int("sequences") > 0 && 4 * ps.get_int("sequences") < ps.get_int("micro_batch") &&
+          ps.get_str("lengths").rfind("@", 0) != 0)
+        throw UsageError(fmt::format("sequences={} cannot fill one micro batch of {} rows: raise sequences or lower "
+                                     "micro_batch",
+                                     ps.get_int("sequences"), ps.get_int("micro_batch")));
     }};
 
 }  // namespace sb

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""End-to-end: `stallbench run train` on cpu and sim:h100: the three collations over one dataset, an
+inline loader against workers, bad input. What is asserted is arithmetic the loop must keep (the
+same rows padded two ways carry the same real tokens; packing pads least) and what the loader's
+placement must show (inline, a costly loader is waited for; with workers, less), never a speed.
+
+usage: test_train.py STALLBENCH SCHEMA
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import schema_check
+
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+    return cond
+
+
+def run(exe, schema, tmp, name, args, want_rc=0):
+    out = os.path.join(tmp, name + ".json")
+    p = subprocess.run([exe, "run", "train", "--json", out] + args, capture_output=True, text=True, timeout=600)
+    print(p.stdout[-3000:])
+    check(p.returncode == want_rc, f"{name}: exit {p.returncode}, want {want_rc}: {p.stderr[-800:]}")
+    if want_rc != 0 or p.returncode != 0:
+        return p, None
+    with open(out) as f:
+        doc = json.load(f)
+    errs = schema_check.errors(doc, schema)
+    check(not errs, f"{name}: schema {errs[:3]}")
+    for q in doc["points"]:
+        check(q["status"] == "ok", f"{name}: {q['params']} {q['status']} {q.get('reason')}")
+    return p, doc
+
+
+def m(q, name):
+    return q["metrics"][name]["value"]
+
+
+def main():
+    exe, schema_path = sys.argv[1], sys.argv[2]
+    with open(schema_path) as f:
+        schema = json.load(f)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = ["--device", "cpu", "-p", "seq_len=128", "-p", "d_model=32", "-p", "heads=2", "-p", "micro_batch=4",
+                "-p", "lengths=lognormal:32,1.0", "-p", "sequences=512", "-p", "trials=4", "-p", "load_us_per_token=0"]
+        _, doc = run(exe, schema, tmp, "collate", base + ["-p", "collate=pad-max,pad-longest,pack"])
+        if doc:
+            by = {q["params"]["collate"]: q for q in doc["points"]}
+            pm, pl, pk = by["pad-max"], by["pad-longest"], by["pack"]
+            # the same rows, padded two ways: the same real tokens per batch
+            rpb = lambda q: q["info"]["real_tokens"] / q["info"]["batches"]
+            check(abs(rpb(pm) - rpb(pl)) < 1e-9, f"real tokens per batch differ: {rpb(pm)} vs {rpb(pl)}")
+            check(pm["info"]["padded_lengths"] == [128], f"pad-max lengths {pm['info']['padded_lengths']}")
+            check(all(x % 64 == 0 or x == 128 for x in pl["info"]["padded_lengths"]),
+                  f"pad-longest lengths not multiples of pad_multiple: {pl['info']['padded_lengths']}")
+            check(m(pm, "padding_pct") > m(pl, "padding_pct") > m(pk, "padding_pct"),
+                  f"padding {m(pm, 'padding_pct')} {m(pl, 'padding_pct')} {m(pk, 'padding_pct')}")
+            check(rpb(pk) > 2 * rpb(pm), f"packed rows carry {rpb(pk)} real tokens a batch, padded {rpb(pm)}")
+            # one finding per swept value against the first
+            axes = [f["evidence"]["axis"] for f in doc["findings"]]
+            check(axes.count("collate") == 2, f"findings {axes}")
+            for q in doc["points"]:
+                check(0 < m(q, "busy_pct") <= 100.5 and m(q, "real_tokens_per_s") > 0, f"figures {q['metrics']}")
+
+        # a costly loader: inline it runs in series with the step and is waited for; two workers load
+        # beside it (on 2 cores they share the CPU the compute leaves: less wait, not none)
+        _, doc = run(exe, schema, tmp, "loader", base[:-2] + ["-p", "collate=pack", "-p", "workers=0,2",
+                                                              "-p", "load_us_per_token=60"])
+        if doc:
+            by = {q["params"]["workers"]: q for q in doc["points"]}
+            w0, w2 = by[0], by[2]
+            check(m(w0, "data_wait_pct") > 10, f"inline: data wait {m(w0, 'data_wait_pct')}%")
+            check(m(w2, "data_wait_pct") < m(w0, "data_wait_pct"),
+                  f"workers: data wait {m(w2, 'data_wait_pct')}% >= inline {m(w0, 'data_wait_pct')}%")
+            check(m(w0, "load_ms_per_batch") > 0.5 * 60e-3 * w0["info"]["real_tokens"] / w0["info"]["batches"],
+                  f"the loader's CPU time per batch {m(w0, 'load_ms_per_batch')} ms is under half its assumed work")
+            check("loader" in w0["info"]["bottleneck"], f"inline bottleneck {w0['info']['bottleneck']}")
+
+        # sim:h100: the loop on a modelled device, labelled so
+        _, doc = run(exe, schema, tmp, "sim", ["--device", "sim:h100", "--quick"])
+        if doc:
+            check(doc["meta"]["device"]["simulated"], "sim not labelled simulated")
+
+        # bad input: exit 2 before anything runs, naming the parameter
+        p, _ = run(exe, schema, tmp, "bad-seq", ["--device", "cpu", "-p", "sequences=4", "-p", "micro_batch=64"],
+                   want_rc=2)
+        check("micro batch" in p.stderr, f"sequences/micro_batch: {p.stderr[-300:]}")
+        p, _ = run(exe, schema, tmp, "bad-collate", base + ["-p", "collate=zip"], want_rc=2)
+        check("collate" in p.stderr, f"collate: {p.stderr[-300:]}")
+        p, _ = run(exe, schema, tmp, "bad-lengths", base + ["-p", "lengths=@" + os.path.join(tmp, "none.txt")],
+                   want_rc=2)
+        check("lengths" in p.stderr, f"lengths: {p.stderr[-300:]}")
+    if failures:
+        print("\n".join("FAIL: " + f for f in failures))
+        return 1
+    print("train e2e: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
