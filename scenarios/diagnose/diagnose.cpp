@@ -865,7 +865,9 @@ class Diagnosis {
              "their training loop as configured (loader, collation, step) at the measured shape: real tokens/s"});
       p.add({"tokens_per_s_after_estimate", loop_after_ > 0 ? loop_after_ : loop_now_ * gain, "tokens/s",
              Direction::higher, std::nullopt,
-             loop_after_ > 0 ? "the same loop with every recommended line applied, measured"
+             loop_after_ > 0 ? (ctx_.device.info().simulated
+                                    ? "the same loop with every recommended line applied, modelled (simulated)"
+                                    : "the same loop with every recommended line applied, measured")
                              : "estimated: the claimed gains multiplied, as if independent"});
     } else if (tokens_per_s_ > 0) {
       p.add({"tokens_per_s_now", tokens_per_s_, "tokens/s", Direction::higher, std::nullopt,
