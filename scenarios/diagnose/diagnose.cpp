@@ -652,99 +652,121 @@ class Diagnosis {
                        "worker delivers {:.0f}% of what their loop consumes with every other line applied",
                        100 / kLoadShare)});
 
-    // the configurations: theirs, each line alone, all together
-    std::vector<std::pair<std::string, std::map<std::string, std::string>>> configs{{"theirs", base}};
+    // The configurations: each line alone, all together, each left out of all the others (what it
+    // adds once they are applied: a loader that keeps up with a slow step falls behind a fast one).
+    using Params = std::map<std::string, std::string>;
     auto all = base;
+    std::vector<Params> alone;
     for (const Applied& x : applied_) {
       auto one = base;
       for (const auto& [k, v] : x.change) one[k] = v, all[k] = v;
-      configs.push_back({x.check, one});
+      alone.push_back(one);
     }
-    if (applied_.size() > 1) configs.push_back({"together", all});
-    if (applied_.size() > 1)
-      for (const Applied& x : applied_) {  // each line left out of all the others: what it adds once they
-                                           // are applied (a loader that keeps up with a slow step falls
-                                           // behind a fast one)
-        auto without = all;
-        for (const auto& [k, v] : x.change) without[k] = base[k];
-        configs.push_back({"without " + x.check, without});
-      }
-    // The budget: timed steps per run from the loop's step time (their step's, the slowest there is, plus
-    // the loader's share) so that every run, twice, fits in it; at least 3, at most 10 (quick: 6)
+    const bool several = applied_.size() > 1;
+    auto without = [&](const Applied& x) {
+      auto w = all;
+      for (const auto& [k, v] : x.change) w[k] = base[k];
+      return w;
+    };
+    // A pass: their loop before each line and after the last (T X1 T X2 T ... Xn T), each line's gain
+    // over the geometric mean of the runs of their loop on either side of it, so a machine that drifts
+    // (a noisy neighbour, a clock) moves a line and its base together; the first pass then runs the
+    // lines together and each left out. The second pass repeats the lines alone: runs of their own.
+    const std::size_t n = applied_.size();
+    const double runs = double((2 * n + 1) + (several ? n + 1 : 0) + (2 * n + 1));
+    // the budget: timed steps per run from the loop's step time (their step's, the slowest there is,
+    // plus the loader's share)
     const double step_s = std::max(step_ms_, cp.metric("step_ms")->value) / 1e3 * (1 + kLoadShare);
-    const double runs = 2.0 * double(configs.size() + 1);
     const int most = opt_.quick ? 8 : 12;
     const int trials = int(std::clamp(std::floor(opt_.budget_s / (runs * step_s)) - 2.0, 5.0, double(most)));
-    for (auto& [name, m] : configs) m["trials"] = std::to_string(trials);
+    const std::string steps = std::to_string(trials);
     p.add({"timed_steps", double(trials), "steps", Direction::none, std::nullopt,
            fmt::format("timed optimizer steps per run of the loop: {:.0f} runs of about {:.2f} s a step in a budget "
                        "of {:.0f} s (--budget), at least 5, at most {}",
                        runs, step_s, opt_.budget_s, most)});
-    // Each pass runs their loop first and last: its base is the two's geometric mean, so a machine
-    // that drifts over the pass (a noisy neighbour, a clock) does not move every gain with it.
-    configs.push_back({"theirs, at the end", base});
-    auto measure_all = [&](json& evidence) {
-      std::map<std::string, double> tps;
-      for (const auto& [name, m] : configs) {
+    struct Pass {
+      std::map<std::string, double> gain;  // check -> its gain alone over its bracketing base
+      std::vector<double> theirs;          // their loop's runs, in order
+      double base = 0;                     // their runs' geometric mean
+      std::optional<double> together;      // all the lines, real tokens/s
+      std::map<std::string, double> last;  // check -> together / without it
+    };
+    auto run_pass = [&](bool first, json& evidence) {
+      Pass out;
+      auto one_run = [&](const std::string& name, Params m) -> std::optional<double> {
+        m["trials"] = steps;
         const Sub r = sub("train", assigns(m));
         evidence[name] = compact(r);
-        if (const auto t = loop_tokens(r)) tps[name] = *t;
+        return loop_tokens(r);
+      };
+      std::vector<std::optional<double>> ts{one_run("theirs", base)};
+      std::vector<std::optional<double>> xs;
+      for (std::size_t i = 0; i < n; ++i) {
+        xs.push_back(one_run(applied_[i].check, alone[i]));
+        ts.push_back(one_run("theirs after " + applied_[i].check, base));
       }
-      if (tps.count("theirs") && tps.count("theirs, at the end")) {
-        tps["theirs, at the start"] = tps["theirs"];
-        tps["theirs"] = std::sqrt(tps["theirs"] * tps["theirs, at the end"]);
+      double logsum = 0;
+      int count = 0;
+      for (const auto& t : ts)
+        if (t) out.theirs.push_back(*t), logsum += std::log(*t), ++count;
+      if (count) out.base = std::exp(logsum / count);
+      for (std::size_t i = 0; i < n; ++i)
+        if (xs[i] && ts[i] && ts[i + 1]) out.gain[applied_[i].check] = *xs[i] / std::sqrt(*ts[i] * *ts[i + 1]);
+      if (first && several) {
+        out.together = one_run("together", all);
+        for (const Applied& x : applied_)
+          if (const auto w = one_run("without " + x.check, without(x)); w && out.together)
+            out.last[x.check] = *out.together / *w;
       }
-      return tps;
+      return out;
     };
     json first_ev = json::object(), second_ev = json::object();
-    const auto t1 = measure_all(first_ev);
-    const auto t2 = measure_all(second_ev);  // the second measurement, runs of their own
+    const Pass t1 = run_pass(true, first_ev);
+    const Pass t2 = run_pass(false, second_ev);  // the second measurement, runs of their own
     p.info["runs"] = first_ev;
     p.info["repeat"] = second_ev;
-    if (!t1.count("theirs")) {
+    if (t1.base <= 0) {
       p.status = Status::error;
       p.reason = "their training loop did not complete";
       return p;
     }
-    auto gain = [](const std::map<std::string, double>& t, const std::string& k) -> std::optional<double> {
-      if (!t.count(k) || !t.count("theirs")) return std::nullopt;
-      return t.at(k) / t.at("theirs");
-    };
-    loop_now_ = t1.at("theirs");
-    if (applied_.size() == 1) {
-      if (auto g = gain(t1, applied_.front().check)) together_ = *g, loop_after_ = t1.at(applied_.front().check);
-    } else if (auto g = gain(t1, "together")) {
-      together_ = *g, loop_after_ = t1.at("together");
+    loop_now_ = t1.base;
+    if (!several) {
+      if (t1.gain.count(applied_.front().check))
+        together_ = t1.gain.at(applied_.front().check), loop_after_ = *together_ * t1.base;
+    } else if (t1.together) {
+      together_ = *t1.together / t1.base, loop_after_ = *t1.together;
     }
+    auto list = [](const std::vector<double>& v) {
+      std::string o;
+      for (double x : v) o += (o.empty() ? "" : ", ") + format_number(x);
+      return o;
+    };
+    p.info["drift"] = fmt::format("their loop, run before each line and after the last: {} real tokens/s in the first "
+                                  "pass, {} in the second",
+                                  list(t1.theirs), list(t2.theirs));
     json lines = json::array();
+    auto opt = [](const std::map<std::string, double>& m, const std::string& k) {
+      return m.count(k) ? std::optional<double>(m.at(k)) : std::nullopt;
+    };
     for (const Applied& x : applied_) {
       Finding* f = finding(x.check);
-      const auto g = gain(t1, x.check);
+      const auto g = opt(t1.gain, x.check);
       if (!f || !g) continue;
       std::string param;
       for (const auto& [k, v] : x.change) param += (param.empty() ? "" : ", ") + k + "=" + v;
-      std::optional<double> last;
-      if (t1.count("together") && t1.count("without " + x.check))
-        last = t1.at("together") / t1.at("without " + x.check);
-      settle(*f, f->speedup.value_or(0), *g, gain(t2, x.check), param, last);
+      settle(*f, f->speedup.value_or(0), *g, opt(t2.gain, x.check), param, opt(t1.last, x.check));
       lines.push_back(line_json(*f));
     }
     p.add({"real_tokens_per_s_theirs", loop_now_, "tokens/s", Direction::higher, std::nullopt,
            "their training loop as configured (loader, collation, step), real tokens per second: the geometric "
-           "mean of its runs at the start and the end of the first pass"});
-    if (t1.count("theirs, at the start") && t1.count("theirs, at the end"))
-      p.info["drift"] = fmt::format("their loop at the start and the end of each pass: {} and {} real tokens/s, then "
-                                    "{} and {}",
-                                    format_number(t1.at("theirs, at the start")),
-                                    format_number(t1.at("theirs, at the end")),
-                                    t2.count("theirs, at the start") ? format_number(t2.at("theirs, at the start")) : "-",
-                                    t2.count("theirs, at the end") ? format_number(t2.at("theirs, at the end")) : "-");
+           "mean of its runs in the first pass (before each line and after the last)"});
     if (loop_after_ > 0)
       p.add({"real_tokens_per_s_fixed", loop_after_, "tokens/s", Direction::higher, std::nullopt,
              "the same loop with every recommended line applied"});
-    int held = 0, n = 0;
+    int held = 0, measured = 0;
     for (const auto& l : lines)
-      if (l.contains("holds")) ++n, held += l["holds"].get<bool>();
+      if (l.contains("holds")) ++measured, held += l["holds"].get<bool>();
     p.add({"lines_applied", double(lines.size()), "lines", Direction::none, std::nullopt,
            "recommended lines measured with the line applied"});
     p.add({"claims_held", double(held), "lines", Direction::higher, std::nullopt,
@@ -753,7 +775,7 @@ class Diagnosis {
       p.add({"step_gain_together", *together_, "x", Direction::higher, std::nullopt,
              "their training loop with every recommended line applied at once"});
     p.info["lines"] = lines;
-    p.info["reading"] = fmt::format("{} of {} claims held when measured again (within 15%)", held, n);
+    p.info["reading"] = fmt::format("{} of {} claims held when measured again (within 15%)", held, measured);
     return p;
   }
 
