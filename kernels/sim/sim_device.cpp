@@ -146,9 +146,7 @@ class SimDevice final : public Device {
   }
 
   std::unique_ptr<TrainOps> make_train_ops() override;
-  std::optional<std::string> attention_unsupported(AttnImpl impl, DType t) const override {
-    if (impl != AttnImpl::flash && impl != AttnImpl::cudnn)
-      return fmt::format("{}: only fused attention (flash, cudnn) is modelled", info_.id);
+  std::optional<std::string> attention_unsupported(AttnImpl, DType t) const override {
     return sim_gemm_unsupported(model_, t);
   }
   std::unique_ptr<AttentionOp> make_attention(const AttnShape& s, AttnImpl impl, DType t, std::uint64_t) override;
@@ -451,21 +449,49 @@ std::unique_ptr<TrainOps> SimDevice::make_train_ops() { return std::make_unique<
 // FLOPs (3.5x in all, the convention of docs/DESIGN.md).
 class SimAttention final : public AttentionOp {
  public:
+  // Fused (flash, cudnn): one kernel each way, the S x S scores never leave the chip: the roofline of
+  // its FLOPs (causal: half) and of Q, K, V, O (and their gradients) once. Eager (naive), as PyTorch
+  // runs it without flash/sdp attention: every S x S tensor goes through memory in the compute dtype.
+  // Forward: S = Q K^T written, the causal mask read and written, softmax read and written, P read by
+  // P V: 6 passes over B H S^2, in 4 launches, the FLOPs of the full square. Backward: dP = dO V^T
+  // written, P read for dV, the softmax backward reads P and dP and writes dS, dS read for dQ and dK:
+  // 7 passes, 5 launches, twice the forward's FLOPs. Its S and P are held too.
   SimAttention(SimDevice& dev, const AttnShape& s, AttnImpl impl, DType t) : dev_(dev), s_(s), impl_(impl), t_(t) {
-    const double io = 4.0 * double(s.batch * s.heads) * double(s.varlen() ? s.cu_seqlens.back() : s.seq) *
-                      double(s.head_dim) * storage_bytes(t);
-    reservation_ = dev.ledger().reserve(std::uint64_t(2 * io), fmt::format("simulated attention Q, K, V, O and grads"));
+    const double e = storage_bytes(t);
+    const double tokens = double(s.varlen() ? s.cu_seqlens.back() : s.batch * s.seq);
+    const double io = 4.0 * double(s.heads) * tokens * double(s.head_dim) * e;
+    const bool eager = impl != AttnImpl::flash && impl != AttnImpl::cudnn;
+    double square = 0;  // B H S^2 elements (summed per sequence for varlen)
+    if (!s.varlen())
+      square = double(s.batch * s.heads) * double(s.seq) * double(s.seq);
+    else
+      for (std::size_t i = 1; i < s.cu_seqlens.size(); ++i)
+        square += double(s.heads) * double(s.cu_seqlens[i] - s.cu_seqlens[i - 1]) *
+                  double(s.cu_seqlens[i] - s.cu_seqlens[i - 1]);
+    reservation_ = dev.ledger().reserve(std::uint64_t(2 * io + (eager ? 2 * square * e : 0)),
+                                        eager ? "simulated eager attention Q, K, V, O, grads and the S x S scores"
+                                              : "simulated attention Q, K, V, O and grads");
     const SimModel& m = dev.model();
     const double peak = m.peak_tflops.at(t).value * 1e12;
-    const double mem = bytes_seconds(m, io);
     const double launch = launch_seconds(m);
-    fwd_s_ = std::max(s.fwd_flops() / peak, mem) + launch;
-    bwd_s_ = std::max(2.5 * s.fwd_flops() / peak, 2 * mem) + launch;
+    if (!eager) {
+      const double mem = bytes_seconds(m, io);
+      fwd_s_ = std::max(s.fwd_flops() / peak, mem) + launch;
+      bwd_s_ = std::max(2.5 * s.fwd_flops() / peak, 2 * mem) + launch;
+    } else {
+      const double full = s.causal ? 2 * s.fwd_flops() : s.fwd_flops();  // the masked half computed too
+      fwd_s_ = std::max(full / peak, bytes_seconds(m, io + 6 * square * e)) + 4 * launch;
+      bwd_s_ = std::max(2 * full / peak, bytes_seconds(m, 2 * io + 7 * square * e)) + 5 * launch;
+    }
   }
   AttnShape shape() const override { return s_; }
   AttnImpl impl() const override { return impl_; }
   DType dtype() const override { return t_; }
-  std::string impl_detail() const override { return "simulated roofline of a fused attention"; }
+  std::string impl_detail() const override {
+    return impl_ == AttnImpl::flash || impl_ == AttnImpl::cudnn
+               ? "simulated roofline of a fused attention"
+               : "simulated roofline of eager attention (S x S scores through memory)";
+  }
   std::size_t workspace_bytes() const override { return 0; }
   void forward() override { dev_.spend(fmt::format("simulated {} attention forward", to_string(impl_)), fwd_s_); }
   void backward() override { dev_.spend(fmt::format("simulated {} attention backward", to_string(impl_)), bwd_s_); }

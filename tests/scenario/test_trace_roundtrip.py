@@ -3,8 +3,8 @@
 trace) and fed back to `stallbench diagnose --trace`, is named as that cause, on cpu and sim:h100.
 
 Causes a profiler trace can show: fp32 GEMMs (precision dtype=fp32), a starved loader (dataloader
-workers=0), attention on the math path (attention impl=naive; cpu only: sim models fused attention
-alone), a launch-bound small batch (batch micro_batch=1), memory pressure (memory: its search runs at
+workers=0), attention on the math path (attention impl=naive; cpu only: sim's eager attention is one
+modelled interval, not the GEMM, softmax, GEMM kernels a trace shows), a launch-bound small batch (batch micro_batch=1), memory pressure (memory: its search runs at
 the limit). Causes it cannot show, said so by diagnose and not tested for a finding: padding (packing:
 a trace has no token counts), NaN and stalled losses (numerics), a collective mismatch across ranks
 (collective: a hang, diagnosed from Flight Recorder dumps by analyze-hang). Their traces must still be
