@@ -26,9 +26,9 @@ def check(cond, msg):
     return cond
 
 
-def diagnose(exe, tmp, name, args, want_rc=0):
+def diagnose(exe, tmp, name, args, want_rc=0, device="cpu"):
     out = os.path.join(tmp, name + ".json")
-    p = subprocess.run([exe, "diagnose", "--device", "cpu", "--quick", "--json", out] + args,
+    p = subprocess.run([exe, "diagnose", "--device", device, "--quick", "--json", out] + args,
                        capture_output=True, text=True, timeout=900)
     print(p.stdout[-5000:])
     print(p.stderr[-2000:], file=sys.stderr)
@@ -182,6 +182,18 @@ def main():
             by = {q["params"]["check"]: q for q in doc["points"]}
             for c in ("loader", "padding", "attention"):
                 check(by[c]["status"] == "skipped", f"no_causes: {c} {by[c]['status']}")
+
+        # on a simulated H100: every check runs (eager attention is modelled), every figure is labelled
+        p, doc = diagnose(exe, tmp, "sim", ["--config", os.path.join(data, "all_causes.yml")], device="sim:h100")
+        if doc:
+            by = {q["params"]["check"]: q for q in doc["points"]}
+            for c in ("utilization", "dtype", "padding", "attention", "batch", "applied"):
+                check(by[c]["status"] == "ok", f"sim: {c} {by[c]['status']} {by[c].get('reason')}")
+            check(doc["findings"] and all(f["summary"].endswith("[simulated, not measured]") for f in doc["findings"]),
+                  "sim: a finding not labelled simulated")
+            check("modelled" in by["summary"]["metrics"]["tokens_per_s_after_estimate"]["note"],
+                  "sim: the figure after the fixes is not said to be modelled")
+            check("SIMULATED" in p.stdout, "sim: the report does not say simulated")
 
         p, _ = diagnose(exe, tmp, "bad", ["--config", os.path.join(data, "bad_value.yml")], want_rc=2)
         check("bad_value.yml:2" in p.stderr and "micro_batch_size" in p.stderr, f"bad value: {p.stderr[-300:]}")
