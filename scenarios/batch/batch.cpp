@@ -425,9 +425,7 @@ const Scenario batch_scenario{
     [](RunContext& ctx) { return std::make_unique<BatchRun>(ctx); },
     false,
     [](const ParamSet& ps, const RunContext&) {
-      if (ps.get_int("d_model") % ps.get_int("heads") != 0)
-        throw UsageError(fmt::format("d_model={} is not a multiple of heads={}", ps.get_int("d_model"),
-                                     ps.get_int("heads")));
+      batch::validate_decoder_shape(ps);
     }};
 
 }  // namespace sb

@@ -34,6 +34,12 @@ void spin_for(double us) {
   }
 }
 
+void validate_decoder_shape(const ParamSet& ps) {
+  if (ps.get_int("d_model") % ps.get_int("heads") != 0)
+    throw UsageError(fmt::format("d_model={} is not a multiple of heads={}", ps.get_int("d_model"),
+                                 ps.get_int("heads")));
+}
+
 DecoderConfig decoder_config(const ParamSet& ps, const Device& dev) {
   DecoderConfig cfg;
   cfg.micro_batch = ps.get_int("micro_batch");

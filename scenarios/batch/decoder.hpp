@@ -102,6 +102,9 @@ void spin_for(double us);
 // for a dtype the step cannot train in; UnsupportedError without a fused
 // attention for the dtype.
 DecoderConfig decoder_config(const ParamSet& ps, const Device& dev);
+// A scenario's validate for the step's shape: UsageError (exit 2 before any point runs) when
+// heads does not divide d_model.
+void validate_decoder_shape(const ParamSet& ps);
 
 // The footprint the model predicts, in closed form from the config: every
 // tensor the step allocates, each rounded up to `granule` bytes (the

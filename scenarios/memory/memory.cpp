@@ -766,9 +766,7 @@ const Scenario memory_scenario{
     [](RunContext& ctx) { return std::make_unique<MemoryRun>(ctx); },
     false,
     [](const ParamSet& ps, const RunContext& ctx) {
-      if (ps.get_int("d_model") % ps.get_int("heads") != 0)
-        throw UsageError(fmt::format("d_model={} is not a multiple of heads={}", ps.get_int("d_model"),
-                                     ps.get_int("heads")));
+      batch::validate_decoder_shape(ps);
       const double gb = ps.get_real("mem_limit_gb");
       if (gb > 0 && gb * 1e9 < double(1 << 20))
         throw UsageError(fmt::format("mem_limit_gb={:g} is under 1 MiB", gb));

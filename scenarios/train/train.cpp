@@ -445,9 +445,7 @@ const Scenario train_scenario{
     [](RunContext& ctx) { return std::make_unique<TrainRun>(ctx); },
     false,
     [](const ParamSet& ps, const RunContext&) {
-      if (ps.get_int("d_model") % ps.get_int("heads") != 0)
-        throw UsageError(fmt::format("d_model={} is not a multiple of heads={}", ps.get_int("d_model"),
-                                     ps.get_int("heads")));
+      batch::validate_decoder_shape(ps);
       // a sequence is at most 4 x seq_len (longer ones are clipped) and split into seq_len pieces, a row
       // each at most: a dataset of under a quarter as many sequences as a micro batch's rows can never
       // fill one (a file's count is known only once read)

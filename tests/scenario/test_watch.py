@@ -409,11 +409,11 @@ def process_safety(tmp):
              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
              "print('ready', flush=True)\n"
              "time.sleep(60)\n")
-    proc = watch_job(["--interval", "50", "--kill-after", "1", "--json", os.path.join(tmp, "stubborn.json")], child,
-                     env, "stubborn")
+    proc = watch_job(["--interval", "50", "--kill-after", "1", "--json", os.path.join(tmp, "ignores-term.json")],
+                     child, env, "ignores-term")
     if proc is not None:
         rc, err = signal_and_wait(proc, signal.SIGTERM)
-        check(rc == 137 and "SIGKILL" in err, f"stubborn: exit {rc}, want 137 after --kill-after: {err[-300:]}")
+        check(rc == 137 and "SIGKILL" in err, f"a job ignoring SIGTERM: exit {rc}, want 137 after --kill-after: {err[-300:]}")
     # nohup: an ignored SIGHUP stays ignored (the watch goes on)
     p = subprocess.run(["bash", "-c", f"trap '' HUP; {EXE} watch --interval 20 --count 100 --plain --json "
                         f"{tmp}/hup.json & pid=$!; sleep 0.5; kill -HUP $pid; wait $pid"],
