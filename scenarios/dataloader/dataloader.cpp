@@ -18,6 +18,7 @@
 #include <optional>    // std::optional: the dataset file, when source=file
 
 #include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join: the warnings
 
 #include "harness/cpu_affinity.hpp"     // allowed_cpus, pin_this_thread: the CPU split
 #include "harness/errors.hpp"           // UsageError, HangError
@@ -151,11 +152,27 @@ class DataloaderRun : public ScenarioRun {
     p.info["cpu_split"] = json{{"compute_cpus", split.compute},
                                {"loader_cpus", split.loader},
                                {"note", split.note}};
+    std::vector<std::string> warnings;
     const double achieved = p.info.value("step_ms_achieved", 0.0);
     if (steps_ok(p) && std::abs(achieved - st.step_ms) > 0.1 * st.step_ms)
-      p.info["warning"] = fmt::format(
+      warnings.push_back(fmt::format(
           "the step took {} ms, not the {} ms asked ({:+.0f}%): the loop's conditions differ from the calibration's",
-          format_number(achieved), format_number(st.step_ms), 100 * (achieved / st.step_ms - 1));
+          format_number(achieved), format_number(st.step_ms), 100 * (achieved / st.step_ms - 1)));
+    // The loader's CPU per batch is its decode and its copies, so never much
+    // under the decode asked; well under it, the decode calibration read a
+    // slower CPU than the loop ran on (a clock still rising, a preempted
+    // calibration), and the supply asked was not what the loop got.
+    const double asked_decode_ms = cfg.decode_us * cfg.batch / 1e3;
+    const Metric* load_cpu = p.metric("load_cpu_ms");
+    const double load_cpu_ms = load_cpu ? load_cpu->value : 0.0;
+    p.info["decode_ms_asked_per_batch"] = asked_decode_ms;
+    if (steps_ok(p) && asked_decode_ms > 1 && load_cpu_ms > 0 && load_cpu_ms < 0.8 * asked_decode_ms)
+      warnings.push_back(fmt::format(
+          "a batch's load took {} ms of CPU, under the {} ms of decode asked ({:+.0f}%): the CPU ran faster than "
+          "when the decode was calibrated, so the loader supplied more than supply={} asked",
+          format_number(load_cpu_ms), format_number(asked_decode_ms), 100 * (load_cpu_ms / asked_decode_ms - 1),
+          format_number(st.supply)));
+    if (!warnings.empty()) p.info["warning"] = fmt::format("{}", fmt::join(warnings, "; "));
     if (dataset) {
       // A cache kept for the next run: say where, and how it is removed.
       p.info["dataset_file"] = dataset->path;
