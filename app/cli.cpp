@@ -612,7 +612,8 @@ int main_impl(int argc, char** argv) {
   DiagnoseArgs da;
   auto* diag = app.add_subcommand("diagnose",
                                   "run the troubleshooting order on your training config: each cause measured here");
-  auto* config_opt = diag->add_option("--config", da.config, "an Axolotl-style YAML config (default: a 7B-like layer, documented)")
+  auto* config_opt = diag->add_option("config,--config", da.config,
+                                     "an Axolotl-style YAML config, given as is or after --config (default: a 7B-like layer, documented)")
       ->check(non_empty_path());
   auto* model_opt = diag->add_option("--model-config", da.model_config, "a Hugging Face config.json for the model's dimensions")
       ->check(non_empty_path());

@@ -498,6 +498,12 @@ TrainConfig read_axolotl_yaml(const std::string& path) {
 }
 
 TrainConfig parse_axolotl_yaml_text(const std::string& text, const std::string& path) {
+  // The other files diagnose reads, given where the training config goes:
+  // said so, not read as a config of unknown keys and run on the defaults.
+  if (text.size() >= 2 && static_cast<unsigned char>(text[0]) == 0x1f && static_cast<unsigned char>(text[1]) == 0x8b)
+    throw UsageError(fmt::format("{}: gzip-compressed, not a YAML training config; a PyTorch profiler trace "
+                                 "(.json.gz) is read with `stallbench diagnose --trace {}`",
+                                 path, path));
   // YAML is Unicode text; a key or value that is not UTF-8 would reach the report's JSON later
   if (const auto at = first_invalid_utf8(text)) {
     const auto line = 1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(*at), '\n');
@@ -513,6 +519,20 @@ TrainConfig parse_axolotl_yaml_text(const std::string& text, const std::string& 
   if (!doc.IsMap())
     throw UsageError(fmt::format("{}:{}: the top level is {}; expected a mapping of config keys (key: value)",
                                  path, doc.Mark().line + 1, YamlReader::describe(doc)));
+  auto has = [&doc](std::string_view key) {
+    for (const YNode& k : doc.keys)
+      if (k.IsScalar() && k.Scalar() == key) return true;
+    return false;
+  };
+  if (has("traceEvents"))
+    throw UsageError(fmt::format("{}: a PyTorch profiler trace (it has traceEvents), not a training config: "
+                                 "`stallbench diagnose --trace {}` reads it",
+                                 path, path));
+  if (has("architectures") && has("hidden_size") && has("num_hidden_layers"))
+    throw UsageError(fmt::format("{}: a Hugging Face model config.json (architectures, hidden_size, "
+                                 "num_hidden_layers), not "
+                                 "a training config: pass it with --model-config {}",
+                                 path, path));
   TrainConfig cfg = default_config();
   YamlReader(path, cfg).read(doc);
   return cfg;

@@ -104,6 +104,8 @@ expect(["run"], 2, ["scenario is required"])
 expect(["diagnose", "--observed-tokens-per-s", "nan"], 2, ["--observed-tokens-per-s"])
 expect(["diagnose", "--observed-tokens-per-s", "-5"], 2, ["--observed-tokens-per-s"])
 expect(["diagnose", "--config", "/nonexistent/x.yml"], 2, ["/nonexistent/x.yml"])
+expect(["diagnose", "/nonexistent/x.yml"], 2, ["/nonexistent/x.yml"])  # the config as a positional
+expect(["diagnose", "a.yml", "--config", "b.yml"], 2, ["--config"])  # given twice
 expect(["diagnose", "--model-config", "/nonexistent/c.json"], 2, ["/nonexistent/c.json"])
 expect(["diagnose", "--lengths", "/nonexistent/l.csv"], 2, ["/nonexistent/l.csv"])
 expect(["diagnose", "--json", "/nonexistent-dir/d.json"], 2, ["/nonexistent-dir"])

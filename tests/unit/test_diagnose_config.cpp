@@ -394,6 +394,28 @@ TEST(DiagnoseConfig, NotAMappingEmptyTwoDocumentsMissingAreUsageErrors) {
   EXPECT_TRUE(contains(usage_error([&] { (void)read_axolotl_yaml(kData); }), "is a directory"));
 }
 
+// diagnose's other files, given where the training config goes: named, never read as a config of
+// unknown keys and run on the defaults.
+TEST(DiagnoseConfig, ATraceOrAModelConfigGivenAsTheTrainingConfigSaysWhichOptionReadsIt) {
+  const std::string model = data("llama2_7b_config.json");
+  const std::string m = usage_error([&] { (void)read_axolotl_yaml(model); });
+  EXPECT_TRUE(contains(m, "a Hugging Face model config.json")) << m;
+  EXPECT_TRUE(contains(m, "--model-config " + model)) << m;
+
+  TempDir dir("others");
+  const std::string trace = dir.write("t.json", R"({"schemaVersion": 1, "traceEvents": []})");
+  const std::string t = usage_error([&] { (void)read_axolotl_yaml(trace); });
+  EXPECT_TRUE(contains(t, "a PyTorch profiler trace")) << t;
+  EXPECT_TRUE(contains(t, "--trace " + trace)) << t;
+  const std::string gz = dir.write("t.json.gz", std::string("\x1f\x8b\x08\x00rest", 8));
+  const std::string g = usage_error([&] { (void)read_axolotl_yaml(gz); });
+  EXPECT_TRUE(contains(g, "gzip-compressed")) << g;
+
+  // An Axolotl config names its model_type and may give dims: still a training config.
+  const std::string yml = dir.write("a.yml", "model_type: LlamaForCausalLM\nhidden_size: 256\nmicro_batch_size: 2\n");
+  EXPECT_EQ(read_axolotl_yaml(yml).micro_batch_size, 2);
+}
+
 // ---- Hugging Face config.json -------------------------------------------------------------------
 
 TEST(DiagnoseConfig, Llama2ConfigJsonSetsTheDims) {
