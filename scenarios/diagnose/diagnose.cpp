@@ -144,7 +144,11 @@ class Diagnosis {
   void step(const std::string& what) {
     ++done_;
     const double so_far = std::chrono::duration<double>(clk::now() - t0_).count();
-    const double left = done_ > 1 ? so_far / double(done_ - 1) * double(checks_ - done_ + 1) : 0;
+    // The checks before the last take about as long as each other; the last
+    // (the applied runs of their loop) takes its --budget, whatever came before.
+    const int measured = std::min(done_, checks_) - 1;  // checks finished, the applied one never among them
+    const double per = measured > 0 ? so_far / double(measured) : 0;
+    const double left = done_ > 1 ? per * double(std::max(0, checks_ - done_)) + opt_.budget_s : 0;
     opt_.say(fmt::format("diagnose [{}/{}] {} ({:.0f} s so far{})", done_, checks_, what, so_far,
                          done_ > 1 ? fmt::format(", about {:.0f} s left", left) : ""));
     ctx_.progress("diagnose: " + what);
@@ -440,7 +444,19 @@ class Diagnosis {
       if (mb * f <= 4096) sizes.push_back(mb * f);
     std::string list;
     for (auto x : sizes) list += (list.empty() ? "" : ",") + std::to_string(x);
+    // In the standard order: with the lines named above it applied (bf16, a
+    // fused attention), as the user would have them when they reach this
+    // step. A step dominated by eager attention or fp32 GEMMs hides the
+    // launch overhead a small batch costs once those are fixed.
     auto a = shape_params(false);
+    std::string with;
+    for (const Applied& x : applied_)
+      if (x.check == "dtype" || x.check == "attention")
+        for (const auto& [k, v] : x.change) {
+          for (std::string& arg : a)
+            if (arg.rfind(k + "=", 0) == 0) arg = k + "=" + v;
+          with += (with.empty() ? "" : ", ") + k + "=" + v;
+        }
     a.push_back("micro_batch=" + list);
     a.push_back("grad_accum=1");
     a.push_back("trials=3");
@@ -469,13 +485,15 @@ class Diagnosis {
     const double f = metric(*s.point_int("micro_batch", knee), "tokens_per_s")->value;
     add_gain(p, b, f, "tokens/s", "tokens per second of the step");
     p.info["knee"] = knee;
+    if (!with.empty()) p.info["with_lines_above"] = with;
     if (knee > mb && f / b >= kMinGain) {
       const std::int64_t global = opt_.cfg.micro_batch_size * opt_.cfg.gradient_accumulation_steps;
       const std::int64_t ga = std::max<std::int64_t>(1, global / std::max<std::int64_t>(1, knee));
       applied_.push_back({"batch", {{"micro_batch", std::to_string(knee)}}});
       find("a batch that is too small (launch-bound, steady-low utilization)", "batch", f / b,
-           fmt::format("{} tokens/s at micro batch {} -> {} at {} (the smallest within 90% of the best swept)",
-                       format_number(b), mb, format_number(f), knee),
+           fmt::format("{} tokens/s at micro batch {} -> {} at {} (the smallest within 90% of the best swept{})",
+                       format_number(b), mb, format_number(f), knee,
+                       with.empty() ? "" : "; with the lines above applied: " + with),
            fmt::format("micro_batch_size: {}, gradient_accumulation_steps: {} (a global batch of {} for your {}, "
                        "if it fits: see memory){}",
                        knee, ga, knee * ga, global,
@@ -680,10 +698,17 @@ class Diagnosis {
     const int most = opt_.quick ? 8 : 12;
     const int trials = int(std::clamp(std::floor(opt_.budget_s / (runs * step_s)) - 2.0, 5.0, double(most)));
     const std::string steps = std::to_string(trials);
+    // Every run spans about as long as a run of their loop: a line that makes the step 20x faster is
+    // measured over 20x the steps, not over 5 steps of 50 ms (runs that short moved 18-27% between passes).
+    const double span_s = trials * std::max(step_ms_, cp.metric("step_ms")->value) / 1e3;
+    const std::string min_time = fmt::format("{:.3g}", span_s);
     p.add({"timed_steps", double(trials), "steps", Direction::none, std::nullopt,
            fmt::format("timed optimizer steps per run of the loop: {:.0f} runs of about {:.2f} s a step in a budget "
-                       "of {:.0f} s (--budget), at least 5, at most {}",
-                       runs, step_s, opt_.budget_s, most)});
+                       "of {:.0f} s (--budget), at least 5, at most {}; a faster configuration runs more, until its "
+                       "timed steps span {} s (min_time_s)",
+                       runs, step_s, opt_.budget_s, most, min_time)});
+    int runs_done = 0;
+    const auto applied_t0 = clk::now();
     struct Pass {
       std::map<std::string, double> gain;  // check -> its gain alone over its bracketing base
       std::vector<double> theirs;          // their loop's runs, in order
@@ -695,6 +720,14 @@ class Diagnosis {
       Pass out;
       auto one_run = [&](const std::string& name, Params m) -> std::optional<double> {
         m["trials"] = steps;
+        m["min_time_s"] = min_time;
+        ++runs_done;
+        const double in_applied = std::chrono::duration<double>(clk::now() - applied_t0).count();
+        opt_.say(fmt::format("diagnose [{}/{}] applied: run {} of {:.0f}, {} ({:.0f} s so far{})", done_, checks_,
+                             runs_done, runs, name, std::chrono::duration<double>(clk::now() - t0_).count(),
+                             runs_done > 1 ? fmt::format(", about {:.0f} s left", in_applied / (runs_done - 1) *
+                                                                                      (runs - runs_done + 1))
+                                           : ""));
         const Sub r = sub("train", assigns(m));
         evidence[name] = compact(r);
         return loop_tokens(r);

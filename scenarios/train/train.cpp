@@ -31,14 +31,26 @@ using json = nlohmann::ordered_json;
 Point derive(const Record& r) {
   Point p;
   const double W = r.wall_s > 0 ? r.wall_s : 1e-12;
-  const double real_tps = double(r.real_tokens) / W;
-  p.add({"real_tokens_per_s", real_tps, "tokens/s", Direction::higher, std::nullopt,
-         "real (non-pad) tokens trained per second over the timed steps: the loop's throughput"});
-  p.add({"tokens_per_s", double(r.computed_tokens) / W, "tokens/s", Direction::higher, std::nullopt,
+  const bool epoch = r.epoch_computed_tokens > 0;
+  const double computed_tps = double(r.computed_tokens) / W;
+  const double timed_share = r.computed_tokens > 0 ? double(r.real_tokens) / double(r.computed_tokens) : 0.0;
+  const double share = epoch ? double(r.epoch_real_tokens) / double(r.epoch_computed_tokens) : timed_share;
+  p.add({"real_tokens_per_s", computed_tps * share, "tokens/s", Direction::higher, std::nullopt,
+         epoch ? "real (non-pad) tokens trained per second: computed tokens/s measured over the timed steps x the "
+                 "epoch's real share (every batch of the dataset as collated): the loop's throughput"
+               : "real (non-pad) tokens trained per second over the timed steps: the loop's throughput"});
+  p.add({"tokens_per_s", computed_tps, "tokens/s", Direction::higher, std::nullopt,
          "computed tokens (padding included) per second"});
-  p.add({"padding_pct",
-         r.computed_tokens > 0 ? 100.0 * (1.0 - double(r.real_tokens) / double(r.computed_tokens)) : 0.0, "%",
-         Direction::lower, std::nullopt, "1 - real tokens / computed tokens"});
+  p.add({"padding_pct", 100.0 * (1.0 - share), "%", Direction::lower, std::nullopt,
+         epoch ? "1 - real tokens / computed tokens over the epoch's batches" : "1 - real tokens / computed tokens"});
+  if (epoch) {
+    p.add({"timed_real_tokens_per_s", double(r.real_tokens) / W, "tokens/s", Direction::higher, std::nullopt,
+           "real tokens of the timed batches themselves per second (their own real share: noisy over a few "
+           "batches of varied lengths)",
+           false});
+    p.add({"timed_padding_pct", 100.0 * (1.0 - timed_share), "%", Direction::lower, std::nullopt,
+           "1 - real tokens / computed tokens of the timed batches", false});
+  }
   p.add({"step_ms", r.steps > 0 ? 1e3 * W / double(r.steps) : 0.0, "ms", Direction::lower, std::nullopt,
          "wall time per optimizer step"});
   p.add({"busy_pct", 100.0 * r.busy_frac, "%", Direction::higher, std::nullopt,
@@ -97,6 +109,8 @@ inline constexpr NameTable<Pin, 2> kPinNames{{{{Pin::pinned, "pinned"}, {Pin::pa
 
 // The bytes a row carries to the device: input_ids, attention_mask and labels, int64 each.
 constexpr std::int64_t kBytesPerToken = 24;
+// The most timed optimizer steps min_time_s adds up to.
+constexpr std::int64_t kMostTimedSteps = 2000;
 
 // Everything a point is, read once from its parameters (validate uses it too).
 struct Settings {
@@ -105,7 +119,7 @@ struct Settings {
   std::int64_t sequences = 0, pad_multiple = 0;
   int grad_accum = 1, workers = 0, prefetch = 2, trials = 0;
   Pin pin = Pin::pinned;
-  double load_us_per_token = 0, dispatch_us = 0;
+  double load_us_per_token = 0, dispatch_us = 0, min_time_s = 0;
 
   static Settings from(const ParamSet& ps) {
     Settings st;
@@ -120,6 +134,7 @@ struct Settings {
     st.load_us_per_token = ps.get_real("load_us_per_token");
     st.dispatch_us = ps.get_real("dispatch_us");
     st.trials = int(ps.get_int("trials"));
+    st.min_time_s = ps.get_real("min_time_s");
     return st;
   }
 };
@@ -164,8 +179,24 @@ class TrainRun : public ScenarioRun {
     // Untimed: the first batches, which the workers load at once while the
     // loop waits for the first (a head start a longer run amortizes).
     const int skip = st.workers + 1;
-    const std::int64_t total = std::int64_t(skip + st.trials) * st.grad_accum;
-    auto batch_of = [&](std::int64_t i) { return std::size_t(i % n_batches); };
+    // `trials` timed steps, then more while the timed wall is under
+    // min_time_s (a fast configuration measured over as long as a slow one),
+    // at most kMostTimedSteps.
+    const std::int64_t most_steps = st.min_time_s > 0 ? std::max<std::int64_t>(st.trials, kMostTimedSteps) : st.trials;
+    const std::int64_t total = std::int64_t(skip + most_steps) * st.grad_accum;
+    // The timed steps train the dataset's first batches whatever the warm-up
+    // (which takes the last ones, wrapping): every configuration of one
+    // collation and micro batch times the same batches. Timed from the first
+    // batch after a warm-up of workers + 1, two runs that differ only in
+    // workers timed different sequences: at micro batch 1, five lognormal
+    // lengths, 0.70x real tokens/s between runs of the same speed.
+    const std::int64_t warm = std::int64_t(skip) * st.grad_accum;
+    auto batch_of = [n_batches, warm](std::int64_t i) {
+      return std::size_t(((i - warm) % n_batches + n_batches) % n_batches);
+    };
+    std::int64_t epoch_real = 0, epoch_computed = 0;  // the whole dataset's batches, as the plan collates them
+    for (std::int64_t b = 0; b < n_batches; ++b)
+      epoch_real += batch_real[std::size_t(b)], epoch_computed += mb * batch_len[std::size_t(b)];
 
     const HostCpuForHost host_cpu(dev);  // the host thread keeps a CPU of its own
     std::vector<int> loader_cpus;
@@ -216,8 +247,8 @@ class TrainRun : public ScenarioRun {
     lc.cpus = loader_cpus;
     lc.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(ctx_.measure.sync_timeout);
     const double us_per_token = st.load_us_per_token;
-    lc.sample_us = [&row_real, us_per_token, rows = n_batches * mb](std::int64_t s) {
-      return us_per_token * double(row_real[std::size_t(s % rows)]);
+    lc.sample_us = [&row_real, &batch_of, us_per_token, mb](std::int64_t s) {  // the loader's sample s: a row of batch_of(s / mb)
+      return us_per_token * double(row_real[batch_of(s / mb) * std::size_t(mb) + std::size_t(s % mb)]);
     };
     lc.alloc = [&dev, pinned](std::size_t bytes) {
       return dev.allocate(bytes, pinned ? MemKind::host_pinned : MemKind::host_pageable);
@@ -236,6 +267,8 @@ class TrainRun : public ScenarioRun {
     train::Record rec;
     rec.workers = st.workers;
     rec.loader_cpus = int(loader_cpus.size());
+    rec.epoch_real_tokens = epoch_real;
+    rec.epoch_computed_tokens = epoch_computed;
     auto busy = dev.utilization_probe();
     Sampler sampler(dev.utilization_probe());
     const std::string where = fmt::format("train collate={} workers={} micro_batch={} dtype={} attn={}",
@@ -250,6 +283,9 @@ class TrainRun : public ScenarioRun {
       loader::Loader L(lc);
       int opt_step = 0;
       for (std::int64_t i = 0, step_no = 0; i < total; ++step_no) {
+        if (timing && rec.steps >= st.trials &&
+            std::chrono::duration<double>(clk::now() - w0).count() >= st.min_time_s)
+          break;
         if (step_no == skip) {  // the timed steps start
           timing = true;
           loads_before = L.records().size();
@@ -328,7 +364,7 @@ class TrainRun : public ScenarioRun {
     for (const Point& p : res.points)
       for (const auto& [k, v] : p.params.items()) seen[k].insert(text(v));
     for (const auto& [axis, values] : seen) {
-      if (values.size() < 2 || axis == "trials") continue;
+      if (values.size() < 2 || axis == "trials" || axis == "min_time_s") continue;
       for (const Point& a : res.points) {
         if (a.status != Status::ok || !a.metric("real_tokens_per_s")) continue;
         if (text(a.params[axis]) != text(res.points.front().params[axis])) continue;
@@ -336,7 +372,8 @@ class TrainRun : public ScenarioRun {
           if (&a == &b || b.status != Status::ok || !b.metric("real_tokens_per_s")) continue;
           bool same = text(b.params[axis]) != text(a.params[axis]);
           for (const auto& [k, v] : a.params.items())
-            if (k != axis && k != "trials" && (!b.params.contains(k) || text(b.params[k]) != text(v))) same = false;
+            if (k != axis && k != "trials" && k != "min_time_s" && (!b.params.contains(k) || text(b.params[k]) != text(v)))
+              same = false;
           if (!same) continue;
           const double x = a.metric("real_tokens_per_s")->value, y = b.metric("real_tokens_per_s")->value;
           res.findings.push_back(
@@ -441,6 +478,10 @@ const Scenario train_scenario{
                   .help = "modelled framework cost per submission, spent on the host (PyTorch eager: 5-20 us per op)",
                   .unit = "us", .min = 0, .max = 1e6},
         trials_param("12", "6"),
+        ParamSpec{.name = "min_time_s", .type = ParamType::real, .default_value = "0",
+                  .help = "after `trials` timed steps, more until the timed steps span this long (at most 2000): a "
+                          "fast configuration measured over as long as a slow one",
+                  .unit = "s", .min = 0, .max = 3600},
     },
     [](RunContext& ctx) { return std::make_unique<TrainRun>(ctx); },
     false,

@@ -15,11 +15,20 @@
 // micro_batch_size) changes one parameter of this one loop, and its gain is
 // measured on the whole loop, not on its part alone.
 //
-// Definitions (per point, over `trials` timed optimizer steps, after the
+// Definitions (per point, over `trials` timed optimizer steps, more while
+// they span under `min_time_s` (at most 2000), after the
 // loader's pipeline has started: workers + 1 optimizer steps untimed):
 //   wall W: host clock over the timed steps;
 //   real tokens R: tokens of the dataset's sequences in the timed batches;
 //   computed tokens C: micro_batch x the batch's padded length, summed;
+//   the epoch's real share E: real / computed tokens over every batch of
+//     the dataset as collated (the plan's arithmetic, exact);
+//   real tokens/s = (C / W) x E: the measured rate of computed tokens at the
+//     epoch's real share. A few timed batches of lognormal lengths carry
+//     their own share (R / C), and R / W swings with it: at micro batch 1 and
+//     5 steps, by 30% between runs of one speed. R / W is kept beside it
+//     (timed_real_tokens_per_s). The timed steps are the dataset's first
+//     batches in every configuration of one collation and micro batch;
 //   data wait D: host time blocked in the loader's next() (PyTorch's
 //     enumerate(DataLoader)#...__next__ in a profiler trace);
 //   device busy B: the device's busy share of W (cpu: the compute thread's
@@ -49,7 +58,10 @@ struct Record {
   double busy_frac = 0;       // B / W, 0..1
   std::int64_t steps = 0;     // optimizer steps timed
   std::int64_t batches = 0;   // micro batches timed (steps x grad_accum)
-  std::int64_t real_tokens = 0, computed_tokens = 0;
+  std::int64_t real_tokens = 0, computed_tokens = 0;  // over the timed batches
+  // Over every batch of the dataset as collated (the plan's; 0: unknown, the
+  // timed batches stand for the epoch).
+  std::int64_t epoch_real_tokens = 0, epoch_computed_tokens = 0;
   double load_cpu_s = 0;      // loader CPU time over the timed batches' loads (the loader's own records)
   std::int64_t loads = 0;     // loads those times are over
   int workers = 0, loader_cpus = 0;

@@ -138,6 +138,21 @@ TEST(TrainDerive, Figures) {
   EXPECT_NE(p.info["bottleneck"].get<std::string>().find("loader"), std::string::npos);
 }
 
+// With the epoch's arithmetic: the computed rate measured, at the epoch's real share, not the timed
+// batches' own (which a few batches of varied lengths make noisy); the timed batches' figures kept.
+TEST(TrainDerive, RealTokensAtTheEpochsShare) {
+  train::Record r = record();
+  EXPECT_EQ(train::derive(r).metric("timed_real_tokens_per_s"), nullptr);  // no epoch: the timed figures are it
+  r.epoch_real_tokens = 600;
+  r.epoch_computed_tokens = 1000;
+  const Point p = train::derive(r);
+  EXPECT_DOUBLE_EQ(metric(p, "tokens_per_s"), 2000.0);
+  EXPECT_DOUBLE_EQ(metric(p, "real_tokens_per_s"), 1200.0);  // 2000 x 0.6, not 3000 / 2 s
+  EXPECT_DOUBLE_EQ(metric(p, "padding_pct"), 40.0);
+  EXPECT_DOUBLE_EQ(metric(p, "timed_real_tokens_per_s"), 1500.0);
+  EXPECT_DOUBLE_EQ(metric(p, "timed_padding_pct"), 25.0);
+}
+
 TEST(TrainDerive, WorkersOverlapTheStep) {
   train::Record r = record();
   r.workers = 2;
