@@ -632,7 +632,7 @@ int main_impl(int argc, char** argv) {
   auto* quick_opt = diag->add_flag("--quick", da.quick, "small sweeps and a short budget (about a minute on 2 cores)");
   auto* budget_opt = diag->add_option("--budget", da.budget_s,
                                       "seconds for the runs of your training loop with each line applied (default "
-                                      "120, --quick 60): sets their timed steps, 5 to 12 (--quick 8)")
+                                      "120, --quick 60): each run's timed span is its share, at least 3 steps")
                           ->check(finite_range(1.0, 86400.0));
   for (CLI::Option* o : {config_opt, model_opt, lengths_opt, observed_opt, quick_opt, budget_opt}) trace_opt->excludes(o);
   diag->add_option("--timeout", da.timeout_s, "seconds without progress before the run is ended as a hang (exit 4)")

@@ -692,21 +692,19 @@ class Diagnosis {
     // lines together and each left out. The second pass repeats the lines alone: runs of their own.
     const std::size_t n = applied_.size();
     const double runs = double((2 * n + 1) + (several ? n + 1 : 0) + (2 * n + 1));
-    // the budget: timed steps per run from the loop's step time (their step's, the slowest there is,
-    // plus the loader's share)
-    const double step_s = std::max(step_ms_, cp.metric("step_ms")->value) / 1e3 * (1 + kLoadShare);
-    const int most = opt_.quick ? 8 : 12;
-    const int trials = int(std::clamp(std::floor(opt_.budget_s / (runs * step_s)) - 2.0, 5.0, double(most)));
-    const std::string steps = std::to_string(trials);
-    // Every run spans about as long as a run of their loop: a line that makes the step 20x faster is
-    // measured over 20x the steps, not over 5 steps of 50 ms (runs that short moved 18-27% between passes).
-    const double span_s = trials * std::max(step_ms_, cp.metric("step_ms")->value) / 1e3;
+    // The budget is time: every run of the loop spans about the same wall time, so a line that makes the
+    // step 20x faster is measured over 20x the steps (5 steps of 50 ms moved 18-27% between passes). A run's
+    // span is its share of --budget less its untimed start (about two of their steps: the warm-up micro
+    // step and the loader's head start); at least 3 timed steps whatever the span.
+    const double their_step_s = std::max(step_ms_, 1.0) / 1e3;
+    const double span_s = std::clamp(opt_.budget_s / runs - 2 * their_step_s, 0.3, 60.0);
+    constexpr int kLeastSteps = 3;
+    const std::string steps = std::to_string(kLeastSteps);
     const std::string min_time = fmt::format("{:.3g}", span_s);
-    p.add({"timed_steps", double(trials), "steps", Direction::none, std::nullopt,
-           fmt::format("timed optimizer steps per run of the loop: {:.0f} runs of about {:.2f} s a step in a budget "
-                       "of {:.0f} s (--budget), at least 5, at most {}; a faster configuration runs more, until its "
-                       "timed steps span {} s (min_time_s)",
-                       runs, step_s, opt_.budget_s, most, min_time)});
+    p.add({"timed_span_s", span_s, "s", Direction::none, std::nullopt,
+           fmt::format("the timed wall of each run of the loop (min_time_s; at least {} optimizer steps): {:.0f} runs "
+                       "in a budget of {:.0f} s (--budget), less about two of their {:.2f} s steps untimed a run",
+                       kLeastSteps, runs, opt_.budget_s, their_step_s)});
     int runs_done = 0;
     const auto applied_t0 = clk::now();
     struct Pass {
