@@ -694,19 +694,18 @@ class Diagnosis {
     const double runs = double((2 * n + 1) + (several ? n + 1 : 0) + (2 * n + 1));
     // The budget is time: every run of the loop spans about the same wall time, so a line that makes the
     // step 20x faster is measured over 20x the steps (5 steps of 50 ms moved 18-27% between passes). A run's
-    // span is its share of --budget less its untimed start (about two of their steps: the warm-up micro
-    // step and the loader's head start); at least 3 timed steps whatever the span.
+    // span is its share of --budget less its untimed part (building the steps, a warm-up micro step, the
+    // loader's head start of workers + 1 steps: estimated as workers + 2 of their steps); at least 3 timed
+    // steps whatever the span. One span for every run, so both passes measure alike (a span recomputed
+    // from what was left of the budget shrank to 0.3 s by the second pass's end).
     const double their_step_s = std::max(step_ms_, 1.0) / 1e3;
-    const double span_s = std::clamp(opt_.budget_s / runs - 2 * their_step_s, 0.3, 60.0);
+    const double span = std::clamp(
+        opt_.budget_s / runs - double(std::max(opt_.cfg.dataloader_num_workers, 2) + 2) * their_step_s,
+        0.5, 60.0);
     constexpr int kLeastSteps = 3;
     const std::string steps = std::to_string(kLeastSteps);
-    const std::string min_time = fmt::format("{:.3g}", span_s);
-    p.add({"timed_span_s", span_s, "s", Direction::none, std::nullopt,
-           fmt::format("the timed wall of each run of the loop (min_time_s; at least {} optimizer steps): {:.0f} runs "
-                       "in a budget of {:.0f} s (--budget), less about two of their {:.2f} s steps untimed a run",
-                       kLeastSteps, runs, opt_.budget_s, their_step_s)});
     int runs_done = 0;
-    const auto applied_t0 = clk::now();
+    double untimed_s = 0, spans_sum = 0;  // over the runs done: wall outside the timed span, and the spans
     struct Pass {
       std::map<std::string, double> gain;  // check -> its gain alone over its bracketing base
       std::vector<double> theirs;          // their loop's runs, in order
@@ -717,16 +716,25 @@ class Diagnosis {
     auto run_pass = [&](bool first, json& evidence) {
       Pass out;
       auto one_run = [&](const std::string& name, Params m) -> std::optional<double> {
+        const double left_runs = runs - runs_done;
+        const double untimed = runs_done > 0 ? untimed_s / runs_done : 3 * their_step_s;
         m["trials"] = steps;
-        m["min_time_s"] = min_time;
+        m["min_time_s"] = fmt::format("{:.3g}", span);
         ++runs_done;
-        const double in_applied = std::chrono::duration<double>(clk::now() - applied_t0).count();
-        opt_.say(fmt::format("diagnose [{}/{}] applied: run {} of {:.0f}, {} ({:.0f} s so far{})", done_, checks_,
-                             runs_done, runs, name, std::chrono::duration<double>(clk::now() - t0_).count(),
-                             runs_done > 1 ? fmt::format(", about {:.0f} s left", in_applied / (runs_done - 1) *
-                                                                                      (runs - runs_done + 1))
-                                           : ""));
+        opt_.say(fmt::format("diagnose [{}/{}] applied: run {} of {:.0f}, {}, timed over {:.1f} s ({:.0f} s so far, "
+                             "about {:.0f} s left)",
+                             done_, checks_, runs_done, runs, name, span,
+                             std::chrono::duration<double>(clk::now() - t0_).count(), left_runs * (span + untimed)));
+        const auto r0 = clk::now();
         const Sub r = sub("train", assigns(m));
+        const double wall = std::chrono::duration<double>(clk::now() - r0).count();
+        double timed = 0;
+        if (r.ok()) {
+          const Point& q = r.r.points.front();
+          if (const Metric* st = q.metric("step_ms")) timed = st->value / 1e3 * double(q.info.value("steps", 0));
+        }
+        untimed_s += std::max(0.0, wall - timed);
+        spans_sum += timed;
         evidence[name] = compact(r);
         return loop_tokens(r);
       };
@@ -754,6 +762,10 @@ class Diagnosis {
     json first_ev = json::object(), second_ev = json::object();
     const Pass t1 = run_pass(true, first_ev);
     const Pass t2 = run_pass(false, second_ev);  // the second measurement, runs of their own
+    p.add({"timed_span_s", runs_done ? spans_sum / runs_done : 0.0, "s", Direction::none, std::nullopt,
+           fmt::format("the mean timed wall of a run of the loop (min_time_s, at least {} optimizer steps): {} runs "
+                       "sharing --budget {:.0f} s, less their untimed parts (mean {:.2f} s a run)",
+                       kLeastSteps, runs_done, opt_.budget_s, runs_done ? untimed_s / runs_done : 0.0)});
     p.info["runs"] = first_ev;
     p.info["repeat"] = second_ev;
     if (t1.base <= 0) {

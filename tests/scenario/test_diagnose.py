@@ -174,7 +174,8 @@ def main():
         if doc:
             check_html(html, doc, tmp)
 
-        p, doc = diagnose(exe, tmp, "none", ["--config", os.path.join(data, "no_causes.yml")])
+        # what it checks is what is named, not a gain's precision: half the --quick budget
+        p, doc = diagnose(exe, tmp, "none", ["--config", os.path.join(data, "no_causes.yml"), "--budget", "30"])
         if doc:
             found = {f["evidence"].get("check") for f in doc["findings"] if f["evidence"]}
             for c in ("loader", "padding", "attention"):
@@ -184,7 +185,8 @@ def main():
                 check(by[c]["status"] == "skipped", f"no_causes: {c} {by[c]['status']}")
 
         # on a simulated H100: every check runs (eager attention is modelled), every figure is labelled
-        p, doc = diagnose(exe, tmp, "sim", ["--config", os.path.join(data, "all_causes.yml")], device="sim:h100")
+        p, doc = diagnose(exe, tmp, "sim", ["--config", os.path.join(data, "all_causes.yml"), "--budget", "30"],
+                          device="sim:h100")
         if doc:
             by = {q["params"]["check"]: q for q in doc["points"]}
             for c in ("utilization", "dtype", "padding", "attention", "batch", "applied"):
