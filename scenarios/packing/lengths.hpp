@@ -2,9 +2,13 @@
 // seeded generation. Lengths feed the planners in packing.hpp.
 #pragma once
 
-#include <cstdint>  // std::int32_t, std::int64_t, std::uint64_t
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <cstdint>   // std::int32_t, std::int64_t, std::uint64_t
+#include <optional>  // std::optional
+#include <string>    // std::string
+#include <tuple>     // std::tuple: DatasetLengths' key
+#include <vector>    // std::vector
+
+#include "harness/host_memory.hpp"  // HostReservation
 
 namespace sb::packing {
 
@@ -51,5 +55,25 @@ LengthSpec parse_length_file_text(std::string text, const std::string& path);
 //   fixed/uniform/lognormal: n == 0 gives an empty vector.
 std::vector<std::int32_t> generate_lengths(const LengthSpec& spec, std::int64_t n,
                                            std::uint64_t seed, std::int32_t cap = 0);
+
+// A scenario's dataset of lengths, made once per (lengths, sequences,
+// max_len): the points of a sweep train the same dataset (seed 1234, clipped
+// to 4 x max_len), and an @FILE of millions of lines is read once, not once a
+// point. Its bytes are held in the host-memory budget (bytes_per_sequence
+// each: the lengths, and whatever the scenario keeps per sequence beside
+// them), refused up front (oom) rather than killed half-way under a limit.
+class DatasetLengths {
+ public:
+  DatasetLengths(std::string owner, std::uint64_t bytes_per_sequence)
+      : owner_(std::move(owner)), bytes_per_sequence_(bytes_per_sequence) {}
+  const std::vector<std::int32_t>& get(const std::string& text, std::int64_t sequences, std::int32_t max_len);
+
+ private:
+  std::string owner_;
+  std::uint64_t bytes_per_sequence_;
+  std::optional<std::vector<std::int32_t>> lengths_;
+  HostReservation memory_;
+  std::tuple<std::string, std::int64_t, std::int32_t> key_;
+};
 
 }  // namespace sb::packing

@@ -21,7 +21,6 @@
 #include <algorithm>  // std::min, std::max
 #include <map>        // std::map
 #include <optional>   // std::optional
-#include <tuple>      // std::tuple: the dataset cache key
 
 #include <fmt/format.h>  // fmt::format
 
@@ -106,7 +105,7 @@ class PackingRun : public ScenarioRun {
             : std::nullopt;
     static const std::vector<std::int32_t> kNone;
     const std::vector<std::int32_t>& lengths =
-        counts ? kNone : dataset(st.lengths, st.sequences, max_len);
+        counts ? kNone : dataset_.get(st.lengths, st.sequences, max_len);
     std::int64_t n_sequences = std::int64_t(lengths.size());
     if (counts)
       for (const auto& c : *counts) n_sequences += c.count;
@@ -296,34 +295,10 @@ class PackingRun : public ScenarioRun {
     return h;
   }
 
-  // The dataset's lengths, made once per (lengths, sequences, max_len): the
-  // strategies of a sweep batch the same dataset (same seed), and an @FILE
-  // of millions of lines is read once, not once per strategy.
-  const std::vector<std::int32_t>& dataset(const std::string& text, std::int64_t sequences, std::int32_t max_len) {
-    auto key = std::make_tuple(text, sequences, max_len);
-    if (!lengths_ || lengths_key_ != key) {
-      const pk::LengthSpec spec = pk::parse_lengths(text);
-      lengths_.reset();
-      lengths_memory_ = {};
-      // 4 bytes a sequence: the count asked, else the file's own.
-      std::uint64_t count = std::uint64_t(sequences);
-      if (sequences == 0 && spec.kind == pk::LengthSpec::Kind::file_lengths) count = spec.lengths.size();
-      if (sequences == 0 && spec.kind == pk::LengthSpec::Kind::file_histogram)
-        for (const auto& hc : spec.histogram) count += std::uint64_t(hc.count);
-      lengths_memory_ = reserve_host_memory(count * sizeof(std::int32_t),
-                                            fmt::format("packing: the lengths of {} sequences", count));
-      lengths_ = pk::generate_lengths(spec, sequences, 1234, 4 * max_len);
-      lengths_key_ = std::move(key);
-    }
-    return *lengths_;
-  }
-
   RunContext& ctx_;
   std::optional<std::string> histogram_key_;
   std::optional<std::vector<pk::LengthCount>> histogram_;
-  std::optional<std::vector<std::int32_t>> lengths_;
-  HostReservation lengths_memory_;  // lengths_'s bytes in the host-memory budget
-  std::tuple<std::string, std::int64_t, std::int32_t> lengths_key_;
+  pk::DatasetLengths dataset_{"packing", sizeof(std::int32_t)};  // the strategies of a sweep batch one dataset
 };
 
 }  // namespace

@@ -8,7 +8,6 @@
 #include <memory>     // std::unique_ptr
 #include <optional>   // std::optional
 #include <set>        // std::set
-#include <tuple>      // std::tuple: the dataset cache key
 
 #include <fmt/format.h>  // fmt::format
 
@@ -150,7 +149,7 @@ class TrainRun : public ScenarioRun {
     const std::int64_t mb = base.micro_batch, max_len = base.seq;
 
     // ---- configure: the dataset, its plan, the batches' padded lengths
-    const std::vector<std::int32_t>& lengths = dataset(st.lengths, st.sequences, std::int32_t(max_len));
+    const std::vector<std::int32_t>& lengths = dataset_.get(st.lengths, st.sequences, std::int32_t(max_len));
     const pk::Strategy strategy = st.collate == Collate::pack        ? pk::Strategy::pack_bfd
                                   : st.collate == Collate::pad_max   ? pk::Strategy::pad_max
                                                                      : pk::Strategy::pad_longest;
@@ -392,28 +391,9 @@ class TrainRun : public ScenarioRun {
   }
 
  private:
-  // The dataset's lengths, made once per (lengths, sequences, max_len), as the packing scenario does.
-  const std::vector<std::int32_t>& dataset(const std::string& text, std::int64_t sequences, std::int32_t max_len) {
-    auto key = std::make_tuple(text, sequences, max_len);
-    if (!lengths_ || key_ != key) {
-      const pk::LengthSpec spec = pk::parse_lengths(text);
-      lengths_.reset();
-      memory_ = {};
-      std::uint64_t count = std::uint64_t(sequences);
-      if (sequences == 0 && spec.kind == pk::LengthSpec::Kind::file_lengths) count = spec.lengths.size();
-      if (sequences == 0 && spec.kind == pk::LengthSpec::Kind::file_histogram)
-        for (const auto& hc : spec.histogram) count += std::uint64_t(hc.count);
-      memory_ = reserve_host_memory(count * 80, fmt::format("train: {} sequences and their plan", count));
-      lengths_ = pk::generate_lengths(spec, sequences, 1234, 4 * max_len);
-      key_ = std::move(key);
-    }
-    return *lengths_;
-  }
-
   RunContext& ctx_;
-  std::optional<std::vector<std::int32_t>> lengths_;
-  std::tuple<std::string, std::int64_t, std::int32_t> key_;
-  HostReservation memory_;
+  // the points of a sweep train one dataset; about 80 B a sequence: its length and its share of the plan
+  pk::DatasetLengths dataset_{"train", 80};
 };
 
 }  // namespace
