@@ -40,6 +40,40 @@ void validate_decoder_shape(const ParamSet& ps) {
                                  ps.get_int("heads")));
 }
 
+ParamSpec d_model_param(std::string cpu_default, std::string gpu_default) {
+  return ParamSpec{.name = "d_model", .type = ParamType::integer, .default_value = std::move(cpu_default),
+                   .help = "hidden size", .unit = "features", .min = 8, .max = 65536,
+                   .gpu_default = std::move(gpu_default)};
+}
+
+ParamSpec heads_param(std::string cpu_default, std::string gpu_default) {
+  return ParamSpec{.name = "heads", .type = ParamType::integer, .default_value = std::move(cpu_default),
+                   .help = "attention heads", .min = 1, .max = 1024, .gpu_default = std::move(gpu_default)};
+}
+
+ParamSpec layers_param(std::string cpu_default, std::string gpu_default) {
+  return ParamSpec{.name = "layers", .type = ParamType::integer, .default_value = std::move(cpu_default),
+                   .help = "decoder layers", .min = 1, .max = 256, .gpu_default = std::move(gpu_default)};
+}
+
+ParamSpec dtype_param(std::string help) {
+  return ParamSpec{.name = "dtype", .type = ParamType::choice, .default_value = "fp32", .help = std::move(help),
+                   .choices = {"fp32", "bf16", "fp16"}, .gpu_default = "bf16"};
+}
+
+ParamSpec attn_param() {
+  return ParamSpec{.name = "attn", .type = ParamType::choice, .default_value = "fused",
+                   .help = "fused: the device's fused attention (flash on cpu, cuDNN on cuda); naive: eager, the "
+                           "S x S scores kept (no flash_attention / sdp_attention)",
+                   .choices = {"fused", "naive"}};
+}
+
+ParamSpec dispatch_us_param() {
+  return ParamSpec{.name = "dispatch_us", .type = ParamType::real, .default_value = "10",
+                   .help = "modelled framework cost per submission, spent on the host (PyTorch eager: 5-20 us per op)",
+                   .unit = "us", .min = 0, .max = 1e6};
+}
+
 DecoderConfig decoder_config(const ParamSet& ps, const Device& dev) {
   DecoderConfig cfg;
   cfg.micro_batch = ps.get_int("micro_batch");

@@ -106,6 +106,15 @@ DecoderConfig decoder_config(const ParamSet& ps, const Device& dev);
 // heads does not divide d_model.
 void validate_decoder_shape(const ParamSet& ps);
 
+// The step's parameters as the scenarios that build it (batch, memory, train)
+// declare them, each with its own defaults (gpu_default "": the cpu's).
+ParamSpec d_model_param(std::string cpu_default, std::string gpu_default);
+ParamSpec heads_param(std::string cpu_default, std::string gpu_default);
+ParamSpec layers_param(std::string cpu_default, std::string gpu_default = "");
+ParamSpec dtype_param(std::string help);  // fp32 on cpu, bf16 on a GPU
+ParamSpec attn_param();
+ParamSpec dispatch_us_param();
+
 // The footprint the model predicts, in closed form from the config: every
 // tensor the step allocates, each rounded up to `granule` bytes (the
 // allocator's alignment: 64 on cpu). What depends on the device's own
