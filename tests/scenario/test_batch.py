@@ -5,38 +5,13 @@ graphs off and on, and on sim:h100; the result JSON against the schema and what 
 usage: test_batch.py STALLBENCH SCHEMA
 """
 import json
-import os
-import subprocess
 import sys
 import tempfile
 
-import schema_check
-
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-    return cond
-
+from e2e import check, finish, m, run_scenario
 
 def run(exe, schema, tmp, name, args):
-    out = os.path.join(tmp, name + ".json")
-    p = subprocess.run([exe, "run", "batch", "--json", out] + args, capture_output=True, text=True, timeout=600)
-    print(p.stdout[-4000:])
-    check(p.returncode == 0, f"{name}: exit {p.returncode}: {p.stderr[-800:]}")
-    with open(out) as f:
-        doc = json.load(f)
-    errs = schema_check.errors(doc, schema)
-    check(not errs, f"{name}: schema {errs[:3]}")
-    for q in doc["points"]:
-        check(q["status"] == "ok", f"{name}: {q['params']} {q['status']} {q.get('reason')}")
-    return doc
-
-
-def m(q, name):
-    return q["metrics"][name]["value"]
+    return run_scenario(exe, schema, tmp, "batch", name, args, tail=4000)[1]
 
 
 def main():
@@ -99,10 +74,7 @@ def main():
         check(sp[1]["info"]["pattern"] == "steady-low", f"sim micro_batch 1: {sp[1]['info']['pattern']}")
         check(all("[simulated" in f["summary"] or "simulated" in f["summary"] for f in s["findings"]) or not s["findings"],
               "sim findings not labelled")
-    if failures:
-        print("\n".join("FAIL: " + f for f in failures))
-        sys.exit(1)
-    print("ok")
+    finish()
 
 
 if __name__ == "__main__":

@@ -8,40 +8,14 @@ allocator fails on fragmentation while the total would fit.
 usage: test_memory.py STALLBENCH SCHEMA
 """
 import json
-import os
-import subprocess
 import sys
 import tempfile
 
-import schema_check
-
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-    return cond
-
+from e2e import check, finish, m, run_scenario
 
 def run(exe, schema, tmp, name, args, want_rc=0):
-    out = os.path.join(tmp, name + ".json")
-    p = subprocess.run([exe, "run", "memory", "--json", out] + args, capture_output=True, text=True, timeout=600)
-    print(p.stdout[-3000:])
-    check(p.returncode == want_rc, f"{name}: exit {p.returncode}, want {want_rc}: {p.stderr[-800:]}")
-    if want_rc != 0:
-        return p
-    with open(out) as f:
-        doc = json.load(f)
-    errs = schema_check.errors(doc, schema)
-    check(not errs, f"{name}: schema {errs[:3]}")
-    for q in doc["points"]:
-        check(q["status"] == "ok", f"{name}: {q['params']} {q['status']} {q.get('reason')}")
-    return doc
-
-
-def m(q, name):
-    return q["metrics"][name]["value"]
+    p, doc = run_scenario(exe, schema, tmp, "memory", name, args, want_rc=want_rc)
+    return p if want_rc != 0 else doc
 
 
 def main():
@@ -112,12 +86,8 @@ def main():
                           (["-p", "mem_limit_gb=1e-9"], "under 1 MiB")):
             p = run(exe, schema, tmp, "bad", ["--device", "cpu"] + bad, want_rc=2)
             check(text in p.stderr, f"{bad}: {p.stderr[-300:]}")
-    if failures:
-        print("\n".join("FAIL: " + f for f in failures))
-        return 1
-    print("memory e2e: ok")
-    return 0
+    finish()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -8,39 +8,13 @@ usage: test_train.py STALLBENCH SCHEMA
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-import schema_check
-
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-    return cond
-
+from e2e import check, finish, m, run_scenario
 
 def run(exe, schema, tmp, name, args, want_rc=0):
-    out = os.path.join(tmp, name + ".json")
-    p = subprocess.run([exe, "run", "train", "--json", out] + args, capture_output=True, text=True, timeout=600)
-    print(p.stdout[-3000:])
-    check(p.returncode == want_rc, f"{name}: exit {p.returncode}, want {want_rc}: {p.stderr[-800:]}")
-    if want_rc != 0 or p.returncode != 0:
-        return p, None
-    with open(out) as f:
-        doc = json.load(f)
-    errs = schema_check.errors(doc, schema)
-    check(not errs, f"{name}: schema {errs[:3]}")
-    for q in doc["points"]:
-        check(q["status"] == "ok", f"{name}: {q['params']} {q['status']} {q.get('reason')}")
-    return p, doc
-
-
-def m(q, name):
-    return q["metrics"][name]["value"]
+    return run_scenario(exe, schema, tmp, "train", name, args, want_rc=want_rc)
 
 
 def main():
@@ -97,12 +71,8 @@ def main():
         p, _ = run(exe, schema, tmp, "bad-lengths", base + ["-p", "lengths=@" + os.path.join(tmp, "none.txt")],
                    want_rc=2)
         check("lengths" in p.stderr, f"lengths: {p.stderr[-300:]}")
-    if failures:
-        print("\n".join("FAIL: " + f for f in failures))
-        return 1
-    print("train e2e: ok")
-    return 0
+    finish()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
