@@ -7,6 +7,7 @@
 
 #include "harness/errors.hpp"             // Error
 #include "kernels/cuda/detail/check.hpp"  // SB_CUDA_CHECK_LAUNCH
+#include "kernels/cuda/detail/block_reduce.cuh"  // block_reduce, Max, Sum
 
 namespace sb::cuda_kernels {
 namespace {
@@ -24,31 +25,12 @@ template <> __device__ inline float store<float>(float x) { return x; }
 template <> __device__ inline __nv_bfloat16 store<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ inline __half store<__half>(float x) { return __float2half_rn(x); }
 
-struct Max {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-  static constexpr float identity = -INFINITY;
-};
-struct Sum {
-  __device__ float operator()(float a, float b) const { return a + b; }
-  static constexpr float identity = 0.0f;
-};
-
-// The block-wide reduction of v, returned to every thread. The leading
-// __syncthreads lets a kernel call it twice with the same scratch.
+using detail::Max;
+using detail::Sum;
+// The block-wide reduction (detail/block_reduce.cuh) over this file's blocks of kThreads.
 template <class Op>
 __device__ float block_reduce(float v, Op op, float* scratch /* kWarps + 1 */) {
-  for (int off = 16; off > 0; off /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, off));
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < kWarps ? scratch[lane] : Op::identity;
-    for (int off = 16; off > 0; off /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, off));
-    if (lane == 0) scratch[kWarps] = v;
-  }
-  __syncthreads();
-  return scratch[kWarps];
+  return detail::block_reduce<kThreads>(v, op, scratch);
 }
 
 // Three passes over the row (max, sum of exponentials, write): simple, and
