@@ -938,7 +938,7 @@ class Diagnosis {
       p.add({"tokens_per_s_now", tokens_per_s_, "tokens/s", Direction::higher, std::nullopt,
              "their step at the measured shape (the utilization check): no loader, no padding"});
       p.add({"tokens_per_s_after_estimate", tokens_per_s_ * gain, "tokens/s", Direction::higher, std::nullopt,
-             "estimated: the claimed gains multiplied, as if independent"});
+             found_.empty() ? "the same: no line to apply" : "estimated: the claimed gains multiplied, as if independent"});
     }
     if (tokens_per_s_ > 0) {
       if (ctx_.expected)
@@ -973,6 +973,7 @@ class Diagnosis {
                   {"combined_gain_measured", together_.has_value()},
                   {"applied_on_the_loop", in_loop},
                   {"not_applied", outside}};
+    if (found_.empty()) p.info["no_line_to_apply"] = true;
     if (opt_.observed_tokens_per_s) {
       if (shape_.reduced)
         p.info["observed"] = fmt::format(
@@ -1122,7 +1123,10 @@ std::string format_report(const Result& r) {
   }
   for (const Point& p : r.points)
     if (p.params.value("check", std::string()) == "summary") {
-      if (p.metric("tokens_per_s_now"))
+      if (p.metric("tokens_per_s_now") && p.info.value("no_line_to_apply", false))
+        o << fmt::format("\nthroughput: {} tokens/s ({}; no line to apply)\n",
+                         format_number(p.metric("tokens_per_s_now")->value), p.metric("tokens_per_s_now")->note);
+      else if (p.metric("tokens_per_s_now"))
         o << fmt::format("\nthroughput: {} tokens/s now, {} with the fixes ({})\n",
                          format_number(p.metric("tokens_per_s_now")->value),
                          format_number(p.metric("tokens_per_s_after_estimate")->value),
