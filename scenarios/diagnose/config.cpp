@@ -37,7 +37,7 @@ constexpr std::string_view kDefault = "default";
 
 // Every key of TrainConfig, in the order sources and to_json list them.
 constexpr std::string_view kKeys[] = {
-    "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
+    "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads", "model.num_key_value_heads",
     "model.intermediate_size", "model.vocab_size", "micro_batch_size", "gradient_accumulation_steps",
     "sequence_len", "sample_packing", "pad_to_sequence_len", "bf16", "fp16", "tf32",
     "flash_attention", "sdp_attention", "dataloader_num_workers", "dataloader_pin_memory",
@@ -49,6 +49,7 @@ json values_of(const TrainConfig& c) {
   v["model.hidden_size"] = c.model.hidden_size;
   v["model.num_hidden_layers"] = c.model.num_hidden_layers;
   v["model.num_attention_heads"] = c.model.num_attention_heads;
+  v["model.num_key_value_heads"] = c.model.kv_heads();
   v["model.intermediate_size"] = c.model.intermediate_size;
   v["model.vocab_size"] = c.model.vocab_size;
   v["micro_batch_size"] = c.micro_batch_size;
@@ -310,6 +311,7 @@ bool YamlReader::read_key(const std::string& key, int line, const YNode& v) {
       {"hidden_size", &cfg_.model.hidden_size, 1, kMaxHidden},
       {"num_hidden_layers", &cfg_.model.num_hidden_layers, 1, kMaxLayers},
       {"num_attention_heads", &cfg_.model.num_attention_heads, 1, kMaxHidden},
+      {"num_key_value_heads", &cfg_.model.num_key_value_heads, 1, kMaxHidden},
       {"intermediate_size", &cfg_.model.intermediate_size, 1, kMaxIntermediate},
       {"vocab_size", &cfg_.model.vocab_size, 1, kMaxVocab},
       {"micro_batch_size", &cfg_.micro_batch_size, 1, kMaxMicroBatch},
@@ -456,6 +458,15 @@ void YamlReader::read(const YNode& doc) {
          fmt::format("{} is not a multiple of num_attention_heads {} ({}); expected a multiple of the heads",
                      m.hidden_size, m.num_attention_heads, source_of(cfg_, "model.num_attention_heads")));
   }
+  if (m.num_attention_heads % m.kv_heads() != 0) {
+    if (line_of_.count("model.num_key_value_heads"))
+      fail(line_of_.at("model.num_key_value_heads"), "num_key_value_heads",
+           fmt::format("{} does not divide num_attention_heads {} ({}); expected a divisor of the heads",
+                       m.kv_heads(), m.num_attention_heads, source_of(cfg_, "model.num_attention_heads")));
+    fail(line_of_.at("model.num_attention_heads"), "num_attention_heads",
+         fmt::format("{} is not a multiple of num_key_value_heads {} ({}); expected a multiple of the K/V heads",
+                     m.num_attention_heads, m.kv_heads(), source_of(cfg_, "model.num_key_value_heads")));
+  }
   if (cfg_.bf16 && cfg_.fp16) {
     const int bf16_line = line_of_.at("bf16"), fp16_line = line_of_.at("fp16");
     if (bf16_word_ == "auto") {
@@ -593,11 +604,25 @@ void apply_model_config(TrainConfig& cfg, const std::string& config_json_path) {
       const std::int64_t k = kv->integer(1, kMaxHidden);
       if (m.num_attention_heads % k != 0)
         kv->fail(fmt::format("expected a divisor of num_attention_heads {}, got {}", m.num_attention_heads, k));
+      const std::string before = source_of(out, "model.num_key_value_heads");
+      if (k != out.model.kv_heads() && before != kDefault)
+        out.notes.push_back(fmt::format("{}: num_key_value_heads {} replaces {} from {}", path, k,
+                                        out.model.kv_heads(), before));
+      out.model.num_key_value_heads = k;
+      out.sources["model.num_key_value_heads"] = Source{path};
       if (k != m.num_attention_heads)
         out.notes.push_back(fmt::format(
-            "{}: num_key_value_heads {} differs from num_attention_heads {}: grouped-query attention, "
-            "the K and V projections and the KV cache {}x smaller than the layer shape here assumes",
+            "{}: num_key_value_heads {} differs from num_attention_heads {}: grouped-query attention, the K and V "
+            "projections {}x smaller (in the memory check's model; the measured step's layer keeps a K/V head per "
+            "attention head, slightly more work than the model's)",
             path, k, m.num_attention_heads, m.num_attention_heads / k));
+    } else if (out.model.num_key_value_heads > 0) {
+      // Hugging Face's reading of a config.json without it: one K/V head per attention head
+      out.notes.push_back(fmt::format("{}: no num_key_value_heads: one K/V head per attention head, not the {} of {}",
+                                      path, out.model.num_key_value_heads,
+                                      source_of(out, "model.num_key_value_heads")));
+      out.model.num_key_value_heads = 0;
+      out.sources["model.num_key_value_heads"] = Source{path};
     }
   });
   cfg = std::move(out);

@@ -29,6 +29,10 @@ struct Source {
 struct ModelDims {
   std::int64_t hidden_size = 4096, num_hidden_layers = 32, num_attention_heads = 32,
                intermediate_size = 11008, vocab_size = 32000;
+  // Grouped-query attention (Llama 3, Mistral, Qwen): the K and V heads, a
+  // divisor of num_attention_heads; 0 = as many as the attention heads.
+  std::int64_t num_key_value_heads = 0;
+  std::int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
 };
 
 struct TrainConfig {

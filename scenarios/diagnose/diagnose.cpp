@@ -520,9 +520,11 @@ class Diagnosis {
     d.dtype = c.bf16 ? DType::bf16 : c.fp16 ? DType::fp16 : DType::fp32;
     d.checkpointing = c.gradient_checkpointing;
     const std::uint64_t e = std::uint64_t(storage_bytes(d.dtype));
-    // one attention op's buffers: Q, K, V, O, dO, dQ, dK, dV, and the log-sum-exp (a fused kernel's)
+    // one attention op's buffers: Q, O, dO, dQ, and K, V, dK, dV at the K/V heads' share (grouped-query
+    // attention), and the log-sum-exp (a fused kernel's)
+    const double kv_share = double(c.model.kv_heads()) / double(c.model.num_attention_heads);
     auto attn_bytes = [&](const batch::DecoderConfig& x) {
-      return std::uint64_t(8) * std::uint64_t(x.micro_batch * x.seq * x.d_model) * e +
+      return std::uint64_t((4.0 + 4.0 * kv_share) * double(x.micro_batch * x.seq * x.d_model)) * e +
              std::uint64_t(x.micro_batch * x.heads * x.seq) * 4;
     };
     // the decoder's own MLP is 4x hidden; a model's intermediate size differs: scale the MLP parts
@@ -893,10 +895,13 @@ class Diagnosis {
     const std::uint64_t vh = 2 * std::uint64_t(c.model.vocab_size) * std::uint64_t(d.d_model);
     const std::uint64_t embed = vh * (4 + (d.dtype != DType::fp32 ? e : 0) + 4 + 8);
     const std::uint64_t logits = 2 * std::uint64_t(d.micro_batch * d.seq) * std::uint64_t(c.model.vocab_size) * 4;
-    // the decoder's MLP is two hidden x 4 hidden matrices; a Llama-family model's is three hidden x
-    // intermediate (SwiGLU: gate, up, down): its weight-bound parts scaled to that. Grouped-query attention
-    // (fewer K/V heads) is not modelled: its attention weights are counted in full, a slight overcount.
-    const double w_scale = (4.0 + 3.0 * double(c.model.intermediate_size) / double(d.d_model)) / 12.0;
+    // The decoder's layer holds 12 hidden^2 weights: Q, K, V, O (4) and an MLP of two hidden x 4 hidden
+    // matrices (8). A Llama-family layer's K and V are hidden x (K/V heads x head size), a share r of the
+    // Q's (grouped-query attention), and its MLP is three hidden x intermediate (SwiGLU: gate, up, down):
+    // the weight-bound parts are scaled to 2 + 2r + 3 intermediate / hidden. The activations keep the
+    // decoder's (its K and V outputs in full: an overcount of 2 (1 - r) hidden per token and layer).
+    const double r = double(c.model.kv_heads()) / double(c.model.num_attention_heads);
+    const double w_scale = (2.0 + 2.0 * r + 3.0 * double(c.model.intermediate_size) / double(d.d_model)) / 12.0;
     MemoryEstimate out;
     const auto w = std::uint64_t(double(m.weights) * w_scale), g = std::uint64_t(double(m.gradients) * w_scale),
                o = std::uint64_t(double(m.optimizer) * w_scale);

@@ -96,7 +96,7 @@ class TempDir {
 };
 
 const char* const kAllKeys[] = {
-    "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
+    "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads", "model.num_key_value_heads",
     "model.intermediate_size", "model.vocab_size", "micro_batch_size", "gradient_accumulation_steps",
     "sequence_len", "sample_packing", "pad_to_sequence_len", "bf16", "fp16", "tf32",
     "flash_attention", "sdp_attention", "dataloader_num_workers", "dataloader_pin_memory",
@@ -143,6 +143,7 @@ TEST(DiagnoseConfig, ReadsEveryKeyOfAnAxolotlLoraConfigWithItsLine) {
   EXPECT_EQ(c.model.hidden_size, 2048);
   EXPECT_EQ(c.model.num_hidden_layers, 22);
   EXPECT_EQ(c.model.num_attention_heads, 32);
+  EXPECT_EQ(c.model.kv_heads(), 4);
   EXPECT_EQ(c.model.intermediate_size, 5632);
   EXPECT_EQ(c.model.vocab_size, 32000);
   EXPECT_EQ(c.micro_batch_size, 2);
@@ -335,6 +336,10 @@ TEST(DiagnoseConfig, EveryBadValueNamesFileLineAndKey) {
       {"num_attention_heads: 3\n", 3, "num_attention_heads", "3 does not divide hidden_size 4096 (default)"},
       {"hidden_size: 4090\n", 3, "hidden_size", "4090 is not a multiple of num_attention_heads 32 (default)"},
       {"hidden_size: 4096\nnum_attention_heads: 48\n", 4, "num_attention_heads", "does not divide"},
+      {"num_key_value_heads: 5\n", 3, "num_key_value_heads", "5 does not divide num_attention_heads 32 (default)"},
+      {"num_key_value_heads: 0\n", 3, "num_key_value_heads", "expected a positive integer"},
+      {"num_key_value_heads: 8\nnum_attention_heads: 12\nhidden_size: 768\n", 3, "num_key_value_heads",
+       "8 does not divide num_attention_heads 12"},
       {"bf16: true\nfp16: true\n", 4, "fp16", "true, and bf16 is true too (line 3); expected at most one of bf16 and fp16"},
       {"fp16: yes\nbf16: true\n", 4, "bf16", "true, and fp16 is true too (line 3)"},
   };
@@ -443,6 +448,8 @@ TEST(DiagnoseConfig, Llama2ConfigJsonSetsTheDims) {
   EXPECT_EQ(t.sources.at("model.hidden_size").where, path);
   EXPECT_TRUE(has_note(t, fmt::format("{}: hidden_size 4096 replaces 2048 from {}:{}", path, yml,
                                       line_of(yml, "hidden_size"))));
+  EXPECT_TRUE(has_note(t, fmt::format("{}: num_key_value_heads 32 replaces 4 from {}:{}", path, yml,
+                                      line_of(yml, "num_key_value_heads"))));
   EXPECT_FALSE(has_note(t, "vocab_size 32000 replaces"));  // the same value
   EXPECT_EQ(t.micro_batch_size, 2);                        // the rest untouched
 }
@@ -457,8 +464,27 @@ TEST(DiagnoseConfig, Llama3ConfigJsonIsGroupedQueryAttention) {
   EXPECT_EQ(c.model.intermediate_size, 14336);
   EXPECT_EQ(c.model.vocab_size, 128256);
   EXPECT_EQ(c.sources.at("model.vocab_size").where, path);
+  EXPECT_EQ(c.model.kv_heads(), 8);  // the memory check's model has grouped-query attention
+  EXPECT_EQ(c.sources.at("model.num_key_value_heads").where, path);
+  EXPECT_EQ(to_json(c)["model"]["num_key_value_heads"]["value"].get<std::int64_t>(), 8);
   EXPECT_TRUE(has_note(c, "num_key_value_heads 8 differs from num_attention_heads 32"));
   EXPECT_TRUE(has_note(c, "4x smaller"));
+}
+
+TEST(DiagnoseConfig, KeyValueHeadsFromTheYamlUntilAConfigJsonWithoutThem) {
+  TempDir dir("kv");
+  const std::string yml = dir.write("kv.yml", "num_attention_heads: 32\nnum_key_value_heads: 8\n");
+  TrainConfig c = read_axolotl_yaml(yml);
+  EXPECT_EQ(c.model.kv_heads(), 8);
+  EXPECT_EQ(c.sources.at("model.num_key_value_heads").where, fmt::format("{}:2", yml));
+  // default: one K/V head per attention head
+  EXPECT_EQ(default_config().model.kv_heads(), default_config().model.num_attention_heads);
+  // a config.json without the key is a model without grouped-query attention (Hugging Face's reading)
+  const std::string no_kv = dir.write("config.json", R"({"hidden_size": 4096, "num_hidden_layers": 32,
+      "num_attention_heads": 32, "intermediate_size": 11008, "vocab_size": 32000})");
+  apply_model_config(c, no_kv);
+  EXPECT_EQ(c.model.kv_heads(), 32);
+  EXPECT_TRUE(has_note(c, "no num_key_value_heads: one K/V head per attention head, not the 8 of")) << c.notes.size();
 }
 
 TEST(DiagnoseConfig, ConfigJsonErrorsNameTheKeyAndLeaveTheConfig) {
