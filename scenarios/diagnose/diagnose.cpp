@@ -8,7 +8,8 @@
 
 #include <map>
 #include <functional>
-#include <fmt/format.h>  // fmt::format
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"           // UsageError
 #include "harness/host_memory.hpp"      // read_host_memory: a cpu device's capacity
@@ -442,8 +443,7 @@ class Diagnosis {
     std::vector<std::int64_t> sizes{mb};
     for (std::int64_t f : {2, 4, 8})
       if (mb * f <= 4096) sizes.push_back(mb * f);
-    std::string list;
-    for (auto x : sizes) list += (list.empty() ? "" : ",") + std::to_string(x);
+    const std::string list = fmt::format("{}", fmt::join(sizes, ","));
     // In the standard order: with the lines named above it applied (bf16, a
     // fused attention), as the user would have them when they reach this
     // step. A step dominated by eager attention or fp32 GEMMs hides the
