@@ -519,16 +519,7 @@ class Diagnosis {
     d.layers = int(c.model.num_hidden_layers);
     d.dtype = c.bf16 ? DType::bf16 : c.fp16 ? DType::fp16 : DType::fp32;
     d.checkpointing = c.gradient_checkpointing;
-    const std::uint64_t e = std::uint64_t(storage_bytes(d.dtype));
-    // one attention op's buffers: Q, O, dO, dQ, and K, V, dK, dV at the K/V heads' share (grouped-query
-    // attention), and the log-sum-exp (a fused kernel's)
-    const double kv_share = double(c.model.kv_heads()) / double(c.model.num_attention_heads);
-    auto attn_bytes = [&](const batch::DecoderConfig& x) {
-      return std::uint64_t((4.0 + 4.0 * kv_share) * double(x.micro_batch * x.seq * x.d_model)) * e +
-             std::uint64_t(x.micro_batch * x.heads * x.seq) * 4;
-    };
-    // the decoder's own MLP is 4x hidden; a model's intermediate size differs: scale the MLP parts
-    const MemoryEstimate full = estimate(d, attn_bytes(d));
+    const FullDepthFootprint full = full_depth_footprint(c.model, d);
     std::uint64_t capacity = 0;
     std::string cap_source;
     if (auto lim = ctx_.device.memory_stats().limit; lim > 0) {
@@ -547,19 +538,20 @@ class Diagnosis {
            "AdamW"});
     p.add({"capacity_gib", double(capacity) / double(1ull << 30), "GiB", Direction::higher, std::nullopt, cap_source});
     p.info = json{{"parts", full.parts},
+                  {"parameters", full.parameters},
                   {"note", "modelled, not measured: full fine-tuning (every weight trained, AdamW state for each); a "
                            "LoRA/QLoRA adapter trains far fewer and holds frozen weights in 16 or 4 bits"}};
     if (capacity == 0) p.info["capacity"] = "unknown: no limit, GPU memory or host bound was found";
     if (capacity > 0 && full.total > capacity) {
       batch::DecoderConfig ck = d;
       ck.checkpointing = true;
-      const MemoryEstimate with_ck = estimate(ck, attn_bytes(ck));
+      const FullDepthFootprint with_ck = full_depth_footprint(c.model, ck);
       std::string line = with_ck.total <= capacity ? "gradient_checkpointing: true" : "";
       if (line.empty()) {
         for (std::int64_t mb = d.micro_batch / 2; mb >= 1; mb /= 2) {
           batch::DecoderConfig s2 = ck;
           s2.micro_batch = mb;
-          if (estimate(s2, attn_bytes(s2)).total <= capacity) {
+          if (full_depth_footprint(c.model, s2).total <= capacity) {
             line = fmt::format("gradient_checkpointing: true, micro_batch_size: {}", mb);
             break;
           }
@@ -882,36 +874,6 @@ class Diagnosis {
     if (step_level && step_gain < kMinGain) f.evidence["minor_on_the_step"] = true;
   }
 
-  struct MemoryEstimate {
-    std::uint64_t total = 0;
-    json parts;
-  };
-  MemoryEstimate estimate(const batch::DecoderConfig& d, std::uint64_t attn_op) const {
-    const batch::MemoryParts m = batch::predict_footprint(d, batch::OptKind::adamw, 1, attn_op, 0);
-    const TrainConfig& c = opt_.cfg;
-    const std::uint64_t e = std::uint64_t(storage_bytes(d.dtype));
-    // embedding + LM head: 2 x vocab x hidden weights (master, copy, grad, m, v); the logits and their
-    // gradient in fp32
-    const std::uint64_t vh = 2 * std::uint64_t(c.model.vocab_size) * std::uint64_t(d.d_model);
-    const std::uint64_t embed = vh * (4 + (d.dtype != DType::fp32 ? e : 0) + 4 + 8);
-    const std::uint64_t logits = 2 * std::uint64_t(d.micro_batch * d.seq) * std::uint64_t(c.model.vocab_size) * 4;
-    // The decoder's layer holds 12 hidden^2 weights: Q, K, V, O (4) and an MLP of two hidden x 4 hidden
-    // matrices (8). A Llama-family layer's K and V are hidden x (K/V heads x head size), a share r of the
-    // Q's (grouped-query attention), and its MLP is three hidden x intermediate (SwiGLU: gate, up, down):
-    // the weight-bound parts are scaled to 2 + 2r + 3 intermediate / hidden. The activations keep the
-    // decoder's (its K and V outputs in full: an overcount of 2 (1 - r) hidden per token and layer).
-    const double r = double(c.model.kv_heads()) / double(c.model.num_attention_heads);
-    const double w_scale = (2.0 + 2.0 * r + 3.0 * double(c.model.intermediate_size) / double(d.d_model)) / 12.0;
-    MemoryEstimate out;
-    const auto w = std::uint64_t(double(m.weights) * w_scale), g = std::uint64_t(double(m.gradients) * w_scale),
-               o = std::uint64_t(double(m.optimizer) * w_scale);
-    out.total = w + g + o + m.activations + m.attention + m.backward + embed + logits;
-    out.parts = json{{"weights", w},         {"gradients", g},      {"optimizer", o},
-                     {"activations", m.activations}, {"attention", m.attention}, {"backward", m.backward},
-                     {"embedding_and_head", embed},  {"logits", logits}};
-    return out;
-  }
-
   Point summary() {
     Point p = check_point("summary");
     // Every line changes one parameter of their training loop (the applied
@@ -1022,6 +984,36 @@ class Diagnosis {
 };
 
 }  // namespace
+
+FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::DecoderConfig& d) {
+  const std::uint64_t e = std::uint64_t(storage_bytes(d.dtype));
+  // one attention op's buffers: Q, O, dO, dQ, and K, V, dK, dV at the K/V heads' share (grouped-query
+  // attention), and the log-sum-exp (a fused kernel's)
+  const double r = double(model.kv_heads()) / double(model.num_attention_heads);
+  const std::uint64_t attn_op = std::uint64_t((4.0 + 4.0 * r) * double(d.micro_batch * d.seq * d.d_model)) * e +
+                                std::uint64_t(d.micro_batch * d.heads * d.seq) * 4;
+  const batch::MemoryParts m = batch::predict_footprint(d, batch::OptKind::adamw, 1, attn_op, 0);
+  // embedding + LM head: 2 x vocab x hidden weights (master, copy, grad, m, v); the logits and their
+  // gradient in fp32
+  const std::uint64_t vh = 2 * std::uint64_t(model.vocab_size) * std::uint64_t(d.d_model);
+  const std::uint64_t embed = vh * (4 + (d.dtype != DType::fp32 ? e : 0) + 4 + 8);
+  const std::uint64_t logits = 2 * std::uint64_t(d.micro_batch * d.seq) * std::uint64_t(model.vocab_size) * 4;
+  // The decoder's layer holds 12 hidden^2 weights: Q, K, V, O (4) and an MLP of two hidden x 4 hidden
+  // matrices (8). A Llama-family layer's K and V are hidden x (K/V heads x head size), a share r of the
+  // Q's (grouped-query attention), and its MLP is three hidden x intermediate (SwiGLU: gate, up, down):
+  // the weight-bound parts are scaled to 2 + 2r + 3 intermediate / hidden. The activations keep the
+  // decoder's (its K and V outputs in full: an overcount of 2 (1 - r) hidden per token and layer).
+  const double w_scale = (2.0 + 2.0 * r + 3.0 * double(model.intermediate_size) / double(d.d_model)) / 12.0;
+  FullDepthFootprint out;
+  const auto w = std::uint64_t(double(m.weights) * w_scale), g = std::uint64_t(double(m.gradients) * w_scale),
+             o = std::uint64_t(double(m.optimizer) * w_scale);
+  out.total = w + g + o + m.activations + m.attention + m.backward + embed + logits;
+  out.parts = json{{"weights", w},         {"gradients", g},      {"optimizer", o},
+                   {"activations", m.activations}, {"attention", m.attention}, {"backward", m.backward},
+                   {"embedding_and_head", embed},  {"logits", logits}};
+  out.parameters = std::uint64_t(double(12 * d.d_model * d.d_model * d.layers) * w_scale) + vh;
+  return out;
+}
 
 MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev) {
   MeasuredShape s;

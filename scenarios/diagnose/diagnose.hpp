@@ -23,6 +23,7 @@
 // shape, not a prediction for the user's GPU.
 #pragma once
 
+#include <cstdint>     // std::uint64_t
 #include <functional>  // std::function
 #include <optional>    // std::optional
 #include <string>      // std::string
@@ -32,6 +33,10 @@
 #include "harness/result.hpp"            // Result
 #include "harness/scenario.hpp"          // RunContext
 #include "scenarios/diagnose/config.hpp"  // TrainConfig
+
+namespace sb::batch {
+struct DecoderConfig;
+}
 
 namespace sb::diagnose {
 
@@ -54,6 +59,18 @@ struct MeasuredShape {
   std::string note;
 };
 MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev);
+
+// The memory check's model: full fine-tuning with AdamW at full depth, the
+// decoder step's footprint (batch::predict_footprint at d) with its weight-
+// bound parts scaled to the model's layer (a SwiGLU MLP of intermediate_size,
+// K and V at num_key_value_heads), the embedding and LM head, and the logits.
+// Not measured.
+struct FullDepthFootprint {
+  std::uint64_t total = 0;  // bytes
+  nlohmann::ordered_json parts;
+  std::uint64_t parameters = 0;  // the model's, embedding and head included
+};
+FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::DecoderConfig& d);
 
 // Runs every check; the Result's scenario is "diagnose", one point per
 // check, findings ranked by measured gain (largest first).

@@ -21,7 +21,9 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"  // sb::UsageError
+#include "scenarios/batch/decoder.hpp"     // DecoderConfig
 #include "scenarios/diagnose/config.hpp"
+#include "scenarios/diagnose/diagnose.hpp"  // full_depth_footprint
 
 namespace sb::diagnose {
 namespace {
@@ -655,6 +657,46 @@ TEST(DiagnoseConfig, ToJsonCarriesEveryValueWithItsSource) {
   const nlohmann::ordered_json d = to_json(default_config());
   EXPECT_EQ(d["lengths"], (nlohmann::ordered_json{{"count", 0}, {"source", "default"}}));
   EXPECT_EQ(d["model"]["hidden_size"], (nlohmann::ordered_json{{"value", 4096}, {"source", "default"}}));
+}
+
+
+// ---- the memory check's model at full depth ------------------------------------------------------
+
+sb::batch::DecoderConfig full_depth(const TrainConfig& c) {
+  sb::batch::DecoderConfig d;
+  d.micro_batch = 1;
+  d.seq = 2048;
+  d.d_model = c.model.hidden_size;
+  d.heads = c.model.num_attention_heads;
+  d.layers = int(c.model.num_hidden_layers);
+  d.dtype = sb::DType::bf16;
+  return d;
+}
+
+// The published parameter counts: Llama 2 7B 6.74 billion, Llama 3 8B 8.03 billion (grouped-query
+// attention: 8 K/V heads of 32; K and V in full would make it 8.84).
+TEST(DiagnoseFootprint, ParametersAreThePublishedModelsWithGroupedQueryAttention) {
+  TrainConfig l2 = default_config();
+  apply_model_config(l2, data("llama2_7b_config.json"));
+  const auto f2 = sb::diagnose::full_depth_footprint(l2.model, full_depth(l2));
+  EXPECT_NEAR(double(f2.parameters) / 1e9, 6.738, 0.001);
+
+  TrainConfig l3 = default_config();
+  apply_model_config(l3, data("llama3_8b_config.json"));
+  const auto f3 = sb::diagnose::full_depth_footprint(l3.model, full_depth(l3));
+  EXPECT_NEAR(double(f3.parameters) / 1e9, 8.030, 0.001);
+  // bf16 mixed precision: fp32 master, bf16 copy, fp32 gradient, AdamW's two fp32 moments = 18 B a parameter
+  const auto& p = f3.parts;
+  const std::uint64_t weight_bound = p["weights"].get<std::uint64_t>() + p["gradients"].get<std::uint64_t>() +
+                                     p["optimizer"].get<std::uint64_t>() +
+                                     p["embedding_and_head"].get<std::uint64_t>();
+  EXPECT_NEAR(double(weight_bound) / double(f3.parameters), 18.0, 0.01);
+
+  TrainConfig mha = l3;
+  mha.model.num_key_value_heads = 0;  // the same model with a K/V head per attention head
+  const auto fm = sb::diagnose::full_depth_footprint(mha.model, full_depth(mha));
+  EXPECT_NEAR(double(fm.parameters) / 1e9, 8.835, 0.001);
+  EXPECT_GT(fm.total, f3.total);
 }
 
 }  // namespace
