@@ -56,6 +56,24 @@ def main():
             check(m(w0, "load_ms_per_batch") > 0.5 * 60e-3 * w0["info"]["real_tokens"] / w0["info"]["batches"],
                   f"the loader's CPU time per batch {m(w0, 'load_ms_per_batch')} ms is under half its assumed work")
             check("loader" in w0["info"]["bottleneck"], f"inline bottleneck {w0['info']['bottleneck']}")
+            # whatever the warm-up (workers + 1 steps), the timed steps train the same batches
+            check(w0["info"]["real_tokens"] == w2["info"]["real_tokens"] and
+                  w0["info"]["computed_tokens"] == w2["info"]["computed_tokens"],
+                  f"timed batches differ: {w0['info']['real_tokens']} vs {w2['info']['real_tokens']} real tokens")
+            # real tokens/s: the computed rate at the epoch's real share, the timed batches' own kept beside it
+            for q in (w0, w2):
+                share = 1 - m(q, "padding_pct") / 100
+                check(abs(m(q, "real_tokens_per_s") - m(q, "tokens_per_s") * share) <= 1e-6 * m(q, "tokens_per_s"),
+                      f"real tokens/s {m(q, 'real_tokens_per_s')} is not tokens/s x the epoch's share {share}")
+                check("timed_real_tokens_per_s" in q["metrics"], "no timed_real_tokens_per_s")
+
+        # min_time_s: past `trials` steps until the timed steps span that long
+        _, doc = run(exe, schema, tmp, "min-time", base[:-4] + ["-p", "trials=2", "-p", "min_time_s=0.5"])
+        if doc:
+            q = doc["points"][0]
+            span = m(q, "step_ms") * q["info"]["steps"] / 1e3
+            check(q["info"]["steps"] > 2 and span >= 0.5,
+                  f"min_time_s=0.5: {q['info']['steps']} steps spanning {span:.3f} s")
 
         # sim:h100: the loop on a modelled device, labelled so
         _, doc = run(exe, schema, tmp, "sim", ["--device", "sim:h100", "--quick"])
