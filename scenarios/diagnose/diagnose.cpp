@@ -603,9 +603,30 @@ class Diagnosis {
         {"pin", c.dataloader_pin_memory ? "pinned" : "pageable"},
         {"lengths", !opt_.lengths_path.empty() ? "@" + opt_.lengths_path
                                                : fmt::format("lognormal:{},1.0", std::max<std::int64_t>(8, shape_.seq / 4))},
-        {"sequences", opt_.quick ? "512" : "2048"},
+        {"sequences", std::to_string(loop_sequences())},
         {"trials", "3"}};
     return m;
+  }
+  // The loop's dataset: enough sequences for 8 micro batches of the largest micro batch any line runs,
+  // packed (a row holds about seq_len / their mean length of them): quick's 512 sequences packed into
+  // 109 rows, fewer than one micro batch of 128, and the applied check failed. Their --lengths file is
+  // cycled past its end when it is shorter (0: all of it, once).
+  std::int64_t loop_sequences() const {
+    const TrainConfig& c = opt_.cfg;
+    std::int64_t most_mb = shape_.micro_batch;
+    for (const Applied& x : applied_)
+      for (const auto& [k, v] : x.change)
+        if (k == "micro_batch") most_mb = std::max<std::int64_t>(most_mb, std::stoll(v));
+    double mean = double(std::max<std::int64_t>(8, shape_.seq / 4));
+    if (!c.lengths.empty()) {
+      double sum = 0;
+      for (std::int32_t l : c.lengths) sum += double(std::min<std::int64_t>(l, shape_.seq));
+      mean = std::max(1.0, sum / double(c.lengths.size()));
+    }
+    const double per_row = std::max(1.0, double(shape_.seq) / mean);
+    const auto need = std::min<std::int64_t>(std::int64_t(std::ceil(8.0 * double(most_mb) * per_row)), 1 << 26);
+    if (!opt_.lengths_path.empty()) return std::int64_t(c.lengths.size()) >= need ? 0 : need;
+    return std::max<std::int64_t>(opt_.quick ? 512 : 2048, need);
   }
   static std::vector<std::string> assigns(const std::map<std::string, std::string>& m) {
     std::vector<std::string> a;

@@ -177,7 +177,7 @@ def main():
         # every fix already in the config: each check skipped with its reason, and "none found". The
         # batch knee is measured (micro batch 16 of 256 tokens, past it on a CPU); named only if it
         # measured 1.10x or more, and then the loop must have run it.
-        p, doc = diagnose(exe, tmp, "none", ["--config", os.path.join(data, "none.yml")])
+        p, doc = diagnose(exe, tmp, "none", ["--config", os.path.join(data, "none.yml"), "--budget", "20"])
         if doc:
             by = {q["params"]["check"]: q for q in doc["points"]}
             for c in ("loader", "dtype", "padding", "attention"):
