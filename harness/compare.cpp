@@ -102,15 +102,6 @@ void compare_with_expected(const Result& ra, const ExpectedFile& ef, double tol,
   }
 }
 
-// Params that only steer measurement (e.g. trials) do not define the
-// workload, so points are matched without them.
-json workload_params(const Result& r, const json& params) {
-  json out = params;
-  for (const auto& k : r.meta.value("measurement_params", json::array()))
-    if (k.is_string()) out.erase(k.get<std::string>());
-  return out;
-}
-
 void compare_with_result(const Result& ra, const Result& rb, double tol, CompareReport& rep) {
   if (ra.scenario != rb.scenario)
     rep.notes.push_back(fmt::format("the results are of different scenarios ({} vs {})", ra.scenario, rb.scenario));

@@ -73,6 +73,13 @@ void check_meta(const JsonRef& meta) {
 }
 }  // namespace
 
+json workload_params(const Result& r, const json& params) {
+  json out = params;
+  for (const auto& k : r.meta.value("measurement_params", json::array()))
+    if (k.is_string()) out.erase(k.get<std::string>());
+  return out;
+}
+
 json to_json(const Result& r) {
   json j;
   j["schema_version"] = kResultSchemaVersion;

@@ -63,6 +63,11 @@ struct Result {
   bool simulated() const;
 };
 
+// A point's parameters without those that only steer measurement (trials,
+// min_time_s: meta.measurement_params): what defines its workload, for
+// matching points across results or along a sweep.
+nlohmann::ordered_json workload_params(const Result& r, const nlohmann::ordered_json& params);
+
 nlohmann::ordered_json to_json(const Result&);
 // Throws UsageError naming `file` and the path of the missing or mistyped
 // field ("a.json: points[3].metrics.tflops.stats.n: expected integer, got

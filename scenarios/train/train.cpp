@@ -358,22 +358,25 @@ class TrainRun : public ScenarioRun {
 
   void analyze(Result& res) override {
     // Each axis swept: its first value against each other, every other parameter equal.
+    // Axes of the workload only: trials and min_time_s steer the measurement (measurement_params).
     auto text = [](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+    std::vector<json> wp;
+    for (const Point& p : res.points) wp.push_back(workload_params(res, p.params));
     std::map<std::string, std::set<std::string>> seen;
-    for (const Point& p : res.points)
-      for (const auto& [k, v] : p.params.items()) seen[k].insert(text(v));
+    for (const json& w : wp)
+      for (const auto& [k, v] : w.items()) seen[k].insert(text(v));
     for (const auto& [axis, values] : seen) {
-      if (values.size() < 2 || axis == "trials" || axis == "min_time_s") continue;
-      for (const Point& a : res.points) {
+      if (values.size() < 2) continue;
+      for (std::size_t i = 0; i < res.points.size(); ++i) {
+        const Point& a = res.points[i];
         if (a.status != Status::ok || !a.metric("real_tokens_per_s")) continue;
-        if (text(a.params[axis]) != text(res.points.front().params[axis])) continue;
-        for (const Point& b : res.points) {
-          if (&a == &b || b.status != Status::ok || !b.metric("real_tokens_per_s")) continue;
-          bool same = text(b.params[axis]) != text(a.params[axis]);
-          for (const auto& [k, v] : a.params.items())
-            if (k != axis && k != "trials" && k != "min_time_s" && (!b.params.contains(k) || text(b.params[k]) != text(v)))
-              same = false;
-          if (!same) continue;
+        if (text(wp[i][axis]) != text(wp.front()[axis])) continue;
+        for (std::size_t k = 0; k < res.points.size(); ++k) {
+          const Point& b = res.points[k];
+          if (k == i || b.status != Status::ok || !b.metric("real_tokens_per_s")) continue;
+          json other_a = wp[i], other_b = wp[k];
+          other_a.erase(axis), other_b.erase(axis);
+          if (text(wp[k][axis]) == text(wp[i][axis]) || other_a != other_b) continue;
           const double x = a.metric("real_tokens_per_s")->value, y = b.metric("real_tokens_per_s")->value;
           res.findings.push_back(
               {{},
