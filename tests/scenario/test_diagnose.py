@@ -17,13 +17,7 @@ import zlib
 
 import schema_check
 
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-    return cond
+from e2e import check, finish
 
 
 def diagnose(exe, tmp, name, args, want_rc=0, device="cpu"):
@@ -214,12 +208,8 @@ def main():
         check("bad_value.yml:2" in p.stderr and "micro_batch_size" in p.stderr, f"bad value: {p.stderr[-300:]}")
         p, _ = diagnose(exe, tmp, "missing", ["--config", os.path.join(tmp, "nope.yml")], want_rc=2)
         check("nope.yml" in p.stderr, f"missing: {p.stderr[-300:]}")
-    if failures:
-        print("\n".join("FAIL: " + f for f in failures))
-        return 1
-    print("diagnose e2e: ok")
-    return 0
+    finish()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

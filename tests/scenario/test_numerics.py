@@ -12,13 +12,7 @@ import tempfile
 
 import schema_check
 
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-    return cond
+from e2e import check, finish
 
 
 def main():
@@ -85,10 +79,7 @@ def main():
     check(metric("patience", "on", "steps_after_best") == 50, f"patience 5: {metric('patience', 'on', 'steps_after_best')}")
     cases = {f["evidence"].get("case") for f in doc["findings"]}
     check(cases == {"nan", "inf", "fp16", "bf16", "explode", "vanish", "lr-low", "patience"}, f"findings {cases}")
-    if failures:
-        print("\n".join("FAIL: " + f for f in failures))
-        sys.exit(1)
-    print("ok")
+    finish()
 
 
 if __name__ == "__main__":
