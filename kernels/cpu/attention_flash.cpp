@@ -26,7 +26,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "kernels/cpu/detail/attention.hpp"  // CpuAttention, fast_exp, ld
+#include "kernels/cpu/detail/attention.hpp"  // CpuAttention, exp_v, ld
 
 namespace sb::cpu {
 namespace {
@@ -53,10 +53,10 @@ std::size_t tile_floats(std::int64_t D, std::int64_t max_len) {
 // Explicit 16-float vectors (GCC vector extension): the accumulators of a
 // 4 x 64 block stay in 16 registers, which an auto-vectorised axpy loop
 // (load, fma, store per element) does not manage. Each clone lowers them to
-// its own width. The helpers are always inlined, so no vector crosses a call.
+// its own width. The helpers are always inlined (SB_INLINE, vec_math.hpp), so no
+// vector crosses a call.
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float v16 __attribute__((vector_size(64)));
-#define SB_INLINE inline __attribute__((always_inline))
 typedef float v8 __attribute__((vector_size(32)));
 template <class V>
 SB_INLINE V load_v(const float* p) {
@@ -143,7 +143,7 @@ SB_CPU_CLONES void fwd_softmax(float* st, float* m, float* l, float* acc, std::i
   }
   for (int r = 0; r < R; ++r) {
     m_new[r] = std::max(m[r], mx[r]);
-    alpha[r] = m[r] == -INFINITY ? 0.0f : fast_exp(m[r] - m_new[r]);
+    alpha[r] = m[r] == -INFINITY ? 0.0f : exp_v(m[r] - m_new[r]);
     sum[r] = 0;
   }
   for (std::int64_t c = 0; c < bc; ++c) {
@@ -151,7 +151,7 @@ SB_CPU_CLONES void fwd_softmax(float* st, float* m, float* l, float* acc, std::i
     const int first = causal ? int(std::clamp<std::int64_t>(c - diag, 0, R)) : 0;
     for (int r = 0; r < first; ++r) row[r] = 0.0f;
     for (int r = first; r < R; ++r) {
-      const float p = fast_exp(row[r] - m_new[r]);
+      const float p = exp_v(row[r] - m_new[r]);
       row[r] = p;
       sum[r] += p;
     }
@@ -175,7 +175,7 @@ SB_CPU_CLONES void bwd_scores(float* s, float* dp, const float* lse, const float
     const float lr = r < br ? lse[r] : 0.0f, dr = r < br ? drow[r] : 0.0f;
 #pragma omp simd
     for (std::int64_t c = 0; c < kBc; ++c) {
-      const float p = c < n ? fast_exp(sr[c] - lr) : 0.0f;
+      const float p = c < n ? exp_v(sr[c] - lr) : 0.0f;
       sr[c] = p;
       dpr[c] = p * (dpr[c] - dr);
     }

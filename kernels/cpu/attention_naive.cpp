@@ -36,7 +36,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "kernels/cpu/detail/attention.hpp"   // CpuAttention, fast_exp
+#include "kernels/cpu/detail/attention.hpp"   // CpuAttention, exp_v
 #include "kernels/cpu/detail/dnnl_check.hpp"  // SB_DNNL_CHECK
 
 namespace sb::cpu {
@@ -183,7 +183,7 @@ SB_CPU_CLONES float softmax_exps(float* s, std::int64_t n, float scale) {
   float sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (std::int64_t c = 0; c < n; ++c) {
-    const float e = fast_exp(s[c] * scale - ms);
+    const float e = exp_v(s[c] * scale - ms);
     s[c] = e;
     sum += e;
   }
@@ -260,7 +260,7 @@ inline void softmax_full(float* out, const T* in, std::int64_t n) {
   for (std::int64_t c = 0; c < n; ++c) m = std::max(m, ld(in + c));
   float sum = 0;
   for (std::int64_t c = 0; c < n; ++c) {
-    const float e = fast_exp(ld(in + c) - m);
+    const float e = exp_v(ld(in + c) - m);
     out[c] = e;
     sum += e;
   }

@@ -2,7 +2,9 @@
 // it is timed. No timing assertions: this machine is noisy.
 #include <sys/resource.h>  // getrusage(RUSAGE_THREAD)
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <future>
 #include <thread>
@@ -15,11 +17,58 @@
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/detail/compute_stream.hpp"
 #include "kernels/cpu/detail/stream_device.hpp"  // last_level_cache_bytes
+#include "kernels/cpu/detail/vec_math.hpp"       // exp_v, tanh_v
 
 namespace sb {
 namespace {
 
 std::unique_ptr<Device> cpu() { return make_cpu_backend().open(0); }
+
+// The vectorisable exp and tanh the cpu kernels use, against double-precision libm.
+TEST(VecMath, ExpWithinAFewUlpOverTheNormalRange) {
+  double worst = 0;
+  float at = 0;
+  for (float x = -86.5f; x <= 88.7f; x += 0.000731f) {
+    const double ref = std::exp(double(x));
+    const double rel = std::fabs(double(cpu::exp_v(x)) - ref) / ref;
+    if (rel > worst) worst = rel, at = x;
+  }
+  EXPECT_LT(worst, 4 * 5.96e-8) << "at x = " << at;  // 4 ulp of fp32 (2^-24 relative each)
+  EXPECT_EQ(cpu::exp_v(0.0f), 1.0f);
+}
+
+TEST(VecMath, ExpEdgesAreExactZeroInfAndNaN) {
+  // a masked score (the dtype's lowest minus the row max) must give exactly 0: a 1e-38 there made
+  // P subnormal and fp32 causal eager attention 25x slower (subnormal GEMM operands)
+  EXPECT_EQ(cpu::exp_v(-3.4028234e38f), 0.0f);
+  EXPECT_EQ(cpu::exp_v(-INFINITY), 0.0f);
+  EXPECT_EQ(cpu::exp_v(-87.0f), 0.0f);  // flushed: fp32's normal range ends at exp(-87.3)
+  EXPECT_GT(cpu::exp_v(-86.5f), 0.0f);
+  EXPECT_TRUE(std::isfinite(cpu::exp_v(88.72f)));
+  EXPECT_EQ(cpu::exp_v(88.8f), INFINITY);
+  EXPECT_EQ(cpu::exp_v(INFINITY), INFINITY);
+  EXPECT_TRUE(std::isnan(cpu::exp_v(NAN)));
+}
+
+TEST(VecMath, TanhWithinAFewUlpAndSaturates) {
+  double worst = 0;
+  float at = 0;
+  for (float x = -12.0f; x <= 12.0f; x += 0.000377f) {
+    const double ref = std::tanh(double(x));
+    const double err = std::fabs(double(cpu::tanh_v(x)) - ref) / std::max(std::fabs(ref), 1e-30);
+    if (err > worst) worst = err, at = x;
+  }
+  EXPECT_LT(worst, 4 * 5.96e-8) << "at x = " << at;
+  for (float x : {1e-3f, 1e-6f, 1e-20f}) {  // small arguments keep their relative accuracy (no 1 - 2/(e+1))
+    EXPECT_NEAR(cpu::tanh_v(x), std::tanh(double(x)), 1.2e-7 * x);
+    EXPECT_EQ(cpu::tanh_v(-x), -cpu::tanh_v(x));
+  }
+  EXPECT_EQ(cpu::tanh_v(0.0f), 0.0f);
+  EXPECT_EQ(cpu::tanh_v(9.5f), 1.0f);
+  EXPECT_EQ(cpu::tanh_v(INFINITY), 1.0f);
+  EXPECT_EQ(cpu::tanh_v(-INFINITY), -1.0f);
+  EXPECT_TRUE(std::isnan(cpu::tanh_v(NAN)));
+}
 
 TEST(CpuGemm, Fp32MatchesDoubleReference) {
   auto dev = cpu();
