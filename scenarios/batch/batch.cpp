@@ -57,7 +57,11 @@ class BatchRun : public ScenarioRun {
   Point run_point(const ParamSet& ps) override {
     Device& dev = ctx_.device;
     const DecoderConfig cfg = decoder_config(ps, dev);
-    const int accum = int(ps.get_int("grad_accum"));
+    // global_batch holds the sequences per optimizer step across the sweep: micro batch 1 x 8 accumulated
+    // against 8 x 1, as a user changing micro_batch_size keeps their effective batch (above it: accum 1)
+    const std::int64_t global = ps.get_int("global_batch");
+    const int accum = global > 0 ? int(std::max<std::int64_t>(1, global / ps.get_int("micro_batch")))
+                                 : int(ps.get_int("grad_accum"));
     const bool graphs = ps.get_str("graphs") == "on";
     const OptKind opt = ps.get_choice("optimizer", kOptKindNames);
     const double dispatch_us = ps.get_real("dispatch_us");
@@ -241,6 +245,10 @@ class BatchRun : public ScenarioRun {
                   {"compute_cpus", host_cpu.compute_cpus()},
                   {"impl", ops->impl()}};
     if (!bare.note.empty()) p.info["gemm_bare"] = bare.note;
+    if (global > 0) {
+      p.params["grad_accum"] = accum;  // the point's own: what ran
+      p.info["global_batch_run"] = cfg.micro_batch * accum;
+    }
     if (launch_bound)
       p.info["lines"] = json::array({fmt::format("launch-bound: {:.1f} us of device work per launch, {:.1f} us of "
                                                  "host time per launch",
@@ -255,8 +263,9 @@ class BatchRun : public ScenarioRun {
       double tps, busy;
       std::string pattern;
     };
-    // (grad_accum, graphs, and every other swept axis but micro_batch: attn=naive and fused are two series)
-    std::map<std::tuple<int, std::string, std::string>, std::vector<Pt>> series;
+    // (grad_accum, or the global batch held, graphs, and every other swept axis but micro_batch: attn=naive
+    // and fused are two series)
+    std::map<std::tuple<std::string, std::string, std::string>, std::vector<Pt>> series;
     std::map<std::string, std::set<std::string>> seen;  // the axes that vary, by their values
     auto text = [](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
     for (const Point& p : res.points)
@@ -264,13 +273,17 @@ class BatchRun : public ScenarioRun {
     auto others = [&](const Point& p) {
       std::string o;
       for (const auto& [k, v] : p.params.items())
-        if (k != "micro_batch" && k != "grad_accum" && k != "graphs" && k != "trials" && seen[k].size() > 1)
+        if (k != "micro_batch" && k != "grad_accum" && k != "global_batch" && k != "graphs" && k != "trials" &&
+            seen[k].size() > 1)
           o += (o.empty() ? "" : " ") + k + "=" + text(v);
       return o;
     };
     for (const Point& p : res.points) {
       if (p.status != Status::ok || !p.metric("tokens_per_s")) continue;
-      series[{p.params.value("grad_accum", 1), p.params.value("graphs", std::string("off")), others(p)}].push_back(
+      const std::int64_t gb = p.params.value("global_batch", std::int64_t(0));
+      const std::string accum = gb > 0 ? fmt::format("global_batch={}", gb)
+                                       : fmt::format("grad_accum={}", p.params.value("grad_accum", 1));
+      series[{accum, p.params.value("graphs", std::string("off")), others(p)}].push_back(
           {p.params.value("micro_batch", std::int64_t(0)), p.metric("tokens_per_s")->value, p.metric("busy_pct")->value,
            p.info.value("pattern", std::string())});
     }
@@ -291,20 +304,21 @@ class BatchRun : public ScenarioRun {
       if (knee->mb == small.mb) continue;  // the smallest is already within 90% of the best: nothing to change
       res.findings.push_back(
           {{},
-           fmt::format("grad_accum={} graphs={}{}: micro_batch {} gives {} tokens/s ({:.0f}% busy, {}); the smallest "
+           fmt::format("{} graphs={}{}: micro_batch {} gives {} tokens/s ({:.0f}% busy, {}); the smallest "
                        "micro batch within 90% of the best ({} tokens/s at {}) is {} -> micro_batch_size: {}",
                        std::get<0>(key), std::get<1>(key), std::get<2>(key).empty() ? "" : " " + std::get<2>(key),
                        small.mb, format_number(small.tps), small.busy, small.pattern,
                        format_number(best), best_mb, knee->mb, knee->mb),
            small.tps > 0 ? std::optional<double>(knee->tps / small.tps) : std::nullopt,
-           json{{"grad_accum", std::get<0>(key)}, {"graphs", std::get<1>(key)}, {"smallest_within_90pct", knee->mb},
+           json{{"accumulation", std::get<0>(key)}, {"graphs", std::get<1>(key)}, {"smallest_within_90pct", knee->mb},
                 {"best_micro_batch", best_mb}, {"best_tokens_per_s", best}, {"micro_batch_1_pattern", small.pattern}}});
     }
     // grad_accum at a fixed micro batch: what it buys (the optimizer, amortized) and what it does not
     std::map<std::pair<std::int64_t, std::string>, std::map<int, const Point*>> by_mb;
     for (const Point& p : res.points)
       if (p.status == Status::ok && p.metric("tokens_per_s"))
-        by_mb[{p.params.value("micro_batch", std::int64_t(0)), p.params.value("graphs", std::string("off"))}]
+        if (p.params.value("global_batch", std::int64_t(0)) == 0)
+          by_mb[{p.params.value("micro_batch", std::int64_t(0)), p.params.value("graphs", std::string("off"))}]
              [p.params.value("grad_accum", 1)] = &p;
     for (const auto& [key, m] : by_mb) {
       if (m.size() < 2 || key.first != by_mb.begin()->first.first) continue;  // the smallest micro batch: one line
@@ -425,6 +439,11 @@ const Scenario batch_scenario{
         ParamSpec{.name = "grad_accum", .type = ParamType::integer, .default_value = "1,8",
                   .help = "micro steps per optimizer step (gradient_accumulation_steps)", .unit = "steps", .min = 1,
                   .max = 4096, .quick_default = "1"},
+        ParamSpec{.name = "global_batch", .type = ParamType::integer, .default_value = "0",
+                  .help = "sequences per optimizer step, held across the micro_batch sweep: grad_accum = global_batch "
+                          "/ micro_batch (at least 1), as a user raising micro_batch_size keeps their effective "
+                          "batch; give grad_accum=1 with it. 0: grad_accum as given",
+                  .unit = "sequences", .min = 0, .max = 1 << 24},
         ParamSpec{.name = "graphs", .type = ParamType::choice, .default_value = "off",
                   .help = "on: capture each run of ops once and replay it (cuda: CUDA graphs; cpu: one submission)",
                   .choices = {"off", "on"}},
@@ -444,6 +463,10 @@ const Scenario batch_scenario{
     false,
     [](const ParamSet& ps, const RunContext&) {
       batch::validate_decoder_shape(ps);
+      if (ps.get_int("global_batch") > 0 && ps.get_int("grad_accum") != 1)
+        throw UsageError(fmt::format("batch: global_batch={} sets grad_accum (global_batch / micro_batch): give "
+                                     "-p grad_accum=1 with it, not {}",
+                                     ps.get_int("global_batch"), ps.get_int("grad_accum")));
     }};
 
 }  // namespace sb

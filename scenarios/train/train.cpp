@@ -176,8 +176,10 @@ class TrainRun : public ScenarioRun {
                                              : max_len;
     }
     // Untimed: the first batches, which the workers load at once while the
-    // loop waits for the first (a head start a longer run amortizes).
-    const int skip = st.workers + 1;
+    // loop waits for the first (a head start a longer run amortizes): the
+    // optimizer steps that hold workers + 1 micro batches (at grad_accum 8,
+    // one step, not workers + 1 steps of 8).
+    const int skip = (st.workers + 1 + st.grad_accum - 1) / st.grad_accum;
     // `trials` timed steps, then more while the timed wall is under
     // min_time_s (a fast configuration measured over as long as a slow one),
     // at most kMostTimedSteps.

@@ -67,6 +67,21 @@ def main():
         check(by["on"]["info"]["graph_nodes"] >= 40, f"graph nodes {by['on']['info']['graph_nodes']}")
         check(any("graphs on gives" in f["summary"] for f in g["findings"]), "no graphs finding")
 
+        # global_batch holds the sequences per optimizer step across the sweep: grad_accum = 8 / micro_batch,
+        # at least 1 (16 runs one micro batch of 16 per step); the point's params say what ran
+        gb = run(exe, schema, tmp, "global", ["--device", "cpu", "-p", "micro_batch=1,4,16", "-p", "grad_accum=1",
+                                              "-p", "global_batch=8", "-p", "trials=2"])
+        acc = {q["params"]["micro_batch"]: q["params"]["grad_accum"] for q in gb["points"]}
+        check(acc == {1: 8, 4: 2, 16: 1}, f"global_batch 8: grad_accum per micro batch {acc}")
+        for q in gb["points"]:
+            check(q["info"]["global_batch_run"] == max(8, q["params"]["micro_batch"]),
+                  f"global batch run {q['info']['global_batch_run']} at micro batch {q['params']['micro_batch']}")
+            check(q["info"]["submissions"] == q["info"]["trials"] * (49 * q["params"]["grad_accum"] + 16),
+                  f"global batch: {q['info']['submissions']} submissions at grad_accum {q['params']['grad_accum']}")
+        p, _ = run_scenario(exe, schema, tmp, "batch", "global_bad", ["--device", "cpu", "-p", "global_batch=8",
+                                                                     "-p", "grad_accum=4"], want_rc=2)
+        check("global_batch" in p.stderr and "grad_accum=1" in p.stderr, f"global_batch with grad_accum 4: {p.stderr}")
+
         s = run(exe, schema, tmp, "sim", ["--device", "sim:h100", "-p", "micro_batch=1,32", "-p", "grad_accum=1"])
         check(s["meta"]["device"]["simulated"], "sim result not labelled simulated")
         sp = {q["params"]["micro_batch"]: q for q in s["points"]}

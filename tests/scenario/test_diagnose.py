@@ -123,7 +123,7 @@ def main():
                             check(abs(ev["part_gain"] - gain) < 1e-9, f"{c}: point {gain}, part_gain {ev['part_gain']}")
                             check(abs(f["speedup"] - ev["step_gain"]) < 1e-9, f"{c}: claim {f['speedup']} is not its loop gain")
                             want = {"loader": {"workers", "pin"}, "padding": {"collate"}, "dtype": {"dtype"},
-                                    "attention": {"attn"}, "batch": {"micro_batch"}}[c]
+                                    "attention": {"attn"}, "batch": {"micro_batch", "grad_accum"}}[c]
                             keys = {a.split("=")[0] for a in ev["applied"].split(", ")}
                             check(keys and keys <= want, f"{c}: applied {ev['applied']}")
                         # every claim measured a second time, in a run of its own, and said whether it held
@@ -132,15 +132,34 @@ def main():
                               f"{c}: no second measurement: {ev}")
                         check(f["evidence"]["config_line"] and f["evidence"]["command"].startswith("stallbench run "),
                               f"{c}: {f['evidence']}")
+                        # what their loop showed, from the three gains (alone, alone again, added last)
+                        if "step_gain" in ev:
+                            a1, a2 = ev["step_gain"] >= 1.10, ev["repeat_gain"] >= 1.10
+                            last = ev.get("last_gain", 0) >= 1.10
+                            want_v = ("confirmed on their loop" if a1 and a2 else
+                                      "a limit once the others are fixed" if not a1 and not a2 and last else
+                                      "unsteady on their loop" if a1 or a2 or last else "no gain on their loop here")
+                            check(ev.get("verdict") == want_v and want_v in f["summary"],
+                                  f"{c}: verdict {ev.get('verdict')}, want {want_v}")
                 else:
                     check(c not in found, f"{c} named without a measured gain ({gain})")
             if "dtype" in found:
                 check(found["dtype"]["evidence"]["config_line"] in ("bf16: true", "fp16: true"), "dtype line")
             if by["dtype"]["status"] == "skipped":
                 check("bf16" in by["dtype"]["reason"], f"dtype skipped without saying why: {by['dtype']['reason']}")
-            # ranked by measured gain
-            gains = [f["speedup"] or 0 for f in doc["findings"]]
-            check(gains == sorted(gains, reverse=True), f"not ranked: {gains}")
+            # ranked by what their loop showed (confirmed first), then by measured gain
+            order = ["confirmed on their loop", "a limit once the others are fixed", "unsteady on their loop",
+                     "no gain on their loop here"]
+            keys = [(order.index(f["evidence"].get("verdict", order[0])), -(f["speedup"] or 0))
+                    for f in doc["findings"]]
+            check(keys == sorted(keys), f"not ranked: {keys}")
+            check("padding" in found and found["padding"]["evidence"].get("verdict") == order[0],
+                  f"padding not confirmed on the loop: {found.get('padding', {}).get('evidence')}")
+            # the micro batch sweep holds their global batch (1 x 8 accumulated against 8 x 1)
+            for q in by["batch"]["info"]["sub"]["points"]:
+                check(q["params"]["micro_batch"] * q["params"]["grad_accum"] == 8,
+                      f"batch sweep: micro batch {q['params']['micro_batch']} x {q['params']['grad_accum']}")
+            check(by["batch"]["info"].get("global_batch") == 8, f"batch: global batch {by['batch']['info']}")
             lines = {f["evidence"]["config_line"] for f in doc["findings"]}
             check("sample_packing: true" in lines, f"lines {lines}")
             check("reproduce: stallbench run" in p.stdout, "the report shows no command")
