@@ -1188,7 +1188,7 @@ std::string format_report(const Result& r) {
                 : "");
     o << "\n";
   }
-  o << (from_trace ? "\nfindings, by estimated gain:\n" : "\nfindings, by measured gain:\n");
+  o << (from_trace ? "\nfindings, by estimated gain:\n" : "\nfindings, by their verdict on your training loop, then by measured gain:\n");
   int i = 0;
   for (const Finding& f : r.findings) {
     o << fmt::format("  {}. [{}] {}\n", ++i, f.cause, f.summary);

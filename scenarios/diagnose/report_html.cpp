@@ -194,7 +194,7 @@ std::string format_html(const Result& r) {
       }
     }
   }
-  o << (from_trace ? "<h2>Findings, by estimated gain</h2>\n" : "<h2>Findings, by measured gain</h2>\n");
+  o << (from_trace ? "<h2>Findings, by estimated gain</h2>\n" : "<h2>Findings, by their verdict on your training loop, then by measured gain</h2>\n");
   for (const Finding& f : r.findings) {
     o << "<div class='finding'><b>" << esc(f.cause) << "</b>";
     if (f.speedup)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end: `stallbench diagnose` on cpu with a config that has every cause and one that has the
 fixes applied, and with a bad config (exit 2 naming file, line and key). The result JSON against the
-schema; the findings ranked by measured gain, each with its config line and the command that reproduces it.
+schema; the findings ranked by their verdict on the loop, then by measured gain, each with its config line and the command that reproduces it.
 
 usage: test_diagnose.py STALLBENCH SCHEMA DATA_DIR
 """
