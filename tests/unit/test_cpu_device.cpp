@@ -14,6 +14,7 @@
 #include "fake_device.hpp"
 #include "harness/errors.hpp"
 #include "harness/gemm_check.hpp"
+#include "harness/train_ops.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/detail/compute_stream.hpp"
 #include "kernels/cpu/detail/stream_device.hpp"  // last_level_cache_bytes
@@ -48,6 +49,130 @@ TEST(VecMath, ExpEdgesAreExactZeroInfAndNaN) {
   EXPECT_EQ(cpu::exp_v(88.8f), INFINITY);
   EXPECT_EQ(cpu::exp_v(INFINITY), INFINITY);
   EXPECT_TRUE(std::isnan(cpu::exp_v(NAN)));
+}
+
+// The training ops' element loops work in chunks of 256 (train_ops.cpp): sizes that are not a multiple
+// of it, rows longer than a chunk, a bias (indexed per column across chunk edges), a residual, and y
+// written over z, against a scalar double reference. fp32 exactly-ish; bf16 within its rounding.
+std::vector<float> ramp(std::size_t n, float scale, float shift) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = scale * std::sin(0.37f * float(i) + shift);
+  return v;
+}
+double gelu_ref(double z) { return 0.5 * z * (1 + std::tanh(0.7978845608028654 * (z + 0.044715 * z * z * z))); }
+double gelu_d_ref(double z) {
+  const double u = 0.7978845608028654 * (z + 0.044715 * z * z * z), t = std::tanh(u);
+  return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * z * z);
+}
+
+TEST(CpuTrainOps, ChunkedElementLoopsMatchAScalarReferenceAtAwkwardSizes) {
+  auto dev = cpu();
+  auto ops = dev->make_train_ops();
+  const std::int64_t rows = 37, cols = 300, n = rows * cols;  // 300: one whole chunk and a tail per row
+  for (DType t : {DType::fp32, DType::bf16}) {
+    SCOPED_TRACE(std::string(to_string(t)));
+    const double tol = t == DType::fp32 ? 2e-6 : 1.6e-2;  // bf16: 8 bits of mantissa, rounded on store
+    const auto zh = ramp(std::size_t(n), 3.0f, 0.1f), bh = ramp(std::size_t(cols), 0.5f, 1.3f),
+               rh = ramp(std::size_t(n), 1.0f, 2.2f);
+    DTensor z = ops->alloc(n, t, "z"), b = ops->alloc(cols, t, "bias"), r = ops->alloc(n, t, "residual");
+    ops->upload(z, zh);
+    ops->upload(b, bh);
+    ops->upload(r, rh);
+    std::vector<float> zin(static_cast<std::size_t>(n)), bin(static_cast<std::size_t>(cols)), rin(zin.size());
+    ops->download(z, zin);  // the inputs as the dtype holds them
+    ops->download(b, bin);
+    ops->download(r, rin);
+    // y = gelu(z + bias) + residual, written over the residual (in place, as a decoder's residual add)
+    ops->bias_act(z, &b, Act::gelu, &r, r, rows, cols);
+    std::vector<float> zk(zin.size()), y(zin.size());
+    ops->download(z, zk);
+    ops->download(r, y);
+    double worst_z = 0, worst_y = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double zr = double(zin[std::size_t(i)]) + double(bin[std::size_t(i % cols)]);
+      worst_z = std::max(worst_z, std::fabs(zk[std::size_t(i)] - zr) / std::max(1.0, std::fabs(zr)));
+      const double yr = gelu_ref(zk[std::size_t(i)]) + double(rin[std::size_t(i)]);
+      worst_y = std::max(worst_y, std::fabs(y[std::size_t(i)] - yr) / std::max(1.0, std::fabs(yr)));
+    }
+    EXPECT_LT(worst_z, tol) << "z + bias";
+    EXPECT_LT(worst_y, tol) << "gelu + residual";
+
+    // dz = dy * gelu'(z), into dy's own buffer
+    DTensor dy = ops->alloc(n, t, "dy");
+    ops->upload(dy, rh);
+    std::vector<float> dyin(zin.size()), dz(zin.size());
+    ops->download(dy, dyin);
+    ops->act_backward(dy, z, Act::gelu, dy, n);
+    ops->download(dy, dz);
+    double worst_d = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double dr = double(dyin[std::size_t(i)]) * gelu_d_ref(zk[std::size_t(i)]);
+      worst_d = std::max(worst_d, std::fabs(dz[std::size_t(i)] - dr) / std::max(1.0, std::fabs(dr)));
+    }
+    EXPECT_LT(worst_d, tol) << "act_backward";
+
+    // db[j] = sum over rows of dz[r, j]
+    DTensor db = ops->alloc(cols, t, "db");
+    ops->bias_grad(dy, db, rows, cols);
+    std::vector<float> dbh(static_cast<std::size_t>(cols));
+    ops->download(db, dbh);
+    double worst_b = 0;
+    for (std::int64_t j = 0; j < cols; ++j) {
+      double s = 0;
+      for (std::int64_t q = 0; q < rows; ++q) s += dz[std::size_t(q * cols + j)];
+      worst_b = std::max(worst_b, std::fabs(dbh[std::size_t(j)] - s) / std::max(1.0, std::fabs(s)));
+    }
+    EXPECT_LT(worst_b, tol * 4) << "bias_grad";
+
+    // rmsnorm per row across the chunk edge, and its backward
+    DTensor yn = ops->alloc(n, t, "y"), rstd = ops->alloc(rows, DType::fp32, "rstd"), dx = ops->alloc(n, t, "dx");
+    ops->rmsnorm(z, yn, rstd, rows, cols, 1e-6f);
+    ops->rmsnorm_backward(dy, yn, rstd, dx, rows, cols);
+    std::vector<float> ynh(zin.size()), rs(static_cast<std::size_t>(rows)), dxh(zin.size());
+    ops->download(yn, ynh);
+    ops->download(rstd, rs);
+    ops->download(dx, dxh);
+    double worst_n = 0, worst_nb = 0;
+    for (std::int64_t q = 0; q < rows; ++q) {
+      double ss = 0, dot = 0;
+      for (std::int64_t j = 0; j < cols; ++j) ss += double(zk[std::size_t(q * cols + j)]) * zk[std::size_t(q * cols + j)];
+      const double rr = 1 / std::sqrt(ss / double(cols) + 1e-6);
+      EXPECT_NEAR(rs[std::size_t(q)], rr, 1e-5 * rr) << "rstd of row " << q;
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const std::size_t i = std::size_t(q * cols + j);
+        worst_n = std::max(worst_n, std::fabs(ynh[i] - zk[i] * rr));
+        dot += double(dz[i]) * ynh[i];
+      }
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const std::size_t i = std::size_t(q * cols + j);
+        worst_nb = std::max(worst_nb, std::fabs(dxh[i] - double(rs[std::size_t(q)]) * (dz[i] - ynh[i] * dot / double(cols))));
+      }
+    }
+    EXPECT_LT(worst_n, tol * 4) << "rmsnorm";
+    EXPECT_LT(worst_nb, tol * 4) << "rmsnorm_backward";
+  }
+}
+
+TEST(CpuTrainOps, AdamWOverAChunkTailMatchesItsFormula) {
+  auto dev = cpu();
+  auto ops = dev->make_train_ops();
+  const std::int64_t n = 1000;  // 3 chunks and a tail of 232
+  const auto ph = ramp(std::size_t(n), 1.0f, 0.0f), gh = ramp(std::size_t(n), 0.01f, 0.7f);
+  DTensor p = ops->alloc(n, DType::fp32, "p"), g = ops->alloc(n, DType::bf16, "g"), m = ops->alloc(n, DType::fp32, "m"),
+          v = ops->alloc(n, DType::fp32, "v");
+  ops->upload(p, ph);
+  ops->upload(g, gh);
+  std::vector<float> gin(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+  ops->download(g, gin);
+  ops->adamw(p, g, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1, 2.0f);  // step 1, gradients scaled by 2
+  ops->download(p, out);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double gi = 2.0 * gin[std::size_t(i)], mi = 0.1 * gi, vi = 0.001 * gi * gi;
+    double pi = ph[std::size_t(i)];
+    pi -= 1e-3 * 0.01 * pi;
+    pi -= 1e-3 * (mi / 0.1) / (std::sqrt(vi / 0.001) + 1e-8);
+    ASSERT_NEAR(out[std::size_t(i)], pi, 1e-6) << "element " << i;
+  }
 }
 
 TEST(VecMath, TanhWithinAFewUlpAndSaturates) {
