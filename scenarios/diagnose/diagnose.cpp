@@ -496,8 +496,9 @@ class Diagnosis {
     p.info["global_batch"] = global;
     if (knee > mb && f / b >= kMinGain) {
       const std::int64_t ga = std::max<std::int64_t>(1, global / std::max<std::int64_t>(1, knee));
-      applied_.push_back(
-          {"batch", {{"micro_batch", std::to_string(knee)}, {"grad_accum", std::to_string(loop_grad_accum(ga))}}});
+      applied_.push_back({"batch",
+                          {{"micro_batch", std::to_string(knee)}, {"grad_accum", std::to_string(loop_grad_accum(ga))}},
+                          knee});
       find("a batch that is too small (launch-bound, steady-low utilization)", "batch", f / b,
            fmt::format("{} tokens/s at micro batch {} -> {} at {} (the smallest within 90% of the best swept, "
                        "your global batch of {} held{})",
@@ -630,9 +631,7 @@ class Diagnosis {
   std::int64_t loop_sequences() const {
     const TrainConfig& c = opt_.cfg;
     std::int64_t most_mb = shape_.micro_batch;
-    for (const Applied& x : applied_)
-      for (const auto& [k, v] : x.change)
-        if (k == "micro_batch") most_mb = std::max<std::int64_t>(most_mb, std::stoll(v));
+    for (const Applied& x : applied_) most_mb = std::max(most_mb, x.micro_batch);
     double mean = double(std::max<std::int64_t>(8, shape_.seq / 4));
     if (!c.lengths.empty()) {
       double sum = 0;
@@ -1054,6 +1053,7 @@ class Diagnosis {
   struct Applied {
     std::string check;                                        // the finding's check
     std::vector<std::pair<std::string, std::string>> change;  // the train scenario's parameters the line sets
+    std::int64_t micro_batch = 0;                             // the micro batch it sets (the batch line), else 0
   };
   std::vector<Applied> applied_;
   std::optional<double> together_;
