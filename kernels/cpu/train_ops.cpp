@@ -144,7 +144,7 @@ constexpr std::int64_t kChunk = 256;
 // The chunk functions are ISA clones (SB_CPU_CLONES, vec_math.hpp), as
 // PyTorch's ATen kernels pick their ISA at run time: the baseline (SSE2) GELU
 // backward took 9.5 ns an element on an AVX-512 CPU, the AVX-512 clone 1.3
-// (glibc's scalar tanhf 28). element_isa() says which clone runs.
+// (glibc's scalar tanhf 28). cpu_clone_isa() says which clone runs.
 
 SB_CPU_CLONES void load_f(const void* p, DType t, std::int64_t i0, std::int64_t len, float* out) {
   if (t == DType::bf16) {
@@ -304,18 +304,6 @@ void check_size(const DTensor& t, std::int64_t n, const char* what) {
                 fmt::format("training op {}: {} elements asked of a tensor of {}", what, n, t.numel));
 }
 
-// The clone of the element loops the ifunc resolver picks on this CPU.
-std::string element_isa() {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return "avx512f";
-  if (__builtin_cpu_supports("avx2")) return "avx2";
-  return "x86-64 baseline (SSE2)";
-#else
-  return "as built (no run-time ISA clones)";
-#endif
-}
-
 class CpuTrainOps final : public TrainOps {
  public:
   explicit CpuTrainOps(TrainEnv env) : env_(std::move(env)), strm_(SB_DNNL_CHECK(dnnl::stream(env_.eng))) {
@@ -326,7 +314,7 @@ class CpuTrainOps final : public TrainOps {
 
   std::string impl() const override {
     return fmt::format("oneDNN matmul ({}) + C++ loops on the compute thread, element loops {}",
-                       gemm_impl(DType::bf16), element_isa());
+                       gemm_impl(DType::bf16), cpu_clone_isa());
   }
   std::string gemm_impl(DType t) const override {
     if (t == DType::fp32) return "fp32 matmul";

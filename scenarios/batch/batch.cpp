@@ -22,6 +22,7 @@
 #include <chrono>     // std::chrono
 #include <cmath>      // std::isfinite
 #include <map>        // std::map
+#include <optional>   // std::optional
 #include <set>        // std::set
 #include <thread>     // std::this_thread
 #include <tuple>      // std::tuple
@@ -128,25 +129,23 @@ class BatchRun : public ScenarioRun {
     sampler.stop();
     timing = false;
 
-    // The optimizer's device time alone: its launches queued behind a held stream (the precision scenario's
-    // hidden timing), three times, the median. In a host-bound step the span between its events in the loop
-    // is mostly the host's dispatch gaps, and how much of them showed depended on whether the device was still
-    // busy with the micro steps when the host reached the optimizer: grad_accum 8 read a larger optimizer
-    // share than 1 at micro batch 2 and 4 (1.7% -> 2.0%). The loop's span is kept in info.
-    std::vector<double> opt_alone_ms;
-    try {
-      for (int k = 0; k < 3; ++k) {
-        auto gate = dev.hold_stream(ctx_.measure.sync_timeout);
-        EventPtr a = dev.record();
-        step.optimizer(opt, 1e-4f, step.optimizer_calls() + 1);
-        EventPtr b = dev.record();
-        gate->release();
-        dev.synchronize(ctx_.measure.sync_timeout);
-        if (gate->expired()) break;
-        opt_alone_ms.push_back(dev.elapsed_ms(a, b));
+    // The optimizer's device time alone: measure()'s hidden timing (its launches queued behind a held stream,
+    // the bare GEMMs' mechanism below), one optimizer step a trial (8+ launches each: a GPU's queue of
+    // pending launches bounds a held trial), three trials, the median. In a host-bound step the span between
+    // its events in the loop is mostly the host's dispatch gaps, and how much of them showed depended on
+    // whether the device was still busy with the micro steps when the host reached the optimizer: grad_accum
+    // 8 read a larger optimizer share than 1 at micro batch 2 and 4 (1.7% -> 2.0%). The loop's span is kept.
+    std::optional<double> opt_alone_ms;
+    {
+      MeasureConfig mc = ctx_.measure;
+      mc.mode = TimingMode::hidden;
+      mc.warmup = 0;
+      mc.min_trial_ms = 0;  // one step a trial
+      mc.min_trials = mc.max_trials = 3;
+      try {
+        opt_alone_ms = measure(dev, [&] { step.optimizer(opt, 1e-4f, step.optimizer_calls() + 1); }, mc).ms.median;
+      } catch (const UnsupportedError&) {  // a device that cannot hold its stream: the loop's span, said so below
       }
-    } catch (const UnsupportedError&) {
-      opt_alone_ms.clear();  // a device that cannot hold its stream: the loop's span, said so below
     }
     const double W = secs(w1 - w0), H = secs(submit), S = secs(sync), O = secs(other);
     const double micro_steps = double(trials) * accum;
@@ -159,8 +158,8 @@ class BatchRun : public ScenarioRun {
     double opt_total = 0;
     for (double x : opt_ms) opt_total += x;
     const double opt_span_ms = opt_total / double(trials);
-    const bool opt_alone = opt_alone_ms.size() == 3;
-    if (opt_alone) opt_total = summarize(opt_alone_ms).median * double(trials);
+    const bool opt_alone = opt_alone_ms.has_value();
+    if (opt_alone) opt_total = *opt_alone_ms * double(trials);
     const double all_subs = double(std::max<std::int64_t>(1, timed_subs));
     const double host_per_launch_us = 1e6 * H / all_subs;
     const double dev_per_launch_us = 1e6 * B / all_subs;
@@ -226,7 +225,7 @@ class BatchRun : public ScenarioRun {
                         {"host_submit", 1e3 * H / trials},
                         {"host_sync_wait", 1e3 * S / trials},
                         {"host_other", 1e3 * O / trials}}},
-                  {"optimizer_ms", json{{"device_alone", opt_alone ? json(summarize(opt_alone_ms).median) : json()},
+                  {"optimizer_ms", json{{"device_alone", opt_alone ? json(*opt_alone_ms) : json()},
                                         {"span_in_loop", opt_span_ms}}},
                   {"dispatch_us", dispatch_us},
                   {"dispatch_note", "a modelled framework cost per submission (PyTorch eager: 5-20 us per op, "

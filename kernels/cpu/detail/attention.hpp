@@ -72,6 +72,7 @@ inline void st(std::uint16_t* p, float x) {
 // had before gave masked entries 1e-38, and P 1e-40 after normalising, a
 // subnormal, so fp32 eager causal attention's GEMMs and softmax backward ran
 // on subnormal operands: 60 ms at S=256, H=4, against 1.4 ms not causal.
+
 // The part of an attention op both implementations share.
 class CpuAttention : public AttentionOp {
  public:

@@ -36,12 +36,27 @@
 // inherit the attribute, so only leaf kernels carry it, and what they call is
 // SB_INLINE, so it is compiled into each clone.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define SB_HAS_CPU_CLONES 1
 #define SB_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
+#define SB_HAS_CPU_CLONES 0
 #define SB_CPU_CLONES
 #endif
 
 namespace sb::cpu {
+
+// The clone of SB_CPU_CLONES functions the ifunc resolver picks on this CPU (its rule: the first listed
+// target the CPU supports), for the implementation strings results record.
+inline const char* cpu_clone_isa() {
+#if SB_HAS_CPU_CLONES
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return "avx512f";
+  if (__builtin_cpu_supports("avx2")) return "avx2";
+  return "x86-64 baseline (SSE2)";
+#else
+  return "as built (no run-time ISA clones)";
+#endif
+}
 
 SB_INLINE float exp_v(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
