@@ -947,7 +947,6 @@ class Diagnosis {
                               step_gain, how, param, part, part_name(check), held, line, evidence);
     else if (!held.empty())
       f.summary += held;
-    if (step_level && step_gain < kMinGain) f.evidence["minor_on_the_step"] = true;
   }
 
   Point summary() {
