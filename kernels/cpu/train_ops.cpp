@@ -2,14 +2,20 @@
 // matmul, everything else C++ loops (OpenMP over rows) on the compute thread.
 //
 // GEMM: op(A) and op(B) are described to oneDNN by their strides (tag ab or
-// ba), so no transpose is ever copied. The product goes to an fp32 scratch
-// and one epilogue pass writes C = alpha * T + beta * C in C's dtype, rounded
-// once: a bf16 GEMM here is what a GPU's is (bf16 inputs, fp32 products and
-// sums, one rounding). Where oneDNN has no bf16 (or fp16) matmul on this CPU
-// (oneDNN 2.6 needs AVX-512 BF16 / AVX512-FP16), the inputs are widened to
-// fp32 first — exact, since every bf16 and fp16 value is an fp32 value — and
-// an fp32 matmul runs: the same numbers, not the same speed. gemm_impl() says
-// which ran.
+// ba), so no transpose is ever copied. oneDNN writes C = alpha * A B + beta * C
+// itself, in C's dtype, rounded once (alpha as its output scale, beta = 1 as
+// its sum post-op): a bf16 GEMM here is what a GPU's is (bf16 inputs, fp32
+// products and sums, one rounding), and what torch.mm / addmm on CPU run.
+// Where oneDNN has no bf16 (or fp16) matmul on this CPU (oneDNN 2.6 needs
+// AVX-512 BF16 / AVX512-FP16), the inputs are widened to fp32 first — exact,
+// since every bf16 and fp16 value is an fp32 value — an fp32 matmul runs into
+// an fp32 scratch, and one epilogue pass writes C: the same numbers, not the
+// same speed. gemm_impl() says which ran.
+//
+// The fused epilogue replaced that scratch-and-pass on every path (2026-12-02):
+// at micro batch 8 (2048 x 1024 outputs) the pass read and wrote 8 MiB more
+// per GEMM than the GEMM itself, and PyTorch's step on the same CPU gained
+// from larger micro batches where this one lost (tests/peer/batch_peer.py).
 #include "kernels/cpu/detail/train_ops.hpp"
 
 #include <algorithm>  // std::max
@@ -376,9 +382,15 @@ class CpuTrainOps final : public TrainOps {
                                    DType in) override {
     if (m <= 0 || n <= 0 || k <= 0 || !native_.count(in)) return 0;
     const bool widen = !native_.at(in);
-    const std::size_t sp_b = primitive(ta, tb, m, n, k, matmul_type(in))->sp_bytes;
-    // T [m,n] fp32, the widened A and B where emulated, the scratchpad, 64 B of alignment for each of four
-    return std::size_t(m * n) * 4 + (widen ? std::size_t(m * k + k * n) * 4 : 0) + sp_b + 4 * 64;
+    const dt t = matmul_type(in);
+    if (widen)  // T [m,n] fp32, the widened A and B, the scratchpad, 64 B of alignment for each of four
+      return std::size_t(m * n) * 4 + std::size_t(m * k + k * n) * 4 + primitive(ta, tb, m, n, k, t, dt::f32, 1.0f, false)->sp_bytes + 4 * 64;
+    // fused: the scratchpad alone, the largest of the forms a call can take (C fp32 or the input's dtype,
+    // beta 0 or 1)
+    std::size_t sp_b = 0;
+    for (dt out : {dt::f32, t})
+      for (bool sum : {false, true}) sp_b = std::max(sp_b, primitive(ta, tb, m, n, k, t, out, 1.0f, sum)->sp_bytes);
+    return sp_b + 64;
   }
 
   void reserve_gemm_workspace(std::size_t bytes) override {
@@ -398,17 +410,31 @@ class CpuTrainOps final : public TrainOps {
     check_size(c, m * n, "gemm C");
     const DType in = a.dtype;
     const bool widen = !native_.at(in);
-    auto prim = primitive(ta, tb, m, n, k, matmul_type(in));
-    // scratch: T [m,n] fp32, and the widened A and B where emulated
-    const std::size_t t_b = std::size_t(m * n) * 4, aw_b = widen ? std::size_t(m * k) * 4 : 0,
-                      bw_b = widen ? std::size_t(k * n) * 4 : 0;
-    auto scratch = scratch_of(gemm_workspace_bytes(ta, tb, m, n, k, in));
+    const DType ct = c.dtype;
     const void* ap = a.data();
     const void* bp = b.data();
     void* cp = c.data();
-    const DType ct = c.dtype;
     const std::string label = fmt::format("gemm {}{} {}x{}x{} {}", ta ? "T" : "N", tb ? "T" : "N", m, n, k,
                                           to_string(in));
+    auto scratch = scratch_of(gemm_workspace_bytes(ta, tb, m, n, k, in));
+    if (!widen) {
+      // C's dtype is fp32 or the input's (checked above), both oneDNN destinations here
+      auto prim = primitive(ta, tb, m, n, k, matmul_type(in), ct == DType::fp32 ? dt::f32 : matmul_type(in), alpha,
+                            beta != 0.0f);
+      submit(label, [=, strm = strm_, eng = env_.eng] () mutable {
+        dnnl::memory am(prim->a_md, eng, const_cast<void*>(ap));
+        dnnl::memory bm(prim->b_md, eng, const_cast<void*>(bp));
+        dnnl::memory cm(prim->c_md, eng, cp);
+        dnnl::memory spm(prim->pd.scratchpad_desc(), eng, scratch->data());
+        SB_DNNL_CHECK(prim->prim.execute(
+            strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, spm}}));
+        SB_DNNL_CHECK(strm.wait());
+      });
+      return;
+    }
+    auto prim = primitive(ta, tb, m, n, k, dt::f32, dt::f32, 1.0f, false);
+    // scratch: T [m,n] fp32, and the widened A and B
+    const std::size_t t_b = std::size_t(m * n) * 4, aw_b = std::size_t(m * k) * 4, bw_b = std::size_t(k * n) * 4;
     submit(label, [=, strm = strm_, eng = env_.eng] () mutable {
       auto* base = static_cast<unsigned char*>(scratch->data());
       auto align = [](std::size_t x) { return (x + 63) / 64 * 64; };
@@ -416,16 +442,10 @@ class CpuTrainOps final : public TrainOps {
       auto* awp = reinterpret_cast<float*>(base + align(t_b));
       auto* bwp = reinterpret_cast<float*>(base + align(t_b) + align(aw_b));
       void* spp = base + align(t_b) + align(aw_b) + align(bw_b);
-      const void* asrc = ap;
-      const void* bsrc = bp;
-      if (widen) {
-        for_chunks(m * k, [&](std::int64_t i0, std::int64_t len) { load_f(ap, in, i0, len, awp + i0); });
-        for_chunks(k * n, [&](std::int64_t i0, std::int64_t len) { load_f(bp, in, i0, len, bwp + i0); });
-        asrc = awp;
-        bsrc = bwp;
-      }
-      dnnl::memory am(prim->a_md, eng, const_cast<void*>(asrc));
-      dnnl::memory bm(prim->b_md, eng, const_cast<void*>(bsrc));
+      for_chunks(m * k, [&](std::int64_t i0, std::int64_t len) { load_f(ap, in, i0, len, awp + i0); });
+      for_chunks(k * n, [&](std::int64_t i0, std::int64_t len) { load_f(bp, in, i0, len, bwp + i0); });
+      dnnl::memory am(prim->a_md, eng, awp);
+      dnnl::memory bm(prim->b_md, eng, bwp);
       dnnl::memory tm(prim->c_md, eng, tp);
       dnnl::memory spm(prim->pd.scratchpad_desc(), eng, spp);
       SB_DNNL_CHECK(prim->prim.execute(
@@ -809,17 +829,26 @@ class CpuTrainOps final : public TrainOps {
     }
   }
 
-  std::shared_ptr<Prim> primitive(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, dt t) {
-    const auto key = std::make_tuple(ta, tb, m, n, k, int(t));
+  // C = alpha * op(A) op(B) (+ C with sum): alpha is oneDNN's output scale, applied before the sum
+  // post-op, so C's old value is never scaled; both in fp32, C rounded once to its dtype.
+  std::shared_ptr<Prim> primitive(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, dt t, dt out,
+                                  float alpha, bool sum) {
+    const auto key = std::make_tuple(ta, tb, m, n, k, int(t), int(out), std::bit_cast<std::uint32_t>(alpha), sum);
     std::lock_guard<std::mutex> lk(mu_);
     auto it = prims_.find(key);
     if (it != prims_.end()) return it->second;
     auto p = std::make_shared<Prim>();
     p->a_md = dnnl::memory::desc({m, k}, t, ta ? tag::ba : tag::ab);
     p->b_md = dnnl::memory::desc({k, n}, t, tb ? tag::ba : tag::ab);
-    p->c_md = dnnl::memory::desc({m, n}, dt::f32, tag::ab);
+    p->c_md = dnnl::memory::desc({m, n}, out, tag::ab);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    if (sum) {
+      dnnl::post_ops po;
+      po.append_sum(1.0f);
+      attr.set_post_ops(po);
+    }
     p->pd = SB_DNNL_CHECK(dnnl::matmul::primitive_desc(dnnl::matmul::desc(p->a_md, p->b_md, p->c_md), attr, env_.eng));
     p->prim = SB_DNNL_CHECK(dnnl::matmul(p->pd));
     p->sp_bytes = p->pd.scratchpad_desc().get_size();
@@ -842,7 +871,9 @@ class CpuTrainOps final : public TrainOps {
   dnnl::stream strm_;
   std::map<DType, bool> native_;
   std::mutex mu_;
-  std::map<std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, int>, std::shared_ptr<Prim>> prims_;
+  std::map<std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, int, int, std::uint32_t, bool>,
+           std::shared_ptr<Prim>>
+      prims_;
   std::shared_ptr<LedgerBlock> scratch_;
 };
 

@@ -9,6 +9,7 @@
 #include <future>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "fake_device.hpp"
@@ -173,6 +174,50 @@ TEST(CpuTrainOps, AdamWOverAChunkTailMatchesItsFormula) {
     pi -= 1e-3 * (mi / 0.1) / (std::sqrt(vi / 0.001) + 1e-8);
     ASSERT_NEAR(out[std::size_t(i)], pi, 1e-6) << "element " << i;
   }
+}
+
+// The training GEMM writes C = alpha op(A) op(B) + beta C itself (oneDNN's output scale and sum post-op
+// where the dtype is native, an fp32 scratch and a pass where it is emulated): every transpose, C in bf16
+// and in fp32, beta 0 over a C full of NaN (never read) and beta 1 (accumulated, never scaled by alpha).
+TEST(CpuTrainOps, Bf16GemmWritesAlphaProductPlusBetaCRoundedOnce) {
+  auto dev = cpu();
+  auto ops = dev->make_train_ops();
+  const std::int64_t m = 45, n = 70, k = 33;  // none a multiple of a register block
+  const auto ah = ramp(std::size_t(m * k), 1.0f, 0.3f), bh = ramp(std::size_t(k * n), 1.0f, 1.7f),
+             ch = ramp(std::size_t(m * n), 4.0f, 0.9f);
+  DTensor a = ops->alloc(m * k, DType::bf16, "A"), b = ops->alloc(k * n, DType::bf16, "B");
+  ops->upload(a, ah);
+  ops->upload(b, bh);
+  std::vector<float> ain(ah.size()), bin(bh.size());
+  ops->download(a, ain);  // the inputs as bf16 holds them
+  ops->download(b, bin);
+  for (DType ct : {DType::bf16, DType::fp32})
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (float beta : {0.0f, 1.0f}) {
+          SCOPED_TRACE(fmt::format("C {} ta {} tb {} beta {}", to_string(ct), ta, tb, beta));
+          DTensor c = ops->alloc(m * n, ct, "C");
+          ops->upload(c, beta != 0.0f ? ch : std::vector<float>(ch.size(), NAN));
+          std::vector<float> cin(ch.size()), out(ch.size());
+          ops->download(c, cin);
+          ops->gemm(ta, tb, m, n, k, 0.5f, a, b, beta, c);
+          ops->download(c, out);
+          double worst = 0;
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              double s = 0;  // the operands' layout as op(A) [m,k], op(B) [k,n] read them
+              for (std::int64_t p = 0; p < k; ++p)
+                s += double(ain[std::size_t(ta ? p * m + i : i * k + p)]) *
+                     double(bin[std::size_t(tb ? j * k + p : p * n + j)]);
+              const double want = 0.5 * s + (beta != 0.0f ? double(cin[std::size_t(i * n + j)]) : 0.0);
+              const double got = out[std::size_t(i * n + j)];
+              ASSERT_TRUE(std::isfinite(got)) << "at " << i << "," << j << ": C's NaN leaked in";
+              worst = std::max(worst, std::fabs(got - want) / std::max(1.0, std::fabs(want)));
+            }
+          // bf16 C: one rounding (2^-9 relative) and fp32 sums; fp32 C: fp32 sums of exact bf16 products
+          EXPECT_LT(worst, ct == DType::bf16 ? 4.0e-3 : 1e-5);
+          EXPECT_GT(worst, ct == DType::bf16 ? 1e-5 : -1.0) << "a bf16 C not rounded: written as fp32?";
+        }
 }
 
 TEST(VecMath, TanhWithinAFewUlpAndSaturates) {
