@@ -31,6 +31,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_common import add_run_arguments, cpu_kind, parse_list, write_pair  # noqa: E402
+
 try:
     import torch
     import torch.nn.functional as F
@@ -38,25 +41,6 @@ try:
 except ImportError as e:  # not installed: a skip, as meson counts it
     print(f"SKIP: PyTorch is not installed ({e})")
     sys.exit(77)
-
-
-def parse_list(text, kind):
-    try:
-        return [kind(x) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma list of {kind.__name__}: {text!r}")
-
-
-def cpu_kind():
-    model, flags = "", set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    isa = [x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in flags]
-    return {"model": model, "isa": isa, "cores": os.cpu_count()}
 
 
 def eager(q, k, v, scale, mask):
@@ -135,13 +119,7 @@ def main():
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the table shows their median")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--stallbench", default="build/stallbench")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds for one stallbench run")
-    ap.add_argument("--out", default="", help="JSON path (the .md table is written beside it)")
+    add_run_arguments(ap)
     args = ap.parse_args()
     for name in ("batch", "heads", "head_dim", "rounds", "reps"):
         if getattr(args, name) < 1:
@@ -211,13 +189,7 @@ def main():
             "rows": rows,
             "samples": [{"seq_len": s, "pass": p, "who": w, "ms": v} for (s, p, w), v in samples.items()],
         }
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        for path, text in ((args.out, json.dumps(doc, indent=2) + "\n"),
-                           (os.path.splitext(args.out)[0] + ".md", table + "\n")):
-            tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
+        write_pair(args.out, doc, table)
 
 
 if __name__ == "__main__":
