@@ -23,7 +23,10 @@ Where the two sides differ by design:
   - stallbench models the framework's cost per op (dispatch_us, 10 us a submission, spent on
     the host while the compute thread runs the previous op); here PyTorch's own dispatch and
     autograd run on the thread that also computes.
-  - stallbench pins its compute thread to its compute CPUs; PyTorch uses its intra-op pool.
+  - stallbench computes on all CPUs but one, which it keeps for the host (its compute thread
+    and OpenMP team pinned there: one core of two); PyTorch computes on the thread that
+    dispatches, with its intra-op pool (every core by default: --threads 1 is like for like
+    on a 2-core machine).
 
 What it answers: does the micro batch buy tokens/s on this CPU at this shape, with the global
 batch held, for PyTorch too; and does bf16, and a fused attention, buy the step what they buy
