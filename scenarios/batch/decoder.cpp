@@ -215,8 +215,9 @@ std::vector<GemmCall> step_gemms(const DecoderConfig& cfg) {
       // forward (and the recompute): qkv, o-proj, W1, W2
       {false, true, T, 3 * d, d}, {false, true, T, d, d}, {false, true, T, 4 * d, d}, {false, true, T, d, 4 * d},
       // backward: dW2, dh, dW1, du2, dWo, datt, dWqkv, du1
-      {true, false, d, 4 * d, T}, {false, false, T, 4 * d, d}, {true, false, 4 * d, d, T}, {false, false, T, d, 4 * d},
-      {true, false, d, d, T}, {false, false, T, d, d}, {true, false, 3 * d, d, T}, {false, false, T, d, 3 * d},
+      {true, false, d, 4 * d, T, true}, {false, false, T, 4 * d, d}, {true, false, 4 * d, d, T, true},
+      {false, false, T, d, 4 * d}, {true, false, d, d, T, true}, {false, false, T, d, d},
+      {true, false, 3 * d, d, T, true}, {false, false, T, d, 3 * d},
   };
 }
 

@@ -81,6 +81,7 @@ inline std::uint64_t part(const MemoryParts& m, int i) {
 struct GemmCall {
   bool ta = false, tb = false;
   std::int64_t m = 0, n = 0, k = 0;
+  bool accumulate = false;  // a weight gradient: C fp32, beta 1 (else C in the step's dtype, beta 0)
 };
 // Every GEMM shape a micro step runs (forward, backward; the recompute of
 // checkpointing repeats the forward's).

@@ -35,9 +35,16 @@ def main():
             accum = q["params"]["grad_accum"]
             check(q["info"]["submissions"] == q["info"]["trials"] * (49 * accum + 16),
                   f"{k}: {q['info']['submissions']} submissions")
-            # the step's GEMM rate beside its own GEMM shapes timed back to back in the same run
-            check(m(q, "gemm_bare_tflops") > 0 and len(q["info"]["gemm_bare"]["shapes"]) == 4,
+            # the step's GEMM rate beside its own twelve GEMM calls timed back to back in the same run: the
+            # forward's four (C in the step's dtype, beta 0) and the backward's eight, the four weight
+            # gradients (A transposed) accumulated into fp32 (beta 1)
+            calls = q["info"]["gemm_bare"]["calls"]
+            check(m(q, "gemm_bare_tflops") > 0 and len(calls) == 12 and all(c["ms"] > 0 for c in calls),
                   f"{k}: bare GEMMs {q['info'].get('gemm_bare')}")
+            grads = [c for c in calls if c["ta"]]
+            check(len(grads) == 4 and all(c["beta"] == 1 and c["c"] == "fp32" for c in grads)
+                  and all(c["beta"] == 0 for c in calls if not c["ta"]),
+                  f"{k}: the weight gradients as the step runs them: {calls}")
             check(m(q, "gemm_pct_of_bare") > 0, f"{k}: the step at {m(q, 'gemm_pct_of_bare')}% of its bare GEMMs")
             # the micro steps' device span, per micro step, is inside the optimizer step's wall time
             check(0 < m(q, "micro_step_ms") * accum < m(q, "step_ms"),
