@@ -383,10 +383,9 @@ class CpuTrainOps final : public TrainOps {
     if (m <= 0 || n <= 0 || k <= 0 || !native_.count(in)) return 0;
     const bool widen = !native_.at(in);
     const dt t = matmul_type(in);
-    if (widen)  // T [m,n] fp32, the widened A and B, the scratchpad, 64 B of alignment for each of four
-      return std::size_t(m * n) * 4 + std::size_t(m * k + k * n) * 4 + primitive(ta, tb, m, n, k, t, dt::f32, 1.0f, false)->sp_bytes + 4 * 64;
+    if (widen) return widened_workspace(m, n, k, primitive(ta, tb, m, n, k, t, dt::f32, 1.0f, false)->sp_bytes);
     // fused: the scratchpad alone, the largest of the forms a call can take (C fp32 or the input's dtype,
-    // beta 0 or 1)
+    // beta 0 or 1), plus 64 B (never an empty block)
     std::size_t sp_b = 0;
     for (dt out : {dt::f32, t})
       for (bool sum : {false, true}) sp_b = std::max(sp_b, primitive(ta, tb, m, n, k, t, out, 1.0f, sum)->sp_bytes);
@@ -416,11 +415,13 @@ class CpuTrainOps final : public TrainOps {
     void* cp = c.data();
     const std::string label = fmt::format("gemm {}{} {}x{}x{} {}", ta ? "T" : "N", tb ? "T" : "N", m, n, k,
                                           to_string(in));
-    auto scratch = scratch_of(gemm_workspace_bytes(ta, tb, m, n, k, in));
+    // The scratch this call's own primitive needs (reserve_gemm_workspace made the step's largest before it
+    // ran): one primitive lookup a call, not the workspace query's one per form.
     if (!widen) {
       // C's dtype is fp32 or the input's (checked above), both oneDNN destinations here
       auto prim = primitive(ta, tb, m, n, k, matmul_type(in), ct == DType::fp32 ? dt::f32 : matmul_type(in), alpha,
                             beta != 0.0f);
+      auto scratch = scratch_of(prim->sp_bytes + 64);
       submit(label, [=, strm = strm_, eng = env_.eng] () mutable {
         dnnl::memory am(prim->a_md, eng, const_cast<void*>(ap));
         dnnl::memory bm(prim->b_md, eng, const_cast<void*>(bp));
@@ -433,6 +434,7 @@ class CpuTrainOps final : public TrainOps {
       return;
     }
     auto prim = primitive(ta, tb, m, n, k, dt::f32, dt::f32, 1.0f, false);
+    auto scratch = scratch_of(widened_workspace(m, n, k, prim->sp_bytes));
     // scratch: T [m,n] fp32, and the widened A and B
     const std::size_t t_b = std::size_t(m * n) * 4, aw_b = std::size_t(m * k) * 4, bw_b = std::size_t(k * n) * 4;
     submit(label, [=, strm = strm_, eng = env_.eng] () mutable {
@@ -827,6 +829,12 @@ class CpuTrainOps final : public TrainOps {
     } catch (const dnnl::error&) {
       return false;
     }
+  }
+
+  // An emulated dtype's GEMM scratch: T [m,n] fp32, the widened A and B, the scratchpad, 64 B of alignment for
+  // each of the four.
+  static std::size_t widened_workspace(std::int64_t m, std::int64_t n, std::int64_t k, std::size_t sp_bytes) {
+    return std::size_t(m * n) * 4 + std::size_t(m * k + k * n) * 4 + sp_bytes + 4 * 64;
   }
 
   // C = alpha * op(A) op(B) (+ C with sum): alpha is oneDNN's output scale, applied before the sum

@@ -119,8 +119,7 @@ def time_torch(args, dtype, attn, mb, ga):
         step()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
-    t = statistics.median(times)
-    return mb * args.seq * ga / t, 1e3 * t
+    return mb * args.seq * ga / statistics.median(times)
 
 
 def framework_cost(args, dtype, attn):
@@ -165,8 +164,7 @@ def time_stallbench(args, dtype, attn, sizes):
     for pt in res["points"]:
         m = pt.get("metrics", {})
         if pt.get("status") == "ok":
-            out[pt["params"]["micro_batch"]] = (m["tokens_per_s"]["value"], m["step_ms"]["value"],
-                                                m["launches"]["value"])
+            out[pt["params"]["micro_batch"]] = (m["tokens_per_s"]["value"], m["launches"]["value"])
     return out, res.get("meta", {})
 
 
@@ -209,10 +207,10 @@ def main():
         for dtype in args.dtype:
             for attn in args.attn:
                 for mb in sizes:
-                    tps, _ = time_torch(args, dtype, attn, mb, max(1, args.global_batch // mb))
+                    tps = time_torch(args, dtype, attn, mb, max(1, args.global_batch // mb))
                     samples.setdefault((dtype, attn, mb, "torch"), []).append(tps)
                 sb, meta = time_stallbench(args, dtype, attn, sizes)
-                for mb, (tps, _, subs) in sb.items():
+                for mb, (tps, subs) in sb.items():
                     samples.setdefault((dtype, attn, mb, "stallbench"), []).append(tps)
                     launches[(dtype, attn)] = subs  # the same at every micro batch
                 fw.setdefault((dtype, attn), []).append(framework_cost(args, dtype, attn))
