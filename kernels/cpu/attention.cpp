@@ -12,6 +12,7 @@
 #include "harness/attention_check.hpp"  // check_attention_size
 #include "harness/errors.hpp"  // UsageError, UnsupportedError
 #include "harness/random.hpp"  // uniform_pm1
+#include "kernels/cpu/detail/omp_team.hpp"  // TeamScope
 
 namespace sb::cpu {
 
@@ -172,6 +173,8 @@ std::unique_ptr<AttentionOp> make_attention(const AttnEnv& env, const AttnShape&
                                             std::uint64_t seed) {
   if (auto why = attention_unsupported(env.eng, impl, t)) throw UnsupportedError(*why);
   attn_sequences(s);  // a bad shape is a usage error before any memory is planned
+  // naive's oneDNN primitives and flash's per-thread tiles: for the team that runs them (omp_team.hpp)
+  const TeamScope team(env.cs.team());
   try {
     if (impl == AttnImpl::naive || impl == AttnImpl::naive_prealloc)
       return make_naive_attention(env, s, t, seed, impl == AttnImpl::naive);

@@ -378,7 +378,7 @@ class FlashAttention final : public CpuAttention {
 
 std::unique_ptr<AttentionOp> make_flash_attention(const AttnEnv& env, const AttnShape& s, DType t,
                                                   std::uint64_t seed) {
-  // Threads as OpenMP (and so oneDNN) will use them on the compute thread.
+  // Threads as OpenMP will use them on the compute thread (make_attention's TeamScope).
   const int threads = std::max(1, omp_get_max_threads());
   const std::size_t rows = std::size_t(s.batch * s.heads * attn_tokens(s));  // one LSE and one D per query row
   std::int64_t max_len = 0;

@@ -28,6 +28,7 @@
 #include "kernels/cpu/detail/compute_stream.hpp"   // ComputeStream
 #include "kernels/cpu/detail/dnnl_check.hpp"       // SB_DNNL_CHECK
 #include "kernels/cpu/detail/mem_ledger.hpp"       // MemLedger, LedgerBlock
+#include "kernels/cpu/detail/omp_team.hpp"         // TeamScope
 #include "kernels/cpu/detail/stream_device.hpp"    // record_event, StreamBusyProbe
 #include "kernels/cpu/detail/train_ops.hpp"        // make_train_ops
 
@@ -77,8 +78,11 @@ class CpuGemm : public GemmOp {
     const dnnl::matmul::desc desc(a_md, w_any, c_md);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // its scratchpad is ledger memory too
-    pd_ = SB_DNNL_CHECK(dnnl::matmul::primitive_desc(desc, attr, eng_));
-    prim_ = SB_DNNL_CHECK(dnnl::matmul(pd_));
+    {
+      const cpu::TeamScope team(cs_.team());  // made for the compute thread's team (omp_team.hpp)
+      pd_ = SB_DNNL_CHECK(dnnl::matmul::primitive_desc(desc, attr, eng_));
+      prim_ = SB_DNNL_CHECK(dnnl::matmul(pd_));
+    }
     label_ = fmt::format("gemm {} {}x{}x{}", to_string(t), s.m, s.n, s.k);
     // A [M,K] and W [N,K] in the dtype (W in oneDNN's blocked layout, maybe
     // padded), C [M,N] fp32: the sizes come from the descriptors.
@@ -291,6 +295,7 @@ class CpuDevice : public Device {
     // After a hang the stream is stuck behind the running item: leave it.
     if (ledger_->keeps_freed_blocks()) return cpus;
     const int team = int(cpus.size());
+    cs_.set_team(team);  // what primitives made from now are made for (omp_team.hpp)
     cs_.enqueue("pin the compute thread", [cpus, team] {
       pin_this_thread(cpus);
       omp_set_num_threads(team);

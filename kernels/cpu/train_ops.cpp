@@ -33,6 +33,7 @@
 #include "harness/errors.hpp"                 // Error, OutOfMemory, UsageError
 #include "harness/units.hpp"                  // format_bytes
 #include "kernels/cpu/detail/dnnl_check.hpp"  // SB_DNNL_CHECK
+#include "kernels/cpu/detail/omp_team.hpp"    // TeamScope
 #include "kernels/cpu/detail/vec_math.hpp"    // exp_v, tanh_v
 
 namespace sb::cpu {
@@ -841,7 +842,10 @@ class CpuTrainOps final : public TrainOps {
   // post-op, so C's old value is never scaled; both in fp32, C rounded once to its dtype.
   std::shared_ptr<Prim> primitive(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, dt t, dt out,
                                   float alpha, bool sum) {
-    const auto key = std::make_tuple(ta, tb, m, n, k, int(t), int(out), std::bit_cast<std::uint32_t>(alpha), sum);
+    // made on this (the host) thread for the compute thread's team (omp_team.hpp), which is part of the key
+    const int team = env_.cs.team();
+    const auto key =
+        std::make_tuple(ta, tb, m, n, k, int(t), int(out), std::bit_cast<std::uint32_t>(alpha), sum, team);
     std::lock_guard<std::mutex> lk(mu_);
     auto it = prims_.find(key);
     if (it != prims_.end()) return it->second;
@@ -857,6 +861,7 @@ class CpuTrainOps final : public TrainOps {
       po.append_sum(1.0f);
       attr.set_post_ops(po);
     }
+    const TeamScope scope(team);
     p->pd = SB_DNNL_CHECK(dnnl::matmul::primitive_desc(dnnl::matmul::desc(p->a_md, p->b_md, p->c_md), attr, env_.eng));
     p->prim = SB_DNNL_CHECK(dnnl::matmul(p->pd));
     p->sp_bytes = p->pd.scratchpad_desc().get_size();
@@ -879,7 +884,7 @@ class CpuTrainOps final : public TrainOps {
   dnnl::stream strm_;
   std::map<DType, bool> native_;
   std::mutex mu_;
-  std::map<std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, int, int, std::uint32_t, bool>,
+  std::map<std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, int, int, std::uint32_t, bool, int>,
            std::shared_ptr<Prim>>
       prims_;
   std::shared_ptr<LedgerBlock> scratch_;

@@ -488,22 +488,30 @@ class Diagnosis {
         break;
       }
     }
+    const Point& kq = *s.point_int("micro_batch", knee);
     const double b = metric(*base, "tokens_per_s")->value;
-    const double f = metric(*s.point_int("micro_batch", knee), "tokens_per_s")->value;
+    const double f = metric(kq, "tokens_per_s")->value;
     add_gain(p, b, f, "tokens/s", "tokens per second of the step");
     p.info["knee"] = knee;
     if (!with.empty()) p.info["with_lines_above"] = with;
     p.info["global_batch"] = global;
+    // What limits their micro batch, from the step's own figures: launch-bound (HTA's rule: less device
+    // work per submission than host time, the device idle more than half the time), steady-low (the
+    // device idles between submissions), or neither: then a larger micro batch buys only the device's
+    // own efficiency per token, and the finding must not call it launch-bound.
+    const BatchLimit lim = batch_limit(*base, kq, shape_.seq);
+    p.info["limit"] = lim.kind;
+    p.info["reading"] = lim.reading;
     if (knee > mb && f / b >= kMinGain) {
       const std::int64_t ga = std::max<std::int64_t>(1, global / std::max<std::int64_t>(1, knee));
       applied_.push_back({"batch",
                           {{"micro_batch", std::to_string(knee)}, {"grad_accum", std::to_string(loop_grad_accum(ga))}},
                           knee});
-      find("a batch that is too small (launch-bound, steady-low utilization)", "batch", f / b,
+      find(lim.cause, "batch", f / b,
            fmt::format("{} tokens/s at micro batch {} -> {} at {} (the smallest within 90% of the best swept, "
-                       "your global batch of {} held{})",
+                       "your global batch of {} held{}); {}",
                        format_number(b), mb, format_number(f), knee, global,
-                       with.empty() ? "" : "; with the lines above applied: " + with),
+                       with.empty() ? "" : "; with the lines above applied: " + with, lim.reading),
            fmt::format("micro_batch_size: {}, gradient_accumulation_steps: {} (a global batch of {} for your {}, "
                        "if it fits: see memory){}",
                        knee, ga, knee * ga, global,
@@ -1120,6 +1128,48 @@ MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev) {
   return s;
 }
 
+BatchLimit batch_limit(const Point& base, const Point& knee, std::int64_t seq) {
+  auto value = [](const Point& q, const char* name) {
+    const Metric* m = q.metric(name);
+    return m ? m->value : 0.0;
+  };
+  // device time per token: the device's span per micro step over its tokens
+  auto us_per_token = [&](const Point& q) {
+    const double toks = double(q.params.value("micro_batch", std::int64_t(1))) * double(std::max<std::int64_t>(seq, 1));
+    return 1e3 * value(q, "micro_step_ms") / toks;
+  };
+  const std::int64_t mb = base.params.value("micro_batch", std::int64_t(1));
+  const std::int64_t kb = knee.params.value("micro_batch", std::int64_t(1));
+  const std::string pattern = base.info.value("pattern", std::string());
+  const double busy = value(base, "busy_pct"), dev = value(base, "device_us_per_launch"),
+               host = value(base, "host_us_per_launch");
+  const std::string figures =
+      fmt::format("{:.0f}% busy ({}), {:.1f} us of device work per submission against {:.1f} us of host time",
+                  busy, pattern.empty() ? "no pattern" : pattern, dev, host);
+  const std::string per_token =
+      kb != mb ? fmt::format("; device time per token {:.2f} us at micro batch {} -> {:.2f} us at {}", us_per_token(base),
+                             mb, us_per_token(knee), kb)
+               : "";
+  BatchLimit l;
+  if (base.info.value("launch_bound", false)) {
+    l.kind = "launch-bound";
+    l.cause = "a batch that is too small (launch-bound, steady-low utilization)";
+    l.reading = fmt::format("launch-bound at micro batch {}: {}{}", mb, figures, per_token);
+  } else if (pattern == "steady-low") {
+    l.kind = "steady-low";
+    l.cause = "a batch that is too small (steady-low utilization)";
+    l.reading = fmt::format("steady-low at micro batch {}: {}; the device idles between submissions{}", mb, figures,
+                            per_token);
+  } else {
+    l.kind = "device-efficiency";
+    l.cause = "a batch that is too small for the device's efficiency (not launch-bound)";
+    l.reading = fmt::format("not launch-bound at micro batch {}: {}; the host keeps the device fed, so a larger micro "
+                            "batch buys only the device's own efficiency per token{}",
+                            mb, figures, per_token);
+  }
+  return l;
+}
+
 Result run(RunContext& ctx, const Options& opt, const nlohmann::ordered_json& meta) {
   Diagnosis d(ctx, opt, meta);
   return d.run();
@@ -1171,10 +1221,12 @@ std::string format_report(const Result& r) {
       o << " " << p.reason;
     else if (from_trace)  // what the rule saw, or the figures it read
       o << " " << trace_line(p);
-    else if (const Metric* g = p.metric("gain"))
+    else if (const Metric* g = p.metric("gain")) {
       o << fmt::format(" {} -> {} {} ({:.2f}x)", format_number(p.metric("baseline")->value),
                        format_number(p.metric("with_fix")->value), p.metric("baseline")->unit, g->value);
-    else if (name == "utilization" && p.metric("busy_pct"))
+      if (p.info.contains("reading") && p.info["reading"].is_string())  // what the figures say (batch: its limit)
+        o << "\n" << std::string(24, ' ') << p.info["reading"].get<std::string>();
+    } else if (name == "utilization" && p.metric("busy_pct"))
       o << fmt::format(" {} tokens/s, {:.0f}% busy, {}", format_number(p.metric("tokens_per_s")->value),
                        p.metric("busy_pct")->value, p.info.value("pattern", std::string()));
     else if (name == "memory" && p.metric("footprint_gib"))

@@ -228,9 +228,12 @@ std::string format_html(const Result& r) {
         o << (i ? "; " : "") << esc(p.metrics[i].name) << " " << esc(format_number(p.metrics[i].value)) << " "
           << esc(p.metrics[i].unit);
       o << "</span>";
-    } else if (const Metric* g = p.metric("gain"))
+    } else if (const Metric* g = p.metric("gain")) {
       o << bars(p.metric("baseline")->value, p.metric("with_fix")->value, p.metric("baseline")->unit)
         << fmt::format("<br>{:.2f}x", g->value);
+      if (p.info.contains("reading") && p.info["reading"].is_string())
+        o << "<br><span class='note'>" << esc(p.info["reading"].get<std::string>()) << "</span>";
+    }
     else if (name == "utilization" && p.metric("busy_pct"))
       o << fmt::format("{} tokens/s, {:.0f}% busy, {}", esc(format_number(p.metric("tokens_per_s")->value)),
                        p.metric("busy_pct")->value, esc(p.info.value("pattern", std::string())))

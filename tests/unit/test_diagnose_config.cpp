@@ -15,6 +15,7 @@
 #include <filesystem>  // std::filesystem
 #include <fstream>     // std::ifstream, std::ofstream
 #include <map>         // std::map
+#include <stdexcept>   // std::runtime_error
 #include <string>      // std::string
 #include <vector>      // std::vector
 
@@ -697,6 +698,52 @@ TEST(DiagnoseFootprint, ParametersAreThePublishedModelsWithGroupedQueryAttention
   const auto fm = sb::diagnose::full_depth_footprint(mha.model, full_depth(mha));
   EXPECT_NEAR(double(fm.parameters) / 1e9, 8.835, 0.001);
   EXPECT_GT(fm.total, f3.total);
+}
+
+// What limits the user's micro batch (diagnose's batch check), read from real
+// points of the batch scenario: its finding must not call a step launch-bound
+// when the step's own figures say it is not.
+Result batch_points() {
+  std::ifstream f(kData + "/batch_points.json");
+  return result_from_json(nlohmann::ordered_json::parse(f), "batch_points.json");
+}
+
+const Point& batch_point(const Result& r, std::int64_t mb, std::int64_t ga) {
+  for (const Point& p : r.points)
+    if (p.params.value("micro_batch", std::int64_t(0)) == mb && p.params.value("grad_accum", std::int64_t(0)) == ga)
+      return p;
+  throw std::runtime_error(fmt::format("no point {} x {} in batch_points.json", mb, ga));
+}
+
+TEST(DiagnoseBatchLimit, LaunchBoundOnlyWhereTheStepsFiguresSaySo) {
+  const Result r = batch_points();
+  // 1 x 8: 5.3 us of device work against 12.7 us of host per submission, 41% busy: HTA's rule holds
+  const BatchLimit lb = batch_limit(batch_point(r, 1, 8), batch_point(r, 8, 8), 32);
+  EXPECT_EQ(lb.kind, "launch-bound");
+  EXPECT_NE(lb.cause.find("launch-bound"), std::string::npos);
+  EXPECT_NE(lb.reading.find("41% busy (steady-low), 5.3 us of device work per submission against 12.7 us"),
+            std::string::npos)
+      << lb.reading;
+  // device time per token: 0.6218 ms / 32 tokens = 19.43 us at 1; 1.3480 ms / 256 = 5.27 us at 8
+  EXPECT_NE(lb.reading.find("19.43 us at micro batch 1 -> 5.27 us at 8"), std::string::npos) << lb.reading;
+
+  // 1 x 1: device work under host time per submission, but 54% busy: not HTA's rule, steady-low
+  const BatchLimit sl = batch_limit(batch_point(r, 1, 1), batch_point(r, 4, 1), 32);
+  EXPECT_EQ(sl.kind, "steady-low");
+  EXPECT_EQ(sl.cause.find("launch-bound"), std::string::npos) << sl.cause;
+  EXPECT_NE(sl.reading.find("54% busy (steady-low)"), std::string::npos) << sl.reading;
+
+  // 16 x 8: 98% busy, 61 us of device work against 11 us of host: fed; a larger batch buys efficiency only
+  const BatchLimit de = batch_limit(batch_point(r, 16, 8), batch_point(r, 32, 8), 32);
+  EXPECT_EQ(de.kind, "device-efficiency");
+  EXPECT_NE(de.cause.find("not launch-bound"), std::string::npos) << de.cause;
+  EXPECT_NE(de.reading.find("not launch-bound at micro batch 16: 98% busy (healthy)"), std::string::npos)
+      << de.reading;
+  EXPECT_NE(de.reading.find("6.09 us at micro batch 16 -> 6.20 us at 32"), std::string::npos) << de.reading;
+
+  // the knee at their own micro batch: no per-token comparison to make
+  const BatchLimit same = batch_limit(batch_point(r, 16, 8), batch_point(r, 16, 8), 32);
+  EXPECT_EQ(same.reading.find("device time per token"), std::string::npos) << same.reading;
 }
 
 }  // namespace

@@ -65,6 +65,12 @@ class ComputeStream {
   // --trace: every item enqueued from now is recorded (its launch on the
   // calling thread, its run on the device); null stops recording.
   void set_trace(KinetoTrace* t) { trace_.store(t, std::memory_order_release); }
+  // The OpenMP team the stream's thread runs (set where the device pins it,
+  // before the pinning item is enqueued; 0: OpenMP's default, never set).
+  // Primitives made on another thread for this stream are made for it
+  // (omp_team.hpp).
+  void set_team(int n) { team_.store(n, std::memory_order_release); }
+  int team() const { return team_.load(std::memory_order_acquire); }
 
  private:
   void loop();
@@ -99,6 +105,7 @@ class ComputeStream {
   std::atomic<std::int64_t> wait_done_ns_{0};   // time of finished waits
   std::atomic<std::uint64_t> seq_{0};           // odd while the pairs above change (busy_time's and wait_time's lock)
   std::atomic<KinetoTrace*> trace_{nullptr};
+  std::atomic<int> team_{0};
   std::thread thread_;
 };
 
