@@ -2,6 +2,7 @@
 
 #include <algorithm>  // std::max, std::find
 #include <cmath>      // std::isfinite
+#include <map>        // std::map
 
 #include <fmt/format.h>  // fmt::format
 
@@ -102,6 +103,39 @@ void compare_with_expected(const Result& ra, const ExpectedFile& ef, double tol,
   }
 }
 
+// A parameter only one result has: a version that added it (a run from before it has none) or a
+// scenario that records more. When it holds one value at every point of that side, the points are
+// matched on the parameters both have, and a note names it; a swept one (several values) stays in
+// the key, so its points match nothing rather than several things.
+void drop_one_sided_params(std::vector<json>& keys_a, std::vector<json>& keys_b, CompareReport& rep) {
+  auto values = [](const std::vector<json>& keys) {
+    std::map<std::string, std::vector<json>> v;  // each parameter's distinct values
+    for (const json& k : keys)
+      for (const auto& [name, value] : k.items()) {
+        auto& seen = v[name];
+        if (std::find(seen.begin(), seen.end(), value) == seen.end()) seen.push_back(value);
+      }
+    return v;
+  };
+  const auto va = values(keys_a), vb = values(keys_b);
+  auto drop = [&](const std::map<std::string, std::vector<json>>& mine, const std::map<std::string, std::vector<json>>& other,
+                  std::vector<json>& keys, const char* side, std::size_t points) {
+    for (const auto& [name, seen] : mine) {
+      if (other.count(name)) continue;
+      std::size_t with = 0;  // points of this side that have it
+      for (const json& k : keys) with += k.contains(name) ? 1 : 0;
+      if (seen.size() != 1 || with != points) continue;
+      for (json& k : keys) k.erase(name);
+      const json& v = seen.front();
+      rep.notes.push_back(fmt::format("parameter {} only in {} ({}={} at every point): points matched on the "
+                                      "parameters both have",
+                                      name, side, name, v.is_string() ? v.get<std::string>() : v.dump()));
+    }
+  };
+  drop(va, vb, keys_a, "A", keys_a.size());
+  drop(vb, va, keys_b, "B", keys_b.size());
+}
+
 void compare_with_result(const Result& ra, const Result& rb, double tol, CompareReport& rep) {
   if (ra.scenario != rb.scenario)
     rep.notes.push_back(fmt::format("the results are of different scenarios ({} vs {})", ra.scenario, rb.scenario));
@@ -111,6 +145,7 @@ void compare_with_result(const Result& ra, const Result& rb, double tol, Compare
   std::vector<json> keys_a, keys_b;
   for (const auto& p : ra.points) keys_a.push_back(workload_params(ra, p.params));
   for (const auto& p : rb.points) keys_b.push_back(workload_params(rb, p.params));
+  drop_one_sided_params(keys_a, keys_b, rep);
   for (std::size_t i = 0; i < ra.points.size(); ++i) {
     const Point& pa = ra.points[i];
     const Point* pb = nullptr;

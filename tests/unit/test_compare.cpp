@@ -96,6 +96,35 @@ TEST(Compare, ResultVsResultMatchesPointsIgnoringTrials) {
   EXPECT_EQ(compare_docs(result_doc(700, 1.2), b, 0.5).worse, 0);  // inside a 50% tolerance
 }
 
+// A result from before a parameter existed (the batch scenario gained global_batch and attn, and
+// no published batch file matched a new run: "no metric of A has a counterpart in B").
+TEST(Compare, AParameterOnlyOneSideHasIsSetAsideWhenItHoldsOneValue) {
+  json b = result_doc(800, 1.0);
+  b["points"][0]["params"]["timing"] = "warm";  // B's version records it; A's had none
+  CompareReport rep = compare_docs(result_doc(700, 1.2), b, 0.05);
+  ASSERT_EQ(rep.rows.size(), 2u) << fmt::format("{}", fmt::join(rep.notes, " | "));
+  EXPECT_TRUE(has_note(rep, "parameter timing only in B (timing=warm at every point)"))
+      << fmt::format("{}", fmt::join(rep.notes, " | "));
+  EXPECT_FALSE(has_note(rep, "only in A")) << fmt::format("{}", fmt::join(rep.notes, " | "));
+
+  // swept on that side (two values): kept in the key, so neither point matches A's one
+  json c = result_doc(800, 1.0);
+  c["points"].push_back(c["points"][0]);
+  c["points"][0]["params"]["timing"] = "warm";
+  c["points"][1]["params"]["timing"] = "cold";
+  rep = compare_docs(result_doc(700, 1.2), c, 0.05);
+  EXPECT_TRUE(rep.rows.empty());
+  EXPECT_TRUE(has_note(rep, "only in A")) << fmt::format("{}", fmt::join(rep.notes, " | "));
+  EXPECT_FALSE(has_note(rep, "parameter timing")) << fmt::format("{}", fmt::join(rep.notes, " | "));
+
+  // on both sides with different values: a different point, as before
+  json d = result_doc(800, 1.0), a = result_doc(700, 1.2);
+  d["points"][0]["params"]["timing"] = "warm";
+  a["points"][0]["params"]["timing"] = "cold";
+  rep = compare_docs(a, d, 0.05);
+  EXPECT_TRUE(rep.rows.empty());
+}
+
 TEST(Compare, AgainstExpectedUsesMostSpecificFigureAndPeakIsACeiling) {
   const CompareReport rep = compare_docs(result_doc(780, 1.0), expected_doc(), 0.05);
   ASSERT_EQ(rep.rows.size(), 2u);
