@@ -168,7 +168,12 @@ class Diagnosis {
     for (const Point& p : s.r.points) {
       json m = json::object();
       for (const Metric& x : p.metrics) m[x.name] = x.value;
-      pts.push_back(json{{"params", p.params}, {"status", std::string(to_string(p.status))}, {"metrics", m}});
+      json q{{"params", p.params}, {"status", std::string(to_string(p.status))}, {"metrics", m}};
+      json info = json::object();  // what a check reads besides the figures (batch: its limit)
+      for (const char* k : {"pattern", "launch_bound"})
+        if (p.info.contains(k)) info[k] = p.info[k];
+      if (!info.empty()) q["info"] = std::move(info);
+      pts.push_back(std::move(q));
     }
     return json{{"command", s.command}, {"points", pts}};
   }

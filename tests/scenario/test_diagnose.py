@@ -160,6 +160,22 @@ def main():
                 check(q["params"]["micro_batch"] * q["params"]["grad_accum"] == 8,
                       f"batch sweep: micro batch {q['params']['micro_batch']} x {q['params']['grad_accum']}")
             check(by["batch"]["info"].get("global_batch") == 8, f"batch: global batch {by['batch']['info']}")
+            # what limits their micro batch is read from the step's own figures, and a finding says no more
+            bq = by["batch"]
+            lim = bq["info"].get("limit")
+            base = [q for q in bq["info"]["sub"]["points"] if q["params"]["micro_batch"] == 1]
+            if check(lim in ("launch-bound", "steady-low", "device-efficiency") and len(base) == 1,
+                     f"batch limit {lim}"):
+                want = ("launch-bound" if base[0]["info"].get("launch_bound") else
+                        "steady-low" if base[0]["info"].get("pattern") == "steady-low" else "device-efficiency")
+                check(lim == want, f"batch limit {lim}, the step's figures say {want}: {base[0]['info']}")
+                check(bq["info"].get("reading", "").startswith(
+                    {"launch-bound": "launch-bound at micro batch 1", "steady-low": "steady-low at micro batch 1",
+                     "device-efficiency": "not launch-bound at micro batch 1"}[lim]), f"batch reading {bq['info']}")
+                if "batch" in found:
+                    check(("(launch-bound" in found["batch"]["cause"]) == (lim == "launch-bound"),
+                          f"batch named '{found['batch']['cause']}' with limit {lim}")
+            print("batch:", bq["info"].get("reading"))
             lines = {f["evidence"]["config_line"] for f in doc["findings"]}
             check("sample_packing: true" in lines, f"lines {lines}")
             check("reproduce: stallbench run" in p.stdout, "the report shows no command")
