@@ -108,32 +108,34 @@ void compare_with_expected(const Result& ra, const ExpectedFile& ef, double tol,
 // matched on the parameters both have, and a note names it; a swept one (several values) stays in
 // the key, so its points match nothing rather than several things.
 void drop_one_sided_params(std::vector<json>& keys_a, std::vector<json>& keys_b, CompareReport& rep) {
-  auto values = [](const std::vector<json>& keys) {
-    std::map<std::string, std::vector<json>> v;  // each parameter's distinct values
+  struct Seen {
+    std::vector<json> values;  // distinct
+    std::size_t points = 0;    // that have it
+  };
+  auto seen = [](const std::vector<json>& keys) {
+    std::map<std::string, Seen> v;
     for (const json& k : keys)
       for (const auto& [name, value] : k.items()) {
-        auto& seen = v[name];
-        if (std::find(seen.begin(), seen.end(), value) == seen.end()) seen.push_back(value);
+        Seen& x = v[name];
+        ++x.points;
+        if (std::find(x.values.begin(), x.values.end(), value) == x.values.end()) x.values.push_back(value);
       }
     return v;
   };
-  const auto va = values(keys_a), vb = values(keys_b);
-  auto drop = [&](const std::map<std::string, std::vector<json>>& mine, const std::map<std::string, std::vector<json>>& other,
-                  std::vector<json>& keys, const char* side, std::size_t points) {
-    for (const auto& [name, seen] : mine) {
-      if (other.count(name)) continue;
-      std::size_t with = 0;  // points of this side that have it
-      for (const json& k : keys) with += k.contains(name) ? 1 : 0;
-      if (seen.size() != 1 || with != points) continue;
+  const auto sa = seen(keys_a), sb = seen(keys_b);
+  auto drop = [&](const std::map<std::string, Seen>& mine, const std::map<std::string, Seen>& other,
+                  std::vector<json>& keys, const char* side) {
+    for (const auto& [name, x] : mine) {
+      if (other.count(name) || x.values.size() != 1 || x.points != keys.size()) continue;
       for (json& k : keys) k.erase(name);
-      const json& v = seen.front();
+      const json& v = x.values.front();
       rep.notes.push_back(fmt::format("parameter {} only in {} ({}={} at every point): points matched on the "
                                       "parameters both have",
                                       name, side, name, v.is_string() ? v.get<std::string>() : v.dump()));
     }
   };
-  drop(va, vb, keys_a, "A", keys_a.size());
-  drop(vb, va, keys_b, "B", keys_b.size());
+  drop(sa, sb, keys_a, "A");
+  drop(sb, sa, keys_b, "B");
 }
 
 void compare_with_result(const Result& ra, const Result& rb, double tol, CompareReport& rep) {

@@ -241,22 +241,22 @@ std::map<long, long long> thread_cpu_ns() {
 }
 
 // With a CPU kept for the host (HostCpuForHost), the training GEMMs run on the
-// compute thread alone. oneDNN 2.6's matmul with a sum post-op (beta 1: the
-// weight gradients accumulated) keeps the thread count of the thread that made
-// it: made on the host thread (2 on a 2-core machine), it ran a team of 2 on the
-// compute thread's one CPU, a pool thread beside it taking turns at each barrier
-// (here: both threads 120 ms for the 30 GEMMs below, against 40 ms for the one
-// made for the team; 976 us per submission of a d_model 32 step against 9). A
-// plain GEMM (beta 0) took the count when it ran and never showed it. Which
-// threads did the work is counted, not timed.
-TEST(CpuTrainOps, GemmsRunOnTheComputeThreadAloneWhenTheHostKeepsACpu) {
-  if (allowed_cpus().size() < 2) GTEST_SKIP() << "one CPU: none to keep for the host";
+// compute thread's team alone: at most one thread per compute CPU (one on 2
+// CPUs). oneDNN 2.6's matmul with a sum post-op (beta 1: the weight gradients
+// accumulated) keeps the thread count of the thread that made it: made on the
+// host thread (every CPU), it ran a team one larger than the compute CPUs (on 2
+// CPUs: two threads on the compute thread's one CPU taking turns at each
+// barrier, both at 120 ms for the 30 GEMMs below, against 40 ms for the one
+// thread made for the team). A plain GEMM (beta 0) took the count when it ran
+// and never showed it. Which threads did the work is counted, not timed.
+TEST(CpuTrainOps, GemmsRunOnTheComputeThreadsTeamAloneWhenTheHostKeepsACpu) {
+  if (allowed_cpus().size() < 2) GTEST_SKIP() << "one CPU: none to keep for the host, so no team to exceed";
   auto dev = cpu();
   const HostCpuForHost host(*dev);
-  ASSERT_EQ(host.compute_cpus().size(), allowed_cpus().size() - 1);
-  if (host.compute_cpus().size() != 1) GTEST_SKIP() << "more than 2 CPUs: the team is larger than one thread";
+  const std::size_t team = host.compute_cpus().size();
+  ASSERT_EQ(team, allowed_cpus().size() - 1);
   auto ops = dev->make_train_ops();
-  const std::int64_t n = 384;  // large enough that oneDNN splits it over a team of 2
+  const std::int64_t n = 384;  // large enough that oneDNN splits it over a team of 2 or more
   DTensor a = ops->alloc(n * n, DType::fp32, "A"), b = ops->alloc(n * n, DType::fp32, "B"),
           c = ops->alloc(n * n, DType::fp32, "C");
   ops->upload(a, ramp(std::size_t(n * n), 1.0f, 0.3f));
@@ -268,16 +268,18 @@ TEST(CpuTrainOps, GemmsRunOnTheComputeThreadAloneWhenTheHostKeepsACpu) {
   dev->synchronize(std::chrono::seconds(120));
   const auto after = thread_cpu_ns();
   const long self = long(::gettid());
-  std::vector<std::string> ran;  // the threads, other than this (host) one, that ran 1 ms or more meanwhile
-  long long most = 0;
+  std::vector<std::string> ran;  // the threads, other than this (host) one, that ran 0.5 ms or more meanwhile
+  long long total = 0;
   for (const auto& [tid, ns] : after) {
     if (tid == self) continue;
     const long long d = ns - (before.count(tid) ? before.at(tid) : 0);
-    most = std::max(most, d);
-    if (d >= 1000000) ran.push_back(fmt::format("{} ({:.1f} ms)", tid, d / 1e6));
+    total += d;
+    if (d >= 500000) ran.push_back(fmt::format("{} ({:.1f} ms)", tid, d / 1e6));
   }
-  ASSERT_GT(most, 5000000) << "30 GEMMs of 384^3 ran in under 5 ms of any thread's time: not counted";
-  EXPECT_EQ(ran.size(), 1u) << "threads that ran the GEMMs: " << fmt::format("{}", fmt::join(ran, ", "));
+  ASSERT_GT(total, 5000000) << "30 GEMMs of 384^3 ran in under 5 ms of thread time: not counted";
+  EXPECT_GE(ran.size(), 1u);
+  EXPECT_LE(ran.size(), team) << "threads that ran the GEMMs, " << team
+                              << " compute CPU(s): " << fmt::format("{}", fmt::join(ran, ", "));
 }
 
 TEST(VecMath, TanhWithinAFewUlpAndSaturates) {

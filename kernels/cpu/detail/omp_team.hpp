@@ -11,8 +11,9 @@
 // compute thread's one CPU: a pool thread created there inherits that CPU,
 // and the two took turns at every barrier. Measured (AMD EPYC, 2 cores,
 // batch at micro batch 1, d_model 32, fp32): 976 us of device time per
-// submission against 17 us at the next point, whose pool thread was made
-// before the pinning, on both CPUs (there it took the host's CPU instead).
+// submission against 17 us at the next point, whose pool thread had been made
+// before the pinning, on both CPUs (so, deduced and not measured, it took the
+// host's CPU instead).
 //
 // TeamScope sets the calling thread's count to the compute thread's team
 // while a primitive is made, and puts it back. A team of 0 (no
