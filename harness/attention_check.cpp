@@ -152,7 +152,10 @@ AttnCheck check_attention(Device& dev, const AttnShape& s, AttnImpl impl, DType 
     for (float& e : *x) e = round_to(t, e);
   const AttnReference ref = attention_reference(s, q, k, v, backward ? std::span<const float>(d_o)
                                                                      : std::span<const float>());
-  const auto [atol, rtol] = attention_tolerance(t);
+  // named copies, not a structured binding: a lambda may capture those only from C++20 compilers
+  // newer than clang 14 (the sanitizer builds' compiler)
+  const auto tolerance = attention_tolerance(t);
+  const double atol = tolerance.first, rtol = tolerance.second;
   double worst_ratio = -1;
   int shown = 0;
   auto compare = [&](const char* name, const std::vector<float>& got, const std::vector<double>& want) {
