@@ -289,7 +289,7 @@ RunContext run_context(Device& dev, const RunArgs& a, Watchdog& wd) {
   if (a.noise > 0) ctx.measure.max_noise = a.noise;
   ctx.measure.sync_timeout = std::chrono::milliseconds(static_cast<long long>(std::min(a.timeout_s, 600.0) * 1000));
   const CpuInfo cpu = read_cpu_info();
-  ctx.expected = match_expected(dev.info(), cpu.isa, cpu.logical_cores);
+  ctx.expected = match_expected(dev.info(), cpu);
   ctx.progress = [&wd](const std::string& where) { wd.progress(where); };
   ctx.measure.heartbeat = [&wd] { wd.beat(); };
   return ctx;

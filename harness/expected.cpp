@@ -96,6 +96,8 @@ void check_expected_doc(const JsonRef& doc) {
     for (const char* key : {"name_contains", "isa", "isa_absent"})
       if (const auto v = match->find(key)) check_strings(*v);
     if (const auto v = match->find("logical_cores")) v->int32(1);
+    if (const auto v = match->find("vendor")) v->str();
+    if (const auto v = match->find("family")) v->int32(0);
   }
   if (const auto peaks = doc.find("peaks")) {
     peaks->object();
@@ -188,8 +190,8 @@ std::vector<ExpectedFile> load_expected_files() {
   return {};
 }
 
-bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const std::vector<std::string>& cpu_isa,
-                      int logical_cores) {
+bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const CpuInfo& cpu) {
+  const std::vector<std::string>& cpu_isa = cpu.isa;
   // Read from a checked file (expected_from_json): every field here is typed.
   const json& hw = f.doc.at("hardware");
   const json match = hw.value("match", json::object());
@@ -203,7 +205,9 @@ bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const std::v
       if (!has_isa(isa)) return false;
     for (const auto& isa : match.value("isa_absent", json::array()))
       if (has_isa(isa)) return false;
-    return !match.contains("logical_cores") || match["logical_cores"].get<int>() == logical_cores;
+    if (match.contains("vendor") && match["vendor"].get<std::string>() != cpu.vendor) return false;
+    if (match.contains("family") && match["family"].get<int>() != cpu.family) return false;
+    return !match.contains("logical_cores") || match["logical_cores"].get<int>() == cpu.logical_cores;
   }
   if (dev.kind == DeviceKind::sim) {
     // A simulated device is made from one expected file: that one.
@@ -216,10 +220,9 @@ bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const std::v
   return false;
 }
 
-std::optional<ExpectedFile> match_expected(const DeviceInfo& dev, const std::vector<std::string>& cpu_isa,
-                                           int logical_cores) {
+std::optional<ExpectedFile> match_expected(const DeviceInfo& dev, const CpuInfo& cpu) {
   for (auto& f : load_expected_files())
-    if (expected_matches(f, dev, cpu_isa, logical_cores)) return f;
+    if (expected_matches(f, dev, cpu)) return f;
   return std::nullopt;
 }
 

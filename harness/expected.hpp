@@ -10,6 +10,7 @@
 
 #include "harness/device.hpp"  // DeviceInfo
 #include "harness/dtype.hpp"   // DType
+#include "harness/fingerprint.hpp"  // CpuInfo
 
 namespace sb {
 
@@ -48,14 +49,13 @@ ExpectedFile load_expected_file(const std::string& path);
 // meet a surprise. Throws UsageError naming `file` and the field's path.
 ExpectedFile expected_from_json(nlohmann::ordered_json doc, const std::string& file);
 
-// Whether a checked file's hardware.match selects this device; cpu info
-// needs the host's ISA flags and core count (from fingerprint).
-bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const std::vector<std::string>& cpu_isa,
-                      int logical_cores);
+// Whether a checked file's hardware.match selects this device. A cpu file
+// matches on the host's ISA flags, core count, and (when it names them) the
+// CPU's vendor and family (read_cpu_info).
+bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const CpuInfo& cpu);
 
 // The first expected file (load_expected_files) that matches this device.
-std::optional<ExpectedFile> match_expected(const DeviceInfo& dev, const std::vector<std::string>& cpu_isa,
-                                           int logical_cores);
+std::optional<ExpectedFile> match_expected(const DeviceInfo& dev, const CpuInfo& cpu);
 
 bool where_matches(const nlohmann::ordered_json& where, const nlohmann::ordered_json& params);
 

@@ -1,6 +1,7 @@
 #include "harness/fingerprint.hpp"
 
 #include <algorithm>  // std::find
+#include <charconv>   // std::from_chars
 #include <chrono>     // std::chrono::system_clock
 #include <fstream>    // std::ifstream
 #include <sstream>    // std::stringstream
@@ -38,6 +39,12 @@ CpuInfo parse_cpuinfo(const std::string& text, int logical_cores) {
     std::string val = colon + 1 < line.size() ? line.substr(colon + 1) : "";
     if (!val.empty() && val.front() == ' ') val.erase(0, 1);
     if (key == "model name" && c.model.empty()) c.model = val;
+    if (key == "vendor_id" && c.vendor.empty()) c.vendor = val;
+    if (key == "cpu family" && c.family < 0) {
+      int f = -1;
+      const auto [end, ec] = std::from_chars(val.data(), val.data() + val.size(), f);
+      if (ec == std::errc() && end == val.data() + val.size() && f >= 0) c.family = f;
+    }
     // aarch64 has no "model name": the implementer and part identify the core.
     if (key == "CPU implementer" && implementer.empty()) implementer = val;
     if (key == "CPU part" && part.empty()) part = val;
@@ -109,6 +116,8 @@ json machine_fingerprint(std::span<const Backend> backends) {
   if (::uname(&u) == 0) m["os"] = fmt::format("{} {} {}", u.sysname, u.release, u.machine);
   const CpuInfo cpu = read_cpu_info();
   m["cpu"] = json{{"model", cpu.model}, {"logical_cores", cpu.logical_cores}, {"isa", cpu.isa}};
+  if (!cpu.vendor.empty()) m["cpu"]["vendor"] = cpu.vendor;
+  if (cpu.family >= 0) m["cpu"]["family"] = cpu.family;
   json gpus = json::array();
   json versions = json::object();
   for (const auto& b : backends) {

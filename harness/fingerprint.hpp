@@ -16,6 +16,11 @@ struct CpuInfo {
   std::string model;
   int logical_cores = 0;
   std::vector<std::string> isa;  // present flags among those in isa_flags_of_interest()
+  // x86: "vendor_id" (GenuineIntel, AuthenticAMD) and "cpu family" (AMD Zen 3 and 4: 25, Zen 5: 26;
+  // Intel's servers: 6). The same flags run differently on each: AVX512-BF16 is slower than fp32 on
+  // an Intel Xeon without AMX and twice as fast on a Zen 4. Empty / -1 when /proc/cpuinfo lacks them.
+  std::string vendor;
+  int family = -1;
 };
 
 // avx2, avx512f, avx512_bf16, avx512_fp16, amx_tile, amx_bf16, amx_int8, amx_fp16

@@ -261,8 +261,8 @@ TEST_F(ExpectedDir, ABadFileIsSkippedAndTheOthersStillServe) {
   EXPECT_EQ(skipped[0], "skipped expected-numbers file " + bad_path + ": hardware.class: expected string, got integer 5");
   std::vector<std::string> ids;
   for (const auto& f : files) ids.push_back(f.id());
-  EXPECT_EQ(ids, (std::vector<std::string>{"a100-sxm-80gb", "cpu-avx512-bf16-2c", "cpu-spr-amx-2c", "h100-sxm",
-                                           "h200-sxm"}));
+  EXPECT_EQ(ids, (std::vector<std::string>{"a100-sxm-80gb", "cpu-avx512-bf16-2c", "cpu-spr-amx-2c", "cpu-zen4-2c",
+                                           "h100-sxm", "h200-sxm"}));
 }
 
 TEST_F(ExpectedDir, TheRunTimeLoaderWarnsOnceAndMatchesWithTheRest) {
@@ -273,30 +273,51 @@ TEST_F(ExpectedDir, TheRunTimeLoaderWarnsOnceAndMatchesWithTheRest) {
   gpu.kind = DeviceKind::cuda;
   gpu.name = "NVIDIA H100 80GB HBM3";
   ::testing::internal::CaptureStderr();
-  const auto first = match_expected(gpu, {}, 16);
+  const auto first = match_expected(gpu, CpuInfo{.logical_cores = 16});
   const auto again = load_expected_files();  // read again in the same run: no second warning
   const std::string err = ::testing::internal::GetCapturedStderr();
   if (old) ::setenv("STALLBENCH_DATA_DIR", saved.c_str(), 1);
   else ::unsetenv("STALLBENCH_DATA_DIR");
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->id(), "h100-sxm");
-  EXPECT_EQ(again.size(), 5u);
+  EXPECT_EQ(again.size(), 6u);
   EXPECT_EQ(err, "stallbench: warning: skipped expected-numbers file " + bad_path +
                      ": hardware.class: expected string, got integer 5\n");
 }
 
-TEST(ExpectedMatch, CpuFilesMatchByIsaAndCores) {
+TEST(ExpectedMatch, CpuFilesMatchByIsaCoresVendorAndFamily) {
   const ExpectedFile f = load_expected_file(kExpectedDir + "/cpu-avx512-bf16-2c.json");
   DeviceInfo cpu;
   cpu.kind = DeviceKind::cpu;
-  EXPECT_TRUE(expected_matches(f, cpu, {"avx2", "avx512_bf16"}, 2));
-  EXPECT_FALSE(expected_matches(f, cpu, {"avx2", "avx512_bf16", "amx_bf16"}, 2));  // isa_absent
-  EXPECT_FALSE(expected_matches(f, cpu, {"avx2", "avx512_bf16"}, 4));
-  EXPECT_FALSE(expected_matches(f, cpu, {"avx2"}, 2));
+  const auto intel = [](std::vector<std::string> isa, int cores) {
+    return CpuInfo{.model = "Intel Xeon", .logical_cores = cores, .isa = std::move(isa), .vendor = "GenuineIntel",
+                   .family = 6};
+  };
+  EXPECT_TRUE(expected_matches(f, cpu, intel({"avx2", "avx512_bf16"}, 2)));
+  EXPECT_FALSE(expected_matches(f, cpu, intel({"avx2", "avx512_bf16", "amx_bf16"}, 2)));  // isa_absent
+  EXPECT_FALSE(expected_matches(f, cpu, intel({"avx2", "avx512_bf16"}, 4)));
+  EXPECT_FALSE(expected_matches(f, cpu, intel({"avx2"}, 2)));
+  // The same flags on an AMD Zen 4 run bf16 at twice fp32, not below it: its own file, not the Xeon's.
+  CpuInfo zen4{.model = "AMD EPYC", .logical_cores = 2, .isa = {"avx2", "avx512f", "avx512_bf16"},
+               .vendor = "AuthenticAMD", .family = 25};
+  EXPECT_FALSE(expected_matches(f, cpu, zen4));
+  const ExpectedFile z = load_expected_file(kExpectedDir + "/cpu-zen4-2c.json");
+  EXPECT_TRUE(expected_matches(z, cpu, zen4));
+  EXPECT_FALSE(expected_matches(z, cpu, intel({"avx2", "avx512_bf16"}, 2)));
+  CpuInfo zen3 = zen4;  // family 25 as well, without AVX-512
+  zen3.isa = {"avx2"};
+  EXPECT_FALSE(expected_matches(z, cpu, zen3));
+  CpuInfo zen5 = zen4;
+  zen5.family = 26;
+  EXPECT_FALSE(expected_matches(z, cpu, zen5));
+  // A CPU whose /proc/cpuinfo names no vendor matches no file that asks for one.
+  CpuInfo unnamed = zen4;
+  unnamed.vendor.clear();
+  EXPECT_FALSE(expected_matches(z, cpu, unnamed));
   DeviceInfo sim;
   sim.kind = DeviceKind::sim;
   sim.props = json{{"hardware_id", "cpu-avx512-bf16-2c"}};
-  EXPECT_TRUE(expected_matches(f, sim, {}, 0));
+  EXPECT_TRUE(expected_matches(f, sim, CpuInfo{}));
 }
 
 }  // namespace

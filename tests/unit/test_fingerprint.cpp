@@ -20,6 +20,23 @@ TEST(Fingerprint, ParsesModelAndIsaOfInterest) {
   EXPECT_EQ(c.logical_cores, 2);
   EXPECT_EQ(c.isa, (std::vector<std::string>{"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"}));
   EXPECT_EQ(parse_cpuinfo("", 1).model, "unknown CPU");
+  EXPECT_EQ(c.vendor, "");  // no vendor_id line
+  EXPECT_EQ(c.family, -1);
+}
+
+TEST(Fingerprint, ParsesVendorAndFamily) {
+  // the lines of an AMD EPYC (Zen 4) as a 2-vCPU guest shows them, trimmed
+  const std::string text =
+      "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+      "flags\t\t: fpu sse4a avx2 avx512f avx512_bf16 clzero\n";
+  const CpuInfo c = parse_cpuinfo(text, 2);
+  EXPECT_EQ(c.vendor, "AuthenticAMD");
+  EXPECT_EQ(c.family, 25);
+  EXPECT_EQ(c.model, "AMD EPYC");
+  EXPECT_EQ(c.isa, (std::vector<std::string>{"avx2", "avx512f", "avx512_bf16"}));
+  // a family that is not a whole non-negative number is left unknown, not guessed
+  for (const char* bad : {"cpu family\t: 6x\n", "cpu family\t: -3\n", "cpu family\t: \n"})
+    EXPECT_EQ(parse_cpuinfo(bad, 1).family, -1) << bad;
 }
 
 TEST(Fingerprint, ParsesAarch64Cpuinfo) {
@@ -66,7 +83,7 @@ TEST(Expected, FilesInTheSourceTreeLoadAndMatch) {
   DeviceInfo h200;
   h200.kind = DeviceKind::cuda;
   h200.name = "NVIDIA H200";
-  const auto m = match_expected(h200, {}, 16);
+  const auto m = match_expected(h200, CpuInfo{.logical_cores = 16});
   ASSERT_TRUE(m.has_value());
   EXPECT_EQ(m->id(), "h200-sxm");
   const auto peak = m->peak_tflops(DType::bf16);
@@ -75,7 +92,7 @@ TEST(Expected, FilesInTheSourceTreeLoadAndMatch) {
   DeviceInfo other;
   other.kind = DeviceKind::cuda;
   other.name = "NVIDIA GeForce GTX 1080";
-  EXPECT_FALSE(match_expected(other, {}, 16).has_value());
+  EXPECT_FALSE(match_expected(other, CpuInfo{.logical_cores = 16}).has_value());
   // Every figure of every file names its source and kind.
   for (const auto& f : files)
     for (const auto& fig : f.doc.value("figures", nlohmann::ordered_json::array())) {
