@@ -148,6 +148,16 @@ int cmd_devices(bool as_json) {
                            cpu["logical_cores"].get<int>(),
                            cpu["isa"].empty() ? std::string("none of interest")
                                               : fmt::format("{}", fmt::join(cpu["isa"].get<std::vector<std::string>>(), " ")));
+  {
+    // which expected-numbers file a cpu run is compared with (matched on ISA, cores, vendor, family)
+    DeviceInfo host;
+    host.kind = DeviceKind::cpu;
+    const CpuInfo ci = read_cpu_info();
+    const auto ex = match_expected(host, ci);
+    std::cout << fmt::format("         {}{}; expected numbers: {}\n", ci.vendor.empty() ? "vendor unknown" : ci.vendor,
+                             ci.family >= 0 ? fmt::format(" family {}", ci.family) : std::string(),
+                             ex ? ex->id() : std::string("none for this CPU (results/expected)"));
+  }
   for (const auto& [backend, v] : fp["versions"].items()) {
     std::string line;
     for (const auto& [k, x] : v.items())

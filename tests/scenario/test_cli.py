@@ -135,10 +135,21 @@ expect(["analyze-hang", "/nonexistent/dumps"], 2, ["/nonexistent/dumps does not 
 
 list_out = expect(["list"], 0, ["precision", "-p size", "default 1024,2048", "range [16, 65536] elements"], "stdout")
 expect(["list", "--names"], 0, ["precision"], "stdout")
-dev = expect(["devices"], 0, ["cpu", "logical cores"], "stdout")
+dev = expect(["devices"], 0, ["cpu", "logical cores", "expected numbers: "], "stdout")
 fp = json.loads(run("devices", "--json").stdout)
 if not fp["cpu"]["model"] or "cpu" not in fp["versions"]:
     failures.append("devices --json lacks cpu model or versions")
+# The CPU's vendor and family, as /proc/cpuinfo gives them, in the fingerprint and the text.
+with open("/proc/cpuinfo") as f:
+    info = dict(l.split(":", 1) for l in f.read().split("\n\n")[0].splitlines() if ":" in l)
+info = {k.strip(): v.strip() for k, v in info.items()}
+if "vendor_id" in info:
+    if fp["cpu"].get("vendor") != info["vendor_id"] or fp["cpu"].get("family") != int(info["cpu family"]):
+        failures.append(f"devices --json cpu {fp['cpu']} does not carry vendor_id/cpu family {info.get('vendor_id')}")
+    if info["vendor_id"] not in dev.stdout:
+        failures.append(f"devices does not name the vendor {info['vendor_id']}: {dev.stdout[:300]}")
+m = re.search(r"expected numbers: (\S+)", dev.stdout)
+dev_expected = m.group(1) if m else None
 
 with tempfile.TemporaryDirectory() as tmp:
     bad = os.path.join(tmp, "bad.json")
@@ -158,6 +169,10 @@ with tempfile.TemporaryDirectory() as tmp:
     if p.returncode != 0:
         failures.append(f"small run failed: {p.returncode} {p.stderr[-800:]}")
     else:
+        # the run is compared with the file `devices` names (or, with none, says there is none)
+        if dev_expected and not dev_expected.startswith("none"):
+            if f"expected numbers: {dev_expected}" not in p.stdout + p.stderr:
+                failures.append(f"devices names {dev_expected}, the run does not: {(p.stdout + p.stderr)[:300]}")
         expect(["compare", a, a, "--tolerance", "0.05"], 0, ["same"], "stdout")
         doc = json.load(open(a))
         for pt in doc["points"]:
