@@ -191,13 +191,12 @@ std::vector<ExpectedFile> load_expected_files() {
 }
 
 bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const CpuInfo& cpu) {
-  const std::vector<std::string>& cpu_isa = cpu.isa;
   // Read from a checked file (expected_from_json): every field here is typed.
   const json& hw = f.doc.at("hardware");
   const json match = hw.value("match", json::object());
   const std::string cls = hw.value("class", "gpu");
   const auto has_isa = [&](const json& isa) {
-    return std::find(cpu_isa.begin(), cpu_isa.end(), isa.get<std::string>()) != cpu_isa.end();
+    return std::find(cpu.isa.begin(), cpu.isa.end(), isa.get<std::string>()) != cpu.isa.end();
   };
   if (dev.kind == DeviceKind::cpu) {
     if (cls != "cpu") return false;

@@ -251,8 +251,8 @@ std::map<long, long long> thread_cpu_ns() {
 // and never showed it. Which threads did the work is counted, not timed.
 // The defect needs oneDNN's AVX2 gemm: on an AVX-512 machine (AMD Zen 4, 2 CPUs)
 // this test passes without the fix, and fails without it under
-// ONEDNN_MAX_CPU_ISA=AVX2 (two threads at 124 ms): a shape .ci/run runs the unit
-// suite in, so CI sees it on any CPU.
+// ONEDNN_MAX_CPU_ISA=AVX2 (two threads at 124 ms): meson's test_cpu_team_avx2
+// runs it so, and sees the defect on any x86 CPU.
 TEST(CpuTrainOps, GemmsRunOnTheComputeThreadsTeamAloneWhenTheHostKeepsACpu) {
   if (allowed_cpus().size() < 2) GTEST_SKIP() << "one CPU: none to keep for the host, so no team to exceed";
   auto dev = cpu();
