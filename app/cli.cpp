@@ -550,13 +550,27 @@ int cmd_analyze_hang(const std::string& dir, bool as_json) {
   return kExitOk;
 }
 
-int cmd_compare(const std::string& a, const std::string& b, double tolerance, bool gate) {
+int cmd_compare(const std::string& a, const std::string& b, double tolerance, bool gate, const std::string& json_path) {
+  const bool json_stdout = json_path == "-";  // as run's --json -: the JSON on stdout, the table on stderr
+  if (!json_path.empty() && !json_stdout) check_writable_target(json_path, "--json");  // before the work
   const json doc_a = read_json_file(a);  // A first, so its errors are reported first
   const json doc_b = read_json_file(b);
   const CompareReport rep = compare_docs(doc_a, doc_b, gate ? tolerance : 0.05, a, b);
-  std::cout << format_compare(rep);
+  std::ostream& table = json_stdout ? std::cerr : std::cout;
+  table << format_compare(rep);
+  if (!json_path.empty()) {
+    json j = compare_json(rep);
+    j["a_file"] = a;
+    j["b_file"] = b;
+    j["gate"] = gate;
+    const std::string text = j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+    if (json_stdout)
+      std::cout << text << std::flush;
+    else
+      write_file_atomic(json_path, text);
+  }
   if (gate && rep.worse > 0) {
-    std::cout << fmt::format("{} metric(s) worse than B by more than {:.1f}% (exit {})\n", rep.worse,
+    table << fmt::format("{} metric(s) worse than B by more than {:.1f}% (exit {})\n", rep.worse,
                              tolerance * 100, kExitRegression);
     return kExitRegression;
   }
@@ -722,7 +736,7 @@ int main_impl(int argc, char** argv) {
                     "NVML-not-answering alarm was raised (without --exec); with --exec, the command's.");
   for (CLI::Option* o : {interval_opt, on_stuck_opt, count_opt}) from_opt->excludes(o);
 
-  std::string ca, cb;
+  std::string ca, cb, cmp_json;
   double tolerance = 0.05;
   auto* cmp = app.add_subcommand("compare", "compare result A with result B or an expected file");
   cmp->add_option("A", ca, "a result JSON")->required();
@@ -730,6 +744,9 @@ int main_impl(int argc, char** argv) {
   auto* tol_opt = cmp->add_option("--tolerance", tolerance,
                                   "fraction, e.g. 0.1: exit 3 when a measured metric is worse than B by more")
                       ->check(finite_range(0.0, 10.0));
+  cmp->add_option("--json", cmp_json, "also write the comparison as JSON: every row with its parameters, the "
+                                      "per-metric summary and the notes (written atomically; - is stdout, the "
+                                      "table then goes to stderr)");
 
   std::string hang_dir;
   bool hang_json = false;
@@ -772,7 +789,7 @@ int main_impl(int argc, char** argv) {
   if (*run) return cmd_run(ra, &argc, &argv);
   if (*diag) return cmd_diagnose(da, argc, argv);
   if (*hang) return cmd_analyze_hang(hang_dir, hang_json);
-  if (*cmp) return cmd_compare(ca, cb, tolerance, tol_opt->count() > 0);
+  if (*cmp) return cmd_compare(ca, cb, tolerance, tol_opt->count() > 0, cmp_json);
   if (*clean) return cmd_clean(clean_dry);
   if (*watch_cmd) {
     wc.a.live = !plain;

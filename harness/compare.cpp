@@ -1,7 +1,7 @@
 #include "harness/compare.hpp"
 
-#include <algorithm>  // std::max, std::find
-#include <cmath>      // std::isfinite
+#include <algorithm>  // std::max, std::find, std::all_of, std::any_of
+#include <cmath>      // std::isfinite, std::log, std::exp
 #include <map>        // std::map
 
 #include <fmt/format.h>  // fmt::format
@@ -27,9 +27,12 @@ Verdict judge(double a, double b, Direction d, double tol) {
 
 namespace {
 
-CompareRow make_row(std::string point, const Metric& m, double b) {
+std::string point_label(const json& params);
+
+CompareRow make_row(const json& params, const Metric& m, double b) {
   CompareRow r;
-  r.point = std::move(point);
+  r.point = point_label(params);
+  r.params = params;
   r.metric = m.name;
   r.unit = m.unit;
   r.direction = m.direction;
@@ -39,11 +42,15 @@ CompareRow make_row(std::string point, const Metric& m, double b) {
   return r;
 }
 
+std::string param_value(const json& v) {
+  return v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string point_label(const json& params) {
   std::string s;
   for (const auto& [k, v] : params.items()) {
     if (!s.empty()) s += ' ';
-    s += fmt::format("{}={}", k, v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, json::error_handler_t::replace));
+    s += fmt::format("{}={}", k, param_value(v));
   }
   return s;
 }
@@ -69,7 +76,7 @@ void compare_with_expected(const Result& ra, const ExpectedFile& ef, double tol,
     if (p.status != Status::ok) continue;
     for (const auto& m : p.metrics) {
       for (const auto& f : ef.figures_for(ra.scenario, m.name, p.params)) {
-        CompareRow row = make_row(point_label(p.params), m, f.value("value", 0.0));
+        CompareRow row = make_row(p.params, m, f.value("value", 0.0));
         std::string source = f.value("source", "?");
         if (source.size() > 72) source = source.substr(0, 70) + "...";  // the whole source is in the file
         row.b_label = fmt::format("{}: {}", f.value("kind", "?"), source);
@@ -92,7 +99,7 @@ void compare_with_expected(const Result& ra, const ExpectedFile& ef, double tol,
       if (m.name == "tflops" && p.params.contains("dtype") && p.params["dtype"].is_string()) {
         if (const auto dt = parse_dtype(p.params["dtype"].get<std::string>())) {
           if (const auto peak = ef.peak_tflops(*dt)) {
-            CompareRow row = make_row(point_label(p.params), m, peak->first);
+            CompareRow row = make_row(p.params, m, peak->first);
             row.b_label = "datasheet peak: " + peak->second;
             row.verdict = sim ? Verdict::not_comparable : Verdict::ceiling;
             rep.rows.push_back(std::move(row));
@@ -167,7 +174,7 @@ void compare_with_result(const Result& ra, const Result& rb, double tol, Compare
     for (const auto& m : pa.metrics) {
       const Metric* mb = pb->metric(m.name);
       if (!mb) continue;
-      CompareRow row = make_row(point_label(pa.params), m, mb->value);
+      CompareRow row = make_row(pa.params, m, mb->value);
       row.b_label = "result";
       if (m.unit != mb->unit) {
         rep.notes.push_back(fmt::format("{} {}: units differ ({} vs {})", row.point, m.name, m.unit, mb->unit));
@@ -192,6 +199,7 @@ CompareReport compare_docs(const json& a, const json& b, double tol, const std::
                                  "second", a_file));
   const Result ra = result_from_json(a, a_file);
   CompareReport rep;
+  rep.tolerance = tol;
   rep.a_label = result_label(ra);
   const std::string b_kind = doc_kind(b, b_file);
   if (b_kind != "expected" && b_kind != "result")
@@ -203,6 +211,7 @@ CompareReport compare_docs(const json& a, const json& b, double tol, const std::
     if (b_kind == "expected") {
       const ExpectedFile ef = expected_from_json(b, b_file);
       rep.b_label = fmt::format("expected {}", ef.id());
+      rep.b_expected = true;
       compare_with_expected(ra, ef, tol, rep);
     } else {
       const Result rb = result_from_json(b, b_file);
@@ -212,27 +221,136 @@ CompareReport compare_docs(const json& a, const json& b, double tol, const std::
   });
   for (const auto& r : rep.rows) rep.worse += r.gated && r.verdict == Verdict::worse;
   if (rep.rows.empty()) rep.notes.push_back("no metric of A has a counterpart in B");
+  rep.summary = summarize(rep.rows);
   return rep;
+}
+
+std::vector<MetricSummary> summarize(const std::vector<CompareRow>& rows) {
+  std::vector<MetricSummary> out;
+  std::vector<double> logsum;
+  for (const auto& r : rows) {
+    if (r.verdict != Verdict::better && r.verdict != Verdict::same && r.verdict != Verdict::worse) continue;
+    if (!(r.ratio > 0) || !std::isfinite(r.ratio)) continue;
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const MetricSummary& m) { return m.metric == r.metric && m.unit == r.unit; });
+    if (it == out.end()) {
+      out.push_back({r.metric, r.unit, r.direction, 0, 0, r.ratio, r.ratio, 0, 0, 0});
+      logsum.push_back(0);
+      it = out.end() - 1;
+    }
+    MetricSummary& m = *it;
+    ++m.points;
+    logsum[std::size_t(it - out.begin())] += std::log(r.ratio);
+    m.min_ratio = std::min(m.min_ratio, r.ratio);
+    m.max_ratio = std::max(m.max_ratio, r.ratio);
+    m.better += r.verdict == Verdict::better;
+    m.same += r.verdict == Verdict::same;
+    m.worse += r.verdict == Verdict::worse;
+  }
+  for (std::size_t i = 0; i < out.size(); ++i) out[i].geomean = std::exp(logsum[i] / double(out[i].points));
+  return out;
 }
 
 std::string format_compare(const CompareReport& rep) {
   std::string out = fmt::format("A: {}\nB: {}\n", rep.a_label, rep.b_label);
+  // The parameters every row has with one value: printed once, as `run` prints its fixed ones.
+  std::vector<std::string> fixed_keys;
+  if (!rep.rows.empty())
+    for (const auto& [k, v] : rep.rows.front().params.items()) {
+      const bool everywhere = std::all_of(rep.rows.begin(), rep.rows.end(), [&, &k = k, &v = v](const CompareRow& r) {
+        return r.params.contains(k) && r.params[k] == v;
+      });
+      if (everywhere) fixed_keys.push_back(k);
+    }
+  auto shown = [&](const CompareRow& r) {
+    if (r.params.empty()) return r.point;  // a row made without its parameters: the label as it came
+    std::string s;
+    for (const auto& [k, v] : r.params.items()) {
+      if (std::find(fixed_keys.begin(), fixed_keys.end(), k) != fixed_keys.end()) continue;
+      s += fmt::format("{}{}={}", s.empty() ? "" : " ", k, param_value(v));
+    }
+    return s.empty() ? std::string("(the one point)") : s;
+  };
+  if (!fixed_keys.empty()) {
+    std::string f;
+    for (const auto& k : fixed_keys)
+      f += fmt::format("{}{}={}", f.empty() ? "" : " ", k, param_value(rep.rows.front().params[k]));
+    out += "fixed: " + f + "\n";
+  }
+  // "B is" names an expected figure's source; against a result every row would say "result".
+  const bool b_col = std::any_of(rep.rows.begin(), rep.rows.end(), [](const CompareRow& r) { return r.b_label != "result"; });
   std::size_t wp = 5, wm = 6;
+  std::vector<std::string> labels;
   for (const auto& r : rep.rows) {
-    wp = std::max(wp, r.point.size());
+    labels.push_back(shown(r));
+    wp = std::max(wp, labels.back().size());
     wm = std::max(wm, r.metric.size() + r.unit.size() + 3);
   }
-  out += fmt::format("{:<{}}  {:<{}}  {:>10}  {:>10}  {:>7}  {:<8}  {}\n", "point", wp, "metric", wm, "A", "B", "A/B",
-                     "verdict", "B is");
-  for (const auto& r : rep.rows) {
+  auto line = [&](const std::string& p, const std::string& m, const std::string& a, const std::string& b,
+                  const std::string& ratio, const std::string& verdict, const std::string& b_is) {
+    std::string l = fmt::format("{:<{}}  {:<{}}  {:>10}  {:>10}  {:>7}  {:<8}", p, wp, m, wm, a, b, ratio, verdict);
+    if (b_col) l += "  " + b_is;
+    while (!l.empty() && l.back() == ' ') l.pop_back();
+    return l + "\n";
+  };
+  out += line("point", "metric", "A", "B", "A/B", "verdict", "B is");
+  for (std::size_t i = 0; i < rep.rows.size(); ++i) {
+    const CompareRow& r = rep.rows[i];
     const std::string verdict = r.verdict == Verdict::ceiling ? fmt::format("{:.0f}% pk", r.ratio * 100)
                                                               : std::string(to_string(r.verdict));
-    out += fmt::format("{:<{}}  {:<{}}  {:>10}  {:>10}  {:>7}  {:<8}  {}\n", r.point, wp,
-                       fmt::format("{} ({})", r.metric, r.unit), wm, format_number(r.a), format_number(r.b),
-                       fmt::format("{:.3f}", r.ratio), verdict, r.b_label);
+    out += line(labels[i], fmt::format("{} ({})", r.metric, r.unit), format_number(r.a), format_number(r.b),
+                fmt::format("{:.3f}", r.ratio), verdict, r.b_label);
+  }
+  if (!rep.summary.empty()) {
+    out += fmt::format("summary, per metric over the points judged (A/B; same = within {:.0f}%):\n",
+                       rep.tolerance * 100);
+    for (const auto& m : rep.summary)
+      out += fmt::format("  {} ({}, {} is better): {} point{}, geometric mean {:.3f} ({:.3f}-{:.3f}); {} better, {} "
+                         "same, {} WORSE\n",
+                         m.metric, m.unit, to_string(m.direction), m.points, m.points == 1 ? "" : "s", m.geomean,
+                         m.min_ratio, m.max_ratio, m.better, m.same, m.worse);
   }
   for (const auto& n : rep.notes) out += "note: " + n + "\n";
   return out;
+}
+
+json compare_json(const CompareReport& rep) {
+  json rows = json::array();
+  for (const auto& r : rep.rows) {
+    json j{{"params", r.params},
+           {"metric", r.metric},
+           {"unit", r.unit},
+           {"direction", to_string(r.direction)},
+           {"a", r.a},
+           {"b", r.b},
+           {"ratio", r.ratio},
+           {"verdict", r.verdict == Verdict::ceiling ? "of peak" : std::string(to_string(r.verdict))},
+           {"b_is", r.b_label},
+           {"gated", r.gated}};
+    rows.push_back(std::move(j));
+  }
+  json summary = json::array();
+  for (const auto& m : rep.summary)
+    summary.push_back(json{{"metric", m.metric},
+                           {"unit", m.unit},
+                           {"direction", to_string(m.direction)},
+                           {"points", m.points},
+                           {"ratio_geomean", m.geomean},
+                           {"ratio_min", m.min_ratio},
+                           {"ratio_max", m.max_ratio},
+                           {"better", m.better},
+                           {"same", m.same},
+                           {"worse", m.worse}});
+  return json{{"kind", "comparison"},
+              {"a", rep.a_label},
+              {"b", rep.b_label},
+              {"b_is_expected", rep.b_expected},
+              {"tolerance", rep.tolerance},
+              {"ratio", "a / b: above 1 is better for a metric whose direction is higher, below 1 for lower"},
+              {"rows", rows},
+              {"summary", summary},
+              {"notes", rep.notes},
+              {"worse", rep.worse}};
 }
 
 }  // namespace sb

@@ -23,7 +23,8 @@ inline constexpr NameTable<Verdict, 5> kVerdictNames{{{{Verdict::better, "better
 inline std::string_view to_string(Verdict v) { return kVerdictNames.name(v); }
 
 struct CompareRow {
-  std::string point;   // "size=2048 dtype=bf16"
+  std::string point;   // "size=2048 dtype=bf16": every parameter of A's point
+  nlohmann::ordered_json params = nlohmann::ordered_json::object();  // the same, as A's JSON has them
   std::string metric;  // "tflops"
   std::string unit;
   Direction direction = Direction::none;
@@ -34,9 +35,22 @@ struct CompareRow {
   bool gated = false;      // counts towards the exit status
 };
 
+// One metric over the points both sides have: how A stands against B as a
+// whole (the geometric mean of A/B, its range, and the verdicts counted).
+struct MetricSummary {
+  std::string metric, unit;
+  Direction direction = Direction::none;
+  int points = 0;
+  double geomean = 0, min_ratio = 0, max_ratio = 0;  // of A/B
+  int better = 0, same = 0, worse = 0;
+};
+
 struct CompareReport {
   std::string a_label, b_label;
+  bool b_expected = false;  // B is an expected-numbers file (each row's b_label names its figure's source)
+  double tolerance = 0.05;  // the verdicts' band
   std::vector<CompareRow> rows;
+  std::vector<MetricSummary> summary;  // per judged metric, in the order the rows first show it
   std::vector<std::string> notes;  // unmatched points, status changes, simulation
   int worse = 0;                   // gated rows whose verdict is worse
 };
@@ -51,6 +65,14 @@ Verdict judge(double a, double b, Direction d, double tolerance);
 CompareReport compare_docs(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b,
                            double tolerance, const std::string& a_file = "A", const std::string& b_file = "B");
 
+// Per metric, over the rows that were judged (better, same or worse).
+std::vector<MetricSummary> summarize(const std::vector<CompareRow>& rows);
+
+// The table: the parameters every row shares printed once ("fixed: ..."), the
+// point column only the ones that vary; then the per-metric summary and notes.
 std::string format_compare(const CompareReport& rep);
+
+// The report as JSON (`compare --json`): every row with its full parameters.
+nlohmann::ordered_json compare_json(const CompareReport& rep);
 
 }  // namespace sb

@@ -184,6 +184,28 @@ with tempfile.TemporaryDirectory() as tmp:
         expect(["compare", a, b, "--tolerance", "0.1"], 3, ["WORSE", "worse than B"], "stdout")
         expect(["compare", a, b], 0, ["WORSE"], "stdout")  # no --tolerance: report only
         expect(["compare", a, b, "--tolerance", "abc"], 2)
+        # --json: the same comparison as a document, every row with its full parameters and the
+        # per-metric summary (B's tflops are twice A's: A/B 0.5 at every point, all WORSE)
+        cj = os.path.join(tmp, "cmp.json")
+        expect(["compare", a, b, "--json", cj], 0, ["summary, per metric", "fixed: "], "stdout")
+        try:
+            c = json.load(open(cj))
+            tf = [m for m in c["summary"] if m["metric"] == "tflops"]
+            ok_points = sum(1 for pt in doc["points"] if pt["status"] == "ok")
+            if c["kind"] != "comparison" or not tf or tf[0]["worse"] != ok_points or \
+                    abs(tf[0]["ratio_geomean"] - 0.5) > 1e-6 or tf[0]["points"] != ok_points:
+                failures.append(f"compare --json summary wrong: {c.get('summary')}")
+            if any("size" not in r["params"] or "dtype" not in r["params"] for r in c["rows"]):
+                failures.append("compare --json rows lack their full parameters")
+        except (OSError, ValueError, KeyError) as e:
+            failures.append(f"compare --json did not write a readable comparison: {e}")
+        p = run("compare", a, b, "--json", "-")
+        try:
+            if json.loads(p.stdout)["kind"] != "comparison" or "summary, per metric" not in p.stderr:
+                failures.append("compare --json -: the JSON on stdout, the table on stderr")
+        except ValueError as e:
+            failures.append(f"compare --json - stdout is not JSON: {e}")
+        expect(["compare", a, b, "--json", os.path.join(tmp, "no", "such", "dir", "c.json")], 2, ["--json"])
         # --json - writes the document to stdout and the table to stderr.
         p = run("run", "precision", "--device", "cpu", "--quick", "-p", "size=32", "-p", "dtype=fp32", "--json", "-")
         try:

@@ -1,3 +1,4 @@
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -151,6 +152,69 @@ TEST(Compare, StatusRegressionCounts) {
   const CompareReport rep = compare_docs(result_doc(0, 0, false, "oom"), result_doc(800, 1.0), 0.05);
   EXPECT_EQ(rep.worse, 1);
   EXPECT_NE(format_compare(rep).find("status oom in A, ok in B"), std::string::npos);
+}
+
+// Two points swept on size, trials and dtype the same at both: the table prints dtype and trials
+// once, the point column only size; the summary gives per metric the geometric mean of A/B and
+// the verdicts counted; the JSON keeps every row's full parameters.
+json sweep_doc(double t1, double t2) {
+  json d = result_doc(t1, 1.0);
+  json p2 = d["points"][0];
+  p2["params"]["size"] = 4096;
+  p2["metrics"]["tflops"]["value"] = t2;
+  d["points"].push_back(p2);
+  d["params"]["size"] = json::array({8192, 4096});
+  return d;
+}
+
+TEST(Compare, TablePrintsTheSharedParametersOnceAndSummarizesEachMetric) {
+  // tflops A/B: 400/800 = 0.5 (WORSE), 880/800 = 1.1 (better); ms 1.0 vs 1.0 twice (same)
+  const CompareReport rep = compare_docs(sweep_doc(400, 880), sweep_doc(800, 800), 0.05);
+  ASSERT_EQ(rep.rows.size(), 4u);
+  const std::string t = format_compare(rep);
+  EXPECT_NE(t.find("fixed: dtype=bf16 trials=10\n"), std::string::npos) << t;
+  EXPECT_EQ(t.find("size=8192 dtype"), std::string::npos) << t;  // the point column: size alone
+  EXPECT_NE(t.find("\nsize=8192  "), std::string::npos) << t;
+  EXPECT_EQ(t.find("B is"), std::string::npos) << t;  // against a result every row would say "result"
+  ASSERT_EQ(rep.summary.size(), 2u);
+  const MetricSummary& tf = rep.summary[0];
+  EXPECT_EQ(tf.metric, "tflops");
+  EXPECT_EQ(tf.points, 2);
+  EXPECT_NEAR(tf.geomean, std::sqrt(0.5 * 1.1), 1e-12);
+  EXPECT_DOUBLE_EQ(tf.min_ratio, 0.5);
+  EXPECT_DOUBLE_EQ(tf.max_ratio, 1.1);
+  EXPECT_EQ(tf.better, 1);
+  EXPECT_EQ(tf.worse, 1);
+  EXPECT_EQ(tf.same, 0);
+  EXPECT_EQ(rep.summary[1].metric, "ms");
+  EXPECT_EQ(rep.summary[1].same, 2);
+  EXPECT_NE(t.find("tflops (TFLOP/s, higher is better): 2 points, geometric mean 0.742 (0.500-1.100); 1 better, 0 "
+                   "same, 1 WORSE"),
+            std::string::npos)
+      << t;
+  const json j = compare_json(rep);
+  EXPECT_EQ(j["kind"], "comparison");
+  ASSERT_EQ(j["rows"].size(), 4u);
+  EXPECT_EQ(j["rows"][0]["params"]["size"], 8192);
+  EXPECT_EQ(j["rows"][0]["params"]["dtype"], "bf16");  // full, not the table's shortened label
+  EXPECT_EQ(j["rows"][0]["verdict"], "WORSE");
+  EXPECT_EQ(j["rows"][0]["direction"], "higher");
+  EXPECT_EQ(j["summary"][0]["worse"], 1);
+  EXPECT_EQ(j["worse"], rep.worse);
+}
+
+TEST(Compare, OnePointAndAnExpectedFileKeepTheSourceColumn) {
+  const CompareReport rep = compare_docs(result_doc(700, 1.2), expected_doc(), 0.05);
+  const std::string t = format_compare(rep);
+  EXPECT_NE(t.find("fixed: size=8192 dtype=bf16 trials=10\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("(the one point)"), std::string::npos) << t;
+  EXPECT_NE(t.find("B is"), std::string::npos) << t;
+  EXPECT_NE(t.find("measured: same machine"), std::string::npos) << t;
+  // the datasheet peak is a ceiling: shown, not in the summary's verdicts
+  ASSERT_EQ(rep.summary.size(), 1u);
+  EXPECT_EQ(rep.summary[0].points, 1);  // the most specific figure alone (size and dtype), not the generic one
+  EXPECT_EQ(t.find("published: generic"), std::string::npos) << t;
+  EXPECT_NE(t.find("% pk"), std::string::npos) << t;
 }
 
 TEST(Compare, ExpectedFileMustBeSecond) {
