@@ -176,6 +176,21 @@ Sweep expand_sweep(const std::vector<ParamSpec>& specs, const std::vector<std::s
   Sweep sweep;
   std::vector<std::vector<ParamValue>> axes(specs.size());
   std::size_t total = 1;
+  // A parameter is moot (ParamSpec::moot_when_given) when each of the named ones was given and
+  // none of their values is 0.
+  auto moot = [&](const ParamSpec& s) {
+    if (s.moot_when_given.empty()) return false;
+    for (const auto& name : s.moot_when_given) {
+      const auto it = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& o) { return o.name == name; });
+      if (it == specs.end()) return false;
+      const auto j = std::size_t(it - specs.begin());
+      if (!seen[j]) return false;
+      for (const auto& part : split_list(given[j], ','))
+        if (const ParamValue v = parse_value(*it, part); std::holds_alternative<std::int64_t>(v) && std::get<std::int64_t>(v) == 0)
+          return false;
+    }
+    return true;
+  };
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const auto& s = specs[i];
     std::string text = given[i];
@@ -183,6 +198,7 @@ Sweep expand_sweep(const std::vector<ParamSpec>& specs, const std::vector<std::s
       text = s.default_value;
       if (profile.gpu && !s.gpu_default.empty()) text = s.gpu_default;
       if (profile.quick && !s.quick_default.empty()) text = s.quick_default;
+      if (moot(s)) text = split_list(text, s.type == ParamType::text ? ';' : ',').front();
     }
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     // Text values may hold commas themselves (lengths=lognormal:256,1.0), so

@@ -38,6 +38,11 @@ struct ParamSpec {
   // For text parameters with a grammar (fault=hang@N): throws UsageError on
   // a bad value, so it is rejected with exit 2 before anything runs.
   std::function<void(const std::string&)> check;
+  // Parameters that make this one moot when every one of them is given with
+  // no 0 among its values (precision's size once m, n and k all are): its
+  // default sweep then collapses to its first value, so the same point is not
+  // measured once per default value. A value the user gives is kept.
+  std::vector<std::string> moot_when_given;
 };
 
 using ParamValue = std::variant<std::int64_t, double, bool, std::string>;

@@ -50,6 +50,24 @@ TEST(Params, ProfilesPickQuickAndGpuDefaults) {
   EXPECT_EQ(expand_sweep(specs(), {"size=32"}, {.quick = true, .gpu = true}).points[0].get_int("size"), 32);
 }
 
+// precision's size once m, n and k are all given: its default sweep would measure the same shape
+// once per default size (4 times a dtype on a GPU); it collapses to one point. A 0 among them
+// (m = size) or a size the user gives keeps the sweep.
+TEST(Params, AMootParameterKeepsOneDefaultValue) {
+  std::vector<ParamSpec> sp{
+      ParamSpec{.name = "size", .default_value = "64,128", .gpu_default = "1024,2048,4096", .moot_when_given = {"m", "n"}},
+      ParamSpec{.name = "m", .default_value = "0", .min = 0},
+      ParamSpec{.name = "n", .default_value = "0", .min = 0}};
+  EXPECT_EQ(expand_sweep(sp, {}, {}).points.size(), 2u);
+  EXPECT_EQ(expand_sweep(sp, {"m=96"}, {}).points.size(), 2u);  // n still follows size
+  const Sweep one = expand_sweep(sp, {"m=96", "n=32"}, {.gpu = true});
+  ASSERT_EQ(one.points.size(), 1u);
+  EXPECT_EQ(one.points[0].get_int("size"), 1024);
+  EXPECT_EQ(one.axes["size"], nlohmann::ordered_json::array({1024}));
+  EXPECT_EQ(expand_sweep(sp, {"m=96,0", "n=32"}, {}).points.size(), 4u);  // m=0 is size: the sweep stays
+  EXPECT_EQ(expand_sweep(sp, {"m=96", "n=32", "size=16,32"}, {}).points.size(), 2u);  // given: kept
+}
+
 TEST(Params, CartesianProductLastAxisFastest) {
   const Sweep s = expand_sweep(specs(), {"size=16,32,64", "dtype=fp32,bf16"}, {});
   ASSERT_EQ(s.points.size(), 6u);
