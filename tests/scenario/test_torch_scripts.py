@@ -1,8 +1,9 @@
-"""scripts/torch_matmul.py without a GPU: its compare mode (what a GPU lease's torch-compare
-stage runs) on real cpu precision results and torch files written in the format its measure
-mode writes, and its argument checks. A defect here would cost a lease, so it is caught here.
+"""scripts/torch_matmul.py and scripts/torch_sdpa.py without a GPU: their compare modes (what
+a GPU lease's torch-compare and torch-sdpa-compare stages run) on real cpu results and torch
+files written in the format their measure modes write, and their argument checks. A defect
+here would cost a lease, so it is caught here.
 
-usage: test_torch_matmul.py STALLBENCH SCRIPT
+usage: test_torch_scripts.py STALLBENCH SCRIPTS_DIR
 """
 import json
 import os
@@ -10,16 +11,17 @@ import subprocess
 import sys
 import tempfile
 
-sb, script = sys.argv[1], sys.argv[2]
+sb, scripts = sys.argv[1], sys.argv[2]
+script = os.path.join(scripts, "torch_matmul.py")
 failures = []
 
 
-def run(*args, timeout=120):
-    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=timeout)
+def run(*args, timeout=120, tool=None):
+    return subprocess.run([sys.executable, tool or script, *args], capture_output=True, text=True, timeout=timeout)
 
 
-def expect(args, code, must_say=(), where="stdout"):
-    p = run(*args)
+def expect(args, code, must_say=(), where="stdout", tool=None):
+    p = run(*args, tool=tool)
     text = p.stdout + p.stderr if where == "both" else getattr(p, where)
     bad = [f"exit {p.returncode}, want {code}"] if p.returncode != code else []
     bad += [f"missing {s!r}" for s in must_say if s not in text]
@@ -130,7 +132,60 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(["--compare", junk, same], 1, ["is not JSON"], "both")
     expect(["--compare", sq, llm], 1, ["needs a torch_matmul file"], "both")
 
+# ---- torch_sdpa.py: stallbench's attention (impl flash on cpu, where there is no cudnn) against
+# SDPA's best backend per shape
+sdpa = os.path.join(scripts, "torch_sdpa.py")
+expect(["--help"], 0, ["--backends", "--causal", "--compare"], tool=sdpa)
+for bad in (["--seq", "0"], ["--causal", "maybe"], ["--backends", "cudnn,magic"], ["--pass", "bwd"],
+            ["--trials", "0"], ["--compare", "one.json"], ["--seq", "128"]):  # the last: no --json
+    expect(bad, 2, [], "stderr", tool=sdpa)
+with tempfile.TemporaryDirectory() as tmp:
+    att, sim = os.path.join(tmp, "att.json"), os.path.join(tmp, "sim.json")
+    stallbench("run", "attention", "--device", "cpu", "--quick", "-p", "impl=flash", "-p", "seq_len=64,128",
+               "-p", "causal=false,true", "-p", "batch=1", "-p", "heads=2", "-p", "head_dim=32", "--json", att)
+    stallbench("run", "attention", "--device", "sim:h100", "--quick", "-p", "impl=cudnn", "-p", "seq_len=128",
+               "--json", sim)
+    keys = ("batch", "heads", "head_dim", "seq_len", "causal", "pass", "dtype")
+    mine = {tuple(p["params"][k] for k in keys): p["metrics"]["tflops"]["value"]
+            for p in json.load(open(att))["points"] if p["status"] == "ok"}
+    if len(mine) != 8:  # 2 lengths x 2 causal x 2 passes
+        sys.exit(f"the cpu attention run did not give the 8 points this test needs: {sorted(mine)}")
+
+    def sdpa_file(path, per_key):
+        pts = []
+        for k, v in mine.items():
+            for backend, tf in per_key(k, v):
+                p = dict(zip(keys, k))
+                p.update({"backend": backend, "status": "ok" if tf else "unsupported", "tflops": tf} if tf else
+                         {"backend": backend, "status": "unsupported", "reason": "No viable backend"})
+                pts.append(p)
+        json.dump({"tool": "torch", "op": "scaled_dot_product_attention", "torch_version": "2.x (test)",
+                   "device": "test device", "points": pts}, open(path, "w"))
+
+    # torch's best backend is at stallbench's figure (another slower, a third unsupported): all 1.000
+    even = os.path.join(tmp, "even.json")
+    sdpa_file(even, lambda k, v: [("flash", v), ("efficient", v / 2), ("cudnn", None)])
+    p = expect(["--compare", att, even, "--impl", "flash", "--min-seq", "64"], 0, ["comparison passed"], tool=sdpa)
+    if p.stdout.count(" flash   1.000  ok") != 8:
+        failures.append(f"eight ratios of 1.000 against torch's flash, each ok, expected:\n{p.stdout}")
+    # causal fwd+bwd at S=128: torch's best 1/0.8 of stallbench: FAIL naming the shape
+    slow = os.path.join(tmp, "slow.json")
+    sdpa_file(slow, lambda k, v: [("efficient", v / 0.8 if (k[3], k[4], k[5]) == (128, True, "fwd+bwd") else v)])
+    expect(["--compare", slow, att, "--impl", "flash", "--min-seq", "64"], 1,
+           ["comparison FAILED: B=1 H=2 D=32 S=128 causal fwd+bwd fp32: ratio 0.800 < 0.95"], tool=sdpa)
+    expect(["--compare", slow, att, "--impl", "flash", "--min-seq", "256"], 1, ["no shape from seq_len 256"],
+           tool=sdpa)  # nothing gated: a failure, not a vacuous pass
+    # every torch backend unsupported at a shape: named, not a crash, and that shape not gated
+    none = os.path.join(tmp, "none.json")
+    sdpa_file(none, lambda k, v: [("cudnn", None if k[3] == 64 else v)])
+    expect(["--compare", att, none, "--impl", "flash", "--min-seq", "64"], 0,
+           ["not compared (torch: cudnn: unsupported)", "comparison passed"], tool=sdpa)
+    expect(["--compare", att, even, "--min-seq", "64"], 1, ["no impl=cudnn point"], tool=sdpa)  # the default impl
+    expect(["--compare", sim, even], 1, ["is simulated"], "both", tool=sdpa)
+    expect(["--compare", os.path.join(tmp, "nope.json"), even], 1, ["cannot read"], "both", tool=sdpa)
+    expect(["--compare", att, att], 1, ["needs a torch_sdpa.py file"], "both", tool=sdpa)
+
 if failures:
     print("\n".join(failures))
     sys.exit(1)
-print("torch_matmul.py: compare mode and argument checks as expected")
+print("torch_matmul.py and torch_sdpa.py: compare modes and argument checks as expected")
