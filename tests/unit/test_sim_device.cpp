@@ -121,6 +121,32 @@ TEST(SimModel, PeakIsTheBestAchievableFigureElseTheDatasheet) {
   EXPECT_EQ(p["h2d_bandwidth"]["pageable"]["kind"], "assumption");  // the file has no pageable figure
 }
 
+// bf16 and fp16 share the tensor cores' peak: with a measured bf16 figure and only fp16's datasheet
+// peak, fp16 takes bf16's fraction of its peak (it was rated at the full peak: 1.24x bf16 on sim:h200).
+TEST(SimModel, Fp16TakesBf16sAchievableFractionOfTheSamePeak) {
+  for (const char* id : {"h100-sxm", "h200-sxm"}) {
+    const ExpectedFile f = expected(id);
+    const SimModel m = make_sim_model(f);
+    const SimInput& bf = m.peak_tflops.at(DType::bf16);
+    const SimInput& fp = m.peak_tflops.at(DType::fp16);
+    ASSERT_NE(bf.kind, "datasheet") << id;
+    const double bf_peak = f.doc["peaks"]["tflops"]["bf16"]["value"].get<double>();
+    const double fp_peak = f.doc["peaks"]["tflops"]["fp16"]["value"].get<double>();
+    EXPECT_EQ(fp.kind, "assumption") << id;
+    EXPECT_NEAR(fp.value, fp_peak * bf.value / bf_peak, 1e-9) << id;
+    EXPECT_NEAR(fp.value / bf.value, 1.0, 1e-9) << id << ": the same peak, the same rate";
+    EXPECT_NE(fp.source.find("same tensor cores"), std::string::npos) << fp.source;
+  }
+  // a file with an fp16 figure of its own keeps it
+  ExpectedFile f = expected("h200-sxm");
+  f.doc["figures"].push_back(json{{"scenario", "precision"}, {"metric", "tflops"}, {"where", {{"dtype", "fp16"}}},
+                                  {"value", 700.0}, {"unit", "TFLOP/s"}, {"direction", "higher"},
+                                  {"kind", "measured"}, {"source", "test"}});
+  const SimModel m = make_sim_model(f);
+  EXPECT_EQ(m.peak_tflops.at(DType::fp16).value, 700.0);
+  EXPECT_EQ(m.peak_tflops.at(DType::fp16).kind, "measured");
+}
+
 TEST(SimModel, GemmTimeIsTheRooflinePlusLaunchOverhead) {
   const SimModel m = make_sim_model(expected("h100-sxm"));
   const double peak = m.peak_tflops.at(DType::bf16).value;
