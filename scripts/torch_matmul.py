@@ -32,23 +32,13 @@ work without it.
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
-import tempfile
 import time
 
+from torch_script_common import int_list, load_json, positive_float, positive_int, write_json_atomic
+
 DTYPES = ("bf16", "fp16", "fp32", "tf32")
-
-
-def parse_sizes(text):
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--sizes wants a comma list of integers, got {text!r}")
-    if not sizes or any(s <= 0 for s in sizes):
-        raise argparse.ArgumentTypeError(f"--sizes wants positive integers, got {text!r}")
-    return sizes
 
 
 def parse_shapes(text):
@@ -77,47 +67,7 @@ def parse_dtypes(text):
     return list(dict.fromkeys(dts))
 
 
-def positive_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"wants a positive integer, got {text!r}")
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"wants a positive integer, got {text!r}")
-    return v
 
-
-def positive_float(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"wants a positive number, got {text!r}")
-    if not v > 0 or math.isinf(v):
-        raise argparse.ArgumentTypeError(f"wants a positive number, got {text!r}")
-    return v
-
-
-def write_json_atomic(path, doc):
-    """Writes doc to path: a temporary file in the same directory, fsync'd, then renamed."""
-    path = os.path.abspath(path)
-    d = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 # ---------------------------------------------------------------- measure
@@ -252,15 +202,6 @@ def measure(args):
 # ---------------------------------------------------------------- compare
 
 
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except OSError as e:
-        raise SystemExit(f"torch_matmul: cannot read {path}: {e.strerror}")
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"torch_matmul: {path} is not JSON: {e}")
-
 
 def point_shape(params):
     """The (M, N, K) of a stallbench precision point: m, n and k, each 0 (or absent) meaning
@@ -331,7 +272,7 @@ def shape_label(shape):
 def compare(args):
     sb_docs, torch_doc = [], None
     for path in args.compare:
-        doc = load(path)
+        doc = load_json(path, "torch_matmul")
         if isinstance(doc, dict) and doc.get("tool") == "torch":
             if torch_doc is not None:
                 raise SystemExit(f"torch_matmul: two torch files given ({torch_doc[0]} and {path})")
@@ -405,7 +346,7 @@ def main(argv=None):
         description="Time torch.matmul on a CUDA GPU, or compare stallbench precision results with it.",
         epilog="Exit codes: 0 ok, 1 comparison failed or measurement impossible, 2 bad arguments.",
     )
-    ap.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1024,2048,4096,8192"),
+    ap.add_argument("--sizes", type=int_list, default=int_list("1024,2048,4096,8192"),
                     help="comma list of square sizes S (M=N=K=S); default 1024,2048,4096,8192")
     ap.add_argument("--shapes", type=parse_shapes, default=None,
                     help="comma list of MxNxK shapes besides the sizes, e.g. 16384x4096x4096")

@@ -28,13 +28,11 @@ Exit codes: 0 ok, 1 failure (the comparison failed, no CUDA, torch missing, unre
 it.
 """
 import argparse
-import json
-import math
-import os
 import statistics
 import sys
-import tempfile
 import time
+
+from torch_script_common import int_list, load_json, positive_float, positive_int, write_json_atomic
 
 BACKENDS = ("cudnn", "flash", "efficient", "math")
 
@@ -42,16 +40,6 @@ BACKENDS = ("cudnn", "flash", "efficient", "math")
 def flops(b, h, s, d, causal, bwd):
     f = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
     return f * (3.5 if bwd else 1.0)
-
-
-def int_list(text):
-    try:
-        v = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"wants a comma list of positive integers, got {text!r}")
-    if not v or any(x <= 0 for x in v):
-        raise argparse.ArgumentTypeError(f"wants a comma list of positive integers, got {text!r}")
-    return v
 
 
 def bool_list(text):
@@ -75,46 +63,7 @@ def choice_list(choices, what):
     return parse
 
 
-def positive_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"wants a positive integer, got {text!r}")
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"wants a positive integer, got {text!r}")
-    return v
 
-
-def positive_float(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"wants a positive number, got {text!r}")
-    if not v > 0 or math.isinf(v):
-        raise argparse.ArgumentTypeError(f"wants a positive number, got {text!r}")
-    return v
-
-
-def write_json_atomic(path, doc):
-    """Writes doc to path: a temporary file in the same directory, fsync'd, then renamed."""
-    path = os.path.abspath(path)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=os.path.dirname(path))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 # ---------------------------------------------------------------- measure
@@ -223,15 +172,6 @@ def measure(args):
 # ---------------------------------------------------------------- compare
 
 
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except OSError as e:
-        raise SystemExit(f"torch_sdpa: cannot read {path}: {e.strerror}")
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"torch_sdpa: {path} is not JSON: {e}")
-
 
 KEY = ("batch", "heads", "head_dim", "seq_len", "causal", "pass", "dtype")
 
@@ -249,7 +189,7 @@ def label(k):
 def compare(args):
     sb_docs, th = [], None
     for path in args.compare:
-        doc = load(path)
+        doc = load_json(path, "torch_sdpa")
         if isinstance(doc, dict) and doc.get("tool") == "torch":
             if th is not None:
                 raise SystemExit(f"torch_sdpa: two torch files given ({th[0]} and {path})")
