@@ -4,9 +4,10 @@
 //   3 compare: a metric is worse than --tolerance; 4 a hang was caught;
 //   5 collective: a rank's library failed a collective (a mismatch that
 //   errored instead of hanging); the job was ended after the dumps.
+#include <sys/stat.h>  // ::stat: compare --json must not name its own input
 #include <unistd.h>  // getpid
 
-#include <algorithm>  // std::find
+#include <algorithm>  // std::find, std::any_of
 #include <cerrno>    // errno, ERANGE
 #include <csignal>   // std::signal: SIGPIPE in watch
 #include <chrono>    // std::chrono::system_clock
@@ -552,10 +553,25 @@ int cmd_analyze_hang(const std::string& dir, bool as_json) {
 
 int cmd_compare(const std::string& a, const std::string& b, double tolerance, bool gate, const std::string& json_path) {
   const bool json_stdout = json_path == "-";  // as run's --json -: the JSON on stdout, the table on stderr
-  if (!json_path.empty() && !json_stdout) check_writable_target(json_path, "--json");  // before the work
+  if (!json_path.empty() && !json_stdout) {
+    check_writable_target(json_path, "--json");  // before the work
+    // The comparison written over its own input would destroy a measured result.
+    struct stat st_out {}, st_in {};
+    for (const std::string& in : {a, b})
+      if (in == json_path || (::stat(json_path.c_str(), &st_out) == 0 && ::stat(in.c_str(), &st_in) == 0 &&
+                              st_out.st_dev == st_in.st_dev && st_out.st_ino == st_in.st_ino))
+        throw UsageError(fmt::format("--json {} is the file {} itself: write the comparison elsewhere", json_path, in));
+  }
   const json doc_a = read_json_file(a);  // A first, so its errors are reported first
   const json doc_b = read_json_file(b);
-  const CompareReport rep = compare_docs(doc_a, doc_b, gate ? tolerance : 0.05, a, b);
+  // This build's parameters that do not define a point's workload for A's scenario: a file from an
+  // older build may record fewer (collective's min_bytes, max_bytes and factor, since 2026-12-03).
+  std::vector<std::string> non_workload;
+  if (doc_a.is_object() && doc_a.contains("scenario") && doc_a["scenario"].is_string())
+    if (const Scenario* sc = find_scenario(doc_a["scenario"].get<std::string>()))
+      for (const auto& s : sc->params)
+        if (!s.workload) non_workload.push_back(s.name);
+  const CompareReport rep = compare_docs(doc_a, doc_b, gate ? tolerance : 0.05, a, b, non_workload);
   std::ostream& table = json_stdout ? std::cerr : std::cout;
   table << format_compare(rep);
   if (!json_path.empty()) {
@@ -569,9 +585,19 @@ int cmd_compare(const std::string& a, const std::string& b, double tolerance, bo
     else
       write_file_atomic(json_path, text);
   }
+  // A gate that judged nothing would pass whatever changed (a sweep that no longer matches, a
+  // simulated side, an expected file for other hardware): it fails, saying so.
+  const bool judged = std::any_of(rep.rows.begin(), rep.rows.end(), [](const CompareRow& r) { return r.gated; });
+  if (gate && !judged) {
+    table << fmt::format("--tolerance: nothing was judged (see the notes above), so there is nothing to pass (exit "
+                         "{})\n",
+                         kExitFailure);
+    return kExitFailure;
+  }
   if (gate && rep.worse > 0) {
-    table << fmt::format("{} metric(s) worse than B by more than {:.1f}% (exit {})\n", rep.worse,
-                             tolerance * 100, kExitRegression);
+    table << fmt::format("{} row(s) worse than B by more than {:.1f}% (a percentage: by more than {:.1f} points), or "
+                         "a point that ran in B and failed in A (exit {})\n",
+                         rep.worse, tolerance * 100, tolerance * 100, kExitRegression);
     return kExitRegression;
   }
   return kExitOk;

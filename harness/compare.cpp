@@ -8,7 +8,7 @@
 
 #include "harness/dtype.hpp"     // parse_dtype
 #include "harness/errors.hpp"    // UsageError
-#include "harness/expected.hpp"  // ExpectedFile, expected_from_json
+#include "harness/expected.hpp"  // ExpectedFile, expected_from_json, expected_mismatch (DeviceInfo, CpuInfo)
 #include "harness/json_read.hpp"  // JsonRef, reading_file
 #include "harness/printer.hpp"   // format_number
 
@@ -17,13 +17,28 @@ namespace sb {
 using json = nlohmann::ordered_json;
 
 Verdict judge(double a, double b, Direction d, double tol) {
-  if (d == Direction::none || !(b > 0) || !std::isfinite(a) || !std::isfinite(b)) return Verdict::not_comparable;
+  if (d == Direction::none || !std::isfinite(a) || !std::isfinite(b) || a < 0 || b < 0) return Verdict::not_comparable;
+  // B at zero: no ratio, but a direction still reads it (0 skipped steps in B, 3 in A: worse).
+  if (b == 0) {
+    if (a == 0) return Verdict::same;
+    return d == Direction::higher ? Verdict::better : Verdict::worse;
+  }
   // gain > 1 means a is better than b whichever way the metric points.
   const double gain = d == Direction::higher ? a / b : b / std::max(a, 1e-300);
   if (gain > 1 + tol) return Verdict::better;
   if (gain < 1 - tol) return Verdict::worse;
   return Verdict::same;
 }
+
+Verdict judge_points(double a, double b, Direction d, double tol) {
+  if (d == Direction::none || !std::isfinite(a) || !std::isfinite(b)) return Verdict::not_comparable;
+  const double gain = d == Direction::higher ? a - b : b - a;  // percentage points in a's favour
+  if (gain > tol * 100) return Verdict::better;
+  if (gain < -tol * 100) return Verdict::worse;
+  return Verdict::same;
+}
+
+bool judged_by_points(const std::string& unit) { return unit == "%"; }
 
 namespace {
 
@@ -39,7 +54,12 @@ CompareRow make_row(const json& params, const Metric& m, double b) {
   r.a = m.value;
   r.b = b;
   r.ratio = b != 0 ? m.value / b : 0;
+  r.by_points = judged_by_points(m.unit);
   return r;
+}
+
+Verdict judge_row(const CompareRow& r, double tol) {
+  return r.by_points ? judge_points(r.a, r.b, r.direction, tol) : judge(r.a, r.b, r.direction, tol);
 }
 
 std::string param_value(const json& v) {
@@ -69,9 +89,64 @@ std::string doc_kind(const json& doc, const std::string& file) {
   return JsonRef(doc, file).at("kind").str();
 }
 
+// A's device and CPU as its result recorded them (meta.device, meta.cpu), to be read the way
+// match_expected reads the machine a run is on. A field that is missing or of another type reads
+// as unknown. A result from before meta.cpu.vendor was recorded (2026-12-02) gets the vendor its
+// model name says, and a note.
+void recorded_hardware(const Result& r, DeviceInfo& dev, CpuInfo& cpu, std::vector<std::string>& notes) {
+  auto str = [](const json& o, const char* k) {
+    const auto it = o.find(k);
+    return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  auto num = [](const json& o, const char* k, int fallback) {
+    const auto it = o.find(k);
+    return it != o.end() && it->is_number_integer() ? it->get<int>() : fallback;
+  };
+  const json d = r.meta.contains("device") && r.meta["device"].is_object() ? r.meta["device"] : json::object();
+  dev.id = str(d, "id");
+  dev.name = str(d, "name");
+  // As run_meta writes it (cpu, cuda, sim); without it, as the id reads (cuda:0, sim:h100).
+  const std::string kind = str(d, "kind").empty() ? dev.id.substr(0, dev.id.find(':')) : str(d, "kind");
+  dev.kind = kind == "cuda" ? DeviceKind::cuda : kind == "sim" ? DeviceKind::sim : DeviceKind::cpu;
+  dev.simulated = r.simulated();
+  if (d.contains("props") && d["props"].is_object()) dev.props = d["props"];
+  const json c = r.meta.contains("cpu") && r.meta["cpu"].is_object() ? r.meta["cpu"] : json::object();
+  cpu.model = str(c, "model");
+  cpu.logical_cores = num(c, "logical_cores", 0);
+  if (c.contains("isa") && c["isa"].is_array())
+    for (const auto& f : c["isa"])
+      if (f.is_string()) cpu.isa.push_back(f.get<std::string>());
+  cpu.vendor = str(c, "vendor");
+  cpu.family = num(c, "family", -1);
+  if (cpu.vendor.empty() && dev.kind == DeviceKind::cpu) {
+    if (cpu.model.find("Intel") != std::string::npos) cpu.vendor = "GenuineIntel";
+    else if (cpu.model.find("AMD") != std::string::npos) cpu.vendor = "AuthenticAMD";
+    if (!cpu.vendor.empty())
+      notes.push_back(fmt::format("A records no CPU vendor (a result from before it was recorded): {} read from its "
+                                  "model name \"{}\"", cpu.vendor, cpu.model));
+  }
+}
+
 void compare_with_expected(const Result& ra, const ExpectedFile& ef, double tol, CompareReport& rep) {
   const bool sim = ra.simulated();
   if (sim) rep.notes.push_back("A is simulated: its figures are shown beside the expected ones but not judged");
+  // The file must be for A's hardware, as `run` chose it: a Zen 4's run held against an Intel
+  // Xeon's figures, or a CPU's against an H100's, says nothing about either.
+  std::string mismatch;
+  const auto ran_with = ra.expected.is_object() ? ra.expected.find("id") : ra.expected.end();
+  if (!sim && !(ran_with != ra.expected.end() && ran_with->is_string() && ran_with->get<std::string>() == ef.id())) {
+    DeviceInfo dev;
+    CpuInfo cpu;
+    std::vector<std::string> notes;
+    recorded_hardware(ra, dev, cpu, notes);
+    mismatch = expected_mismatch(ef, dev, cpu);
+    if (mismatch.empty()) rep.notes.insert(rep.notes.end(), notes.begin(), notes.end());
+    else
+      rep.notes.push_back(fmt::format("{} is not for A's hardware ({}): its figures are shown, not judged; compare "
+                                      "with a result from the other machine instead",
+                                      ef.id(), mismatch));
+  }
+  const bool judged = !sim && mismatch.empty();
   for (const auto& p : ra.points) {
     if (p.status != Status::ok) continue;
     for (const auto& m : p.metrics) {
@@ -85,12 +160,12 @@ void compare_with_expected(const Result& ra, const ExpectedFile& ef, double tol,
                                           f.value("unit", "?")));
           continue;
         }
-        if (sim) {
+        if (!judged) {
           row.verdict = Verdict::not_comparable;
         } else if (f.value("kind", "") == "datasheet") {
           row.verdict = Verdict::ceiling;
         } else {
-          row.verdict = judge(row.a, row.b, m.direction, tol);
+          row.verdict = judge_row(row, tol);
           row.gated = row.verdict != Verdict::not_comparable;
         }
         rep.rows.push_back(std::move(row));
@@ -101,7 +176,7 @@ void compare_with_expected(const Result& ra, const ExpectedFile& ef, double tol,
           if (const auto peak = ef.peak_tflops(*dt)) {
             CompareRow row = make_row(p.params, m, peak->first);
             row.b_label = "datasheet peak: " + peak->second;
-            row.verdict = sim ? Verdict::not_comparable : Verdict::ceiling;
+            row.verdict = judged ? Verdict::ceiling : Verdict::not_comparable;
             rep.rows.push_back(std::move(row));
           }
         }
@@ -145,15 +220,34 @@ void drop_one_sided_params(std::vector<json>& keys_a, std::vector<json>& keys_b,
   drop(sb, sa, keys_b, "B");
 }
 
-void compare_with_result(const Result& ra, const Result& rb, double tol, CompareReport& rep) {
+void compare_with_result(const Result& ra, const Result& rb, double tol, const std::vector<std::string>& non_workload,
+                         CompareReport& rep) {
   if (ra.scenario != rb.scenario)
-    rep.notes.push_back(fmt::format("the results are of different scenarios ({} vs {})", ra.scenario, rb.scenario));
-  const bool mixed = ra.simulated() != rb.simulated();
-  if (mixed) rep.notes.push_back("one result is simulated and the other measured: shown, not judged");
-  // Each point's key once: the matching below compares every pair.
+    throw UsageError(fmt::format("A is a {} result and B a {} result: compare two results of one scenario, or a "
+                                 "result with an expected-numbers file",
+                                 ra.scenario, rb.scenario));
+  // A simulated figure is a model's output: never judged as if measured, against a measurement
+  // or against another model run.
+  const bool unjudged = ra.simulated() || rb.simulated();
+  if (ra.simulated() != rb.simulated())
+    rep.notes.push_back("one result is simulated and the other measured: shown, not judged");
+  else if (ra.simulated())
+    rep.notes.push_back("both results are simulated (a model's output, not a measurement): shown, not judged");
+  // Each point's key once: the matching below compares every pair. A parameter that does not
+  // define the workload on either side (each file's meta.measurement_params, and this build's
+  // list, which an older file may predate) is left out of both keys.
+  std::vector<std::string> steer = non_workload;
+  for (const Result* r : {&ra, &rb})
+    for (const auto& k : r->meta.value("measurement_params", json::array()))
+      if (k.is_string()) steer.push_back(k.get<std::string>());
+  auto key = [&](const json& params) {
+    json out = params;
+    for (const auto& k : steer) out.erase(k);
+    return out;
+  };
   std::vector<json> keys_a, keys_b;
-  for (const auto& p : ra.points) keys_a.push_back(workload_params(ra, p.params));
-  for (const auto& p : rb.points) keys_b.push_back(workload_params(rb, p.params));
+  for (const auto& p : ra.points) keys_a.push_back(key(p.params));
+  for (const auto& p : rb.points) keys_b.push_back(key(p.params));
   drop_one_sided_params(keys_a, keys_b, rep);
   for (std::size_t i = 0; i < ra.points.size(); ++i) {
     const Point& pa = ra.points[i];
@@ -180,7 +274,7 @@ void compare_with_result(const Result& ra, const Result& rb, double tol, Compare
         rep.notes.push_back(fmt::format("{} {}: units differ ({} vs {})", row.point, m.name, m.unit, mb->unit));
         continue;
       }
-      row.verdict = mixed ? Verdict::not_comparable : judge(row.a, row.b, m.direction, tol);
+      row.verdict = unjudged ? Verdict::not_comparable : judge_row(row, tol);
       row.gated = row.verdict != Verdict::not_comparable;
       rep.rows.push_back(std::move(row));
     }
@@ -193,7 +287,7 @@ void compare_with_result(const Result& ra, const Result& rb, double tol, Compare
 }  // namespace
 
 CompareReport compare_docs(const json& a, const json& b, double tol, const std::string& a_file,
-                           const std::string& b_file) {
+                           const std::string& b_file, const std::vector<std::string>& non_workload) {
   if (doc_kind(a, a_file) == "expected")
     throw UsageError(fmt::format("compare: {} is an expected-numbers file; A must be a result: put the expected file "
                                  "second", a_file));
@@ -216,7 +310,7 @@ CompareReport compare_docs(const json& a, const json& b, double tol, const std::
     } else {
       const Result rb = result_from_json(b, b_file);
       rep.b_label = result_label(rb);
-      compare_with_result(ra, rb, tol, rep);
+      compare_with_result(ra, rb, tol, non_workload, rep);
     }
   });
   for (const auto& r : rep.rows) rep.worse += r.gated && r.verdict == Verdict::worse;
@@ -230,24 +324,39 @@ std::vector<MetricSummary> summarize(const std::vector<CompareRow>& rows) {
   std::vector<double> logsum;
   for (const auto& r : rows) {
     if (r.verdict != Verdict::better && r.verdict != Verdict::same && r.verdict != Verdict::worse) continue;
-    if (!(r.ratio > 0) || !std::isfinite(r.ratio)) continue;
     auto it = std::find_if(out.begin(), out.end(),
                            [&](const MetricSummary& m) { return m.metric == r.metric && m.unit == r.unit; });
     if (it == out.end()) {
-      out.push_back({r.metric, r.unit, r.direction, 0, 0, r.ratio, r.ratio, 0, 0, 0});
+      MetricSummary m;
+      m.metric = r.metric;
+      m.unit = r.unit;
+      m.direction = r.direction;
+      m.by_points = r.by_points;
+      m.min_diff = m.max_diff = r.a - r.b;
+      out.push_back(m);
       logsum.push_back(0);
       it = out.end() - 1;
     }
     MetricSummary& m = *it;
     ++m.points;
-    logsum[std::size_t(it - out.begin())] += std::log(r.ratio);
-    m.min_ratio = std::min(m.min_ratio, r.ratio);
-    m.max_ratio = std::max(m.max_ratio, r.ratio);
+    const double diff = r.a - r.b;
+    m.mean_diff += diff;  // a sum until the end
+    m.min_diff = std::min(m.min_diff, diff);
+    m.max_diff = std::max(m.max_diff, diff);
+    if (r.ratio > 0 && std::isfinite(r.ratio)) {
+      m.min_ratio = m.ratio_points ? std::min(m.min_ratio, r.ratio) : r.ratio;
+      m.max_ratio = m.ratio_points ? std::max(m.max_ratio, r.ratio) : r.ratio;
+      ++m.ratio_points;
+      logsum[std::size_t(it - out.begin())] += std::log(r.ratio);
+    }
     m.better += r.verdict == Verdict::better;
     m.same += r.verdict == Verdict::same;
     m.worse += r.verdict == Verdict::worse;
   }
-  for (std::size_t i = 0; i < out.size(); ++i) out[i].geomean = std::exp(logsum[i] / double(out[i].points));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    out[i].mean_diff /= double(out[i].points);
+    if (out[i].ratio_points) out[i].geomean = std::exp(logsum[i] / double(out[i].ratio_points));
+  }
   return out;
 }
 
@@ -298,17 +407,31 @@ std::string format_compare(const CompareReport& rep) {
     const CompareRow& r = rep.rows[i];
     const std::string verdict = r.verdict == Verdict::ceiling ? fmt::format("{:.0f}% pk", r.ratio * 100)
                                                               : std::string(to_string(r.verdict));
-    out += line(labels[i], fmt::format("{} ({})", r.metric, r.unit), format_number(r.a), format_number(r.b),
-                fmt::format("{:.3f}", r.ratio), verdict, r.b_label);
+    // A percentage shows A - B in points, what it is judged by; no ratio when B is 0.
+    const std::string ratio = r.by_points ? fmt::format("{:+.1f}pt", r.a - r.b)
+                              : r.b == 0  ? std::string("-")
+                                          : fmt::format("{:.3f}", r.ratio);
+    out += line(labels[i], fmt::format("{} ({})", r.metric, r.unit), format_number(r.a), format_number(r.b), ratio,
+                verdict, r.b_label);
   }
   if (!rep.summary.empty()) {
-    out += fmt::format("summary, per metric over the points judged (A/B; same = within {:.0f}%):\n",
+    out += fmt::format("summary, per metric over the points judged (A/B, same = within {0:.0f}%; for a "
+                       "percentage A-B, same = within {0:.0f} points):\n",
                        rep.tolerance * 100);
-    for (const auto& m : rep.summary)
-      out += fmt::format("  {} ({}, {} is better): {} point{}, geometric mean {:.3f} ({:.3f}-{:.3f}); {} better, {} "
-                         "same, {} WORSE\n",
-                         m.metric, m.unit, to_string(m.direction), m.points, m.points == 1 ? "" : "s", m.geomean,
-                         m.min_ratio, m.max_ratio, m.better, m.same, m.worse);
+    for (const auto& m : rep.summary) {
+      std::string figure;
+      if (m.by_points)
+        figure = fmt::format("A-B mean {:+.1f} points ({:+.1f} to {:+.1f})", m.mean_diff, m.min_diff, m.max_diff);
+      else if (m.ratio_points)
+        figure = fmt::format("geometric mean {:.3f} ({:.3f}-{:.3f}){}", m.geomean, m.min_ratio, m.max_ratio,
+                             m.ratio_points < m.points ? fmt::format(" over the {} where B is above 0", m.ratio_points)
+                                                       : "");
+      else
+        figure = "B is 0 at every point: no ratio";
+      out += fmt::format("  {} ({}, {} is better): {} point{}, {}; {} better, {} same, {} WORSE\n", m.metric, m.unit,
+                         to_string(m.direction), m.points, m.points == 1 ? "" : "s", figure, m.better, m.same,
+                         m.worse);
+    }
   }
   for (const auto& n : rep.notes) out += "note: " + n + "\n";
   return out;
@@ -323,30 +446,38 @@ json compare_json(const CompareReport& rep) {
            {"direction", to_string(r.direction)},
            {"a", r.a},
            {"b", r.b},
-           {"ratio", r.ratio},
+           {"ratio", r.b != 0 ? json(r.ratio) : json(nullptr)},
            {"verdict", r.verdict == Verdict::ceiling ? "of peak" : std::string(to_string(r.verdict))},
            {"b_is", r.b_label},
            {"gated", r.gated}};
+    if (r.by_points) j["diff_points"] = r.a - r.b;
     rows.push_back(std::move(j));
   }
   json summary = json::array();
-  for (const auto& m : rep.summary)
-    summary.push_back(json{{"metric", m.metric},
-                           {"unit", m.unit},
-                           {"direction", to_string(m.direction)},
-                           {"points", m.points},
-                           {"ratio_geomean", m.geomean},
-                           {"ratio_min", m.min_ratio},
-                           {"ratio_max", m.max_ratio},
-                           {"better", m.better},
-                           {"same", m.same},
-                           {"worse", m.worse}});
+  for (const auto& m : rep.summary) {
+    json j{{"metric", m.metric}, {"unit", m.unit}, {"direction", to_string(m.direction)}, {"points", m.points},
+           {"judged_by", m.by_points ? "difference in percentage points" : "ratio"}};
+    if (m.by_points) {
+      j["diff_mean_points"] = m.mean_diff;
+      j["diff_min_points"] = m.min_diff;
+      j["diff_max_points"] = m.max_diff;
+    }
+    j["ratio_points"] = m.ratio_points;  // the points with B above 0, over which the ratios run
+    j["ratio_geomean"] = m.ratio_points ? json(m.geomean) : json(nullptr);
+    j["ratio_min"] = m.ratio_points ? json(m.min_ratio) : json(nullptr);
+    j["ratio_max"] = m.ratio_points ? json(m.max_ratio) : json(nullptr);
+    j["better"] = m.better;
+    j["same"] = m.same;
+    j["worse"] = m.worse;
+    summary.push_back(std::move(j));
+  }
   return json{{"kind", "comparison"},
               {"a", rep.a_label},
               {"b", rep.b_label},
               {"b_is_expected", rep.b_expected},
               {"tolerance", rep.tolerance},
-              {"ratio", "a / b: above 1 is better for a metric whose direction is higher, below 1 for lower"},
+              {"ratio", "a / b: above 1 is better for a metric whose direction is higher, below 1 for lower; null "
+                        "when b is 0. A percentage (unit %) is judged by diff_points, a - b in percentage points"},
               {"rows", rows},
               {"summary", summary},
               {"notes", rep.notes},

@@ -39,8 +39,20 @@ std::optional<std::pair<double, std::string>> ExpectedFile::peak_tflops(DType t)
 
 bool where_matches(const json& where, const json& params) {
   if (!where.is_object()) return true;
-  for (const auto& [k, v] : where.items())
-    if (!params.contains(k) || params.at(k) != v) return false;
+  for (const auto& [k, v] : where.items()) {
+    if (!params.contains(k)) return false;
+    const json& p = params.at(k);
+    // {"min": a, "max": b}: a range, either end optional ("bytes": {"min": 1073741824} for a figure
+    // nccl-tests publishes for bus-saturating messages only).
+    if (v.is_object()) {
+      if (!p.is_number()) return false;
+      const double x = p.get<double>();
+      if (v.contains("min") && !(x >= v["min"].get<double>())) return false;
+      if (v.contains("max") && !(x <= v["max"].get<double>())) return false;
+      continue;
+    }
+    if (p != v) return false;
+  }
   return true;
 }
 
@@ -112,7 +124,17 @@ void check_expected_doc(const JsonRef& doc) {
       const JsonRef f = figs->at(i).object();
       f.at("scenario").str();
       f.at("metric").str();
-      if (const auto w = f.find("where")) w->object();
+      if (const auto w = f.find("where")) {
+        w->object();
+        for (const auto& [key, value] : w->members()) {
+          if (!value.raw().is_object()) continue;  // a value to equal
+          for (const auto& [end, bound] : value.members()) {
+            if (end != "min" && end != "max")
+              bound.fail(fmt::format("a range has only min and max, not \"{}\"", end));
+            bound.number();
+          }
+        }
+      }
       f.at("direction").one_of({"higher", "lower"});
       check_figure_fields(f);
     }
@@ -190,7 +212,7 @@ std::vector<ExpectedFile> load_expected_files() {
   return {};
 }
 
-bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const CpuInfo& cpu) {
+std::string expected_mismatch(const ExpectedFile& f, const DeviceInfo& dev, const CpuInfo& cpu) {
   // Read from a checked file (expected_from_json): every field here is typed.
   const json& hw = f.doc.at("hardware");
   const json match = hw.value("match", json::object());
@@ -199,24 +221,39 @@ bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const CpuInf
     return std::find(cpu.isa.begin(), cpu.isa.end(), isa.get<std::string>()) != cpu.isa.end();
   };
   if (dev.kind == DeviceKind::cpu) {
-    if (cls != "cpu") return false;
+    if (cls != "cpu") return fmt::format("{} is for a {}, and the device is a cpu", f.id(), cls);
     for (const auto& isa : match.value("isa", json::array()))
-      if (!has_isa(isa)) return false;
+      if (!has_isa(isa)) return fmt::format("{} needs {}, which the cpu lacks", f.id(), isa.get<std::string>());
     for (const auto& isa : match.value("isa_absent", json::array()))
-      if (has_isa(isa)) return false;
-    if (match.contains("vendor") && match["vendor"].get<std::string>() != cpu.vendor) return false;
-    if (match.contains("family") && match["family"].get<int>() != cpu.family) return false;
-    return !match.contains("logical_cores") || match["logical_cores"].get<int>() == cpu.logical_cores;
+      if (has_isa(isa)) return fmt::format("{} is for a cpu without {}, which this one has", f.id(), isa.get<std::string>());
+    if (match.contains("vendor") && match["vendor"].get<std::string>() != cpu.vendor)
+      return fmt::format("{} is for vendor {}, and this cpu is {}", f.id(), match["vendor"].get<std::string>(),
+                         cpu.vendor.empty() ? "of unknown vendor" : cpu.vendor);
+    if (match.contains("family") && match["family"].get<int>() != cpu.family)
+      return fmt::format("{} is for cpu family {}, and this one is {}", f.id(), match["family"].get<int>(),
+                         cpu.family < 0 ? "of unknown family" : std::to_string(cpu.family));
+    if (match.contains("logical_cores") && match["logical_cores"].get<int>() != cpu.logical_cores)
+      return fmt::format("{} is for {} logical cores, and this cpu has {}", f.id(), match["logical_cores"].get<int>(),
+                         cpu.logical_cores);
+    return "";
   }
   if (dev.kind == DeviceKind::sim) {
     // A simulated device is made from one expected file: that one.
     const auto id = dev.props.find("hardware_id");
-    return id != dev.props.end() && id->is_string() && id->get<std::string>() == hw.value("id", "");
+    if (id != dev.props.end() && id->is_string() && id->get<std::string>() == hw.value("id", "")) return "";
+    return fmt::format("the simulated device is not made from {}", f.id());
   }
-  if (cls != "gpu") return false;
-  for (const auto& s : match.value("name_contains", json::array()))
-    if (dev.name.find(s.get<std::string>()) != std::string::npos) return true;
-  return false;
+  if (cls != "gpu") return fmt::format("{} is for a {}, and the device is a gpu", f.id(), cls);
+  std::string names;
+  for (const auto& s : match.value("name_contains", json::array())) {
+    if (dev.name.find(s.get<std::string>()) != std::string::npos) return "";
+    names += (names.empty() ? "\"" : ", \"") + s.get<std::string>() + "\"";
+  }
+  return fmt::format("the gpu's name \"{}\" has none of {}'s names ({})", dev.name, f.id(), names);
+}
+
+bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const CpuInfo& cpu) {
+  return expected_mismatch(f, dev, cpu).empty();
 }
 
 std::optional<ExpectedFile> match_expected(const DeviceInfo& dev, const CpuInfo& cpu) {

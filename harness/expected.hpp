@@ -53,6 +53,9 @@ ExpectedFile expected_from_json(nlohmann::ordered_json doc, const std::string& f
 // matches on the host's ISA flags, core count, and (when it names them) the
 // CPU's vendor and family (read_cpu_info).
 bool expected_matches(const ExpectedFile& f, const DeviceInfo& dev, const CpuInfo& cpu);
+// The same test, saying why not: "" when the file matches, else the first reason it does not
+// ("cpu-spr-amx-2c needs amx_bf16, which the cpu lacks").
+std::string expected_mismatch(const ExpectedFile& f, const DeviceInfo& dev, const CpuInfo& cpu);
 
 // The first expected file (load_expected_files) that matches this device.
 std::optional<ExpectedFile> match_expected(const DeviceInfo& dev, const CpuInfo& cpu);

@@ -32,8 +32,10 @@ struct ParamSpec {
   std::vector<std::string> choices;  // choice only
   std::string quick_default;         // default under --quick ("" = default_value)
   std::string gpu_default;           // default on a cuda device ("" = default_value)
-  // false for parameters that steer measurement only (trials): compare
-  // matches points without them.
+  // false for parameters that do not define a point's workload: those that steer measurement
+  // only (trials), and a range whose points each record the value it produced (collective's
+  // min_bytes, max_bytes and factor: each point has its `bytes`). compare matches points
+  // without them (meta.measurement_params).
   bool workload = true;
   // For text parameters with a grammar (fault=hang@N): throws UsageError on
   // a bad value, so it is rejected with exit 2 before anything runs.

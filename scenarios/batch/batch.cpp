@@ -181,8 +181,10 @@ class BatchRun : public ScenarioRun {
     p.add({"host_us_per_launch", host_per_launch_us, "us", Direction::lower, std::nullopt,
            "host time per submission (every one in the timed steps: micro steps, zero_grad, optimizer): the "
            "modelled dispatch plus the enqueue"});
-    p.add({"device_us_per_launch", dev_per_launch_us, "us", Direction::higher, std::nullopt,
-           "device busy time per submission (the same count)"});
+    // No direction: it says whether the host keeps up (against host_us_per_launch), not how good the
+    // device is; a faster device has less of it at the same shapes.
+    p.add({"device_us_per_launch", dev_per_launch_us, "us", Direction::none, std::nullopt,
+           "device busy time per submission (the same count); launch-bound when under host_us_per_launch"});
     p.add({"micro_step_ms", summarize(micro_ms).mean, "ms", Direction::lower, std::nullopt,
            "the device's span of the micro steps (from after zero_grad to before the optimizer, events), per "
            "micro step: launch gaps included, the once-per-step work excluded"});

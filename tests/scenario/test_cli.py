@@ -206,6 +206,22 @@ with tempfile.TemporaryDirectory() as tmp:
         except ValueError as e:
             failures.append(f"compare --json - stdout is not JSON: {e}")
         expect(["compare", a, b, "--json", os.path.join(tmp, "no", "such", "dir", "c.json")], 2, ["--json"])
+        # the comparison never overwrites an input (a measured result would be lost)
+        before = open(a).read()
+        expect(["compare", a, b, "--json", a], 2, ["is the file", "itself"])
+        if open(a).read() != before:
+            failures.append("compare --json A overwrote A")
+        # a gate that judged nothing fails: B's points are all of another size
+        other = json.load(open(b))
+        for pt in other["points"]:
+            pt["params"]["size"] = 4242
+        c_other = os.path.join(tmp, "other.json")
+        json.dump(other, open(c_other, "w"))
+        expect(["compare", a, c_other, "--tolerance", "0.1"], 1, ["nothing was judged"], "stdout")
+        expect(["compare", a, c_other], 0, ["only in A"], "stdout")  # a report without a gate
+        other["scenario"] = "batch"
+        json.dump(other, open(c_other, "w"))
+        expect(["compare", a, c_other], 2, ["A is a precision result and B a batch result"])
         # --json - writes the document to stdout and the table to stderr.
         p = run("run", "precision", "--device", "cpu", "--quick", "-p", "size=32", "-p", "dtype=fp32", "--json", "-")
         try:

@@ -18,7 +18,7 @@ using json = nlohmann::ordered_json;
 
 json result_doc(double tflops, double ms, bool simulated = false, const char* status = "ok") {
   Result r;
-  r.meta = json{{"device", {{"id", "cuda:0"}, {"name", "GPU"}, {"simulated", simulated}}},
+  r.meta = json{{"device", {{"id", "cuda:0"}, {"kind", "cuda"}, {"name", "NVIDIA H200"}, {"simulated", simulated}}},
                 {"measurement_params", {"trials"}}};
   r.scenario = "precision";
   r.params = json{{"size", {8192}}, {"dtype", {"bf16"}}, {"trials", {10}}};
@@ -54,7 +54,7 @@ bool has_note(const CompareReport& rep, const std::string& part) {
 }
 
 // The verdicts that are not a ratio: points on one side only, metrics in
-// different units, results of different scenarios.
+// different units; results of different scenarios are refused (exit 2).
 TEST(Compare, OnlyInAOnlyInBUnitsDifferAndDifferentScenarios) {
   json a = result_doc(700, 1.2), b = result_doc(800, 1.0);
   b["points"][0]["params"]["size"] = 4096;  // no longer the same point
@@ -72,8 +72,7 @@ TEST(Compare, OnlyInAOnlyInBUnitsDifferAndDifferentScenarios) {
 
   json d = result_doc(800, 1.0);
   d["scenario"] = "attention";
-  rep = compare_docs(result_doc(700, 1.2), d, 0.05);
-  EXPECT_TRUE(has_note(rep, "different scenarios")) << fmt::format("{}", fmt::join(rep.notes, " | "));
+  EXPECT_THROW(compare_docs(result_doc(700, 1.2), d, 0.05), UsageError);  // nothing in common: bad input
 }
 
 TEST(Compare, JudgeReadsDirection) {
@@ -83,6 +82,102 @@ TEST(Compare, JudgeReadsDirection) {
   EXPECT_EQ(judge(90, 100, Direction::lower, 0.05), Verdict::better);  // less time is better
   EXPECT_EQ(judge(120, 100, Direction::lower, 0.05), Verdict::worse);
   EXPECT_EQ(judge(1, 2, Direction::none, 0.05), Verdict::not_comparable);
+}
+
+// B at 0: no ratio, yet the direction reads it; a negative value has no ratio reading.
+TEST(Compare, JudgeReadsAZeroInB) {
+  EXPECT_EQ(judge(3, 0, Direction::lower, 0.05), Verdict::worse);  // 0 skipped steps in B, 3 in A
+  EXPECT_EQ(judge(0, 0, Direction::lower, 0.05), Verdict::same);
+  EXPECT_EQ(judge(5, 0, Direction::higher, 0.05), Verdict::better);
+  EXPECT_EQ(judge(-1, 2, Direction::higher, 0.05), Verdict::not_comparable);
+}
+
+// A percentage: a - b in points against tolerance x 100 points.
+TEST(Compare, APercentageIsJudgedInPoints) {
+  EXPECT_EQ(judge_points(25.24, 0.0105, Direction::lower, 0.05), Verdict::worse);  // 25 points, not 2,400x
+  EXPECT_EQ(judge_points(3.0, 0.5, Direction::lower, 0.05), Verdict::same);         // 2.5 points: within 5
+  EXPECT_EQ(judge_points(91, 97, Direction::higher, 0.05), Verdict::worse);
+  EXPECT_EQ(judge_points(91, 97, Direction::none, 0.05), Verdict::not_comparable);
+
+  json a = result_doc(700, 1.2), b = result_doc(700, 1.2);
+  a["points"][0]["metrics"]["wait_pct"] = json{{"value", 25.24}, {"unit", "%"}, {"direction", "lower"}};
+  b["points"][0]["metrics"]["wait_pct"] = json{{"value", 0.0105}, {"unit", "%"}, {"direction", "lower"}};
+  a["points"][0]["metrics"]["skipped"] = json{{"value", 3}, {"unit", "steps"}, {"direction", "lower"}};
+  b["points"][0]["metrics"]["skipped"] = json{{"value", 0}, {"unit", "steps"}, {"direction", "lower"}};
+  const CompareReport rep = compare_docs(a, b, 0.05);
+  ASSERT_EQ(rep.rows.size(), 4u);
+  EXPECT_TRUE(rep.rows[2].by_points);
+  EXPECT_EQ(rep.rows[2].verdict, Verdict::worse);
+  EXPECT_EQ(rep.rows[3].verdict, Verdict::worse);  // 3 against 0
+  EXPECT_EQ(rep.worse, 2);
+  const std::string t = format_compare(rep);
+  EXPECT_NE(t.find("+25.2pt"), std::string::npos) << t;
+  EXPECT_EQ(t.find("2403"), std::string::npos) << t;  // no ratio for a percentage
+  EXPECT_NE(t.find("wait_pct (%, lower is better): 1 point, A-B mean +25.2 points (+25.2 to +25.2); 0 better, 0 "
+                   "same, 1 WORSE"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("skipped (steps, lower is better): 1 point, B is 0 at every point: no ratio; 0 better, 0 same, 1 "
+                   "WORSE"),
+            std::string::npos)
+      << t;
+  const json j = compare_json(rep);
+  EXPECT_TRUE(j["rows"][3]["ratio"].is_null());
+  EXPECT_NEAR(j["rows"][2]["diff_points"].get<double>(), 25.2295, 1e-9);
+  EXPECT_EQ(j["summary"][2]["judged_by"], "difference in percentage points");
+  EXPECT_TRUE(j["summary"][3]["ratio_geomean"].is_null());
+}
+
+// collective's min_bytes, max_bytes and factor only make the sizes; each point records its bytes.
+// A file from before they were marked (no meta.measurement_params entry) still matches a newer
+// one at the sizes both have, given this build's list.
+TEST(Compare, ParametersThisBuildMarksAsNotWorkloadLeaveTheKey) {
+  json a = result_doc(700, 1.2), b = result_doc(800, 1.0);
+  a["points"][0]["params"]["factor"] = 8;
+  b["points"][0]["params"]["factor"] = 4;
+  EXPECT_TRUE(compare_docs(a, b, 0.05).rows.empty());
+  const CompareReport rep = compare_docs(a, b, 0.05, "A", "B", {"factor"});
+  EXPECT_EQ(rep.rows.size(), 2u) << fmt::format("{}", fmt::join(rep.notes, " | "));
+}
+
+// Two model outputs are not measurements: shown, never judged, never an exit 3.
+TEST(Compare, SimulatedAgainstSimulatedIsNotJudged) {
+  const CompareReport rep = compare_docs(result_doc(10, 1.0, true), result_doc(800, 2.0, true), 0.05);
+  ASSERT_EQ(rep.rows.size(), 2u);
+  for (const auto& r : rep.rows) EXPECT_EQ(r.verdict, Verdict::not_comparable);
+  EXPECT_EQ(rep.worse, 0);
+  EXPECT_TRUE(has_note(rep, "both results are simulated")) << fmt::format("{}", fmt::join(rep.notes, " | "));
+}
+
+// An expected file for other hardware: shown with a note, never judged (a Zen 4 against an Intel
+// Xeon's file read fp32 "WORSE"; a CPU run against the H100 file exited 3).
+TEST(Compare, AnExpectedFileForOtherHardwareIsNotJudged) {
+  json a = result_doc(500, 1.0);
+  a["meta"]["device"]["name"] = "NVIDIA H100 80GB HBM3";
+  CompareReport rep = compare_docs(a, expected_doc(), 0.05);
+  ASSERT_FALSE(rep.rows.empty());
+  for (const auto& r : rep.rows) EXPECT_EQ(r.verdict, Verdict::not_comparable);
+  EXPECT_EQ(rep.worse, 0);
+  EXPECT_TRUE(has_note(rep, "h200-sxm is not for A's hardware (the gpu's name \"NVIDIA H100 80GB HBM3\" has none of "
+                            "h200-sxm's names (\"H200\"))"))
+      << fmt::format("{}", fmt::join(rep.notes, " | "));
+  // the run chose this file itself (result.expected): judged whatever the name says
+  a["expected"] = json{{"id", "h200-sxm"}, {"path", "x"}};
+  EXPECT_EQ(compare_docs(a, expected_doc(), 0.05).worse, 1);
+
+  // a cpu result from before meta.cpu.vendor: the vendor read from the model name
+  json cpu_file = load_expected_file(std::string(STALLBENCH_SOURCE_DIR) + "/results/expected/cpu-zen4-2c.json").doc;
+  json c = result_doc(0.1, 1.0);
+  c["scenario"] = "precision";
+  c["meta"]["device"] = json{{"id", "cpu"}, {"kind", "cpu"}, {"name", "Intel(R) Xeon(R) Platinum 8481C CPU"}};
+  c["meta"]["cpu"] = json{{"model", "Intel(R) Xeon(R) Platinum 8481C CPU"},
+                          {"logical_cores", 2},
+                          {"isa", {"avx2", "avx512f", "avx512_bf16"}}};
+  rep = compare_docs(c, cpu_file, 0.05);
+  EXPECT_TRUE(has_note(rep, "cpu-zen4-2c is not for A's hardware (cpu-zen4-2c is for vendor AuthenticAMD, and this "
+                            "cpu is GenuineIntel)"))
+      << fmt::format("{}", fmt::join(rep.notes, " | "));
+  for (const auto& r : rep.rows) EXPECT_EQ(r.verdict, Verdict::not_comparable);
 }
 
 TEST(Compare, ResultVsResultMatchesPointsIgnoringTrials) {
@@ -297,6 +392,23 @@ TEST(ExpectedReader, FieldsOfTheWrongTypeNameTheField) {
   j["hardware"]["match"]["logical_cores"] = 4294967298LL;  // once narrowed to 2 by get<int>
   EXPECT_EQ(expected_error(j),
             "x.json: hardware.match.logical_cores: expected integer in [1, 2147483647], got integer 4294967298");
+}
+
+// A range in `where` ({"min": a, "max": b}): nccl-tests' large-message figures hold only from 1 GiB.
+TEST(ExpectedReader, AWhereRangeHoldsAPointsNumber) {
+  const json w{{"op", "all_reduce"}, {"bytes", {{"min", 1024}, {"max", 4096}}}};
+  EXPECT_TRUE(where_matches(w, json{{"op", "all_reduce"}, {"bytes", 2048}}));
+  EXPECT_TRUE(where_matches(w, json{{"op", "all_reduce"}, {"bytes", 1024}}));
+  EXPECT_FALSE(where_matches(w, json{{"op", "all_reduce"}, {"bytes", 512}}));
+  EXPECT_FALSE(where_matches(w, json{{"op", "all_reduce"}, {"bytes", 8192}}));
+  EXPECT_FALSE(where_matches(w, json{{"op", "all_reduce"}, {"bytes", "2048"}}));  // not a number
+  EXPECT_FALSE(where_matches(w, json{{"op", "all_reduce"}}));
+  json j = load_expected_file(kExpectedDir + "/h100-sxm.json").doc;
+  j["figures"][0]["where"]["size"] = json{{"least", 1}};
+  EXPECT_NE(expected_error(j).find("a range has only min and max, not \"least\""), std::string::npos)
+      << expected_error(j);
+  j["figures"][0]["where"]["size"] = json{{"min", "big"}};
+  EXPECT_NE(expected_error(j).find("expected number"), std::string::npos) << expected_error(j);
 }
 
 class ExpectedDir : public ::testing::Test {
