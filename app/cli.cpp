@@ -312,6 +312,9 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   // Validate parameters before touching any device.
   const Sweep sweep = expand_sweep(sc->params, a.params, SweepProfile{a.quick, false});
   const DeviceSpec spec = parse_device_spec(a.device);
+  if (a.json_path == "-" && a.trace_path == "-")
+    throw UsageError("--json - and --trace - both name stdout, where the two documents would run together: give "
+                     "one of them a file");
   if (!a.trace_path.empty() && !a.json_path.empty() && a.json_path != "-" && a.trace_path == a.json_path)
     throw UsageError(fmt::format("--json and --trace name the same file ({}): one would replace the other",
                                  a.json_path));
@@ -430,7 +433,15 @@ struct DiagnoseArgs {
 // `diagnose --trace FILE`: a real job's PyTorch profiler trace read and
 // diagnosed (nothing measured; the reproduce commands name this machine's
 // device).
+// diagnose prints its report on stdout: a document there too would make neither readable.
+void refuse_stdout_targets(const DiagnoseArgs& a) {
+  for (const auto& [path, flag] : {std::pair{a.json_path, "--json"}, std::pair{a.html_path, "--html"}})
+    if (path == "-")
+      throw UsageError(fmt::format("{} -: diagnose prints its report on stdout; give {} a file", flag, flag));
+}
+
 int cmd_diagnose_trace(const DiagnoseArgs& a, int argc, char** argv) {
+  refuse_stdout_targets(a);
   check_writable_target(a.json_path, "--json");
   if (!a.html_path.empty()) {
     check_writable_target(a.html_path, "--html");
@@ -467,6 +478,7 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
   if (a.observed > 0) opt.observed_tokens_per_s = a.observed;
   opt.say = [](const std::string& line) { std::cerr << line << "\n"; };
   const DeviceSpec spec = parse_device_spec(a.device);
+  refuse_stdout_targets(a);
   check_writable_target(a.json_path, "--json");
   if (!a.html_path.empty()) {
     check_writable_target(a.html_path, "--html");

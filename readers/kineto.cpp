@@ -142,6 +142,9 @@ class Reader {
     } else if (c == '{') {
       ++pos_;
       object();
+      // An object without the field is some other JSON (a stallbench result, a config): read
+      // as a trace it would say "none of the rules fired", a clean bill of health.
+      if (!saw_events_) fail("the top-level object has no traceEvents field (a PyTorch profiler trace has one)", 0);
     } else {
       fail(at_end() ? "empty: no JSON in it" : "not a trace: it starts with neither '{' nor '['");
     }
@@ -157,6 +160,7 @@ class Reader {
   std::vector<char> buf_;
   std::size_t pos_ = 0, len_ = 0;
   std::uint64_t consumed_ = 0;  // bytes dropped before buf_[0]
+  bool saw_events_ = false;     // the top-level object had traceEvents
   // A batch that failed ended here (an offset in the JSON text): the exact
   // path reads up to it before batch() tries again.
   std::uint64_t exact_until_ = 0;
@@ -299,6 +303,7 @@ class Reader {
       ws();
       if (key == "traceEvents") {
         if (peek() != '[') fail("traceEvents is not an array");
+        saw_events_ = true;
         ++pos_;
         events();
         continue;

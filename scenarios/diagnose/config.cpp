@@ -544,8 +544,19 @@ TrainConfig parse_axolotl_yaml_text(const std::string& text, const std::string& 
                                  "num_hidden_layers), not "
                                  "a training config: pass it with --model-config {}",
                                  path, path));
+  if (has("schema_version") && has("kind"))
+    throw UsageError(fmt::format("{}: a stallbench document (schema_version, kind), not a training config: "
+                                 "`stallbench compare` reads results",
+                                 path));
   TrainConfig cfg = default_config();
   YamlReader(path, cfg).read(doc);
+  // Not one key diagnose reads: the run would diagnose the built-in default and look like an
+  // answer about this file.
+  if (!doc.keys.empty() && cfg.unknown_keys.size() >= doc.keys.size())
+    throw UsageError(fmt::format("{}: none of its {} key(s) is one diagnose reads (micro_batch_size, sequence_len, "
+                                 "bf16, ...: `stallbench diagnose --help`); without one it would diagnose the "
+                                 "default config, not this file",
+                                 path, doc.keys.size()));
   return cfg;
 }
 

@@ -236,6 +236,22 @@ for opt, val in (("--timeout", "nan"), ("--budget", "inf"), ("--noise", "-1"), (
     expect(["run", "precision", "--quick", opt, val], 2, [opt])
 expect(["run", "precision", "--quick", "--json", ""], 2, ["--json"])
 expect(["run", "dataloader", "--quick", "--json", "same.json", "--trace", "same.json"], 2, ["name the same file"])
+# two documents on stdout would run together; diagnose's report owns its stdout
+expect(["run", "batch", "--quick", "--json", "-", "--trace", "-"], 2, ["both name stdout"])
+expect(["diagnose", "--quick", "--json", "-"], 2, ["--json -: diagnose prints its report on stdout"])
+expect(["diagnose", "--quick", "--html", "-"], 2, ["--html -: diagnose prints its report on stdout"])
+with tempfile.TemporaryDirectory() as tmp:
+    # some other JSON given as a trace or as the config: refused, never a diagnosis of nothing
+    # ("none of the trace rules fired") or of the built-in default
+    other = os.path.join(tmp, "other.json")
+    with open(other, "w") as f:
+        json.dump({"schema_version": 1, "kind": "result", "points": []}, f)
+    expect(["diagnose", "--trace", other, "--json", os.path.join(tmp, "d.json")], 2, ["no traceEvents field"])
+    expect(["diagnose", other, "--quick", "--json", os.path.join(tmp, "d.json")], 2, ["a stallbench document"])
+    nokeys = os.path.join(tmp, "nokeys.yml")
+    with open(nokeys, "w") as f:
+        f.write("foo: 1\n")
+    expect(["diagnose", nokeys, "--quick", "--json", os.path.join(tmp, "d.json")], 2, ["none of its 1 key(s)"])
 with tempfile.TemporaryDirectory() as tmp:
     good = os.path.join(tmp, "good.json")
     run("run", "precision", "--device", "cpu", "--quick", "-p", "size=32", "-p", "dtype=fp32", "--json", good)

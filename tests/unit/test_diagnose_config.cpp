@@ -422,6 +422,14 @@ TEST(DiagnoseConfig, ATraceOrAModelConfigGivenAsTheTrainingConfigSaysWhichOption
   // An Axolotl config names its model_type and may give dims: still a training config.
   const std::string yml = dir.write("a.yml", "model_type: LlamaForCausalLM\nhidden_size: 256\nmicro_batch_size: 2\n");
   EXPECT_EQ(read_axolotl_yaml(yml).micro_batch_size, 2);
+
+  // A stallbench result, or a mapping with no key diagnose reads: refused, not run on the defaults.
+  const std::string res = dir.write("r.json", R"({"schema_version": 1, "kind": "result", "points": []})");
+  const std::string r = usage_error([&] { (void)read_axolotl_yaml(res); });
+  EXPECT_TRUE(contains(r, "a stallbench document")) << r;
+  const std::string none = dir.write("n.yml", "foo: 1\nbase_model: x\n");
+  const std::string n = usage_error([&] { (void)read_axolotl_yaml(none); });
+  EXPECT_TRUE(contains(n, "none of its 2 key(s) is one diagnose reads")) << n;
 }
 
 // ---- Hugging Face config.json -------------------------------------------------------------------

@@ -612,6 +612,9 @@ TEST(KinetoRefusals, MalformedTextNamesTheByte) {
   expect_refused("", 0, "empty");
   expect_refused("  \n", 3, "empty");
   expect_refused("hello", 0, "starts with neither");
+  // some other JSON object (a stallbench result, {}): refused, never read as a trace where no rule fired
+  expect_refused("{}", 0, "no traceEvents field");
+  expect_refused(R"({"schema_version": 1, "kind": "result", "points": []})", 0, "no traceEvents field");
   expect_refused(std::string("\0{}", 3), 0, "starts with neither");
   // truncated: inside an event, inside traceEvents, inside the top level
   const std::string ev = R"({"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2})";
