@@ -69,6 +69,10 @@ void check_writable_target(const std::string& path, const std::string& what) {
       throw UsageError(fmt::format("{} '{}' exists and is not a regular file ({}); results are written atomically, "
                                    "which would replace it: give a file path, or - for stdout",
                                    what, path, S_ISLNK(st.st_mode) ? "a symbolic link" : "a device, FIFO or socket"));
+    // The rename would replace a file its owner protected from writing (a user other than root).
+    if (::access(path.c_str(), W_OK) != 0)
+      throw UsageError(fmt::format("{} '{}' exists and is not writable ({}): it is not replaced; give another path",
+                                   what, path, std::strerror(errno)));
   }
   const auto slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);

@@ -7,6 +7,7 @@
 #include <sstream>   // std::stringstream
 
 #include <fcntl.h>   // open
+#include <sys/stat.h>  // stat, fchmod: a replaced file keeps its mode
 #include <unistd.h>  // fsync, close, getpid
 
 #include <fmt/format.h>  // fmt::format
@@ -197,6 +198,12 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   };
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("open");
+  // A file replaced keeps its permission bits (a 0600 result stays 0600).
+  struct stat old {};
+  if (::stat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode) && ::fchmod(fd, old.st_mode & 07777) != 0) {
+    ::close(fd);
+    fail("fchmod");
+  }
   std::size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);

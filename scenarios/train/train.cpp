@@ -463,6 +463,11 @@ const Scenario train_scenario{
     false,
     [](const ParamSet& ps, const RunContext&) {
       batch::validate_decoder_shape(ps);
+      // as packing: 0 means every length of a file, and a distribution has no "every"
+      if (ps.get_int("sequences") == 0 && ps.get_str("lengths").rfind("@", 0) != 0)
+        throw UsageError(fmt::format("sequences=0 means every length of a file; lengths={} generates lengths, so "
+                                     "give sequences >= 1",
+                                     ps.get_str("lengths")));
       // a sequence is at most 4 x seq_len (longer ones are clipped) and split into seq_len pieces, a row
       // each at most: a dataset of under a quarter as many sequences as a micro batch's rows can never
       // fill one (a file's count is known only once read)

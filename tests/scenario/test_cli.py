@@ -206,6 +206,13 @@ with tempfile.TemporaryDirectory() as tmp:
         except ValueError as e:
             failures.append(f"compare --json - stdout is not JSON: {e}")
         expect(["compare", a, b, "--json", os.path.join(tmp, "no", "such", "dir", "c.json")], 2, ["--json"])
+        # a file replaced keeps its mode (the rename used to leave every result 0644)
+        private = os.path.join(tmp, "private.json")
+        open(private, "w").write("{}")
+        os.chmod(private, 0o600)
+        expect(["compare", a, b, "--json", private], 0)
+        if os.stat(private).st_mode & 0o777 != 0o600:
+            failures.append(f"compare --json over a 0600 file left it {oct(os.stat(private).st_mode & 0o777)}")
         # the comparison never overwrites an input (a measured result would be lost)
         before = open(a).read()
         expect(["compare", a, b, "--json", a], 2, ["is the file", "itself"])
@@ -236,6 +243,7 @@ for opt, val in (("--timeout", "nan"), ("--budget", "inf"), ("--noise", "-1"), (
     expect(["run", "precision", "--quick", opt, val], 2, [opt])
 expect(["run", "precision", "--quick", "--json", ""], 2, ["--json"])
 expect(["run", "dataloader", "--quick", "--json", "same.json", "--trace", "same.json"], 2, ["name the same file"])
+expect(["run", "train", "--quick", "-p", "sequences=0"], 2, ["sequences=0 means every length of a file"])
 # two documents on stdout would run together; diagnose's report owns its stdout
 expect(["run", "batch", "--quick", "--json", "-", "--trace", "-"], 2, ["both name stdout"])
 expect(["diagnose", "--quick", "--json", "-"], 2, ["--json -: diagnose prints its report on stdout"])
