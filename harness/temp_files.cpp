@@ -1,11 +1,11 @@
 #include "harness/temp_files.hpp"
 
 #include <signal.h>  // sigaction, raise
-#include <unistd.h>  // unlink
+#include <unistd.h>  // unlink, write
 
 #include <array>    // std::array
 #include <atomic>   // std::atomic
-#include <cstring>  // std::memcpy
+#include <cstring>  // std::memcpy, std::strlen
 #include <mutex>    // std::once_flag
 
 namespace sb {
@@ -25,9 +25,18 @@ std::array<Slot, kSlots> g_slots;
 constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 extern "C" void remove_temp_files(int sig) {
-  // Async-signal-safe only: atomics, unlink, sigaction, raise.
+  // Async-signal-safe only: atomics, unlink, write, sigaction, raise.
   for (auto& s : g_slots)
     if (s.state.load(std::memory_order_acquire) == 2) ::unlink(s.path);
+  // One line, so a scheduler's log shows the run was cut short rather than ending mid-table.
+  const char* msg = sig == SIGINT    ? "\nstallbench: interrupted (SIGINT): stopped where it was; a result not yet "
+                                       "written is lost, its temporary file removed\n"
+                    : sig == SIGTERM ? "\nstallbench: terminated (SIGTERM): stopped where it was; a result not yet "
+                                       "written is lost, its temporary file removed\n"
+                    : sig == SIGHUP  ? "\nstallbench: hung up (SIGHUP): stopped where it was; a result not yet "
+                                       "written is lost, its temporary file removed\n"
+                                     : "\nstallbench: quit (SIGQUIT): stopped where it was\n";
+  [[maybe_unused]] const ssize_t n = ::write(2, msg, std::strlen(msg));
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);

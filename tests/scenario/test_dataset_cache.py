@@ -5,8 +5,8 @@
 - Written, then reused by the next run, and rewritten when zeroed (a file of
   the right size is never trusted); the result says which (info.dataset_file_cache).
 - `stallbench clean --dry-run` lists, `clean` removes.
-- SIGINT while a large file is being written: the process ends by SIGINT and
-  no temporary file is left.
+- SIGINT while a large file is being written: the process ends by SIGINT, says so on
+  stderr, and no temporary file is left.
 
 usage: test_dataset_cache.py STALLBENCH SCHEMA (every result is validated against it)
 """
@@ -112,6 +112,8 @@ try:
         big.wait()
         check(False, "SIGINT did not end the run within 60 s")
     check(big.returncode == -signal.SIGINT, f"SIGINT: returncode {big.returncode}, want {-signal.SIGINT}")
+    err = big.stderr.read().decode(errors="replace")
+    check("stallbench: interrupted (SIGINT)" in err, f"SIGINT: no line saying the run was interrupted: {err[-300:]!r}")
     left = glob.glob(os.path.join(cache, "*.tmp.*"))
     check(left == [], f"SIGINT left {left}")
 finally:
