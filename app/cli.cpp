@@ -846,7 +846,15 @@ int main_impl(int argc, char** argv) {
 int main(int argc, char** argv) {
   sb::install_temp_file_cleanup();  // a signal never leaves a half-written file behind
   try {
-    return sb::main_impl(argc, argv);
+    const int rc = sb::main_impl(argc, argv);
+    // A table or report that could not be written (stdout on a full disk, `> /dev/full`) is a
+    // failure the user must see, never exit 0.
+    std::cout.flush();
+    if (!std::cout) {
+      std::cerr << "stallbench: cannot write to stdout (closed, or the disk is full): its output is lost\n";
+      return rc == 0 ? 1 : rc;
+    }
+    return rc;
   } catch (const sb::UsageError& e) {
     std::cerr << "stallbench: " << e.what() << "\n";
     return 2;

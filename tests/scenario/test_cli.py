@@ -244,6 +244,11 @@ for opt, val in (("--timeout", "nan"), ("--budget", "inf"), ("--noise", "-1"), (
 expect(["run", "precision", "--quick", "--json", ""], 2, ["--json"])
 expect(["run", "dataloader", "--quick", "--json", "same.json", "--trace", "same.json"], 2, ["name the same file"])
 expect(["run", "train", "--quick", "-p", "sequences=0"], 2, ["sequences=0 means every length of a file"])
+# a table that cannot be written is a failure, not exit 0
+with open("/dev/full", "w") as full:
+    p = subprocess.run([EXE, "list"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    if p.returncode != 1 or "cannot write to stdout" not in p.stderr:
+        failures.append(f"list > /dev/full: exit {p.returncode}, stderr {p.stderr[-200:]!r}")
 # two documents on stdout would run together; diagnose's report owns its stdout
 expect(["run", "batch", "--quick", "--json", "-", "--trace", "-"], 2, ["both name stdout"])
 expect(["diagnose", "--quick", "--json", "-"], 2, ["--json -: diagnose prints its report on stdout"])
