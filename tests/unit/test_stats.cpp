@@ -101,9 +101,31 @@ TEST(Measure, ColdFlushesBeforeEveryOpAndTimesTheOpAlone) {
   EXPECT_NEAR(m.ms.median, 0.001, 1e-12);  // 5 ms flushes excluded
   EXPECT_EQ(m.reps_per_trial, kMaxRepsCold);  // 1000 ops would make 1 ms: capped
   // One flush ahead of the measurement, then one per timed op (the
-  // calibration's single op included); warm-up ops are not flushed.
-  EXPECT_EQ(std::size_t(dev.flushes), 1 + 1 + std::size_t(m.ms.n) * std::size_t(m.reps_per_trial));
-  EXPECT_EQ(dev.ops, std::size_t(1 + 1 + m.ms.n * m.reps_per_trial));
+  // calibration's three single ops included); warm-up ops are not flushed.
+  EXPECT_EQ(std::size_t(dev.flushes), 1 + 3 + std::size_t(m.ms.n) * std::size_t(m.reps_per_trial));
+  EXPECT_EQ(dev.ops, std::size_t(1 + 3 + m.ms.n * m.reps_per_trial));
+}
+
+// A calibration sample preempted by another process must not make every trial one op: the
+// least of the calibration's samples decides (0.35 ms ops, one sample at 7.95 ms: 3 ops a trial).
+TEST(Measure, APreemptedCalibrationSampleDoesNotDecideTheTrialLength) {
+  test::FakeDevice dev;
+  dev.op_ms = 0.35;
+  dev.jitter.assign(10000, 0.0);
+  dev.jitter[1] = 7.6;  // op 0 is the warm-up, op 1 the first calibration sample
+  MeasureConfig cfg;
+  cfg.warmup = 1;
+  cfg.min_trial_ms = 1.0;
+  const Measurement m = measure(dev, [&] { dev.tick(); }, cfg);
+  EXPECT_EQ(m.reps_per_trial, 3);
+  EXPECT_NEAR(m.ms.median, 0.35, 1e-9);
+  // an op of 50 ms or more is timed once in calibration
+  test::FakeDevice slow;
+  slow.op_ms = 60;
+  cfg.max_trials = 3;
+  cfg.min_trials = 3;
+  (void)measure(slow, [&] { slow.tick(); }, cfg);
+  EXPECT_EQ(slow.ops, std::size_t(1 + 1 + 3));
 }
 
 TEST(Measure, WarmNeverFlushes) {
@@ -125,7 +147,7 @@ TEST(Measure, HiddenGatesEveryTrialAndRefusesAnExpiredGate) {
   cfg.min_trials = 3;
   const Measurement m = measure(dev, [&] { dev.tick(); }, cfg);
   EXPECT_EQ(m.mode, TimingMode::hidden);
-  EXPECT_EQ(dev.gates, 1 + m.ms.n);
+  EXPECT_EQ(dev.gates, 3 + m.ms.n);  // three calibration samples, then one gate a trial
   EXPECT_EQ(dev.gates_released, dev.gates);
   EXPECT_NEAR(m.ms.median, 0.01, 1e-12);
   EXPECT_EQ(m.reps_per_trial, 100);  // under kMaxRepsHidden
