@@ -848,9 +848,12 @@ int main(int argc, char** argv) {
   try {
     const int rc = sb::main_impl(argc, argv);
     // A table or report that could not be written (stdout on a full disk, `> /dev/full`) is a
-    // failure the user must see, never exit 0.
+    // failure the user must see, never exit 0. A pipe whose reader left (`watch | head -1`) is
+    // not: watch goes on by design, and elsewhere SIGPIPE ends the run as for any tool.
     std::cout.flush();
-    if (!std::cout) {
+    struct stat out {};
+    const bool pipe = ::fstat(STDOUT_FILENO, &out) == 0 && (S_ISFIFO(out.st_mode) || S_ISSOCK(out.st_mode));
+    if (!std::cout && !pipe) {
       std::cerr << "stallbench: cannot write to stdout (closed, or the disk is full): its output is lost\n";
       return rc == 0 ? 1 : rc;
     }
