@@ -125,7 +125,9 @@ std::pair<double, double> attention_tolerance(DType t) {
 AttnCheck check_attention(Device& dev, const AttnShape& s, AttnImpl impl, DType t, bool backward,
                           std::uint64_t seed, std::chrono::milliseconds timeout) {
   AttnCheck r;
-  auto op = dev.make_attention(s, impl, t, seed);
+  AttnShape planned = s;
+  planned.backward = backward;
+  auto op = dev.make_attention(planned, impl, t, seed);
   r.impl = op->impl_detail();
   if (!op->computes()) {  // a simulated device spends time and computes nothing
     r.ok = true;

@@ -161,6 +161,11 @@ struct AttnShape {
   bool causal = false;
   std::vector<std::int32_t> cu_seqlens;  // varlen when non-empty: batch must be 1, seq = cu_seqlens.back()
   double scale = 0;                      // softmax scale; 0 = 1/sqrt(head_dim)
+  // The op will run a backward: it plans and allocates the backward's buffers
+  // too. false: the forward alone (as under torch.no_grad()), so a forward-only
+  // point's memory, and where it runs out, are the forward's; an implementation
+  // that plans by it refuses backward() (cpu, cuda naive).
+  bool backward = true;
   bool varlen() const { return !cu_seqlens.empty(); }
   double fwd_flops() const;  // summed per sequence for varlen
 };

@@ -10,6 +10,7 @@
 // gradients are checked against a double reference on a small shape first.
 #include <algorithm>  // std::max
 #include <map>        // std::map
+#include <set>        // std::set
 #include <tuple>      // std::tuple
 
 #include <fmt/format.h>  // fmt::format
@@ -49,6 +50,7 @@ struct Settings {
     st.shape.head_dim = ps.get_int("head_dim");
     st.shape.seq = ps.get_int("seq_len");
     st.shape.causal = ps.get_bool("causal");
+    st.shape.backward = st.backward;  // a fwd point plans and allocates the forward's buffers only
     st.mem_limit_gb = ps.get_real("mem_limit_gb");
     st.trials = int(ps.get_int("trials"));
     return st;
@@ -139,7 +141,7 @@ class AttentionRun : public ScenarioRun {
     struct Best {
       std::int64_t seq = 0;
       double speedup = 0, mem_ratio = 0;
-      std::string impl;
+      std::string impl, pass;
     };
     Best best;
     const auto is_naive = [](const Point& p) { return p.params.value("impl", "") == "naive"; };
@@ -152,7 +154,7 @@ class AttentionRun : public ScenarioRun {
       const std::int64_t seq = p.params.value("seq_len", std::int64_t(0));
       // The finding is about a fused kernel: naive-prealloc is still naive.
       if (p.params.value("impl", "") != "naive-prealloc" && seq >= best.seq)
-        best = Best{seq, sp, mr, p.params.value("impl", "")};
+        best = Best{seq, sp, mr, p.params.value("impl", ""), p.params.value("pass", "")};
     });
     std::int64_t first_oom = 0;
     for (const auto& p : r.points) {
@@ -162,23 +164,41 @@ class AttentionRun : public ScenarioRun {
       const std::int64_t seq = p.params.value("seq_len", std::int64_t(0));
       if (first_oom == 0 || seq < first_oom) first_oom = seq;
     }
+    // A forward-only point needs less memory than forward and backward (no
+    // saved tensors, no dS): when naive ran out at first_oom for some passes
+    // and ran for others, the finding names the pass that did not fit, and
+    // the pass of its speedup.
+    std::set<std::string> oom_passes, ok_passes;
+    for (const auto& p : r.points)
+      if (is_naive(p) && p.params.value("seq_len", std::int64_t(0)) == first_oom && first_oom > 0)
+        (p.status == Status::oom ? oom_passes : ok_passes).insert(p.params.value("pass", ""));
+    const bool by_pass = !oom_passes.empty() && !ok_passes.empty();
+    const auto joined = [](const std::set<std::string>& v) {
+      std::string out;
+      for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
+      return out;
+    };
     std::string summary;
     if (best.seq > 0)
-      summary = fmt::format("at S={} {} is {} and uses {:.0f}x less memory than naive", best.seq, best.impl,
+      summary = fmt::format("at S={}{} {} is {} and uses {:.0f}x less memory than naive", best.seq,
+                            by_pass ? " " + best.pass : std::string(), best.impl,
                             best.speedup >= 1 ? fmt::format("{:.1f}x faster", best.speedup)
                                               : fmt::format("slower ({:.2f}x naive's speed)", best.speedup),
                             best.mem_ratio);
     if (first_oom > 0)
-      summary += fmt::format("{}naive runs out of memory at S={}, where the fused kernel still runs",
-                             summary.empty() ? "" : "; ", first_oom);
+      summary += fmt::format("{}naive{} runs out of memory at S={}, where the fused kernel still runs",
+                             summary.empty() ? "" : "; ", by_pass ? " " + joined(oom_passes) : std::string(),
+                             first_oom);
     if (summary.empty()) return;
     r.findings.push_back({{}, summary,
                           best.seq > 0 ? std::optional<double>(best.speedup) : std::nullopt,
                           json{{"seq_len", best.seq},
                                {"impl", best.impl},
+                               {"pass", best.pass},
                                {"speedup", best.speedup},
                                {"memory_ratio", best.mem_ratio},
-                               {"naive_oom_at", first_oom}}});
+                               {"naive_oom_at", first_oom},
+                               {"naive_oom_passes", oom_passes}}});
   }
 
  private:

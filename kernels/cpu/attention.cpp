@@ -114,6 +114,8 @@ void CpuAttention::forward() {
 }
 
 void CpuAttention::backward() {
+  if (!shape_.backward)
+    throw Error(ErrorKind::runtime, label_ + ": backward on an op planned for the forward only (AttnShape::backward)");
   last_seq_ = env_.cs.enqueue(label_ + " bwd", [this] { run_backward(); });
 }
 

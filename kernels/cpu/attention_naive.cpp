@@ -137,7 +137,8 @@ NaivePlan plan(dnnl::engine& eng, const AttnShape& s, DType t, bool eager) {
     g.dq.pd = matmul_pd(eng, sq(in), rows(in), rows(dt::f32));          // dQ = dS K
     g.dk.pd = matmul_pd(eng, sq_t(in), rows(in), rows(dt::f32));        // dK = dS^T Q
     for (Mm* m : {&g.qk, &g.pv, &g.dv, &g.dp, &g.dq, &g.dk})
-      p.scratch = std::max(p.scratch, m->pd.scratchpad_desc().get_size());
+      if (s.backward || m == &g.qk || m == &g.pv)  // a forward-only op binds the forward's two
+        p.scratch = std::max(p.scratch, m->pd.scratchpad_desc().get_size());
   }
   const std::size_t esz = std::size_t(storage_bytes(t));
   p.rows = std::size_t(s.batch * s.heads * T);
@@ -155,20 +156,26 @@ NaivePlan plan(dnnl::engine& eng, const AttnShape& s, DType t, bool eager) {
     const std::size_t fwd = std::max({2 * n * e + m, n * e + 4 * n, saved});
     const std::size_t bwd = std::max({saved + n * e + (b16 ? 4 * n : 0), saved + 8 * n,
                                       (b16 ? 2 * n : 0) + 4 * n + (b16 ? 2 * n : 0), (b16 ? 2 * n : 0) + 2 * n * e});
-    p.workspace = std::max(fwd, bwd) + p.scratch;
-    p.what = fmt::format("{} tensors of S = {} ({} fp32) allocated op by op, {} at the peak (softmax backward), "
+    // A forward-only op (as under torch.no_grad()) never reaches the backward's peak.
+    const std::size_t peak = s.backward ? std::max(fwd, bwd) : fwd;
+    p.workspace = peak + p.scratch;
+    p.what = fmt::format("{} tensors of S = {} ({} fp32) allocated op by op, {} at the peak ({}), "
                          "{}oneDNN scratchpad {}",
-                         to_string(t), formula, format_bytes(p.scores * 4), format_bytes(std::max(fwd, bwd)),
+                         to_string(t), formula, format_bytes(p.scores * 4), format_bytes(peak),
+                         s.backward && bwd >= fwd ? "softmax backward" : "forward",
                          s.causal ? fmt::format("causal mask {}, ", format_bytes(m)) : std::string(),
                          format_bytes(p.scratch));
     return p;
   }
   // Workspace: S fp32 (dP reuses it), P and dS in the dtype, D = rowsum(dO*O)
-  // per row, and the scratchpad.
-  p.workspace = p.scores * (4 + 2 * esz) + p.rows * 4 + p.scratch;
-  p.what = fmt::format("S = {} fp32 {}, P {} {}, dS {} {}, rowsum(dO*O) {}, oneDNN scratchpad {}", formula,
-                       format_bytes(p.scores * 4), to_string(t), format_bytes(p.scores * esz), to_string(t),
-                       format_bytes(p.scores * esz), format_bytes(p.rows * 4), format_bytes(p.scratch));
+  // per row, and the scratchpad; a forward-only op has no dS and no D.
+  p.workspace = p.scores * (4 + esz) + (s.backward ? p.scores * esz + p.rows * 4 : 0) + p.scratch;
+  p.what = fmt::format("S = {} fp32 {}, P {} {}, {}oneDNN scratchpad {}", formula, format_bytes(p.scores * 4),
+                       to_string(t), format_bytes(p.scores * esz),
+                       s.backward ? fmt::format("dS {} {}, rowsum(dO*O) {}, ", to_string(t),
+                                                format_bytes(p.scores * esz), format_bytes(p.rows * 4))
+                                  : std::string("forward only (no dS), "),
+                       format_bytes(p.scratch));
   return p;
 }
 
@@ -297,8 +304,10 @@ class NaiveAttention final : public CpuAttention {
     const std::size_t esz = std::size_t(storage_bytes(t));
     s_ = alloc_workspace(plan_.scores * 4, "S (scores, fp32; dP in backward)");
     p_ = alloc_workspace(plan_.scores * esz, "P");
-    ds_ = alloc_workspace(plan_.scores * esz, "dS");
-    d_ = alloc_workspace(plan_.rows * 4, "rowsum(dO*O)");
+    if (s.backward) {
+      ds_ = alloc_workspace(plan_.scores * esz, "dS");
+      d_ = alloc_workspace(plan_.rows * 4, "rowsum(dO*O)");
+    }
     scratch_ = alloc_workspace(plan_.scratch, "oneDNN scratchpad");
     auto& eng = env_.eng;
     void* scratch = scratch_.data();
@@ -306,9 +315,10 @@ class NaiveAttention final : public CpuAttention {
       const std::size_t off = std::size_t(g.off);
       void* S = element(s_, g.s_off, 4);
       void* P = element(p_, g.s_off, esz);
-      void* dS = element(ds_, g.s_off, esz);
       bind(g.qk, eng, element(q_, off, esz), element(k_, off, esz), S, scratch);
       bind(g.pv, eng, P, element(v_, off, esz), element(o_, off, 4), scratch);
+      if (!s.backward) continue;
+      void* dS = element(ds_, g.s_off, esz);
       bind(g.dv, eng, P, element(do_, off, esz), element(dv_, off, 4), scratch);
       bind(g.dp, eng, element(do_, off, esz), element(v_, off, esz), S, scratch);
       bind(g.dq, eng, dS, element(k_, off, esz), element(dq_, off, 4), scratch);
@@ -497,6 +507,11 @@ class EagerAttention final : public CpuAttention {
     mark("gemm O=PV");
     for (Group& g : plan_.groups) exec(g.pv, p.as<char>() + g.s_off * e, nullptr);
     SB_DNNL_CHECK(strm_.wait());
+    if (!shape_.backward) {  // forward only, as under no_grad: nothing is kept for a backward
+      p32_ = {};
+      pt_ = {};
+      return;
+    }
     saved_ = true;  // only a forward that finished leaves what the backward reads
   }
 

@@ -185,11 +185,12 @@ class NaiveAttention final : public AttentionOp {
       elements += s.batch * s.len * s.len;
     }
     // S and dP fp32 (one buffer: dP overwrites S, which backward no longer
-    // needs), P and dS in the dtype: B*H*S^2 * (4 + 2*esize) bytes.
+    // needs), P and dS in the dtype: B*H*S^2 * (4 + 2*esize) bytes; a
+    // forward-only op (AttnShape::backward false) has no dS.
     scores_ = allocate_quadratic("S/dP (fp32)", elements, sizeof(float));
     probs_ = allocate_quadratic(fmt::format("P ({})", to_string(dtype)), elements, esize_);
-    dscores_ = allocate_quadratic(fmt::format("dS ({})", to_string(dtype)), elements, esize_);
-    workspace_ = scores_.bytes() + probs_.bytes() + dscores_.bytes();
+    if (shape.backward) dscores_ = allocate_quadratic(fmt::format("dS ({})", to_string(dtype)), elements, esize_);
+    workspace_ = scores_.bytes() + probs_.bytes() + (shape.backward ? dscores_.bytes() : 0);
 
     detail_ = dtype == DType::fp32
                   ? "cuBLAS strided-batched GEMMs (fp32, no TF32) + row softmax kernel; S, P, dS in fp32"
@@ -229,6 +230,8 @@ class NaiveAttention final : public AttentionOp {
   }
 
   void backward() override {
+    if (!shape_.backward)
+      throw Error(ErrorKind::runtime, ctx_.id + ": naive attention planned for the forward only (AttnShape::backward)");
     bind();
     const int d = int(shape_.head_dim);
     for (std::size_t i = 0; i < segments_.size(); ++i) {

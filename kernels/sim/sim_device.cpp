@@ -468,7 +468,9 @@ class SimAttention final : public AttentionOp {
       for (std::size_t i = 1; i < s.cu_seqlens.size(); ++i)
         square += double(s.heads) * double(s.cu_seqlens[i] - s.cu_seqlens[i - 1]) *
                   double(s.cu_seqlens[i] - s.cu_seqlens[i - 1]);
-    reservation_ = dev.ledger().reserve(std::uint64_t(2 * io + (eager ? 2 * square * e : 0)),
+    // A forward-only op (AttnShape::backward false) holds no gradients.
+    const double grads = s.backward ? io : 0;
+    reservation_ = dev.ledger().reserve(std::uint64_t(io + grads + (eager ? 2 * square * e : 0)),
                                         eager ? "simulated eager attention Q, K, V, O, grads and the S x S scores"
                                               : "simulated attention Q, K, V, O and grads");
     const SimModel& m = dev.model();

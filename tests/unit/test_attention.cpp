@@ -231,6 +231,45 @@ TEST(CpuAttention, EagerPeakIsThePlannedWorkspace) {
   }
 }
 
+// A forward-only op (AttnShape::backward false, a `pass=fwd` point) plans
+// the forward's peak, not the backward's: the ledger's high-water mark over a
+// forward is exactly its planned workspace, that is less than the same
+// shape's forward-and-backward plan, nothing outlives the forward, and a
+// backward is refused. Before, a fwd point reserved (and ran out of memory
+// at) the backward's peak.
+TEST(CpuAttention, ForwardOnlyPlansTheForwardsPeak) {
+  auto dev = cpu();
+  const std::vector<AttnShape> shapes = {dense(2, 3, 64, 16), dense(2, 3, 64, 16, true),
+                                         varlen(2, 16, {0, 32, 96}, true)};
+  for (DType t : {DType::fp32, DType::bf16}) {
+    if (dev->attention_unsupported(AttnImpl::naive, t)) continue;
+    for (AttnShape s : shapes) {
+      const std::size_t both = dev->make_attention(s, AttnImpl::naive, t, 1)->workspace_bytes();
+      const std::size_t both_pre = dev->make_attention(s, AttnImpl::naive_prealloc, t, 1)->workspace_bytes();
+      s.backward = false;
+      const std::string what = std::string(to_string(t)) + (s.causal ? " causal" : "") + (s.varlen() ? " varlen" : "");
+      const std::size_t before = dev->memory_stats().in_use;
+      auto op = dev->make_attention(s, AttnImpl::naive, t, 1);
+      const std::size_t held = dev->memory_stats().in_use;
+      const std::size_t operands = 4 * elems(s) * std::size_t(storage_bytes(t)) + 4 * elems(s) * 4;
+      ASSERT_GE(held - before, operands);
+      const std::size_t scratch = held - before - operands;
+      EXPECT_LT(op->workspace_bytes(), both) << what;
+      dev->reset_peak_memory();
+      op->forward();
+      dev->synchronize(60s);
+      EXPECT_EQ(dev->memory_stats().peak - held, op->workspace_bytes() - scratch) << what;
+      EXPECT_EQ(dev->memory_stats().in_use, held) << what << ": a forward-only op kept tensors for a backward";
+      EXPECT_THROW(op->backward(), Error) << what;
+      // The preallocated path: no dS and no rowsum(dO*O).
+      auto pre = dev->make_attention(s, AttnImpl::naive_prealloc, t, 1);
+      const std::size_t n = std::size_t(s.heads) * (s.varlen() ? 32 * 32 + 64 * 64 : std::size_t(s.batch * s.seq * s.seq));
+      EXPECT_GE(both_pre - pre->workspace_bytes(), n * std::size_t(storage_bytes(t))) << what;
+      EXPECT_THROW(pre->backward(), Error) << what;
+    }
+  }
+}
+
 // The eager path allocates while it runs: a limit it no longer fits is an
 // OutOfMemory at the synchronize (the runner's status "oom"), nothing leaks,
 // and the device goes on.
