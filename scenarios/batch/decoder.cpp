@@ -71,7 +71,9 @@ ParamSpec attn_param() {
 ParamSpec dispatch_us_param() {
   return ParamSpec{.name = "dispatch_us", .type = ParamType::real, .default_value = "10",
                    .help = "modelled framework cost per submission, spent on the host (PyTorch eager: 5-20 us per op)",
-                   .unit = "us", .min = 0, .max = 1e6};
+                   // 10 ms per op is 500x eager PyTorch's; a second per op (the old bound) made
+                   // one step minutes long and --quick no quicker.
+                   .unit = "us", .min = 0, .max = 1e4};
 }
 
 DecoderConfig decoder_config(const ParamSet& ps, const Device& dev) {
