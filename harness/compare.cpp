@@ -3,6 +3,7 @@
 #include <algorithm>  // std::max, std::find, std::all_of, std::any_of
 #include <cmath>      // std::isfinite, std::log, std::exp
 #include <map>        // std::map
+#include <set>        // std::set
 
 #include <fmt/format.h>  // fmt::format
 
@@ -249,6 +250,7 @@ void compare_with_result(const Result& ra, const Result& rb, double tol, const s
   for (const auto& p : ra.points) keys_a.push_back(key(p.params));
   for (const auto& p : rb.points) keys_b.push_back(key(p.params));
   drop_one_sided_params(keys_a, keys_b, rep);
+  std::set<std::string> disagree;  // metrics whose direction differs, noted once
   for (std::size_t i = 0; i < ra.points.size(); ++i) {
     const Point& pa = ra.points[i];
     const Point* pb = nullptr;
@@ -274,7 +276,13 @@ void compare_with_result(const Result& ra, const Result& rb, double tol, const s
         rep.notes.push_back(fmt::format("{} {}: units differ ({} vs {})", row.point, m.name, m.unit, mb->unit));
         continue;
       }
-      row.verdict = unjudged ? Verdict::not_comparable : judge_row(row, tol);
+      // A metric whose direction changed between the two builds (device_us_per_launch was
+      // "higher" before it became "none") has no one reading: shown, not judged.
+      const bool split = m.direction != mb->direction;
+      if (split && disagree.insert(m.name).second)
+        rep.notes.push_back(fmt::format("{}: direction {} in A, {} in B (the builds disagree): shown, not judged",
+                                        m.name, to_string(m.direction), to_string(mb->direction)));
+      row.verdict = unjudged || split ? Verdict::not_comparable : judge_row(row, tol);
       row.gated = row.verdict != Verdict::not_comparable;
       rep.rows.push_back(std::move(row));
     }

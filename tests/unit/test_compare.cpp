@@ -192,6 +192,22 @@ TEST(Compare, ResultVsResultMatchesPointsIgnoringTrials) {
   EXPECT_EQ(compare_docs(result_doc(700, 1.2), b, 0.5).worse, 0);  // inside a 50% tolerance
 }
 
+// A metric whose direction changed between builds (device_us_per_launch went from higher to none)
+// has no single reading: its rows are shown, not judged, with one note; the other metrics still are.
+TEST(Compare, AMetricWhoseDirectionTheBuildsDisagreeOnIsNotJudged) {
+  json b = result_doc(800, 1.0);
+  b["points"][0]["metrics"]["ms"]["direction"] = "none";
+  const CompareReport rep = compare_docs(result_doc(700, 2.0), b, 0.05);
+  ASSERT_EQ(rep.rows.size(), 2u);
+  EXPECT_EQ(rep.rows[0].metric, "tflops");
+  EXPECT_EQ(rep.rows[0].verdict, Verdict::worse);
+  EXPECT_EQ(rep.rows[1].metric, "ms");
+  EXPECT_EQ(rep.rows[1].verdict, Verdict::not_comparable);  // 2.0 vs 1.0 ms, lower in A: not judged
+  EXPECT_FALSE(rep.rows[1].gated);
+  EXPECT_EQ(rep.worse, 1);
+  EXPECT_TRUE(has_note(rep, "ms: direction lower in A, none in B")) << fmt::format("{}", fmt::join(rep.notes, " | "));
+}
+
 // A result from before a parameter existed (the batch scenario gained global_batch and attn, and
 // no published batch file matched a new run: "no metric of A has a counterpart in B").
 TEST(Compare, AParameterOnlyOneSideHasIsSetAsideWhenItHoldsOneValue) {
