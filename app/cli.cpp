@@ -789,8 +789,15 @@ int main_impl(int argc, char** argv) {
   std::string hang_dir;
   bool hang_json = false;
   auto* hang = app.add_subcommand("analyze-hang",
-                                  "explain a collective hang from the flight-recorder dumps the ranks wrote");
-  hang->add_option("DIR", hang_dir, "the dump_dir of the run (one rank-N.json per rank)")->required();
+                                  "explain a collective hang from the flight-recorder dumps the ranks wrote "
+                                  "(stallbench's, or PyTorch's Flight Recorder)");
+  hang->add_option("DIR", hang_dir,
+                   "a folder of one dump per rank: a collective run's dump_dir (rank-N.json), or PyTorch Flight "
+                   "Recorder dumps (TORCH_FR_DUMP_TEMP_FILE + rank; NCCL or gloo, pickle or JSON)")
+      ->required();
+  hang->footer("A PyTorch job writes them on a watchdog timeout when TORCH_FR_BUFFER_SIZE and "
+               "TORCH_NCCL_DUMP_ON_TIMEOUT=1 are set. The report names the first collective where the ranks "
+               "disagree, in the terms of torch's fr_trace analyzer.");
   hang->add_flag("--json", hang_json, "the report as JSON");
 
   bool clean_dry = false;
