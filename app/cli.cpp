@@ -797,7 +797,9 @@ int main_impl(int argc, char** argv) {
       ->required();
   hang->footer("A PyTorch job writes them on a watchdog timeout when TORCH_FR_BUFFER_SIZE and "
                "TORCH_NCCL_DUMP_ON_TIMEOUT=1 are set. The report names the first collective where the ranks "
-               "disagree, in the terms of torch's fr_trace analyzer.");
+               "disagree, in the terms of torch's fr_trace analyzer.\n"
+               "Exit codes: 0 the report (a divergence found or none); 2 a folder or dump that cannot be read "
+               "(named, with the byte offset for a pickle).");
   hang->add_flag("--json", hang_json, "the report as JSON");
 
   bool clean_dry = false;
