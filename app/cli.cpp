@@ -777,14 +777,15 @@ int main_impl(int argc, char** argv) {
   std::string ca, cb, cmp_json;
   double tolerance = 0.05;
   auto* cmp = app.add_subcommand("compare", "compare result A with result B or an expected file");
-  cmp->add_option("A", ca, "a result JSON")->required();
-  cmp->add_option("B", cb, "a result JSON, or results/expected/<hardware>.json")->required();
+  cmp->add_option("A", ca, "a result JSON")->required()->check(non_empty_path());
+  cmp->add_option("B", cb, "a result JSON, or results/expected/<hardware>.json")->required()->check(non_empty_path());
   auto* tol_opt = cmp->add_option("--tolerance", tolerance,
                                   "fraction, e.g. 0.1: exit 3 when a measured metric is worse than B by more")
                       ->check(finite_range(0.0, 10.0));
   cmp->add_option("--json", cmp_json, "also write the comparison as JSON: every row with its parameters, the "
                                       "per-metric summary and the notes (written atomically; - is stdout, the "
-                                      "table then goes to stderr)");
+                                      "table then goes to stderr)")
+      ->check(non_empty_path());
 
   std::string hang_dir;
   bool hang_json = false;
@@ -794,7 +795,8 @@ int main_impl(int argc, char** argv) {
   hang->add_option("DIR", hang_dir,
                    "a folder of one dump per rank: a collective run's dump_dir (rank-N.json), or PyTorch Flight "
                    "Recorder dumps (TORCH_FR_DUMP_TEMP_FILE + rank; NCCL or gloo, pickle or JSON)")
-      ->required();
+      ->required()
+      ->check(non_empty_path());
   hang->footer("A PyTorch job writes them on a watchdog timeout when TORCH_FR_BUFFER_SIZE and "
                "TORCH_NCCL_DUMP_ON_TIMEOUT=1 are set. The report names the first collective where the ranks "
                "disagree, in the terms of torch's fr_trace analyzer.\n"
@@ -826,7 +828,12 @@ int main_impl(int argc, char** argv) {
         return kExitUsage;
       }
     }
-    std::cerr << "stallbench: " << e.what() << "\n";
+    // CLI11's wording for an option given twice, "--json: At Most 1 required but received 2",
+    // read as a count of required values: say what happened.
+    std::string what = e.what();
+    if (const auto at = what.find("At Most 1 required but received "); at != std::string::npos)
+      what = what.substr(0, at) + "given " + what.substr(at + 32) + " times; give it once";
+    std::cerr << "stallbench: " << what << "\n";
     std::cerr << "run 'stallbench --help' (or 'stallbench <command> --help') for usage\n";
     return kExitUsage;
   }

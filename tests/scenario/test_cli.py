@@ -118,6 +118,10 @@ expect(["run", "precision", "-p", "size=8"], 2, ["out of range", "[16, 65536]"])
 expect(["run", "precision", "-p", "dtype=fp64"], 2, ["fp32|tf32|bf16|fp16|fp8_e4m3"])
 # A second per submitted op made one step minutes long and --quick no quicker: 10 ms is the bound.
 expect(["run", "batch", "--quick", "-p", "dispatch_us=1e6"], 2, ["out of range", "[0, 10000]"])
+# An empty path is refused by name everywhere (compare --json "" used to be ignored).
+expect(["compare", "a.json", "b.json", "--json", ""], 2, ["--json: the path is empty"])
+expect(["analyze-hang", ""], 2, ["the path is empty"])
+expect(["run", "precision", "--json", "a.json", "--json", "b.json"], 2, ["--json: given 2 times; give it once"])
 expect(["run", "precision", "-p", "size"], 2, ["expected key=value"])
 expect(["run", "precision", "-p", "size=64", "-p", "size=128"], 2, ["given twice"])
 expect(["run", "precision", "--device", "gpu7"], 2, ["unknown device 'gpu7'", "valid: auto, cpu, cuda:N"])
