@@ -118,12 +118,14 @@ int cmd_list(bool names_only, bool as_json) {
   for (const auto& s : out) {
     std::cout << fmt::format("{:<12} {}\n{:<12} cause: {}\n", s["name"].get<std::string>(),
                              s["summary"].get<std::string>(), "", s["cause"].get<std::string>());
+    std::size_t w = 12;  // the name column: the scenario's longest name (load_us_per_token) sets it
+    for (const auto& p : s["params"]) w = std::max(w, p["name"].get<std::string>().size());
     for (const auto& p : s["params"]) {
       std::string def = p["default"].get<std::string>();
       if (!p["gpu_default"].get<std::string>().empty()) def += fmt::format(" (gpu: {})", p["gpu_default"].get<std::string>());
       if (!p["quick_default"].get<std::string>().empty()) def += fmt::format(" (--quick: {})", p["quick_default"].get<std::string>());
-      std::cout << fmt::format("    -p {:<12} {:<6} default {}\n    {:<15} {:<6} range {}{}  {}\n",
-                               p["name"].get<std::string>(), p["type"].get<std::string>(), def, "", "",
+      std::cout << fmt::format("    -p {:<{}} {:<6} default {}\n    {:<{}} {:<6} range {}{}  {}\n",
+                               p["name"].get<std::string>(), w, p["type"].get<std::string>(), def, "", w + 3, "",
                                p["range"].get<std::string>(),
                                p["unit"].get<std::string>().empty() ? "" : " " + p["unit"].get<std::string>(),
                                p["help"].get<std::string>());
