@@ -316,9 +316,17 @@ class MemoryRun : public ScenarioRun {
       std::optional<double> gain;
       if (none->metric("tokens_per_s") && full->metric("tokens_per_s")) {
         const double cost = none->metric("tokens_per_s")->value / full->metric("tokens_per_s")->value;
-        s += fmt::format("; at the same micro batch ({}) it costs {:.2f}x in tokens/s (each layer's forward runs "
-                         "again in the backward)",
-                         none->params.value("micro_batch", std::int64_t(0)), cost);
+        if (cost >= 1)
+          s += fmt::format("; at the same micro batch ({}) it costs {:.2f}x in tokens/s (each layer's forward runs "
+                           "again in the backward)",
+                           none->params.value("micro_batch", std::int64_t(0)), cost);
+        else  // "costs 0.95x" read as a gain: say what was measured, and why it is noise
+          s += fmt::format("; at the same micro batch ({}) it measured {} tokens/s against {} without it ({:.2f}x "
+                           "faster with it): noise, since running each layer's forward again in the backward "
+                           "cannot make a step faster",
+                           none->params.value("micro_batch", std::int64_t(0)),
+                           format_number(full->metric("tokens_per_s")->value),
+                           format_number(none->metric("tokens_per_s")->value), 1 / cost);
       }
       if (none->metric("tokens_per_s_at_largest") && full->metric("tokens_per_s_at_largest")) {
         gain = full->metric("tokens_per_s_at_largest")->value / none->metric("tokens_per_s_at_largest")->value;
