@@ -114,6 +114,37 @@ TEST(Findings, EveryPublishedResultIsReanalyzedIdentically) {
     EXPECT_TRUE(scenarios_seen.count(s)) << "no published result of " << s;
 }
 
+// memory's checkpointing finding read "it costs 0.95x" when checkpointing measured faster (noise):
+// the published AMX file's points, with the two same-batch figures swapped, now say what was
+// measured and that it is noise; as recorded, the cost wording stays.
+TEST(Findings, ACheckpointingRunMeasuredFasterIsCalledNoiseNotACost) {
+  std::ifstream in(published_dir() / "cpu-spr-amx-2c" / "memory.json");
+  ASSERT_TRUE(in) << "published memory.json";
+  const Result recorded = result_from_json(json::parse(in));
+  auto analyzed = [&](bool swap) {
+    Result r = recorded;
+    r.findings.clear();
+    Metric* none = nullptr;
+    Metric* full = nullptr;
+    for (auto& p : r.points)
+      for (auto& m : p.metrics)
+        if (m.name == "tokens_per_s")
+          (p.params.value("checkpointing", "") == "full" ? full : none) = &m;
+    EXPECT_TRUE(none && full);
+    if (swap && none && full && none->value > full->value) std::swap(none->value, full->value);
+    test::FakeDevice dev;
+    RunContext ctx{dev};
+    find_scenario("memory")->start(ctx)->analyze(r);
+    for (const auto& f : r.findings)
+      if (f.summary.starts_with("gradient_checkpointing fits")) return f.summary;
+    return std::string();
+  };
+  const std::string as_recorded = analyzed(false), swapped = analyzed(true);
+  EXPECT_NE(as_recorded.find("it costs 1."), std::string::npos) << as_recorded;
+  EXPECT_EQ(swapped.find("it costs"), std::string::npos) << swapped;
+  EXPECT_NE(swapped.find("faster with it): noise"), std::string::npos) << swapped;
+}
+
 // A published diagnose report: its findings are ranked and judged while it measures (over its
 // sub-runs), so there is no analyze() to run again; what can be re-derived from the report is
 // re-derived. Each applied finding's verdict follows from its three gains on the loop (1.10x
