@@ -75,8 +75,24 @@ def recheck_packing(doc):
               f"{tag}: padding_pct != 1 - real / computed")
         check(close(m["efficiency_pct"]["value"], 100 * i["real_tokens"] / (m["rows"]["value"] * q["max_len"])),
               f"{tag}: efficiency_pct != real / (rows * max_len)")
-        check(close(m["real_tokens_per_s"]["value"], i["timed_real_tokens"] / (m["ms"]["value"] * 1e-3)),
-              f"{tag}: real_tokens_per_s != timed real tokens / median time")
+        # The epoch's real tokens over its time: its GEMM FLOPs at the timed GEMMs' FLOP/s, plus its
+        # attention FLOPs at the timed attention's.
+        gs, at = m["gemm_ms"]["value"] * 1e-3, m["attention_ms"]["value"] * 1e-3
+        check(close(m["ms"]["value"], 1e3 * (gs + at)), f"{tag}: ms != the GEMMs' median + the attention's")
+        tg, eg = i["timed_gemm_flops"], i["epoch_gemm_flops"]
+        ta, ea = i["timed_flops"] - tg, i["epoch_flops"] - eg
+        check(tg > 0 and ta > 0 and eg >= tg and ea >= ta * (1 - 1e-12), f"{tag}: FLOP counts {tg} {ta} {eg} {ea}")
+        check(close(m["gemm_tflops"]["value"], tg / gs / 1e12), f"{tag}: gemm_tflops")
+        check(close(m["attention_tflops"]["value"], ta / at / 1e12), f"{tag}: attention_tflops")
+        epoch_s = gs * eg / tg + at * ea / ta
+        check(close(m["real_tokens_per_s"]["value"], i["real_tokens"] / epoch_s),
+              f"{tag}: real_tokens_per_s != the epoch's real tokens / (GEMM and attention FLOPs at their timed FLOP/s)")
+        check(close(m["timed_real_tokens_per_s"]["value"], i["timed_real_tokens"] / (m["ms"]["value"] * 1e-3)),
+              f"{tag}: timed_real_tokens_per_s != timed real tokens / median time")
+        if i["timed_batches"] == i["batches"]:  # the whole epoch timed: the two FLOP counts are one
+            check(close(i["epoch_flops"], i["timed_flops"]) and close(i["epoch_gemm_flops"], i["timed_gemm_flops"]),
+                  f"{tag}: epoch FLOPs {i['epoch_flops']} ({i['epoch_gemm_flops']} GEMM) != timed "
+                  f"{i['timed_flops']} ({i['timed_gemm_flops']}) with every batch timed")
         if base is None or pt is base:
             continue
         bm, bi = base["metrics"], base["info"]
@@ -84,7 +100,7 @@ def recheck_packing(doc):
               f"{tag}: speedup_vs_pad_max != real tokens/s over pad-max's")
         cpr = lambda x: x["computed_tokens"] / x["real_tokens"]
         check(close(m["predicted_speedup"]["value"], cpr(bi) / cpr(i)), f"{tag}: predicted_speedup")
-        fpr = lambda x: x["timed_flops"] / max(1, x["timed_real_tokens"])
+        fpr = lambda x: x["epoch_flops"] / max(1, x["real_tokens"])
         check(close(m["predicted_flops_speedup"]["value"], fpr(bi) / fpr(i)), f"{tag}: predicted_flops_speedup")
 
 
@@ -149,6 +165,18 @@ with tempfile.TemporaryDirectory() as tmp:
             check(pts[s]["metrics"]["predicted_speedup"]["value"] > 4, f"{s} predicted speedup")
         check(pts["concat"]["info"]["cross_contamination"] is True, "concat marked as cross-contaminating")
         check(any("pad-max computes" in f["summary"] for f in doc["findings"]), "packing finding")
+
+    # Every batch timed, every strategy (pack-hist's rows by the group): the epoch's FLOPs, counted
+    # from the plan alone, equal the timed batches' FLOPs, counted from the shapes prepared.
+    out = os.path.join(tmp, "all.json")
+    run(["packing", "--device", "cpu", "--quick", "-p", "sequences=48", "-p", "rows=3", "-p", "batches=1000",
+         "-p", "d_model=64", "-p", "strategy=pad-max,pad-longest,bucket,pack-ffd,pack-bfd,pack-hist,concat",
+         "--json", out])
+    if check(os.path.exists(out), f"{out} was not written"):
+        doc = load(out)
+        check(all(p["status"] == "ok" and p["info"]["timed_batches"] == p["info"]["batches"] for p in doc["points"]),
+              "every batch timed, every point ok")
+        recheck_packing(doc)
 
     # A length histogram from a file (CSV length,count).
     hist = os.path.join(tmp, "hist.csv")
