@@ -62,13 +62,13 @@ def recheck_attention(doc):
 
 def recheck_packing(doc):
     """padding, efficiency, throughput and the ratios over pad-max, from each point's own data."""
-    base = None
-    for pt in doc["points"]:
-        if pt["status"] == "ok" and pt["params"]["strategy"] == "pad-max":
-            base = pt
+    def workload(pt):  # every parameter but the strategy: a point's pad-max is its own workload's
+        return json.dumps({k: v for k, v in pt["params"].items() if k != "strategy"}, sort_keys=True)
+    bases = {workload(pt): pt for pt in doc["points"] if pt["status"] == "ok" and pt["params"]["strategy"] == "pad-max"}
     for pt in doc["points"]:
         if pt["status"] != "ok":
             continue
+        base = bases.get(workload(pt))
         q, m, i = pt["params"], pt["metrics"], pt["info"]
         tag = f"packing {q['strategy']}"
         check(close(m["padding_pct"]["value"], 100 * (1 - i["real_tokens"] / i["computed_tokens"])),
@@ -177,6 +177,19 @@ with tempfile.TemporaryDirectory() as tmp:
         check(all(p["status"] == "ok" and p["info"]["timed_batches"] == p["info"]["batches"] for p in doc["points"]),
               "every batch timed, every point ok")
         recheck_packing(doc)
+
+    # A sweep of two length distributions: each strategy against its own distribution's pad-max,
+    # one finding per distribution, named (they were held against the last pad-max, and one
+    # finding mixed the two).
+    out = os.path.join(tmp, "two.json")
+    run(["packing", "--device", "cpu", "--quick", "-p", "lengths=lognormal:300,0.8;uniform:16,512", "-p", "max_len=512",
+         "-p", "sequences=256", "-p", "d_model=64", "-p", "strategy=pad-max,pack-bfd", "--json", out])
+    if check(os.path.exists(out), f"{out} was not written"):
+        doc = load(out)
+        recheck_packing(doc)
+        sums = [f["summary"] for f in doc["findings"]]
+        check(len(sums) == 2 and sums[0].startswith("lengths=lognormal:300,0.8: pad-max computes")
+              and sums[1].startswith("lengths=uniform:16,512: pad-max computes"), f"two findings, one each: {sums}")
 
     # A length histogram from a file (CSV length,count).
     hist = os.path.join(tmp, "hist.csv")
