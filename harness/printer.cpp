@@ -44,8 +44,10 @@ std::string pad(const std::string& s, std::size_t w, bool right) {
 
 std::string format_point_line(const Point& p, const json& axes) {
   std::string line;
+  // A swept axis, or one the point set itself (batch's grad_accum under global_batch).
   for (const auto& [k, v] : p.params.items())
-    if (!axes.contains(k) || (axes[k].is_array() && axes[k].size() > 1)) line += fmt::format("{}={} ", k, json_scalar(v));
+    if (!axes.contains(k) || (axes[k].is_array() && (axes[k].size() > 1 || (axes[k].size() == 1 && axes[k][0] != v))))
+      line += fmt::format("{}={} ", k, json_scalar(v));
   line += fmt::format("[{}]", to_string(p.status));
   for (const auto& m : p.metrics) line += fmt::format(" {}={} {}", m.name, format_number(m.value), m.unit);
   if (!p.reason.empty()) line += " — " + p.reason;
@@ -57,12 +59,19 @@ std::string format_result_table(const Result& r) {
   const json& dev = r.meta.value("device", json::object());
   out += fmt::format("scenario: {}   device: {} ({}){}\n", r.scenario, dev.value("id", "?"), dev.value("name", "?"),
                      dev.value("simulated", false) ? "   SIMULATED figures, not measured" : "");
-  // Axes with one value go in the header; swept axes become columns.
+  // Axes whose points all hold one value go in the header; the others become columns. A
+  // point may set an axis itself (batch's grad_accum under global_batch): its value, not the
+  // sweep's, says what ran.
   std::vector<std::string> swept;
   std::string fixed;
   for (const auto& [k, v] : r.params.items()) {
-    if (v.is_array() && v.size() > 1) swept.push_back(k);
-    else fixed += fmt::format(" {}={}", k, json_scalar(v.is_array() && !v.empty() ? v[0] : v));
+    std::vector<json> seen;
+    for (const auto& p : r.points)
+      if (p.params.contains(k) && std::find(seen.begin(), seen.end(), p.params[k]) == seen.end())
+        seen.push_back(p.params[k]);
+    if ((v.is_array() && v.size() > 1) || seen.size() > 1) swept.push_back(k);
+    else
+      fixed += fmt::format(" {}={}", k, json_scalar(!seen.empty() ? seen[0] : v.is_array() && !v.empty() ? v[0] : v));
   }
   if (!fixed.empty()) out += "fixed:" + fixed + "\n";
   if (!r.expected.is_null()) out += fmt::format("expected numbers: {}\n", r.expected.value("id", "?"));

@@ -266,6 +266,7 @@ class BatchRun : public ScenarioRun {
       std::int64_t mb;
       double tps, busy;
       std::string pattern;
+      std::int64_t ga = 1;  // the point's grad_accum (under global_batch, the point's own)
     };
     // (grad_accum, or the global batch held, graphs, and every other swept axis but micro_batch: attn=naive
     // and fused are two series)
@@ -289,7 +290,7 @@ class BatchRun : public ScenarioRun {
                                        : fmt::format("grad_accum={}", p.params.value("grad_accum", 1));
       series[{accum, p.params.value("graphs", std::string("off")), others(p)}].push_back(
           {p.params.value("micro_batch", std::int64_t(0)), p.metric("tokens_per_s")->value, p.metric("busy_pct")->value,
-           p.info.value("pattern", std::string())});
+           p.info.value("pattern", std::string()), p.params.value("grad_accum", std::int64_t(1))});
     }
     for (auto& [key, v] : series) {
       std::sort(v.begin(), v.end(), [](const Pt& a, const Pt& b) { return a.mb < b.mb; });
@@ -312,7 +313,11 @@ class BatchRun : public ScenarioRun {
                        "micro batch within 90% of the best ({} tokens/s at {}) is {} -> micro_batch_size: {}",
                        std::get<0>(key), std::get<1>(key), std::get<2>(key).empty() ? "" : " " + std::get<2>(key),
                        small.mb, format_number(small.tps), small.busy, small.pattern,
-                       format_number(best), best_mb, knee->mb, knee->mb),
+                       format_number(best), best_mb, knee->mb,
+                       // the global batch held: the accumulation that keeps it goes with the line
+                       std::get<0>(key).starts_with("global_batch=")
+                           ? fmt::format("{}, gradient_accumulation_steps: {}", knee->mb, knee->ga)
+                           : fmt::format("{}", knee->mb)),
            small.tps > 0 ? std::optional<double>(knee->tps / small.tps) : std::nullopt,
            json{{"accumulation", std::get<0>(key)}, {"graphs", std::get<1>(key)}, {"smallest_within_90pct", knee->mb},
                 {"best_micro_batch", best_mb}, {"best_tokens_per_s", best}, {"micro_batch_1_pattern", small.pattern}}});

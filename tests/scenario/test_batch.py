@@ -5,6 +5,7 @@ graphs off and on, and on sim:h100; the result JSON against the schema and what 
 usage: test_batch.py STALLBENCH SCHEMA
 """
 import json
+import re
 import sys
 import tempfile
 
@@ -84,8 +85,16 @@ def main():
 
         # global_batch holds the sequences per optimizer step across the sweep: grad_accum = 8 / micro_batch,
         # at least 1 (16 runs one micro batch of 16 per step); the point's params say what ran
-        gb = run(exe, schema, tmp, "global", ["--device", "cpu", "-p", "micro_batch=1,4,16", "-p", "grad_accum=1",
-                                              "-p", "global_batch=8", "-p", "trials=2"])
+        gp, gb = run_scenario(exe, schema, tmp, "batch", "global", ["--device", "cpu", "-p", "micro_batch=1,4,16",
+                                                                     "-p", "grad_accum=1", "-p", "global_batch=8",
+                                                                     "-p", "trials=2"], tail=4000)
+        # the table shows what ran: grad_accum is a column, not "fixed: grad_accum=1"
+        check("fixed: grad_accum=1" not in gp.stdout and re.search(r"^micro_batch\s+grad_accum\s", gp.stdout, re.M),
+              f"global_batch table: {gp.stdout[:600]}")
+        for f in gb["findings"]:  # a recommended micro batch carries the accumulation that keeps the global batch
+            mm = re.search(r"-> micro_batch_size: (\d+), gradient_accumulation_steps: (\d+)", f["summary"])
+            if "global_batch=8" in f["summary"]:
+                check(mm and int(mm.group(2)) == max(1, 8 // int(mm.group(1))), f"global batch finding: {f['summary']}")
         acc = {q["params"]["micro_batch"]: q["params"]["grad_accum"] for q in gb["points"]}
         check(acc == {1: 8, 4: 2, 16: 1}, f"global_batch 8: grad_accum per micro batch {acc}")
         for q in gb["points"]:
