@@ -306,17 +306,27 @@ std::string format_hang_report(const HangReport& r) {
   // PyTorch's dumps: a row per dump (a job of thousands of ranks may come
   // with a few of them; the rest are named as ranges above).
   const bool every_rank = r.format == kFlightRecorderFormat;
+  // A rank's own count can include the divergent call: PyTorch retires a call that failed (timed
+  // out) and counts it in pg_status' last_completed_collective, though a rank never joined it.
+  bool counted_failed = false;
   for (int k = 0; k < r.size; ++k) {
     const auto i = static_cast<std::size_t>(k);
     const bool has = i < r.last_enqueued.size() && r.last_enqueued[i] != -2;
     if (!every_rank && !has) continue;
     const std::string call = i < r.per_rank_call.size() ? r.per_rank_call[i] : "-";
-    if (has)
-      out += row(std::to_string(k), seq_text(r.last_completed[i]), seq_text(r.last_enqueued[i]), call,
-                 "\"" + r.where[i] + "\"");
-    else
+    if (has) {
+      const bool mark = r.kind == DivergenceKind::missing && r.seq >= 0 && r.last_completed[i] >= r.seq;
+      counted_failed = counted_failed || mark;
+      out += row(std::to_string(k), seq_text(r.last_completed[i]) + (mark ? " *" : ""), seq_text(r.last_enqueued[i]),
+                 call, "\"" + r.where[i] + "\"");
+    } else {
       out += row(std::to_string(k), "?", "?", "?", "(no dump)");
+    }
   }
+  if (counted_failed)
+    out += fmt::format("  * the rank's own count includes seq {}, which not every rank joined: a call that failed "
+                       "(timed out) is retired and counted as completed there\n",
+                       r.seq);
   if (!r.wrong_data_from.empty()) {
     std::vector<std::string> w;
     for (const auto& [rank, seq] : r.wrong_data_from) w.push_back(fmt::format("rank {} from seq {}", rank, seq));

@@ -55,6 +55,17 @@ def main():
             for rank in want.get("dump_missing", manifest.get("dump_missing", [])):
                 if rank not in rep["ranks_missing"]:
                     failures.append(f"{form}: rank {rank}'s dump is gone but ranks_missing is {rep['ranks_missing']}")
+            if want.get("kind") == "missing" or rep["kind"] == "missing":
+                # The table: a rank whose pg_status counts the call that not every rank joined (retired
+                # after it failed) is marked, and the note says why; no other rank is.
+                t = subprocess.run([stallbench, "analyze-hang", path], capture_output=True, text=True, timeout=60)
+                seq = rep["seq"]
+                marked = [ln for ln in t.stdout.splitlines() if ln.rstrip().endswith("\"") and " * " in ln]
+                counted = [x["rank"] for x in rep["ranks"] if x["last_completed_seq"] >= seq]
+                if len(marked) != len(counted) or (counted and f"includes seq {seq}, which not every rank joined"
+                                                   not in t.stdout):
+                    failures.append(f"{form}: ranks counting seq {seq} as completed {counted}, marked rows "
+                                    f"{len(marked)}: {t.stdout[-600:]}")
             checked += 1
             print(f"{form:28s} {got[0]:8s} seq {str(got[1]):5s} culprit {got[2]}  ({rep['torch_match_state']})")
     for f in failures:
