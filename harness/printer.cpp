@@ -75,6 +75,8 @@ std::string format_result_table(const Result& r) {
   }
   if (!fixed.empty()) out += "fixed:" + fixed + "\n";
   if (!r.expected.is_null()) out += fmt::format("expected numbers: {}\n", r.expected.value("id", "?"));
+  if (r.meta.contains("host_steal") && r.meta["host_steal"].is_object())
+    out += fmt::format("note: {}\n", r.meta["host_steal"].value("note", ""));
 
   // Metric columns: union over points, in first-seen order.
   std::vector<std::string> metric_names;

@@ -1,8 +1,13 @@
 #include "harness/runner.hpp"
 
+#include <algorithm>  // std::sort
+#include <optional>   // std::optional
+#include <vector>     // std::vector
+
 #include <fmt/format.h>  // fmt::format
 
-#include "harness/errors.hpp"  // typed errors
+#include "harness/errors.hpp"     // typed errors
+#include "harness/host_load.hpp"  // read_cpu_ticks, host_load: what else ran
 
 namespace sb {
 
@@ -33,6 +38,7 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
     for (const auto& ps : sweep.points) sc.validate(ps, ctx);
   auto run = sc.start(ctx);
   bool hung = false;
+  std::vector<double> steal;  // % per ok point
   auto failed_point = [](const ParamSet& ps, Status st, std::string reason) {
     Point p;
     p.params = ps.to_json();
@@ -47,11 +53,31 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
     } else {
       try {
         if (opts.on_point_start) opts.on_point_start(ps);
+        const CpuTicks before = read_cpu_ticks();
         got = run->run_points(ps);
+        // What else ran on the machine meanwhile (a rank's peers are the job itself: not judged).
+        const std::optional<HostLoad> load = sc.needs_ranks ? std::nullopt : host_load(before, read_cpu_ticks());
         for (auto& p : got) {
           nlohmann::ordered_json params = ps.to_json();
           for (const auto& [k, v] : p.params.items()) params[k] = v;  // the point's own rows (bytes=...)
           p.params = std::move(params);
+          if (!load || p.status != Status::ok) continue;
+          p.info["host_cpu"] = {{"other_pct", load->other_pct},
+                                {"steal_pct", load->steal_pct},
+                                {"window_s", load->window_s},
+                                {"note", "while this point ran (/proc/stat): other processes' share of the CPU time "
+                                         "this machine got, and the hypervisor's share of all of it (steal)"}};
+          steal.push_back(load->steal_pct);
+          if (load->other_pct >= kOtherWarnPct) {
+            const std::string w = fmt::format(
+                "the machine was busy with other work while this ran (other processes took {:.0f}% of its CPUs): "
+                "its timings may be inflated; run it again on a quiet machine",
+                load->other_pct);
+            const std::string had = p.info.contains("warning") && p.info["warning"].is_string()
+                                        ? p.info["warning"].get<std::string>() + "; "
+                                        : std::string();
+            p.info["warning"] = had + w;
+          }
         }
       } catch (const Error& e) {
         Status st = Status::error;
@@ -77,6 +103,20 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
       if (on_point) on_point(p, r);
       r.points.push_back(std::move(p));
     }
+  }
+  // Steal is the machine's, not the moment's (a 2-vCPU VM here lost 61% of its CPU time to the
+  // hypervisor whenever both vCPUs were busy): said once for the run, not on every point.
+  if (!steal.empty()) {
+    std::sort(steal.begin(), steal.end());
+    const double max = steal.back(), median = steal[steal.size() / 2];
+    if (max >= kStealWarnPct)
+      r.meta["host_steal"] = {
+          {"median_pct", median},
+          {"max_pct", max},
+          {"note", fmt::format("the hypervisor took {:.0f}% of the CPUs' time while the points ran (median; up to "
+                               "{:.0f}%): a virtual machine whose host is oversubscribed, so its timings are slower "
+                               "and noisier than the same CPU's with dedicated cores",
+                               median, max)}};
   }
   ctx.progress(fmt::format("{}: analysis", sc.name));
   run->analyze(r);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "harness/errors.hpp"
+#include "harness/host_load.hpp"
 #include "harness/host_memory.hpp"
 
 namespace sb {
@@ -242,6 +243,46 @@ TEST(MemoryLedger, CapacityHoldsAndALowerLimitShrinksIt) {
   EXPECT_EQ(w.lock()->in_use(), 5 * MiB);
   r = MemoryReservation();  // releasing settles the account, then lets the ledger go
   EXPECT_TRUE(w.expired());
+}
+
+// What else ran while a point was measured (harness/host_load): /proc/stat's cpu line and
+// /proc/self/stat, as Linux writes them, read by hand.
+TEST(HostLoad, ReadsProcStatAndItsOwnTicksAfterAnOddCommandName) {
+  // user nice system idle iowait irq softirq steal guest guest_nice
+  const std::string stat = "cpu  1000 10 200 5000 40 0 30 300 7 0";
+  // comm may hold spaces and parentheses: fields count from the last ')'; utime 111, stime 22
+  const std::string self = "4242 (my (odd) name) R 1 4242 4242 0 -1 4194304 100 0 0 0 111 22 0 0 20 0 3 0 5 6 7";
+  const CpuTicks t = parse_cpu_ticks(stat, self, 1.5);
+  ASSERT_TRUE(t.ok);
+  EXPECT_EQ(t.busy, 1000u + 10 + 200 + 0 + 30);
+  EXPECT_EQ(t.total, 1000u + 10 + 200 + 5000 + 40 + 0 + 30 + 300);  // guest is inside user already
+  EXPECT_EQ(t.steal, 300u);
+  EXPECT_EQ(t.self, 133u);
+  EXPECT_FALSE(parse_cpu_ticks("intr 1 2 3", self, 0).ok);
+  EXPECT_FALSE(parse_cpu_ticks(stat, "4242 no parenthesis", 0).ok);
+  EXPECT_TRUE(read_cpu_ticks().ok) << "/proc/stat and /proc/self/stat on Linux";
+}
+
+TEST(HostLoad, OtherProcessesAreAShareOfTheTicksNotStolenAndStealOfAll) {
+  CpuTicks a, b;
+  a.ok = b.ok = true;
+  a.total = 1000, b.total = 1200;  // 200 ticks: 1 s of 2 CPUs
+  a.busy = 500, b.busy = 640;      // 140 busy ticks, 60 of them ours: 80 others'
+  a.self = 100, b.self = 160;
+  a.steal = 10, b.steal = 40;      // 30 stolen
+  a.wall_s = 2, b.wall_s = 3;
+  const auto h = host_load(a, b);
+  ASSERT_TRUE(h);
+  EXPECT_DOUBLE_EQ(h->other_pct, 100.0 * 80 / 170);  // of the 170 ticks not stolen
+  EXPECT_DOUBLE_EQ(h->steal_pct, 15);
+  EXPECT_DOUBLE_EQ(h->window_s, 1);
+  b.self = 250;  // our per-thread count ran ahead of the machine's: never negative
+  EXPECT_DOUBLE_EQ(host_load(a, b)->other_pct, 0);
+  b.total = 1010;  // 10 ticks say nothing
+  EXPECT_FALSE(host_load(a, b));
+  b.total = 1200;
+  b.ok = false;
+  EXPECT_FALSE(host_load(a, b));
 }
 
 }  // namespace
