@@ -27,7 +27,7 @@ MemoryReservation::~MemoryReservation() {
 
 std::uint64_t MemoryLedger::effective_limit(std::string* source) const {
   if (limit_ && (!capacity_ || limit_ <= capacity_)) {
-    if (source) *source = "the memory limit (set_memory_limit, e.g. mem_limit_gb)";
+    if (source) *source = "the memory limit (mem_limit_gb)";
     return limit_;
   }
   if (capacity_ && source) *source = capacity_source_.empty() ? "the device's capacity" : capacity_source_;
@@ -37,10 +37,14 @@ std::uint64_t MemoryLedger::effective_limit(std::string* source) const {
 void MemoryLedger::check_locked(std::uint64_t bytes, const std::string& what) const {
   std::string source;
   const std::uint64_t limit = effective_limit(&source);
-  if (limit != 0 && (bytes > limit || in_use_ > limit - bytes))
-    throw OutOfMemory(fmt::format("{}: out of memory: {} needs {} but {} is {} ({} already in use)", device_, what,
+  if (limit != 0 && (bytes > limit || in_use_ > limit - bytes)) {
+    // A limit is given in GB (mem_limit_gb=1.2): said in GB too, beside the binary size.
+    const bool set = limit_ && limit == limit_;
+    throw OutOfMemory(fmt::format("{}: out of memory: {} needs {} but {} is {}{} ({} already in use)", device_, what,
                                   format_bytes(double(bytes)), source, format_bytes(double(limit)),
+                                  set ? fmt::format(" ({:.3g} GB)", double(limit) / 1e9) : std::string(),
                                   format_bytes(double(in_use_))));
+  }
 }
 
 void MemoryLedger::check(std::uint64_t bytes, const std::string& what) const {

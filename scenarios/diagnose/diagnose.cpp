@@ -1221,7 +1221,13 @@ std::string format_report(const Result& r) {
   for (const Point& p : r.points) {
     const std::string name = p.params.value("check", std::string());
     if (name == "summary") continue;
-    o << fmt::format("  {:<13} {:<8}", name, to_string(p.status));
+    // "ok" read as "healthy" beside a 0.43x line: the column says how the figure was had.
+    const bool simulated = r.simulated();
+    const std::string how = p.status != Status::ok ? std::string(to_string(p.status))
+                            : from_trace          ? "read"
+                            : simulated || name == "memory" ? "modelled"
+                                                            : "measured";
+    o << fmt::format("  {:<13} {:<9}", name, how);
     if (p.status != Status::ok)
       o << " " << p.reason;
     else if (from_trace)  // what the rule saw, or the figures it read
@@ -1232,7 +1238,8 @@ std::string format_report(const Result& r) {
       if (p.info.contains("reading") && p.info["reading"].is_string())  // what the figures say (batch: its limit)
         o << "\n" << std::string(24, ' ') << p.info["reading"].get<std::string>();
     } else if (name == "utilization" && p.metric("busy_pct"))
-      o << fmt::format(" {} tokens/s, {:.0f}% busy, {}", format_number(p.metric("tokens_per_s")->value),
+      o << fmt::format(" {} tokens/s on the step alone (padding included, no loader), {:.0f}% busy, {}",
+                       format_number(p.metric("tokens_per_s")->value),
                        p.metric("busy_pct")->value, p.info.value("pattern", std::string()));
     else if (name == "memory" && p.metric("footprint_gib"))
       o << fmt::format(" about {:.1f} GiB of {:.1f} GiB (modelled)", p.metric("footprint_gib")->value,
@@ -1254,10 +1261,10 @@ std::string format_report(const Result& r) {
   for (const Point& p : r.points)
     if (p.params.value("check", std::string()) == "summary") {
       if (p.metric("tokens_per_s_now") && p.info.value("no_line_to_apply", false))
-        o << fmt::format("\nthroughput: {} tokens/s ({}; no line to apply)\n",
+        o << fmt::format("\nthroughput of their training loop: {} real tokens/s ({}; no line to apply)\n",
                          format_number(p.metric("tokens_per_s_now")->value), p.metric("tokens_per_s_now")->note);
       else if (p.metric("tokens_per_s_now"))
-        o << fmt::format("\nthroughput: {} tokens/s now, {} with the fixes ({})\n",
+        o << fmt::format("\nthroughput of their training loop: {} real tokens/s now, {} with the fixes ({})\n",
                          format_number(p.metric("tokens_per_s_now")->value),
                          format_number(p.metric("tokens_per_s_after_estimate")->value),
                          p.metric("tokens_per_s_after_estimate")->note);
