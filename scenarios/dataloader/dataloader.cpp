@@ -17,6 +17,10 @@
 #include <cmath>       // std::llround, std::abs
 #include <optional>    // std::optional: the dataset file, when source=file
 
+#include <map>  // std::map
+
+#include <set>  // std::set
+
 #include <fmt/format.h>  // fmt::format
 #include <fmt/ranges.h>  // fmt::join: the warnings
 
@@ -189,47 +193,89 @@ class DataloaderRun : public ScenarioRun {
   }
 
   void analyze(Result& r) override {
-    // The smallest worker count that keeps the device >= 90% busy.
-    const Point* worst = nullptr;
-    const Point* best = nullptr;
-    const Point* first_ok = nullptr;
+    // Per workload (every parameter but workers and trials): the smallest worker count that keeps
+    // the device >= 90% busy. A sweep of another axis (pin=pinned,pageable at one worker count) was
+    // read as a sweep of workers ("workers=4 is the smallest worker count ...; workers=4 left it").
+    auto key = [](const Point& p) {
+      json k = p.params;
+      k.erase("workers");
+      k.erase("trials");
+      return k.dump();
+    };
+    std::vector<std::string> order;
+    std::map<std::string, std::vector<const Point*>> groups;
     for (const auto& p : r.points) {
       if (p.status != Status::ok || !p.metric("busy_pct")) continue;
-      if (!worst || p.metric("busy_pct")->value < worst->metric("busy_pct")->value) worst = &p;
-      if (!best || p.metric("busy_pct")->value > best->metric("busy_pct")->value) best = &p;
-      if (p.metric("busy_pct")->value >= 90 &&
-          (!first_ok || p.params["workers"].get<int>() < first_ok->params["workers"].get<int>()))
-        first_ok = &p;
+      const std::string k = key(p);
+      if (!groups.count(k)) order.push_back(k);
+      groups[k].push_back(&p);
     }
-    if (!worst) return;
+    std::set<std::string> varying;  // what tells the workloads apart
+    for (const auto& p : r.points)
+      for (const auto& q : r.points)
+        for (const auto& [name, v] : p.params.items())
+          if (name != "workers" && name != "trials" && q.params.contains(name) && q.params[name] != v)
+            varying.insert(name);
     const std::string dev = r.meta.value("/device/id"_json_pointer, std::string("the device"));
     auto busy = [](const Point* p) { return p->metric("busy_pct")->value; };
     auto sps = [](const Point* p) { return p->metric("samples_per_s")->value; };
-    json ev{{"worst", {{"params", worst->params}, {"busy_pct", busy(worst)}, {"pattern", worst->info["pattern"]},
-                       {"load_ms", worst->metric("load_ms")->value}, {"train_ms", worst->metric("train_ms")->value}}}};
-    if (first_ok && first_ok != worst) {
-      const double gain = sps(first_ok) / sps(worst);
-      ev["fix"] = json{{"params", first_ok->params}, {"busy_pct", busy(first_ok)}, {"pattern", first_ok->info["pattern"]}};
-      r.findings.push_back(
-          {{},
-           fmt::format("workers={} is the smallest worker count that keeps {} >= 90% busy ({:.0f}%, {}); "
-                       "workers={} left it {:.0f}% busy ({}, load {} ms > train {} ms per step): {:.2f}x samples/s",
-                       first_ok->params["workers"].get<int>(), dev, busy(first_ok),
-                       first_ok->info["pattern"].get<std::string>(), worst->params["workers"].get<int>(), busy(worst),
-                       worst->info["pattern"].get<std::string>(), format_number(worst->metric("load_ms")->value),
-                       format_number(worst->metric("train_ms")->value), gain),
-           gain, ev});
-    } else if (!first_ok) {
-      r.findings.push_back({{},
-                            fmt::format("no worker count tried keeps {} >= 90% busy (best {:.0f}% at workers={}, "
-                                        "{}); add workers (up to the free cores), cut decode cost, or pin memory",
-                                        dev, busy(best), best->params["workers"].get<int>(),
-                                        best->info["pattern"].get<std::string>()),
-                            std::nullopt, ev});
-    } else {
-      r.findings.push_back({{},
-                            fmt::format("the loader keeps {} >= 90% busy at every point tried", dev), std::nullopt,
-                            ev});
+    for (const std::string& k : order) {
+      const std::vector<const Point*>& pts = groups[k];
+      const Point* worst = nullptr;
+      const Point* best = nullptr;
+      const Point* first_ok = nullptr;
+      std::set<int> worker_counts;
+      for (const Point* p : pts) {
+        worker_counts.insert(p->params["workers"].get<int>());
+        if (!worst || busy(p) < busy(worst)) worst = p;
+        if (!best || busy(p) > busy(best)) best = p;
+        if (busy(p) >= 90 && (!first_ok || p->params["workers"].get<int>() < first_ok->params["workers"].get<int>()))
+          first_ok = p;
+      }
+      std::string which;
+      for (const auto& name : varying) {
+        const json& v = worst->params[name];
+        which += fmt::format("{}{}={}", which.empty() ? "" : " ", name, v.is_string() ? v.get<std::string>() : v.dump());
+      }
+      if (!which.empty()) which += ": ";
+      json ev{{"worst", {{"params", worst->params}, {"busy_pct", busy(worst)}, {"pattern", worst->info["pattern"]},
+                         {"load_ms", worst->metric("load_ms")->value}, {"train_ms", worst->metric("train_ms")->value}}}};
+      if (worker_counts.size() < 2) {  // one worker count: nothing to say about worker counts
+        if (busy(worst) < 90)
+          r.findings.push_back({{},
+                                fmt::format("{}workers={} leaves {} {:.0f}% busy ({}, load {} ms against train {} ms "
+                                            "per step); sweep workers to find the smallest count that keeps it fed",
+                                            which, worst->params["workers"].get<int>(), dev, busy(worst),
+                                            worst->info["pattern"].get<std::string>(),
+                                            format_number(worst->metric("load_ms")->value),
+                                            format_number(worst->metric("train_ms")->value)),
+                                std::nullopt, ev});
+        continue;
+      }
+      if (first_ok && first_ok != worst) {
+        const double gain = sps(first_ok) / sps(worst);
+        ev["fix"] = json{{"params", first_ok->params}, {"busy_pct", busy(first_ok)}, {"pattern", first_ok->info["pattern"]}};
+        r.findings.push_back(
+            {{},
+             fmt::format("{}workers={} is the smallest worker count that keeps {} >= 90% busy ({:.0f}%, {}); "
+                         "workers={} left it {:.0f}% busy ({}, load {} ms > train {} ms per step): {:.2f}x samples/s",
+                         which, first_ok->params["workers"].get<int>(), dev, busy(first_ok),
+                         first_ok->info["pattern"].get<std::string>(), worst->params["workers"].get<int>(), busy(worst),
+                         worst->info["pattern"].get<std::string>(), format_number(worst->metric("load_ms")->value),
+                         format_number(worst->metric("train_ms")->value), gain),
+             gain, ev});
+      } else if (!first_ok) {
+        r.findings.push_back({{},
+                              fmt::format("{}no worker count tried keeps {} >= 90% busy (best {:.0f}% at workers={}, "
+                                          "{}); add workers (up to the free cores), cut decode cost, or pin memory",
+                                          which, dev, busy(best), best->params["workers"].get<int>(),
+                                          best->info["pattern"].get<std::string>()),
+                              std::nullopt, ev});
+      } else {
+        r.findings.push_back({{},
+                              fmt::format("{}the loader keeps {} >= 90% busy at every point tried", which, dev),
+                              std::nullopt, ev});
+      }
     }
   }
 

@@ -162,6 +162,16 @@ with tempfile.TemporaryDirectory() as tmp:
             causes = [f["cause"] for f in json.load(open(dj))["findings"]]
             check("a slow host dataloader" in causes, f"diagnose --trace of the run: {causes}")
 
+    # A sweep of pin at one worker count is not a sweep of workers: no finding names "the smallest
+    # worker count", and each names its pin (it read "workers=1 is the smallest worker count ...;
+    # workers=1 left it ...", found by a README walk-through).
+    out = os.path.join(tmp, "pin.json")
+    p, _ = run(["--device", "cpu", "--quick", "-p", "workers=1", "-p", "pin=pinned,pageable", "--json", out])
+    if check(p.returncode == 0 and os.path.exists(out), f"pin sweep: exit {p.returncode}: {p.stderr[-600:]}"):
+        sums = [f["summary"] for f in load(out)["findings"]]
+        check(all("smallest worker count" not in s_ and s_.startswith(("pin=pinned: ", "pin=pageable: "))
+                  for s_ in sums), f"pin sweep findings: {sums}")
+
     # 2. A sample that stalls its worker: caught by the loader timeout, exit 4, never a hang.
     out = os.path.join(tmp, "hang.json")
     p, secs = run(["--device", "cpu", "-p", "workers=2", "-p", "steps=8", "-p", "decode_us=100",
