@@ -357,12 +357,25 @@ void add_findings(Result& r, const Watched& w, const json& sum) {
     std::vector<std::string> reasons;
     for (const auto& [name, s] : t.throttle_reason_s()) reasons.push_back(fmt::format("{} {:.1f} s", name, s));
     const double pct = 100 * t.throttled_s() / loaded;
+    // What to look at follows the reasons: heat is cooling, a power cap is the power limit (a
+    // software cap is a setting, not a fault). A throttled second is not a lost second: how much
+    // slower the work ran depends on how far the clocks fell, which the SM clock says.
+    bool heat = false, power = false;
+    for (const auto& [name, s] : t.throttle_reason_s()) {
+      heat = heat || name.find("thermal") != std::string::npos || name == "hw_slowdown";
+      power = power || name.find("power") != std::string::npos;
+    }
+    const std::string look = heat && power ? "check cooling and the power limit"
+                             : heat        ? "check cooling"
+                             : power       ? "check the power limit (a software power cap is a setting: nvidia-smi -pl)"
+                                           : "check the clocks";
     finding("throttling",
-            fmt::format("{}: clocks held back {:.0f}% of the time under load ({:.1f} of {:.1f} s){}{}: check cooling and "
-                        "the power limit (nvidia-smi -q -d PERFORMANCE,POWER); benchmark figures from this GPU "
-                        "are low by that much",
+            fmt::format("{}: a clock event reason was active {:.0f}% of the time under load ({:.1f} of {:.1f} s){}{}: "
+                        "{} (nvidia-smi -q -d PERFORMANCE,POWER); figures measured on this GPU meanwhile ran at "
+                        "the lowered clocks",
                         gpu, pct, t.throttled_s(), loaded, reasons.empty() ? "" : "; reasons: " + fmt::format("{}", fmt::join(reasons, ", ")),
-                        t.clocks_low_s() > 0 ? fmt::format("; SM clock under 90% of its max {:.1f} s", t.clocks_low_s()) : ""),
+                        t.clocks_low_s() > 0 ? fmt::format("; SM clock under 90% of its max {:.1f} s", t.clocks_low_s()) : "",
+                        look),
             json{{"check", "throttling"},
                  {"share_pct", pct},
                  {"throttled_s", t.throttled_s()},

@@ -121,6 +121,9 @@ def patterns(tmp):
             # half the samples throttled; time-weighted by the real gaps between samples (from_logs checks
             # the exact figure on a log's timestamps)
             check(25 <= metric(pt, "throttled") <= 75, f"throttled: {metric(pt, 'throttled')}% of loaded time")
+            # the reason is a software power cap (0x4): the advice is the power limit, not cooling
+            t = next((f["summary"] for f in doc["findings"] if f["cause"] == "throttling"), "")
+            check("power limit" in t and "cooling" not in t, f"throttled (sw_power_cap): {t}")
 
 
 def on_stuck(tmp):
