@@ -208,6 +208,7 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
   measured(measured_.backward);
   ops.reserve_gemm_workspace(step_gemm_workspace(ops, cfg));
   measured(measured_.workspace);
+  if (dev.info().simulated) return;  // nothing is computed: inputs need no values either
   const HostReservation staging = reserve_host_memory(std::uint64_t(T * d) * 8, "inputs and targets (host staging)");
   std::vector<float> x(std::size_t(T * d)), y(std::size_t(T * d));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = uniform_pm1(seed ^ 0xda7a, i);
