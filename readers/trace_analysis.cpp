@@ -213,7 +213,11 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
     if (e.cat == Cat::cpu_op) {
       ++a.cpu_ops;
       const std::string& nm = t.name(e);
-      if (nm.rfind("enumerate(DataLoader)#", 0) == 0 && contains(nm, "__next__")) loader_ops.push_back(i);
+      if (nm.rfind("enumerate(DataLoader)#", 0) == 0 && contains(nm, "__next__")) {
+        loader_ops.push_back(i);
+        if (contains(nm, "_MultiProcessingDataLoaderIter")) a.steps.loader_iter = "multi";
+        else if (contains(nm, "_SingleProcessDataLoaderIter") && a.steps.loader_iter.empty()) a.steps.loader_iter = "single";
+      }
       if (nm.rfind("aten::_scaled_dot_product", 0) == 0 || nm.rfind("aten::_flash_attention", 0) == 0 ||
           nm.rfind("aten::_efficient_attention", 0) == 0 || nm.rfind("aten::_cudnn_attention", 0) == 0) {
         if (std::find(a.families.sdpa_ops.begin(), a.families.sdpa_ops.end(), nm) == a.families.sdpa_ops.end())
@@ -472,6 +476,7 @@ json to_json(const TraceAnalysis& a) {
                     {"total_us", a.steps.total_us},
                     {"median_us", a.steps.median_us},
                     {"dataloader_us", a.steps.dataloader_us},
+                    {"loader_iter", a.steps.loader_iter},
                     {"gpu_busy_us", a.steps.gpu_busy_us}};
   j["families"] = json{{"gemm_us", a.families.gemm_us},
                        {"gemm_us_by_dtype", a.families.gemm_us_by_dtype},

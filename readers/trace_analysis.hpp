@@ -95,6 +95,9 @@ struct Steps {
   std::int64_t count = 0;
   double total_us = 0, median_us = 0;
   double dataloader_us = 0;  // the DataLoader's __next__ inside the steps
+  // Which iterator's __next__ the trace shows: "single" (_SingleProcessDataLoaderIter:
+  // num_workers 0), "multi" (_MultiProcessingDataLoaderIter: workers already), or "" (neither named).
+  std::string loader_iter;
   double gpu_busy_us = 0;    // |union of GPU events| inside the steps, every device
   std::vector<double> step_us;
 };

@@ -136,7 +136,15 @@ Point loader(Ctx& c) {
                      "rule); the gain is the wait hidden entirely, bounded by the GPU's {:.1f}% of the step: an upper "
                      "bound",
                      100 * share, kLoaderPct, s.total_us > 0 ? 100 * s.gpu_busy_us / s.total_us : 0),
-         "dataloader_num_workers: 4  # with dataloader_pin_memory: true, dataloader_prefetch_factor: 2",
+         // What the trace says of the loader it has: PyTorch's iterator names num_workers 0 or more.
+         s.loader_iter == "multi"
+             ? "dataloader_num_workers: more than now  # the trace's loader has workers already "
+               "(_MultiProcessingDataLoaderIter) and still holds the step: more, up to the free cores, or a "
+               "cheaper sample"
+         : s.loader_iter == "single"
+             ? "dataloader_num_workers: 4  # the trace's loader runs in the training process "
+               "(_SingleProcessDataLoaderIter: num_workers 0); with dataloader_pin_memory: true"
+             : "dataloader_num_workers: 4  # with dataloader_pin_memory: true",
          "dataloader -p workers=0,1,2,4", true);
   return p;
 }
@@ -335,9 +343,14 @@ Point copies(Ctx& c) {
   const double share = c.window > 0 ? cp.htod_pageable_us / c.window : 0;
   p.add({"pageable_htod_pct", 100 * share, "%", Direction::lower, std::nullopt,
          "pageable host-to-device copy time over the GPU window"});
-  if (share >= 0.01) {
-    const bool measured = cp.htod_pinned_gbps > 0 && cp.htod_pageable_gbps > 0;
-    const double r = measured ? std::max(1.0, cp.htod_pinned_gbps / cp.htod_pageable_gbps) : kPageableToPinned;
+  const bool measured = cp.htod_pinned_gbps > 0 && cp.htod_pageable_gbps > 0;
+  if (share >= 0.01 && measured && cp.htod_pinned_gbps <= cp.htod_pageable_gbps) {
+    // The trace itself says pinning buys nothing here: no finding at "about 1.00x".
+    p.info["note"] = fmt::format("pinned copies ran no faster than pageable ones in this trace ({:.1f} against {:.1f} "
+                                 "GB/s): dataloader_pin_memory would not help these copies",
+                                 cp.htod_pinned_gbps, cp.htod_pageable_gbps);
+  } else if (share >= 0.01) {
+    const double r = measured ? cp.htod_pinned_gbps / cp.htod_pageable_gbps : kPageableToPinned;
     find(c, p, "pageable host-to-device copies", "copies", amdahl(std::min(share, 0.99), r), 100 * share, "high",
          fmt::format("{} of {} H2D copies come from pageable memory, {:.1f}% of the GPU window at {:.1f} GB/s; pinned "
                      "copies {}",

@@ -159,8 +159,13 @@ with tempfile.TemporaryDirectory() as tmp:
         q = subprocess.run([EXE, "diagnose", "--trace", trace, "--device", "cpu", "--json", dj],
                            capture_output=True, text=True, timeout=300)
         if check(q.returncode == 0, f"diagnose --trace exit {q.returncode}: {q.stderr[-800:]}"):
-            causes = [f["cause"] for f in json.load(open(dj))["findings"]]
+            fs = json.load(open(dj))["findings"]
+            causes = [f["cause"] for f in fs]
             check("a slow host dataloader" in causes, f"diagnose --trace of the run: {causes}")
+            # the trace's loaders already had workers (_MultiProcessingDataLoaderIter at workers 1-4): the
+            # line says more than now, not a flat "dataloader_num_workers: 4" the run already used
+            line = next((f["evidence"].get("config_line", "") for f in fs if f["cause"] == "a slow host dataloader"), "")
+            check("more than now" in line and "_MultiProcessingDataLoaderIter" in line, f"loader line: {line}")
 
     # A sweep of pin at one worker count is not a sweep of workers: no finding names "the smallest
     # worker count", and each names its pin (it read "workers=1 is the smallest worker count ...;
