@@ -327,8 +327,9 @@ std::string GpuTracker::suggestion(Pattern p) {
   // diagnose's order: utilization, loader, dtype, padding, attention, batch, memory.
   switch (p) {
     case Pattern::spiky:
-      return "a slow host dataloader: raise dataloader_num_workers, with dataloader_pin_memory: true and "
-             "dataloader_prefetch_factor: 2 (stallbench run dataloader)";
+      return "a slow host dataloader: raise dataloader_num_workers (up to the free cores), with "
+             "dataloader_pin_memory: true; dataloader_prefetch_factor (PyTorch's default is 2) helps only once the "
+             "workers keep up on average (stallbench run dataloader)";
     case Pattern::steady_low:
       return "fp32 where bf16 would do, or a batch too small (launch-bound): bf16: true first, then a larger "
              "micro_batch_size (stallbench diagnose --config your.yml measures both)";

@@ -334,8 +334,7 @@ void add_findings(Result& r, const Watched& w, const json& sum) {
                         GpuTracker::suggestion(Pattern::spiky)),
             json{{"check", "loader"},
                  {"share_pct", spiky},
-                 {"config_line", "dataloader_num_workers: 4  # with dataloader_pin_memory: true, "
-                                 "dataloader_prefetch_factor: 2"},
+                 {"config_line", "dataloader_num_workers: 4  # with dataloader_pin_memory: true"},
                  {"command", "stallbench run dataloader"}});
   if (low >= kFindingSharePct) {
     std::string why = fmt::format("{}: steady-low {:.0f}% of the watch (mean utilization {:.0f}%", gpu, low,
