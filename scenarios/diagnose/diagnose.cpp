@@ -584,7 +584,10 @@ class Diagnosis {
                                        [](const std::string& k) { return k.rfind("adapter", 0) == 0; });
       found_.push_back({"memory pressure and out-of-memory recovery",
                         fmt::format("memory: the config needs about {} of {} ({}){}{} -> {}",
-                                    format_bytes(double(full.total)), format_bytes(double(capacity)), cap_source,
+                                    format_bytes(double(full.total)),
+                                    // in GB too: the explore line's mem_limit_gb is in GB
+                                    fmt::format("{} ({:.3g} GB)", format_bytes(double(capacity)), double(capacity) / 1e9),
+                                    cap_source,
                                     adapter ? "; the config names an adapter: this full fine-tuning model overstates it"
                                             : "",
                                     with_ck.total <= capacity
