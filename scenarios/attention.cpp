@@ -181,13 +181,13 @@ class AttentionRun : public ScenarioRun {
     std::string summary;
     if (best.seq > 0)
       summary = fmt::format("at S={}{} {} is {} and uses {:.0f}x less memory than naive", best.seq,
-                            by_pass ? " " + best.pass : std::string(), best.impl,
+                            by_pass ? fmt::format(" {}", best.pass) : std::string(), best.impl,
                             best.speedup >= 1 ? fmt::format("{:.1f}x faster", best.speedup)
                                               : fmt::format("slower ({:.2f}x naive's speed)", best.speedup),
                             best.mem_ratio);
     if (first_oom > 0)
       summary += fmt::format("{}naive{} runs out of memory at S={}, where the fused kernel still runs",
-                             summary.empty() ? "" : "; ", by_pass ? " " + joined(oom_passes) : std::string(),
+                             summary.empty() ? "" : "; ", by_pass ? fmt::format(" {}", joined(oom_passes)) : std::string(),
                              first_oom);
     if (summary.empty()) return;
     r.findings.push_back({{}, summary,
