@@ -20,6 +20,7 @@
 #include <memory>    // std::make_shared: what the watchdog saves
 #include <mutex>     // std::mutex
 #include <optional>  // std::optional
+#include <string_view>  // std::string_view
 #include <thread>    // std::this_thread::sleep_for
 
 #include <CLI/CLI.hpp>    // CLI::App
@@ -833,8 +834,9 @@ int main_impl(int argc, char** argv) {
     // CLI11's wording for an option given twice, "--json: At Most 1 required but received 2",
     // read as a count of required values: say what happened.
     std::string what = e.what();
-    if (const auto at = what.find("At Most 1 required but received "); at != std::string::npos)
-      what = what.substr(0, at) + "given " + what.substr(at + 32) + " times; give it once";
+    static constexpr std::string_view kTwice = "At Most 1 required but received ";
+    if (const auto at = what.find(kTwice); at != std::string::npos)
+      what = what.substr(0, at) + "given " + what.substr(at + kTwice.size()) + " times; give it once";
     std::cerr << "stallbench: " << what << "\n";
     std::cerr << "run 'stallbench --help' (or 'stallbench <command> --help') for usage\n";
     return kExitUsage;

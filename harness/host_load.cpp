@@ -2,19 +2,20 @@
 
 #include <chrono>   // std::chrono::steady_clock
 #include <fstream>  // std::ifstream
-#include <sstream>  // std::istringstream, std::stringstream
+#include <sstream>  // std::istringstream
+#include <string>   // std::getline
 #include <vector>   // std::vector
 
 namespace sb {
 
 namespace {
 
-std::string slurp(const char* path) {
+// Both files say what is read here on their first line (/proc/stat then lists every CPU).
+std::string first_line(const char* path) {
   std::ifstream in(path);
-  if (!in) return {};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string line;
+  std::getline(in, line);
+  return line;
 }
 
 }  // namespace
@@ -53,10 +54,8 @@ CpuTicks parse_cpu_ticks(const std::string& proc_stat, const std::string& self_s
 
 CpuTicks read_cpu_ticks() {
   const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  std::string stat = slurp("/proc/stat");
-  stat = stat.substr(0, stat.find('\n'));
   try {
-    return parse_cpu_ticks(stat, slurp("/proc/self/stat"), now);
+    return parse_cpu_ticks(first_line("/proc/stat"), first_line("/proc/self/stat"), now);
   } catch (...) {  // a field that is not a number: nothing is judged
     return CpuTicks{};
   }

@@ -33,4 +33,32 @@ void against_baseline(Result& r, const std::function<std::string(const Point&)>&
   }
 }
 
+namespace {
+std::string param_text(const nlohmann::ordered_json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+}  // namespace
+
+std::set<std::string> varying_params(const Result& r, std::initializer_list<const char*> but) {
+  std::map<std::string, std::set<std::string>> seen;
+  for (const Point& p : r.points)
+    for (const auto& [k, v] : p.params.items()) seen[k].insert(param_text(v));
+  for (const char* b : but) seen.erase(b);
+  std::set<std::string> out;
+  for (const auto& [k, values] : seen)
+    if (values.size() > 1) out.insert(k);
+  return out;
+}
+
+std::string workload_key(const Point& p, std::initializer_list<const char*> but) {
+  nlohmann::ordered_json k = p.params;
+  for (const char* b : but) k.erase(b);
+  return k.dump();
+}
+
+std::string params_label(const Point& p, const std::set<std::string>& names) {
+  std::string out;
+  for (const auto& [k, v] : p.params.items())
+    if (names.count(k)) out += (out.empty() ? "" : " ") + k + "=" + param_text(v);
+  return out;
+}
+
 }  // namespace sb

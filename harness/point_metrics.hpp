@@ -5,7 +5,9 @@
 #pragma once
 
 #include <functional>  // std::function
+#include <initializer_list>  // std::initializer_list
 #include <map>         // std::map
+#include <set>         // std::set
 #include <string>      // std::string
 
 #include "harness/measure.hpp"  // Measurement
@@ -29,5 +31,14 @@ nlohmann::ordered_json measurement_info(const Measurement& m);
 void against_baseline(Result& r, const std::function<std::string(const Point&)>& key,
                       const std::function<bool(const Point&)>& is_baseline,
                       const std::function<void(Point&, const Point&)>& fn);
+
+// A sweep of several workloads (two length distributions, pin=pinned,pageable): each point
+// against the points of its own workload, and each finding named by what sets it apart.
+// The parameters whose values differ between r's points, but those in `but`.
+std::set<std::string> varying_params(const Result& r, std::initializer_list<const char*> but);
+// p's parameters without those in `but`, as a key.
+std::string workload_key(const Point& p, std::initializer_list<const char*> but);
+// "name=value name=value" of p's parameters in `names`, in p's order ("" when none).
+std::string params_label(const Point& p, const std::set<std::string>& names);
 
 }  // namespace sb

@@ -105,7 +105,7 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
     }
   }
   // Steal is the machine's, not the moment's (a 2-vCPU VM here lost 61% of its CPU time to the
-  // hypervisor whenever both vCPUs were busy): said once for the run, not on every point.
+  // hypervisor over 5 s with both vCPUs busy): said once for the run, not on every point.
   if (!steal.empty()) {
     std::sort(steal.begin(), steal.end());
     const double max = steal.back(), median = steal[steal.size() / 2];

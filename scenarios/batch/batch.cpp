@@ -34,6 +34,7 @@
 #include "harness/errors.hpp"          // UsageError, UnsupportedError
 #include "harness/host_cpus.hpp"       // HostCpuForHost
 #include "harness/measure.hpp"         // measure
+#include "harness/point_metrics.hpp"   // varying_params, params_label
 #include "harness/printer.hpp"         // format_number
 #include "harness/random.hpp"          // uniform_pm1
 #include "harness/sampler.hpp"         // Sampler, classify, sparkline
@@ -271,18 +272,9 @@ class BatchRun : public ScenarioRun {
     // (grad_accum, or the global batch held, graphs, and every other swept axis but micro_batch: attn=naive
     // and fused are two series)
     std::map<std::tuple<std::string, std::string, std::string>, std::vector<Pt>> series;
-    std::map<std::string, std::set<std::string>> seen;  // the axes that vary, by their values
-    auto text = [](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
-    for (const Point& p : res.points)
-      for (const auto& [k, v] : p.params.items()) seen[k].insert(text(v));
-    auto others = [&](const Point& p) {
-      std::string o;
-      for (const auto& [k, v] : p.params.items())
-        if (k != "micro_batch" && k != "grad_accum" && k != "global_batch" && k != "graphs" && k != "trials" &&
-            seen[k].size() > 1)
-          o += (o.empty() ? "" : " ") + k + "=" + text(v);
-      return o;
-    };
+    const std::set<std::string> other_axes =
+        varying_params(res, {"micro_batch", "grad_accum", "global_batch", "graphs", "trials"});
+    auto others = [&](const Point& p) { return params_label(p, other_axes); };
     for (const Point& p : res.points) {
       if (p.status != Status::ok || !p.metric("tokens_per_s")) continue;
       const std::int64_t gb = p.params.value("global_batch", std::int64_t(0));

@@ -15,17 +15,16 @@
 //   predicted utilization = min(1, S / D) = min(1, max(1, workers) * T / L)
 #include <algorithm>   // std::max, std::min
 #include <cmath>       // std::llround, std::abs
+#include <map>         // std::map: the workloads of a sweep
 #include <optional>    // std::optional: the dataset file, when source=file
-
-#include <map>  // std::map
-
-#include <set>  // std::set
+#include <set>         // std::set
 
 #include <fmt/format.h>  // fmt::format
 #include <fmt/ranges.h>  // fmt::join: the warnings
 
 #include "harness/cpu_affinity.hpp"     // allowed_cpus, pin_this_thread: the CPU split
 #include "harness/errors.hpp"           // UsageError, HangError
+#include "harness/point_metrics.hpp"    // workload_key, varying_params, params_label
 #include "harness/printer.hpp"          // format_number
 #include "harness/sampler.hpp"          // Sampler, classify, sparkline
 #include "harness/scenario.hpp"         // Scenario, ScenarioRun
@@ -196,12 +195,7 @@ class DataloaderRun : public ScenarioRun {
     // Per workload (every parameter but workers and trials): the smallest worker count that keeps
     // the device >= 90% busy. A sweep of another axis (pin=pinned,pageable at one worker count) was
     // read as a sweep of workers ("workers=4 is the smallest worker count ...; workers=4 left it").
-    auto key = [](const Point& p) {
-      json k = p.params;
-      k.erase("workers");
-      k.erase("trials");
-      return k.dump();
-    };
+    auto key = [](const Point& p) { return workload_key(p, {"workers", "trials"}); };
     std::vector<std::string> order;
     std::map<std::string, std::vector<const Point*>> groups;
     for (const auto& p : r.points) {
@@ -210,12 +204,7 @@ class DataloaderRun : public ScenarioRun {
       if (!groups.count(k)) order.push_back(k);
       groups[k].push_back(&p);
     }
-    std::set<std::string> varying;  // what tells the workloads apart
-    for (const auto& p : r.points)
-      for (const auto& q : r.points)
-        for (const auto& [name, v] : p.params.items())
-          if (name != "workers" && name != "trials" && q.params.contains(name) && q.params[name] != v)
-            varying.insert(name);
+    const std::set<std::string> varying = varying_params(r, {"workers", "trials"});  // what tells them apart
     const std::string dev = r.meta.value("/device/id"_json_pointer, std::string("the device"));
     auto busy = [](const Point* p) { return p->metric("busy_pct")->value; };
     auto sps = [](const Point* p) { return p->metric("samples_per_s")->value; };
@@ -232,11 +221,7 @@ class DataloaderRun : public ScenarioRun {
         if (busy(p) >= 90 && (!first_ok || p->params["workers"].get<int>() < first_ok->params["workers"].get<int>()))
           first_ok = p;
       }
-      std::string which;
-      for (const auto& name : varying) {
-        const json& v = worst->params[name];
-        which += fmt::format("{}{}={}", which.empty() ? "" : " ", name, v.is_string() ? v.get<std::string>() : v.dump());
-      }
+      std::string which = params_label(*worst, varying);
       if (!which.empty()) which += ": ";
       json ev{{"worst", {{"params", worst->params}, {"busy_pct", busy(worst)}, {"pattern", worst->info["pattern"]},
                          {"load_ms", worst->metric("load_ms")->value}, {"train_ms", worst->metric("train_ms")->value}}}};

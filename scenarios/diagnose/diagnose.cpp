@@ -1221,11 +1221,11 @@ std::string format_report(const Result& r) {
   if (dm.contains("measured_shape") && dm["measured_shape"].value("reduced", false))
     o << "  measured at a reduced shape: " << dm["measured_shape"].value("note", std::string()) << "\n";
   o << "\nchecks, in the standard order:\n";
+  const bool simulated = r.simulated();
   for (const Point& p : r.points) {
     const std::string name = p.params.value("check", std::string());
     if (name == "summary") continue;
     // "ok" read as "healthy" beside a 0.43x line: the column says how the figure was had.
-    const bool simulated = r.simulated();
     const std::string how = p.status != Status::ok ? std::string(to_string(p.status))
                             : from_trace          ? "read"
                             : simulated || name == "memory" ? "modelled"

@@ -28,7 +28,7 @@
 
 #include "harness/errors.hpp"            // UnsupportedError
 #include "harness/host_memory.hpp"       // reserve_host_memory: lengths and plan
-#include "harness/point_metrics.hpp"     // measurement_info
+#include "harness/point_metrics.hpp"     // measurement_info, against_baseline, workload_key, varying_params
 #include "harness/printer.hpp"           // format_number
 #include "harness/scenario.hpp"          // Scenario, ScenarioRun
 #include "scenarios/packing/packers.hpp"  // plan, generate_lengths
@@ -161,7 +161,7 @@ class PackingRun : public ScenarioRun {
     const double flops = gemm_flops + attn_flops;
 
     // The GEMMs and the attention are timed apart (half the budget each): their FLOP/s differ
-    // (on a CPU, flash attention runs at about half the GEMMs' rate), and the timed batches'
+    // (on this project's AMX Xeon, flash attention ran at 0.5-0.7x the GEMMs' FLOP/s), and the timed batches'
     // share of each is not the epoch's.
     ctx_.progress(fmt::format("packing {}: timing", to_string(strategy)));
     MeasureConfig cfg = with_min_trials(ctx_.measure, st.trials);
@@ -251,11 +251,7 @@ class PackingRun : public ScenarioRun {
     // Each point against the pad-max point of its own workload: every parameter but the
     // strategy (a sweep of lengths held one distribution's strategies against the other's
     // pad-max, and the finding mixed the two).
-    auto key = [](const Point& p) {
-      json k = p.params;
-      k.erase("strategy");
-      return k.dump();
-    };
+    auto key = [](const Point& p) { return workload_key(p, {"strategy"}); };
     auto flops_per_real = [](const Point& p) {
       // Over the epoch where the point records its FLOPs (2026-12-03 on), else over the timed batches.
       if (p.info.contains("epoch_flops"))
@@ -263,8 +259,12 @@ class PackingRun : public ScenarioRun {
       return p.info.value("timed_flops", 0.0) / std::max(1.0, double(p.info.value("timed_real_tokens", 0)));
     };
     const auto is_base = [](const Point& p) { return p.params.value("strategy", "") == "pad-max"; };
-    std::map<std::string, const Point*> best;  // per workload, the fastest strategy that trains correctly
-    std::vector<std::string> order;           // workloads in the order of their first point
+    struct Workload {
+      const Point* base = nullptr;  // its pad-max
+      const Point* best = nullptr;  // the fastest strategy that trains correctly
+    };
+    std::map<std::string, Workload> workloads;
+    std::vector<std::string> order;  // workloads in the order of their first point
     against_baseline(r, key, is_base, [&](Point& p, const Point& base) {
       const double base_cpr =
           double(base.info.value("computed_tokens", 0)) / double(base.info.value("real_tokens", 1));
@@ -278,27 +278,20 @@ class PackingRun : public ScenarioRun {
              Direction::none, std::nullopt,
              "pad-max FLOPs per real token / this strategy's: attention is quadratic in the padded length"});
       const std::string k = key(p);
-      if (!best.count(k)) order.push_back(k);
-      const Point*& b = best[k];
-      if (!p.info.value("cross_contamination", false) && (!b || sp > b->metric("speedup_vs_pad_max")->value)) b = &p;
+      if (!workloads.count(k)) order.push_back(k);
+      Workload& w = workloads[k];
+      w.base = &base;
+      if (!p.info.value("cross_contamination", false) &&
+          (!w.best || sp > w.best->metric("speedup_vs_pad_max")->value))
+        w.best = &p;
     });
-    // What tells the workloads apart, when there are several: the parameters whose values differ.
-    std::set<std::string> varying;
-    for (const auto& p : r.points)
-      for (const auto& q : r.points)
-        for (const auto& [name, v] : p.params.items())
-          if (name != "strategy" && q.params.contains(name) && q.params[name] != v) varying.insert(name);
+    // What tells the workloads apart, when there are several.
+    const std::set<std::string> varying = varying_params(r, {"strategy"});
     for (const std::string& k : order) {
-      const Point* b = best[k];
+      const Point* b = workloads[k].best;
+      const Point* base = workloads[k].base;
       if (!b) continue;  // only concat ran beside pad-max
-      const Point* base = nullptr;
-      for (const auto& p : r.points)
-        if (p.status == Status::ok && is_base(p) && key(p) == k) base = &p;
-      std::string which;
-      for (const auto& name : varying) {
-        const json& v = b->params[name];
-        which += fmt::format("{}{}={}", which.empty() ? "" : " ", name, v.is_string() ? v.get<std::string>() : v.dump());
-      }
+      const std::string which = params_label(*b, varying);
       const double sp = b->metric("speedup_vs_pad_max")->value;
       r.findings.push_back(
           {{},

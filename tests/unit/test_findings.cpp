@@ -9,6 +9,7 @@
 #include <map>         // std::map
 #include <set>         // std::set
 #include <string>      // std::string
+#include <tuple>       // std::tuple
 #include <vector>      // std::vector
 
 #include <gtest/gtest.h>
@@ -143,6 +144,27 @@ TEST(Findings, ACheckpointingRunMeasuredFasterIsCalledNoiseNotACost) {
   EXPECT_NE(as_recorded.find("it costs 1."), std::string::npos) << as_recorded;
   EXPECT_EQ(swapped.find("it costs"), std::string::npos) << swapped;
   EXPECT_NE(swapped.find("faster with it): noise"), std::string::npos) << swapped;
+}
+
+// Under a held global batch the knee's line carries its accumulation (the table once said "fixed:
+// grad_accum=1" and the line named the micro batch alone): two points, 1 x 8 and 4 x 2.
+TEST(Findings, AHeldGlobalBatchRecommendsTheAccumulationWithTheMicroBatch) {
+  Result r;
+  r.scenario = "batch";
+  for (auto [mb, ga, tps] : {std::tuple{1, 8, 100.0}, std::tuple{4, 2, 300.0}}) {
+    Point p;
+    p.params = json{{"micro_batch", mb}, {"grad_accum", ga}, {"global_batch", 8}, {"graphs", "off"}};
+    p.add({"tokens_per_s", tps, "tokens/s", Direction::higher, std::nullopt, ""});
+    p.add({"busy_pct", 50, "%", Direction::higher, std::nullopt, ""});
+    p.info = json{{"pattern", "steady-low"}};
+    r.points.push_back(p);
+  }
+  test::FakeDevice dev;
+  RunContext ctx{dev};
+  find_scenario("batch")->start(ctx)->analyze(r);
+  ASSERT_EQ(r.findings.size(), 1u);
+  EXPECT_NE(r.findings[0].summary.find("-> micro_batch_size: 4, gradient_accumulation_steps: 2"), std::string::npos)
+      << r.findings[0].summary;
 }
 
 // A published diagnose report: its findings are ranked and judged while it measures (over its
