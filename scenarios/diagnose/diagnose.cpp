@@ -15,6 +15,7 @@
 #include "harness/host_memory.hpp"      // read_host_memory: a cpu device's capacity
 #include "harness/printer.hpp"          // format_number
 #include "harness/runner.hpp"           // run_scenario
+#include "harness/stats.hpp"            // summarize: a pass's median over its rounds
 #include "harness/units.hpp"            // format_bytes
 #include "scenarios/batch/decoder.hpp"  // predict_footprint
 
@@ -32,6 +33,9 @@ constexpr double kMinGain = 1.10;
 // every other line applied. Inline (num_workers 0) that is in series with
 // the step; with workers, beside it.
 constexpr double kLoadShare = 0.5;
+// Rounds of the applied check's runs in each of its two passes: a pass's gain
+// for a line is the median of its rounds' gains (see applied()).
+constexpr int kRounds = 3;
 
 std::string dtype_name(const TrainConfig& c) { return c.bf16 ? "bf16" : c.fp16 ? "fp16" : "fp32"; }
 
@@ -732,12 +736,15 @@ class Diagnosis {
       for (const auto& [k, v] : x.change) w[k] = base[k];
       return w;
     };
-    // A pass: their loop before each line and after the last (T X1 T X2 T ... Xn T), each line's gain
-    // over the geometric mean of the runs of their loop on either side of it, so a machine that drifts
-    // (a noisy neighbour, a clock) moves a line and its base together; the first pass then runs the
-    // lines together and each left out. The second pass repeats the lines alone: runs of their own.
+    // A pass: rounds of their loop before each line and after the last (T X1 T X2 T ... Xn T), each
+    // line's gain in a round over the geometric mean of the runs of their loop on either side of it, so a
+    // machine that drifts (a noisy neighbour, a clock) moves a line and its base together; a pass's gain
+    // is the median over its rounds. One round a pass let a line's two gains differ by 15-40% here
+    // (2 vCPUs, 2026-12-03: their loop read 1050-1436 real tokens/s over eight runs of 0.7 s in a row;
+    // one of six bf16 runs 14% under the others). The second pass's rounds are runs of their own,
+    // alternating with the first's; the lines together and each left out run after both.
     const std::size_t n = applied_.size();
-    const double runs = double((2 * n + 1) + (several ? n + 1 : 0) + (2 * n + 1));
+    const double runs = double(2 * kRounds * (2 * n + 1) + (several ? n + 1 : 0));
     // The budget is time: every run of the loop spans about the same wall time, so a line that makes the
     // step 20x faster is measured over 20x the steps (5 steps of 50 ms moved 18-27% between passes). A run's
     // span is its share of --budget less its untimed part (building the steps, a warm-up micro step, the
@@ -755,62 +762,80 @@ class Diagnosis {
     int runs_done = 0;
     double untimed_s = 0, spans_sum = 0;  // over the runs done: wall outside the timed span, and the spans
     struct Pass {
-      std::map<std::string, double> gain;  // check -> its gain alone over its bracketing base
-      std::vector<double> theirs;          // their loop's runs, in order
-      double base = 0;                     // their runs' geometric mean
-      std::optional<double> together;      // all the lines, real tokens/s
-      std::map<std::string, double> last;  // check -> together / without it
+      std::map<std::string, double> gain;                // check -> the median of its rounds' gains
+      std::map<std::string, std::vector<double>> gains;  // check -> its gain in each round, in order
+      std::vector<double> theirs;                        // their loop's runs, in order
+      double base = 0;                                   // their runs' geometric mean
+      std::optional<double> together;                    // all the lines, real tokens/s
+      std::map<std::string, double> last;                // check -> together / without it
     };
-    auto run_pass = [&](bool first, json& evidence) {
-      Pass out;
-      auto one_run = [&](const std::string& name, Params m) -> std::optional<double> {
-        const double left_runs = runs - runs_done;
-        const double untimed = runs_done > 0 ? untimed_s / runs_done : 3 * their_step_s;
-        const int ga = std::max(1, std::stoi(m.at("grad_accum")));
-        m["trials"] = std::to_string((kLeastMicroBatches + ga - 1) / ga);
-        m["min_time_s"] = fmt::format("{:.3g}", span);
-        ++runs_done;
-        opt_.say(fmt::format("diagnose [{}/{}] applied: run {} of {:.0f}, {}, timed over {:.1f} s ({:.0f} s so far, "
-                             "about {:.0f} s left)",
-                             done_, checks_, runs_done, runs, name, span,
-                             std::chrono::duration<double>(clk::now() - t0_).count(), left_runs * (span + untimed)));
-        const auto r0 = clk::now();
-        const Sub r = sub("train", assigns(m));
-        const double wall = std::chrono::duration<double>(clk::now() - r0).count();
-        double timed = 0;
-        if (r.ok()) {
-          const Point& q = r.r.points.front();
-          if (const Metric* st = q.metric("step_ms")) timed = st->value / 1e3 * double(q.info.value("steps", 0));
-        }
-        untimed_s += std::max(0.0, wall - timed);
-        spans_sum += timed;
-        evidence[name] = compact(r);
-        return loop_tokens(r);
-      };
-      std::vector<std::optional<double>> ts{one_run("theirs", base)};
+    auto one_run = [&](json& evidence, const std::string& name, Params m) -> std::optional<double> {
+      const double left_runs = runs - runs_done;
+      // a run's wall so far (its timed part is whole optimizer steps: it can pass the span), else a guess
+      const double per_run = runs_done > 0 ? (untimed_s + spans_sum) / runs_done : span + 3 * their_step_s;
+      const int ga = std::max(1, std::stoi(m.at("grad_accum")));
+      m["trials"] = std::to_string((kLeastMicroBatches + ga - 1) / ga);
+      m["min_time_s"] = fmt::format("{:.3g}", span);
+      ++runs_done;
+      opt_.say(fmt::format("diagnose [{}/{}] applied: run {} of {:.0f}, {}, timed over {:.1f} s ({:.0f} s so far, "
+                           "about {:.0f} s left)",
+                           done_, checks_, runs_done, runs, name, span,
+                           std::chrono::duration<double>(clk::now() - t0_).count(), left_runs * per_run));
+      const auto r0 = clk::now();
+      const Sub r = sub("train", assigns(m));
+      const double wall = std::chrono::duration<double>(clk::now() - r0).count();
+      double timed = 0;
+      if (r.ok()) {
+        const Point& q = r.r.points.front();
+        if (const Metric* st = q.metric("step_ms")) timed = st->value / 1e3 * double(q.info.value("steps", 0));
+      }
+      untimed_s += std::max(0.0, wall - timed);
+      spans_sum += timed;
+      evidence[name] = compact(r);
+      return loop_tokens(r);
+    };
+    // One round of a pass: T X1 T X2 ... Xn T, in the order given.
+    auto one_round = [&](Pass& out, json& evidence, int round, bool reverse) {
+      // a pass's first round keeps the plain names ("theirs", "dtype", "theirs after dtype")
+      const std::string tag = round == 0 ? "" : fmt::format(" #{}", round + 1);
+      std::vector<std::size_t> order(n);
+      for (std::size_t i = 0; i < n; ++i) order[i] = reverse ? n - 1 - i : i;
+      std::vector<std::optional<double>> ts{one_run(evidence, "theirs" + tag, base)};
       std::vector<std::optional<double>> xs;
-      for (std::size_t i = 0; i < n; ++i) {
-        xs.push_back(one_run(applied_[i].check, alone[i]));
-        ts.push_back(one_run("theirs after " + applied_[i].check, base));
+      for (const std::size_t i : order) {
+        xs.push_back(one_run(evidence, applied_[i].check + tag, alone[i]));
+        ts.push_back(one_run(evidence, "theirs after " + applied_[i].check + tag, base));
       }
-      double logsum = 0;
-      int count = 0;
       for (const auto& t : ts)
-        if (t) out.theirs.push_back(*t), logsum += std::log(*t), ++count;
-      if (count) out.base = std::exp(logsum / count);
-      for (std::size_t i = 0; i < n; ++i)
-        if (xs[i] && ts[i] && ts[i + 1]) out.gain[applied_[i].check] = *xs[i] / std::sqrt(*ts[i] * *ts[i + 1]);
-      if (first && several) {
-        out.together = one_run("together", all);
-        for (const Applied& x : applied_)
-          if (const auto w = one_run("without " + x.check, without(x)); w && out.together)
-            out.last[x.check] = *out.together / *w;
-      }
-      return out;
+        if (t) out.theirs.push_back(*t);
+      for (std::size_t k = 0; k < n; ++k)
+        if (xs[k] && ts[k] && ts[k + 1])
+          out.gains[applied_[order[k]].check].push_back(*xs[k] / std::sqrt(*ts[k] * *ts[k + 1]));
     };
+    auto settle_pass = [](Pass& out) {
+      double logsum = 0;
+      for (double t : out.theirs) logsum += std::log(t);
+      if (!out.theirs.empty()) out.base = std::exp(logsum / double(out.theirs.size()));
+      for (const auto& [check, g] : out.gains) out.gain[check] = summarize(g).median;
+    };
+    // The two passes' rounds alternate (first, second, first, ...), so a machine that changes between
+    // one minute and the next (the spread of a line's gain between back-to-back passes was 16% here,
+    // its rounds within a pass 4-8%) moves both measurements alike; each pass's rounds run the lines
+    // forward, backward, forward.
     json first_ev = json::object(), second_ev = json::object();
-    const Pass t1 = run_pass(true, first_ev);
-    const Pass t2 = run_pass(false, second_ev);  // the second measurement, runs of their own
+    Pass t1, t2;
+    for (int r = 0; r < 2 * kRounds; ++r) {
+      const bool second = r % 2 == 1;
+      one_round(second ? t2 : t1, second ? second_ev : first_ev, r / 2, (r / 2) % 2 == 1);
+    }
+    settle_pass(t1);
+    settle_pass(t2);
+    if (several) {
+      t1.together = one_run(first_ev, "together", all);
+      for (const Applied& x : applied_)
+        if (const auto w = one_run(first_ev, "without " + x.check, without(x)); w && t1.together)
+          t1.last[x.check] = *t1.together / *w;
+    }
     p.add({"timed_span_s", runs_done ? spans_sum / runs_done : 0.0, "s", Direction::none, std::nullopt,
            fmt::format("the mean timed wall of a run of the loop (min_time_s, at least {} micro batches in whole "
                        "optimizer steps): {} runs "
@@ -835,9 +860,9 @@ class Diagnosis {
       for (double x : v) o += (o.empty() ? "" : ", ") + format_number(x);
       return o;
     };
-    p.info["drift"] = fmt::format("their loop, run before each line and after the last: {} real tokens/s in the first "
-                                  "pass, {} in the second",
-                                  list(t1.theirs), list(t2.theirs));
+    p.info["drift"] = fmt::format("their loop, run before each line and after the last, {} rounds a pass: {} real "
+                                  "tokens/s in the first pass, {} in the second",
+                                  kRounds, list(t1.theirs), list(t2.theirs));
     json lines = json::array();
     auto opt = [](const std::map<std::string, double>& m, const std::string& k) {
       return m.count(k) ? std::optional<double>(m.at(k)) : std::nullopt;
@@ -849,6 +874,9 @@ class Diagnosis {
       std::string param;
       for (const auto& [k, v] : x.change) param += (param.empty() ? "" : ", ") + k + "=" + v;
       settle(*f, f->speedup.value_or(0), *g, opt(t2.gain, x.check), param, opt(t1.last, x.check));
+      // each round's gain, whose median the claim and its repeat are
+      if (t1.gains.count(x.check)) f->evidence["step_gains"] = t1.gains.at(x.check);
+      if (t2.gains.count(x.check)) f->evidence["repeat_gains"] = t2.gains.at(x.check);
       lines.push_back(line_json(*f));
     }
     p.add({"real_tokens_per_s_theirs", loop_now_, "tokens/s", Direction::higher, std::nullopt,
@@ -889,7 +917,8 @@ class Diagnosis {
 
   static json line_json(const Finding& f) {
     json j{{"check", f.evidence["check"]}, {"config_line", f.evidence["config_line"]}};
-    for (const char* k : {"part_gain", "step_gain", "repeat_gain", "holds", "last_gain", "verdict"})
+    for (const char* k : {"part_gain", "step_gain", "step_gains", "repeat_gain", "repeat_gains", "holds", "last_gain",
+                          "verdict"})
       if (f.evidence.contains(k)) j[k] = f.evidence[k];
     return j;
   }
