@@ -130,6 +130,11 @@ def main():
                         check(isinstance(ev.get("repeat_gain"), float) and isinstance(ev.get("holds"), bool) and
                               ev["holds"] == (abs(ev["repeat_gain"] / f["speedup"] - 1) <= 0.15),
                               f"{c}: no second measurement: {ev}")
+                        # each pass's gain is the median of its three rounds
+                        for k, ks in (("step_gain", "step_gains"), ("repeat_gain", "repeat_gains")):
+                            rounds = ev.get(ks, [])
+                            check(len(rounds) == 3 and abs(sorted(rounds)[1] - ev.get(k, -1)) < 1e-9,
+                                  f"{c}: {k} {ev.get(k)} is not the median of its rounds {rounds}")
                         check(f["evidence"]["config_line"] and f["evidence"]["command"].startswith("stallbench run "),
                               f"{c}: {f['evidence']}")
                         # what their loop showed, from the three gains (alone, alone again, added last)

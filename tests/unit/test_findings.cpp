@@ -3,6 +3,7 @@
 // metrics and findings taken off, it must put back the same derived metrics
 // and the same findings, word for word. No timing, no device: the analysis
 // is tested on real recorded data, not only through end-to-end runs.
+#include <algorithm>   // std::sort
 #include <cmath>       // std::fabs
 #include <filesystem>  // std::filesystem::recursive_directory_iterator
 #include <fstream>     // std::ifstream
@@ -212,6 +213,15 @@ TEST(Findings, PublishedDiagnoseReportsAreRankedAndJudgedByTheirOwnFigures) {
       const char* verdict = a1 && a2 ? order[0] : !a1 && !a2 && l ? order[1] : a1 || a2 || l ? order[2] : order[3];
       EXPECT_EQ(e.at("verdict").get<std::string>(), verdict) << f.at("summary").get<std::string>();
       EXPECT_EQ(e.at("holds").get<bool>(), std::abs(again / alone - 1) <= 0.15);
+      // since 2026-12-03 each pass's gain is the median of its rounds (reports before keep one round)
+      for (const auto& [k, ks] : {std::pair{"step_gain", "step_gains"}, std::pair{"repeat_gain", "repeat_gains"}}) {
+        if (!e.contains(ks)) continue;
+        std::vector<double> r = e.at(ks).get<std::vector<double>>();
+        ASSERT_FALSE(r.empty()) << ks;
+        std::sort(r.begin(), r.end());
+        const double med = r.size() % 2 ? r[r.size() / 2] : (r[r.size() / 2 - 1] + r[r.size() / 2]) / 2;
+        EXPECT_NEAR(e.at(k).get<double>(), med, 1e-12 * med) << k << " is not the median of " << ks;
+      }
       EXPECT_TRUE(e.value("command", "").starts_with("stallbench run ")) << e.value("command", "");
     }
   }
