@@ -36,6 +36,10 @@ constexpr double kLoadShare = 0.5;
 // Rounds of the applied check's runs in each of its two passes: a pass's gain
 // for a line is the median of its rounds' gains (see applied()).
 constexpr int kRounds = 3;
+// A run of their loop during which the hypervisor took this share of the
+// machine (steal, /proc/stat) or more is run again (see applied()); the same
+// 10% over which a run's table notes the steal.
+constexpr double kStealRetryPct = 10;
 
 std::string dtype_name(const TrainConfig& c) { return c.bf16 ? "bf16" : c.fp16 ? "fp16" : "fp32"; }
 
@@ -176,6 +180,8 @@ class Diagnosis {
       json info = json::object();  // what a check reads besides the figures (batch: its limit)
       for (const char* k : {"pattern", "launch_bound"})
         if (p.info.contains(k)) info[k] = p.info[k];
+      if (p.info.contains("host_cpu") && p.info["host_cpu"].contains("steal_pct"))
+        info["steal_pct"] = p.info["host_cpu"]["steal_pct"];  // the hypervisor's share while it ran
       if (!info.empty()) q["info"] = std::move(info);
       pts.push_back(std::move(q));
     }
@@ -793,7 +799,7 @@ class Diagnosis {
                 their_step_s,
         0.5, 60.0);
     constexpr int kLeastMicroBatches = 3;  // timed, at least: whole optimizer steps of the run's grad_accum
-    int runs_done = 0;
+    int runs_done = 0, retried = 0;
     double untimed_s = 0, spans_sum = 0;  // over the runs done: wall outside the timed span, and the spans
     struct Pass {
       std::map<std::string, double> gain;                // check -> the median of its rounds' gains
@@ -815,16 +821,31 @@ class Diagnosis {
                            "about {:.0f} s left)",
                            done_, checks_, runs_done, runs, name, span,
                            std::chrono::duration<double>(clk::now() - t0_).count(), left_runs * per_run));
-      const auto r0 = clk::now();
-      const Sub r = sub("train", assigns(m));
-      const double wall = std::chrono::duration<double>(clk::now() - r0).count();
-      double timed = 0;
-      if (r.ok()) {
-        const Point& q = r.r.points.front();
-        if (const Metric* st = q.metric("step_ms")) timed = st->value / 1e3 * double(q.info.value("steps", 0));
+      // A run the hypervisor took 10% or more of the machine from is run again (once, and at most a
+      // quarter of the runs so far): on this VM a run of their loop read 22,256 real tokens/s at 43%
+      // steal and 80,588 at 1% (sim:h100, the host side real); the run kept is the second.
+      Sub r;
+      for (int attempt = 0;; ++attempt) {
+        const auto r0 = clk::now();
+        r = sub("train", assigns(m));
+        const double wall = std::chrono::duration<double>(clk::now() - r0).count();
+        double timed = 0, steal = 0;
+        if (r.ok()) {
+          const Point& q = r.r.points.front();
+          if (const Metric* st = q.metric("step_ms")) timed = st->value / 1e3 * double(q.info.value("steps", 0));
+          if (q.info.contains("host_cpu")) steal = q.info["host_cpu"].value("steal_pct", 0.0);
+        }
+        untimed_s += std::max(0.0, wall - timed);
+        spans_sum += timed;
+        // once a run, and no more than a quarter of the runs so far: a steal that lasts would spend it all
+        // on the first runs of a pass
+        if (!r.ok() || steal < kStealRetryPct || attempt >= 1 || retried >= std::max(1, runs_done / 4)) break;
+        ++retried;
+        evidence[fmt::format("{} (run again: {:.0f}% steal)", name, steal)] = compact(r);
+        opt_.say(fmt::format("diagnose [{}/{}] applied: run {} again: the hypervisor took {:.0f}% of the machine "
+                             "while it ran",
+                             done_, checks_, runs_done, steal));
       }
-      untimed_s += std::max(0.0, wall - timed);
-      spans_sum += timed;
       evidence[name] = compact(r);
       return loop_tokens(r);
     };
@@ -875,6 +896,10 @@ class Diagnosis {
                        "optimizer steps): {} runs "
                        "sharing --budget {:.0f} s, less their untimed parts (mean {:.2f} s a run)",
                        kLeastMicroBatches, runs_done, opt_.budget_s, runs_done ? untimed_s / runs_done : 0.0)});
+    p.add({"runs_retried", double(retried), "runs", Direction::none, std::nullopt,
+           fmt::format("runs of the loop run again because the hypervisor took {:.0f}% or more of the machine "
+                       "while they ran (once each, at most a quarter of the runs so far)",
+                       kStealRetryPct)});
     p.info["runs"] = first_ev;
     p.info["repeat"] = second_ev;
     if (t1.base <= 0) {
