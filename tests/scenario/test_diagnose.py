@@ -204,6 +204,18 @@ def main():
                   theirs["dtype"] == "fp32" and theirs["attn"] == "naive" and theirs["micro_batch"] == 1,
                   f"their loop: {theirs}")
             check(ap["metrics"]["load_us_per_token"]["value"] > 0, "the loader's cost was not calibrated")
+            # a run the hypervisor stole from is run again, once, at most a quarter of the runs so far; the
+            # stolen run stays in the evidence under its own name, with its steal of 10% or more
+            again, kept = [], 0
+            for part in ("runs", "repeat"):
+                ev_part = ap["info"][part]
+                kept += len([k for k in ev_part if "(run again:" not in k])
+                again += [(k, ev_part) for k in ev_part if "(run again:" in k]
+            check(ap["metrics"]["runs_retried"]["value"] == len(again) and len(again) <= max(1, kept // 4),
+                  f"retried {ap['metrics']['runs_retried']['value']}: {[k for k, _ in again]} of {kept} runs")
+            for k, ev_part in again:
+                st = ev_part[k]["points"][0].get("info", {}).get("steal_pct", 0)
+                check(st >= 10 and k.split(" (run again")[0] in ev_part, f"{k}: steal {st}")
 
         if doc:
             check_html(html, doc, tmp)
