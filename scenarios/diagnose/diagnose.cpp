@@ -180,8 +180,9 @@ class Diagnosis {
       json info = json::object();  // what a check reads besides the figures (batch: its limit)
       for (const char* k : {"pattern", "launch_bound"})
         if (p.info.contains(k)) info[k] = p.info[k];
-      if (p.info.contains("host_cpu") && p.info["host_cpu"].contains("steal_pct"))
-        info["steal_pct"] = p.info["host_cpu"]["steal_pct"];  // the hypervisor's share while it ran
+      if (p.info.contains("host_cpu"))  // the hypervisor's share while it ran, and other processes'
+        for (const char* k : {"steal_pct", "other_pct"})
+          if (p.info["host_cpu"].contains(k)) info[k] = p.info["host_cpu"][k];
       if (!info.empty()) q["info"] = std::move(info);
       pts.push_back(std::move(q));
     }
