@@ -2,9 +2,12 @@
 
 #include <algorithm>  // std::max, std::find
 #include <cmath>      // std::fabs
+#include <set>        // std::set
 #include <vector>     // std::vector
 
 #include <fmt/format.h>  // fmt::format
+
+#include "harness/point_metrics.hpp"  // varying_params
 
 namespace sb {
 
@@ -64,14 +67,19 @@ std::string format_result_table(const Result& r) {
   // sweep's, says what ran.
   std::vector<std::string> swept;
   std::string fixed;
+  const std::set<std::string> varying = varying_params(r, {});
   for (const auto& [k, v] : r.params.items()) {
-    std::vector<json> seen;
+    if ((v.is_array() && v.size() > 1) || varying.count(k)) {
+      swept.push_back(k);
+      continue;
+    }
+    const json* held = nullptr;  // what the points ran
     for (const auto& p : r.points)
-      if (p.params.contains(k) && std::find(seen.begin(), seen.end(), p.params[k]) == seen.end())
-        seen.push_back(p.params[k]);
-    if ((v.is_array() && v.size() > 1) || seen.size() > 1) swept.push_back(k);
-    else
-      fixed += fmt::format(" {}={}", k, json_scalar(!seen.empty() ? seen[0] : v.is_array() && !v.empty() ? v[0] : v));
+      if (p.params.contains(k)) {
+        held = &p.params[k];
+        break;
+      }
+    fixed += fmt::format(" {}={}", k, json_scalar(held ? *held : v.is_array() && !v.empty() ? v[0] : v));
   }
   if (!fixed.empty()) out += "fixed:" + fixed + "\n";
   if (!r.expected.is_null()) out += fmt::format("expected numbers: {}\n", r.expected.value("id", "?"));

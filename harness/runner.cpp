@@ -53,9 +53,9 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
     } else {
       try {
         if (opts.on_point_start) opts.on_point_start(ps);
-        const CpuTicks before = read_cpu_ticks();
+        // What else ran on the machine meanwhile (a rank's peers are the job itself: not judged, not read).
+        const CpuTicks before = sc.needs_ranks ? CpuTicks{} : read_cpu_ticks();
         got = run->run_points(ps);
-        // What else ran on the machine meanwhile (a rank's peers are the job itself: not judged).
         const std::optional<HostLoad> load = sc.needs_ranks ? std::nullopt : host_load(before, read_cpu_ticks());
         for (auto& p : got) {
           nlohmann::ordered_json params = ps.to_json();

@@ -18,15 +18,33 @@ constexpr std::size_t kMaxSeries = 3600;  // points in the report's series (then
 constexpr std::size_t kMaxRuns = 2000;
 }  // namespace
 
+namespace {
+// The clock event reasons watch names, and what each points at: heat (cooling) or power (the limit).
+// hw_slowdown is NVML's HW slowdown: thermal or power-brake, reported as heat.
+struct ReasonName {
+  unsigned long long bit;
+  const char* name;
+  ThrottleCause cause;
+};
+constexpr ReasonName kReasonNames[] = {
+    {nvml_abi::kReasonSwPowerCap, "sw_power_cap", ThrottleCause::power},
+    {nvml_abi::kReasonHwSlowdown, "hw_slowdown", ThrottleCause::heat},
+    {nvml_abi::kReasonSwThermal, "sw_thermal", ThrottleCause::heat},
+    {nvml_abi::kReasonHwThermal, "hw_thermal", ThrottleCause::heat},
+    {nvml_abi::kReasonHwPowerBrake, "hw_power_brake", ThrottleCause::power}};
+}  // namespace
+
 std::vector<std::string> throttle_reason_names(std::uint64_t bits) {
-  using namespace nvml_abi;
-  static const std::pair<unsigned long long, const char*> names[] = {
-      {kReasonSwPowerCap, "sw_power_cap"}, {kReasonHwSlowdown, "hw_slowdown"}, {kReasonSwThermal, "sw_thermal"},
-      {kReasonHwThermal, "hw_thermal"},    {kReasonHwPowerBrake, "hw_power_brake"}};
   std::vector<std::string> out;
-  for (const auto& [bit, name] : names)
-    if (bits & bit) out.push_back(name);
+  for (const auto& r : kReasonNames)
+    if (bits & r.bit) out.push_back(r.name);
   return out;
+}
+
+std::optional<ThrottleCause> throttle_reason_cause(const std::string& name) {
+  for (const auto& r : kReasonNames)
+    if (name == r.name) return r.cause;
+  return std::nullopt;
 }
 
 Reading GpuTracker::read(const telemetry::Sample& s, bool proc_held) const {

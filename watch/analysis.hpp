@@ -8,6 +8,7 @@
 #include <cstdint>  // std::uint64_t
 #include <deque>    // std::deque
 #include <map>      // std::map
+#include <optional> // std::optional
 #include <string>   // std::string
 #include <vector>   // std::vector
 
@@ -155,5 +156,8 @@ class GpuTracker {
 
 // The names of the throttle reasons set in bits ("sw_power_cap", "hw_slowdown", ...).
 std::vector<std::string> throttle_reason_names(std::uint64_t bits);
+// What a reason throttle_reason_names gives points at: heat (cooling) or power (the limit).
+enum class ThrottleCause { heat, power };
+std::optional<ThrottleCause> throttle_reason_cause(const std::string& name);
 
 }  // namespace sb::watch

@@ -353,17 +353,18 @@ void add_findings(Result& r, const Watched& w, const json& sum) {
   }
   const double loaded = sum.value("loaded_s", 0.0);
   if (loaded > 0 && 100 * t.throttled_s() / loaded >= kThrottlePct) {
-    std::vector<std::string> reasons;
-    for (const auto& [name, s] : t.throttle_reason_s()) reasons.push_back(fmt::format("{} {:.1f} s", name, s));
-    const double pct = 100 * t.throttled_s() / loaded;
     // What to look at follows the reasons: heat is cooling, a power cap is the power limit (a
     // software cap is a setting, not a fault). A throttled second is not a lost second: how much
     // slower the work ran depends on how far the clocks fell, which the SM clock says.
+    std::vector<std::string> reasons;
     bool heat = false, power = false;
     for (const auto& [name, s] : t.throttle_reason_s()) {
-      heat = heat || name.find("thermal") != std::string::npos || name == "hw_slowdown";
-      power = power || name.find("power") != std::string::npos;
+      reasons.push_back(fmt::format("{} {:.1f} s", name, s));
+      const auto cause = throttle_reason_cause(name);
+      heat = heat || cause == ThrottleCause::heat;
+      power = power || cause == ThrottleCause::power;
     }
+    const double pct = 100 * t.throttled_s() / loaded;
     const std::string look = heat && power ? "check cooling and the power limit"
                              : heat        ? "check cooling"
                              : power       ? "check the power limit (a software power cap is a setting: nvidia-smi -pl)"

@@ -485,7 +485,7 @@ class Diagnosis {
     // is its median: its gain near 1.10x (1.12-1.45x at micro batch 2-8 over four runs on a 2-vCPU
     // Xeon) fell on either side of the threshold with one sweep (micro batch 4 read under 2 in one).
     std::vector<Sub> sweeps;
-    for (int r = 0; r < kRounds && !hung_; ++r) {
+    for (int r = 0; r < kRounds && (r == 0 || !hung_); ++r) {  // after a hang, sub() says "not run" once
       auto ar = a;
       auto order = sizes;
       if (r % 2) std::reverse(order.begin(), order.end());
@@ -780,7 +780,7 @@ class Diagnosis {
     // A pass: rounds of their loop before each line and after the last (T X1 T X2 T ... Xn T), each
     // line's gain in a round over the geometric mean of the runs of their loop on either side of it, so a
     // machine that drifts (a noisy neighbour, a clock) moves a line and its base together; a pass's gain
-    // is the median over its rounds. One round a pass let a line's two gains differ by 15-40% here
+    // is the median over its rounds. One round a pass let a line's two gains differ by 16-32% here
     // (2 vCPUs, 2026-12-03: their loop read 1050-1436 real tokens/s over eight runs of 0.7 s in a row;
     // one of six bf16 runs 14% under the others). The second pass's rounds are runs of their own,
     // alternating with the first's; the lines together and each left out run after both.
@@ -812,7 +812,8 @@ class Diagnosis {
     };
     auto one_run = [&](json& evidence, const std::string& name, Params m) -> std::optional<double> {
       const double left_runs = runs - runs_done;
-      // a run's wall so far (its timed part is whole optimizer steps: it can pass the span), else a guess
+      // a run's wall so far, its retries included (its timed part is whole optimizer steps: it can pass the
+      // span), else a guess
       const double per_run = runs_done > 0 ? (untimed_s + spans_sum) / runs_done : span + 3 * their_step_s;
       const int ga = std::max(1, std::stoi(m.at("grad_accum")));
       m["trials"] = std::to_string((kLeastMicroBatches + ga - 1) / ga);
@@ -892,11 +893,12 @@ class Diagnosis {
         if (const auto w = one_run(first_ev, "without " + x.check, without(x)); w && t1.together)
           t1.last[x.check] = *t1.together / *w;
     }
-    p.add({"timed_span_s", runs_done ? spans_sum / runs_done : 0.0, "s", Direction::none, std::nullopt,
+    const int executed = runs_done + retried;  // the retried runs ran too: their walls are in the sums
+    p.add({"timed_span_s", executed ? spans_sum / executed : 0.0, "s", Direction::none, std::nullopt,
            fmt::format("the mean timed wall of a run of the loop (min_time_s, at least {} micro batches in whole "
                        "optimizer steps): {} runs "
                        "sharing --budget {:.0f} s, less their untimed parts (mean {:.2f} s a run)",
-                       kLeastMicroBatches, runs_done, opt_.budget_s, runs_done ? untimed_s / runs_done : 0.0)});
+                       kLeastMicroBatches, executed, opt_.budget_s, executed ? untimed_s / executed : 0.0)});
     p.add({"runs_retried", double(retried), "runs", Direction::none, std::nullopt,
            fmt::format("runs of the loop run again because the hypervisor took {:.0f}% or more of the machine "
                        "while they ran (once each, at most a quarter of the runs so far)",

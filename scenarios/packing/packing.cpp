@@ -19,6 +19,7 @@
 // tokens/s counts real tokens only. The predicted speedup over pad-max is the
 // ratio of computed tokens per real token.
 #include <algorithm>  // std::min, std::max
+#include <array>      // std::array
 #include <map>        // std::map
 #include <optional>   // std::optional
 #include <set>        // std::set
@@ -26,6 +27,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
+#include "harness/attention_check.hpp"   // attention_flops
 #include "harness/errors.hpp"            // UnsupportedError
 #include "harness/host_memory.hpp"       // reserve_host_memory: lengths and plan
 #include "harness/point_metrics.hpp"     // measurement_info, against_baseline, workload_key, varying_params
@@ -39,6 +41,22 @@ namespace {
 using json = nlohmann::ordered_json;
 namespace pk = packing;
 
+// Forward+backward FLOPs of a GEMM: the forward and the two backward GEMMs.
+constexpr double kGemmFwdBwdFactor = 3;
+
+// The layer's four GEMMs over m tokens: QKV, the output projection, the MLP's up and down.
+std::array<GemmShape, 4> layer_gemms(std::int64_t m, std::int64_t d) {
+  return {GemmShape{m, 3 * d, d}, GemmShape{m, d, d}, GemmShape{m, 4 * d, d}, GemmShape{m, d, 4 * d}};
+}
+
+// The layer's attention before its rows are laid out (prepare sets batch, seq and cu_seqlens).
+AttnShape layer_attention(std::int64_t d, std::int64_t heads) {
+  AttnShape a;
+  a.heads = heads;
+  a.head_dim = d / heads;
+  return a;
+}
+
 // The device work of one batch, prepared before timing.
 struct BatchWork {
   std::vector<std::unique_ptr<GemmOp>> gemms;
@@ -46,10 +64,10 @@ struct BatchWork {
   std::int64_t real = 0, computed = 0;
   // Forward+backward FLOPs: 3 x the GEMMs' 2*M*N*K, and 3.5 x attention's
   // forward (quadratic in each sequence's length: padding costs S^2 there).
-  double attn_flops() const { return 3.5 * attn->shape().fwd_flops(); }
+  double attn_flops() const { return attention_flops(attn->shape(), true); }
   double gemm_flops() const {
     double f = 0;
-    for (const auto& g : gemms) f += 3 * g->shape().flops();
+    for (const auto& g : gemms) f += kGemmFwdBwdFactor * g->shape().flops();
     return f;
   }
 };
@@ -314,18 +332,23 @@ class PackingRun : public ScenarioRun {
     return s == pk::Strategy::pack_ffd || s == pk::Strategy::pack_bfd || s == pk::Strategy::pack_hist;
   }
 
-  // Forward+backward FLOPs of each batch of the epoch, as BatchWork::flops() counts one (prepare's
-  // shapes): 3 x the four GEMMs' 2*M*N*K over every computed token (24 d^2 per token forward),
-  // and 3.5 x attention's 4*H*L^2*D forward per sequence: per segment, and the row's unused
-  // tail as one more, when packed; every row at its computed length (its batch's) when dense.
-  // pack-hist's rows are summed by the group (identical rows), never made one by one.
+  // Forward+backward FLOPs of each batch of the epoch, as BatchWork counts one (prepare's shapes,
+  // by the same formulas): the GEMMs over every computed token, and attention per sequence: per
+  // segment, and the row's unused tail as one more, when packed; every row at its computed length
+  // (its batch's) when dense. pack-hist's rows are summed by the group (identical rows), never made
+  // one by one.
   struct Cost {
     double gemm = 0, attn = 0;
   };
   static std::vector<Cost> batch_flops(const pk::Plan& plan, std::int64_t rows_per_batch, std::int64_t d,
                                        std::int64_t heads, bool packed) {
-    const double attn = 3.5 * 4.0 * double(heads) * double(d / heads), gemm = 3 * 24.0 * double(d) * double(d);
-    const auto sq = [](double x) { return x * x; };
+    double gemm = 0;  // per computed token
+    for (const GemmShape& g : layer_gemms(1, d)) gemm += kGemmFwdBwdFactor * g.flops();
+    AttnShape one = layer_attention(d, heads);  // one sequence of a given length
+    const auto attn = [&one](double len) {
+      one.seq = std::int64_t(len);
+      return attention_flops(one, true);
+    };
     const std::int64_t rows = plan.row_count();
     std::vector<Cost> out(std::size_t((rows + rows_per_batch - 1) / rows_per_batch));
     // `count` rows from row `r`, each costing `cost`, added to the batches they fall in.
@@ -341,21 +364,21 @@ class PackingRun : public ScenarioRun {
     if (packed && plan.packed) {
       std::int64_t r = 0;
       for (const pk::PackGroup& g : plan.packed->groups) {
-        double squares = sq(double(plan.max_len - g.used));
-        for (const pk::LengthCount& c : g.pattern) squares += double(c.count) * sq(double(c.length));
-        add(r, g.rows, Cost{gemm * double(plan.max_len), attn * squares});
+        double a = attn(double(plan.max_len - g.used));
+        for (const pk::LengthCount& c : g.pattern) a += double(c.count) * attn(double(c.length));
+        add(r, g.rows, Cost{gemm * double(plan.max_len), a});
         r += g.rows;
       }
     } else {
       for (std::int64_t r = 0; r < rows; ++r) {
         const double len = double(plan.computed(r));
-        double squares = sq(len);
+        double a = attn(len);
         if (packed) {
           const pk::Row& row = plan.rows[std::size_t(r)];
-          squares = sq(len - double(row.used));
-          for (const pk::Segment& seg : row.segments) squares += sq(double(seg.length));
+          a = attn(len - double(row.used));
+          for (const pk::Segment& seg : row.segments) a += attn(double(seg.length));
         }
-        add(r, 1, Cost{gemm * len, attn * squares});
+        add(r, 1, Cost{gemm * len, a});
       }
     }
     return out;
@@ -365,9 +388,7 @@ class PackingRun : public ScenarioRun {
   BatchWork prepare(Device& dev, const pk::Plan& plan, std::int64_t r0, std::int64_t r1, std::int64_t d,
                     std::int64_t heads, DType dt, AttnImpl impl) {
     BatchWork w;
-    AttnShape a;
-    a.heads = heads;
-    a.head_dim = d / heads;
+    AttnShape a = layer_attention(d, heads);
     std::vector<pk::Row> rows;  // copies; pack-hist makes them here, on demand
     for (std::int64_t r = r0; r < r1; ++r) {
       rows.push_back(plan.row(r));
@@ -395,9 +416,7 @@ class PackingRun : public ScenarioRun {
       a.seq = plan.computed(r0);
     }
     const std::int64_t m = w.computed;
-    for (const GemmShape& g : {GemmShape{m, 3 * d, d}, GemmShape{m, d, d}, GemmShape{m, 4 * d, d},
-                               GemmShape{m, d, 4 * d}})
-      w.gemms.push_back(dev.make_gemm(g, dt, 5));
+    for (const GemmShape& g : layer_gemms(m, d)) w.gemms.push_back(dev.make_gemm(g, dt, 5));
     w.attn = dev.make_attention(a, impl, dt, 6);
     return w;
   }

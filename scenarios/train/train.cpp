@@ -180,8 +180,8 @@ class TrainRun : public ScenarioRun {
     // optimizer steps that hold workers + 1 micro batches (at grad_accum 8,
     // one step, not workers + 1 steps of 8). Inline (workers 0) there is no
     // head start: the warm-up below runs each shape and the optimizer once,
-    // and the first step is timed (an untimed step of 8 micro batches was
-    // 0.36 s of the 0.46 s each of diagnose's 72 runs spent untimed).
+    // and the first step is timed (each of diagnose's 72 runs spent 0.46 s
+    // untimed with the untimed step of 8 micro batches, 0.18 s without).
     const int skip = st.workers == 0 ? 0 : (st.workers + 1 + st.grad_accum - 1) / st.grad_accum;
     // `trials` timed steps, then more while the timed wall is under
     // min_time_s (a fast configuration measured over as long as a slow one),

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include <map>  // std::map
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -157,6 +158,17 @@ TEST(WatchAnalysis, ThrottlingByReasonAndByClocksUnderLoad) {
   EXPECT_EQ(t.throttle_reason_s().count("gpu_idle"), 0u);
   EXPECT_EQ(throttle_reason_names(nvml_abi::kReasonHwThermal | nvml_abi::kReasonHwPowerBrake),
             (std::vector<std::string>{"hw_thermal", "hw_power_brake"}));
+  // what each names points at: heat is cooling, power the limit; every name has one
+  const std::uint64_t all = nvml_abi::kReasonSwPowerCap | nvml_abi::kReasonHwSlowdown | nvml_abi::kReasonSwThermal |
+                            nvml_abi::kReasonHwThermal | nvml_abi::kReasonHwPowerBrake;
+  const std::map<std::string, ThrottleCause> want{{"sw_power_cap", ThrottleCause::power},
+                                                  {"hw_slowdown", ThrottleCause::heat},
+                                                  {"sw_thermal", ThrottleCause::heat},
+                                                  {"hw_thermal", ThrottleCause::heat},
+                                                  {"hw_power_brake", ThrottleCause::power}};
+  ASSERT_EQ(throttle_reason_names(all).size(), want.size());
+  for (const std::string& name : throttle_reason_names(all)) EXPECT_EQ(throttle_reason_cause(name), want.at(name)) << name;
+  EXPECT_FALSE(throttle_reason_cause("gpu_idle").has_value());
 }
 
 TEST(WatchAnalysis, SmActiveTellsSteadyLowFromHealthy) {
