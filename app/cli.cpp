@@ -219,7 +219,7 @@ void save_partial(Live& live, Result r, const json& meta, const Sweep& sweep, co
   r.params = sweep.axes;
   finish_findings(r, sc, meta.value("/device/simulated"_json_pointer, false));
   write_file_atomic(path, to_json(r).dump(2) + "\n");
-  std::cerr << "\n" << format_result_table(r) << fmt::format("\nresult (up to where it stopped): {}\n", path)
+  std::cerr << "\n" << format_result_table(r, table_width(STDERR_FILENO)) << fmt::format("\nresult (up to where it stopped): {}\n", path)
             << std::flush;
 }
 
@@ -256,7 +256,7 @@ json run_meta(const RunArgs& a, int argc, char** argv, const DeviceInfo& di, con
 // directory; the run then fails (exit 1).
 int write_outputs(const Result& r, const Scenario& sc, const std::string& path, const std::string& trace_path,
                   const KinetoTrace* trace) {
-  const std::string table = format_result_table(r);
+  const std::string table = format_result_table(r, table_width(path == "-" ? STDERR_FILENO : STDOUT_FILENO));
   try {
     write_file_atomic(path, to_json(r).dump(2) + "\n");
   } catch (const Error& e) {

@@ -5,6 +5,11 @@
 #include <set>        // std::set
 #include <vector>     // std::vector
 
+#include <sys/ioctl.h>  // ioctl, TIOCGWINSZ
+#include <unistd.h>     // isatty
+
+#include <cstdlib>  // std::getenv, std::strtoul
+
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/point_metrics.hpp"  // varying_params
@@ -45,6 +50,19 @@ std::string pad(const std::string& s, std::size_t w, bool right) {
 
 }  // namespace
 
+std::size_t table_width(int fd) {
+  constexpr std::size_t kLeast = 60, kPipe = 120;
+  if (const char* c = std::getenv("COLUMNS"); c && *c) {
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(c, &end, 10);
+    if (end && *end == '\0' && v > 0) return std::max<std::size_t>(kLeast, v);
+  }
+  winsize ws{};
+  if (::isatty(fd) && ::ioctl(fd, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+    return std::max<std::size_t>(kLeast, ws.ws_col);
+  return kPipe;
+}
+
 std::string format_point_line(const Point& p, const json& axes) {
   std::string line;
   // A swept axis, or one the point set itself (batch's grad_accum under global_batch).
@@ -57,7 +75,7 @@ std::string format_point_line(const Point& p, const json& axes) {
   return line;
 }
 
-std::string format_result_table(const Result& r) {
+std::string format_result_table(const Result& r, std::size_t max_width) {
   std::string out;
   const json& dev = r.meta.value("device", json::object());
   out += fmt::format("scenario: {}   device: {} ({}){}\n", r.scenario, dev.value("id", "?"), dev.value("name", "?"),
@@ -86,26 +104,28 @@ std::string format_result_table(const Result& r) {
   if (r.meta.contains("host_steal") && r.meta["host_steal"].is_object())
     out += fmt::format("note: {}\n", r.meta["host_steal"].value("note", ""));
 
-  // Metric columns: union over points, in first-seen order.
+  // Metric columns: union over points, in first-seen order. The header is two lines: the name, then
+  // the unit and the direction (a one-line "step_ms (ms) ↓" made the batch table 330 columns wide).
   std::vector<std::string> metric_names;
-  std::vector<std::string> metric_heads;
+  std::vector<std::string> metric_units;
   for (const auto& p : r.points)
     for (const auto& m : p.metrics)
       if (m.in_table && std::find(metric_names.begin(), metric_names.end(), m.name) == metric_names.end()) {
         metric_names.push_back(m.name);
-        metric_heads.push_back(fmt::format("{} ({}){}", m.name, m.unit, arrow(m.direction)));
+        std::string u = m.unit + arrow(m.direction);
+        metric_units.push_back(u.empty() || u[0] != ' ' ? u : u.substr(1));
       }
 
-  std::vector<std::string> head;
-  for (const auto& s : swept) head.push_back(s);
-  head.push_back("status");
-  for (const auto& h : metric_heads) head.push_back(h);
+  std::vector<std::string> head, units;
+  for (const auto& s : swept) head.push_back(s), units.emplace_back();
+  head.push_back("status"), units.emplace_back();
+  const std::size_t keys = head.size();  // the columns every block repeats
+  for (std::size_t i = 0; i < metric_names.size(); ++i) head.push_back(metric_names[i]), units.push_back(metric_units[i]);
   bool any_stats = false;
   for (const auto& p : r.points)
     for (const auto& m : p.metrics) any_stats = any_stats || (m.in_table && m.stats);
-  if (any_stats) head.push_back("noise");
+  if (any_stats) head.push_back("noise"), units.emplace_back("sd/mean");
   std::vector<std::vector<std::string>> rows;
-  std::vector<std::string> reasons;
   for (const auto& p : r.points) {
     std::vector<std::string> row;
     for (const auto& s : swept) row.push_back(p.params.contains(s) ? json_scalar(p.params[s]) : "");
@@ -118,36 +138,64 @@ std::string format_result_table(const Result& r) {
     }
     if (any_stats) row.push_back(noise.empty() ? "-" : noise);
     rows.push_back(std::move(row));
-    reasons.push_back(p.reason);
   }
   std::vector<std::size_t> w(head.size());
-  for (std::size_t i = 0; i < head.size(); ++i) w[i] = width(head[i]);
+  for (std::size_t i = 0; i < head.size(); ++i) w[i] = std::max(width(head[i]), width(units[i]));
   for (const auto& row : rows)
     for (std::size_t i = 0; i < row.size(); ++i) w[i] = std::max(w[i], width(row[i]));
-  auto emit = [&](const std::vector<std::string>& row) {
-    std::string line;
-    for (std::size_t i = 0; i < row.size(); ++i) {
-      const bool numeric = i > swept.size();
-      line += pad(row[i], w[i], numeric) + (i + 1 < row.size() ? "  " : "");
+
+  // Blocks of columns that fit max_width, each repeating the swept axes and the status, as pandas
+  // wraps a wide frame; every block holds at least one metric column.
+  std::vector<std::vector<std::size_t>> blocks;
+  {
+    std::size_t key_w = 0;
+    for (std::size_t i = 0; i < keys; ++i) key_w += w[i] + 2;
+    std::vector<std::size_t> cur;
+    std::size_t cur_w = key_w;
+    for (std::size_t i = keys; i < head.size(); ++i) {
+      if (max_width > 0 && !cur.empty() && cur_w + w[i] > max_width) {
+        blocks.push_back(cur);
+        cur.clear();
+        cur_w = key_w;
+      }
+      cur.push_back(i);
+      cur_w += w[i] + 2;
     }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out += line + "\n";
-  };
-  emit(head);
-  std::size_t total = 0;
-  for (auto x : w) total += x + 2;
-  out += std::string(total - 2, '-') + "\n";
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    emit(rows[i]);
-    if (!reasons[i].empty()) out += fmt::format("    {}\n", reasons[i]);
-    const json& info = r.points[i].info;
-    if (info.contains("sparkline") && info["sparkline"].is_string() && !info["sparkline"].get<std::string>().empty())
-      out += fmt::format("    util {} {}\n", info["sparkline"].get<std::string>(), info.value("pattern", ""));
-    if (info.contains("lines") && info["lines"].is_array())
-      for (const auto& l : info["lines"])
-        if (l.is_string()) out += fmt::format("    {}\n", l.get<std::string>());
-    if (info.contains("warning") && info["warning"].is_string())
-      out += fmt::format("    warning: {}\n", info["warning"].get<std::string>());
+    blocks.push_back(cur);
+  }
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    std::vector<std::size_t> cols;
+    for (std::size_t i = 0; i < keys; ++i) cols.push_back(i);
+    cols.insert(cols.end(), blocks[b].begin(), blocks[b].end());
+    auto emit = [&](const std::vector<std::string>& row) {
+      std::string line;
+      for (std::size_t j = 0; j < cols.size(); ++j) {
+        const std::size_t i = cols[j];
+        line += pad(row[i], w[i], i >= keys) + (j + 1 < cols.size() ? "  " : "");
+      }
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      out += line + "\n";
+    };
+    if (blocks.size() > 1) out += fmt::format("{}(columns {} of {})\n", b > 0 ? "\n" : "", b + 1, blocks.size());
+    emit(head);
+    emit(units);
+    std::size_t total = 0;
+    for (auto i : cols) total += w[i] + 2;
+    out += std::string(total - 2, '-') + "\n";
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      emit(rows[k]);
+      if (b + 1 < blocks.size()) continue;  // a point's notes once, under its row in the last block
+      const Point& p = r.points[k];
+      if (!p.reason.empty()) out += fmt::format("    {}\n", p.reason);
+      const json& info = p.info;
+      if (info.contains("sparkline") && info["sparkline"].is_string() && !info["sparkline"].get<std::string>().empty())
+        out += fmt::format("    util {} {}\n", info["sparkline"].get<std::string>(), info.value("pattern", ""));
+      if (info.contains("lines") && info["lines"].is_array())
+        for (const auto& l : info["lines"])
+          if (l.is_string()) out += fmt::format("    {}\n", l.get<std::string>());
+      if (info.contains("warning") && info["warning"].is_string())
+        out += fmt::format("    warning: {}\n", info["warning"].get<std::string>());
+    }
   }
   if (!r.findings.empty()) {
     out += "\nfindings:\n";

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -5,6 +6,7 @@
 
 #include "harness/errors.hpp"
 #include "harness/json_read.hpp"
+#include "harness/printer.hpp"
 #include "harness/result.hpp"
 
 
@@ -227,6 +229,67 @@ TEST(JsonRef, PathsAndTypeNames) {
   EXPECT_EQ(msg([&] { arr.at(0).positive(); }), "no error");
   EXPECT_EQ(arr.at(1).integer(), -2);
   EXPECT_FALSE(root.find("nope").has_value());
+}
+
+// The terminal table: a wide result wraps into blocks that fit the width, each repeating the swept axis
+// and the status; the unit and direction sit under each name; a point's reason prints once.
+TEST(Printer, WideTableWrapsIntoBlocksThatFit) {
+  Result r = sample();
+  for (Point& p : r.points)
+    for (int i = 0; i < 9; ++i)
+      p.add({fmt::format("metric_number_{}", i), 1234.5 * (i + 1), i % 2 ? "ms" : "tokens/s",
+             i % 2 ? Direction::lower : Direction::higher, std::nullopt, ""});
+  auto lines_of = [](const std::string& t) {
+    std::vector<std::string> v;
+    std::string l;
+    for (char c : t)
+      if (c == '\n') v.push_back(l), l.clear();
+      else l += c;
+    return v;
+  };
+  auto cols = [](const std::string& s) {
+    std::size_t n = 0;
+    for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+    return n;
+  };
+  const std::string narrow = format_result_table(r, 80);
+  const auto lines = lines_of(narrow);
+  std::size_t heads = 0, reasons = 0;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const std::string& l = lines[i];
+    if (l.rfind("size", 0) == 0) {  // a block's header: the swept axis first, the status next
+      ++heads;
+      EXPECT_NE(l.find("status"), std::string::npos) << l;
+      EXPECT_LE(cols(l), 80u) << l;
+      ASSERT_LT(i + 2, lines.size());
+      EXPECT_LE(cols(lines[i + 1]), 80u) << lines[i + 1];  // the units line
+      EXPECT_EQ(lines[i + 2].find_first_not_of('-'), std::string::npos) << lines[i + 2];
+    }
+    if (l.find("cannot allocate") != std::string::npos) ++reasons;
+  }
+  EXPECT_GE(heads, 2u) << narrow;
+  EXPECT_EQ(reasons, 1u) << narrow;  // the oom point's reason, once, not once a block
+  for (int i = 0; i < 9; ++i) {  // every metric in exactly one block's header
+    std::size_t n = 0;
+    for (const auto& l : lines)
+      if (l.rfind("size", 0) == 0) n += l.find(fmt::format("metric_number_{}", i)) != std::string::npos;
+    EXPECT_EQ(n, 1u) << i;
+  }
+  EXPECT_NE(narrow.find("tokens/s ↑"), std::string::npos);
+  EXPECT_NE(narrow.find("ms ↓"), std::string::npos);
+  EXPECT_EQ(narrow.find("(ms)"), std::string::npos);  // no "ms (ms)": the unit is on its own line
+  EXPECT_NE(narrow.find(fmt::format("(columns 1 of {})", heads)), std::string::npos) << narrow;
+
+  // No limit: one block, every metric on one header line.
+  const std::string wide = format_result_table(r, 0);
+  std::size_t wide_heads = 0;
+  for (const auto& l : lines_of(wide))
+    if (l.rfind("size", 0) == 0) {
+      ++wide_heads;
+      for (int i = 0; i < 9; ++i) EXPECT_NE(l.find(fmt::format("metric_number_{}", i)), std::string::npos);
+    }
+  EXPECT_EQ(wide_heads, 1u);
+  EXPECT_EQ(wide.find("(columns"), std::string::npos);
 }
 
 }  // namespace
