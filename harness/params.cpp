@@ -207,7 +207,9 @@ Sweep expand_sweep(const std::vector<ParamSpec>& specs, const std::vector<std::s
       axes[i].push_back(parse_value(s, part));
       std::visit([&](const auto& x) { list.push_back(x); }, axes[i].back());
     }
-    sweep.axes[s.name] = list;
+    // A moot default stays in each point (the scenario may read it) but not in the result's params: the
+    // table's "fixed:" line said size=256 beside the m, n and k that ran.
+    if (seen[i] || !moot(s)) sweep.axes[s.name] = list;
     total *= axes[i].size();
     if (total > 10000)
       throw UsageError(fmt::format("the sweep has more than 10000 points; shorten a list (at {})", s.name));
