@@ -164,6 +164,8 @@ std::string format_html(const Result& r) {
   o << fmt::format("<p>Device <b>{}</b> {} &middot; stallbench {} ({}) &middot; {}</p>\n", esc(dev), esc(dev_name),
                    esc(r.meta.value("version", std::string())), esc(r.meta.value("git_sha", std::string())),
                    esc(r.meta.value("time_utc", std::string())));
+  if (dm.contains("wall_s") && dm["wall_s"].is_number())
+    o << fmt::format("<p>The diagnosis took {:.0f} s.</p>\n", dm["wall_s"].get<double>());
   if (simulated)
     o << "<p class='sim'>Simulated device: every figure below is modelled, not measured.</p>\n";
   if (dm.contains("measured_shape") && dm["measured_shape"].value("reduced", false))
