@@ -4,7 +4,7 @@
 //   3 compare: a metric is worse than --tolerance; 4 a hang was caught;
 //   5 collective: a rank's library failed a collective (a mismatch that
 //   errored instead of hanging); the job was ended after the dumps.
-#include <sys/stat.h>  // ::stat: compare --json must not name its own input
+#include <sys/stat.h>  // fstat: is stdout a pipe
 #include <unistd.h>  // getpid
 
 #include <algorithm>  // std::find, std::any_of
@@ -318,9 +318,18 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   if (a.json_path == "-" && a.trace_path == "-")
     throw UsageError("--json - and --trace - both name stdout, where the two documents would run together: give "
                      "one of them a file");
-  if (!a.trace_path.empty() && !a.json_path.empty() && a.json_path != "-" && a.trace_path == a.json_path)
-    throw UsageError(fmt::format("--json and --trace name the same file ({}): one would replace the other",
-                                 a.json_path));
+  {  // a result written over the run's own input (-p lengths=@FILE) destroys the user's data
+    std::vector<NamedPath> inputs;
+    for (const std::string& as : a.params)
+      if (const auto eq = as.find('='); eq != std::string::npos)
+        for (std::size_t at = as.find('@', eq); at != std::string::npos; at = as.find('@', at + 1))
+          if (at == eq + 1 || as[at - 1] == ';' || as[at - 1] == ',') {
+            const std::size_t end = as.find(';', at);
+            inputs.push_back({as.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1),
+                              fmt::format("the input of -p {}", as.substr(0, eq))});
+          }
+    refuse_clobbering({{a.json_path, "--json"}, {a.trace_path, "--trace"}}, inputs);
+  }
 
   // Ranks first: every rank of an mpirun/srun launch runs this same command;
   // rank 0 alone prints and writes the result.
@@ -446,12 +455,8 @@ void refuse_stdout_targets(const DiagnoseArgs& a) {
 int cmd_diagnose_trace(const DiagnoseArgs& a, int argc, char** argv) {
   refuse_stdout_targets(a);
   check_writable_target(a.json_path, "--json");
-  if (!a.html_path.empty()) {
-    check_writable_target(a.html_path, "--html");
-    if (a.html_path == a.json_path)
-      throw UsageError(fmt::format("--json and --html name the same file ({}): one would replace the other",
-                                   a.json_path));
-  }
+  if (!a.html_path.empty()) check_writable_target(a.html_path, "--html");
+  refuse_clobbering({{a.json_path, "--json"}, {a.html_path, "--html"}}, {{a.trace, "the trace"}});
   const DeviceSpec spec = parse_device_spec(a.device);
   auto dev = open_device(spec);
   RunArgs ra;
@@ -483,12 +488,9 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
   const DeviceSpec spec = parse_device_spec(a.device);
   refuse_stdout_targets(a);
   check_writable_target(a.json_path, "--json");
-  if (!a.html_path.empty()) {
-    check_writable_target(a.html_path, "--html");
-    if (a.html_path == a.json_path)
-      throw UsageError(fmt::format("--json and --html name the same file ({}): one would replace the other",
-                                   a.json_path));
-  }
+  if (!a.html_path.empty()) check_writable_target(a.html_path, "--html");
+  refuse_clobbering({{a.json_path, "--json"}, {a.html_path, "--html"}},
+                    {{a.config, "the config"}, {a.model_config, "the model config"}, {a.lengths, "the lengths file"}});
   if (!opt.cfg.unknown_keys.empty())
     std::cerr << fmt::format("diagnose: {} key(s) of the config not used here: {}\n", opt.cfg.unknown_keys.size(),
                              fmt::join(opt.cfg.unknown_keys, ", "));
@@ -525,11 +527,8 @@ struct WatchCli {
 
 int cmd_watch(const WatchCli& w, int argc, char** argv) {
   if (!w.json_path.empty()) check_writable_target(w.json_path, "--json");
-  if (!w.html_path.empty()) {
-    check_writable_target(w.html_path, "--html");
-    if (w.html_path == w.json_path)
-      throw UsageError(fmt::format("--json and --html name the same file ({}): one would replace the other", w.json_path));
-  }
+  if (!w.html_path.empty()) check_writable_target(w.html_path, "--html");
+  refuse_clobbering({{w.json_path, "--json"}, {w.html_path, "--html"}}, {{w.a.from, "the log --from reads"}});
   auto meta_for = [&](const std::string& id, const std::string& name, const json& props) {
     DeviceInfo di;
     di.id = id;
@@ -571,11 +570,7 @@ int cmd_compare(const std::string& a, const std::string& b, double tolerance, bo
   if (!json_path.empty() && !json_stdout) {
     check_writable_target(json_path, "--json");  // before the work
     // The comparison written over its own input would destroy a measured result.
-    struct stat st_out {}, st_in {};
-    for (const std::string& in : {a, b})
-      if (in == json_path || (::stat(json_path.c_str(), &st_out) == 0 && ::stat(in.c_str(), &st_in) == 0 &&
-                              st_out.st_dev == st_in.st_dev && st_out.st_ino == st_in.st_ino))
-        throw UsageError(fmt::format("--json {} is the file {} itself: write the comparison elsewhere", json_path, in));
+    refuse_clobbering({{json_path, "--json"}}, {{a, "result A"}, {b, "result B"}});
   }
   const json doc_a = read_json_file(a);  // A first, so its errors are reported first
   const json doc_b = read_json_file(b);

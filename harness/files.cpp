@@ -7,6 +7,7 @@
 #include <algorithm>  // std::min
 #include <cerrno>     // errno, EINTR
 #include <cstring>    // std::strerror
+#include <filesystem>  // weakly_canonical, absolute
 
 #include <fmt/format.h>  // fmt::format
 
@@ -82,6 +83,35 @@ void check_writable_target(const std::string& path, const std::string& what) {
   if (!S_ISDIR(dst.st_mode)) throw UsageError(fmt::format("{} '{}': '{}' is not a directory", what, path, dir));
   if (::access(dir.c_str(), W_OK) != 0)
     throw UsageError(fmt::format("{} '{}': cannot write in '{}': {}", what, path, dir, std::strerror(errno)));
+}
+
+namespace {
+bool same_file(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  struct stat sa {}, sb_ {};
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb_) == 0)
+    return sa.st_dev == sb_.st_dev && sa.st_ino == sb_.st_ino;
+  std::error_code ea, eb;  // one is yet to be written: compare what the two would resolve to
+  const auto ca = std::filesystem::weakly_canonical(std::filesystem::absolute(a, ea), ea);
+  const auto cb = std::filesystem::weakly_canonical(std::filesystem::absolute(b, eb), eb);
+  return !ea && !eb && ca == cb;
+}
+bool skipped(const std::string& p) { return p.empty() || p == "-"; }
+}  // namespace
+
+void refuse_clobbering(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [out, flag] = outputs[i];
+    if (skipped(out)) continue;
+    for (const auto& [in, what] : inputs)
+      if (!skipped(in) && same_file(out, in))
+        throw UsageError(fmt::format("{} {} is {} ({}): writing there would destroy it; give {} another path", flag,
+                                     out, what, in, flag));
+    for (std::size_t j = i + 1; j < outputs.size(); ++j)
+      if (!skipped(outputs[j].first) && same_file(out, outputs[j].first))
+        throw UsageError(fmt::format("{} and {} name the same file ({}): one would replace the other", flag,
+                                     outputs[j].second, out));
+  }
 }
 
 std::optional<std::size_t> first_invalid_utf8(std::string_view s) {

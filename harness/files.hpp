@@ -7,6 +7,8 @@
 #include <optional>     // std::optional
 #include <string>       // std::string
 #include <string_view>  // std::string_view
+#include <utility>      // std::pair
+#include <vector>       // std::vector
 
 namespace sb {
 
@@ -26,6 +28,18 @@ std::string read_regular_file(const std::string& path, const std::string& what,
 // is a directory, a symlink or another non-regular file, which the rename
 // would replace (a link to /dev/stdout, /dev/null itself). "-" is stdout.
 void check_writable_target(const std::string& path, const std::string& what);
+
+// A named path on the command line: the path and its flag or role ("--json",
+// "the config").
+using NamedPath = std::pair<std::string, std::string>;
+
+// Throws UsageError (exit 2), before anything runs, when an output path names
+// the same file as an input (the nvidia-smi log, the trace, the config, a
+// lengths file: the write would destroy what the user measured) or as another
+// output (one would replace the other). The same file: one path, or two that
+// resolve to one (./x and x, a symlink, a hard link). Empty paths and "-"
+// are skipped.
+void refuse_clobbering(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
 
 // The byte offset of the first place `s` is not well-formed UTF-8 (RFC 3629:
 // no overlong forms, no surrogates, nothing past U+10FFFF), or nullopt: a

@@ -221,7 +221,7 @@ with tempfile.TemporaryDirectory() as tmp:
             failures.append(f"compare --json over a 0600 file left it {oct(os.stat(private).st_mode & 0o777)}")
         # the comparison never overwrites an input (a measured result would be lost)
         before = open(a).read()
-        expect(["compare", a, b, "--json", a], 2, ["is the file", "itself"])
+        expect(["compare", a, b, "--json", a], 2, ["is result A", "would destroy it"])
         if open(a).read() != before:
             failures.append("compare --json A overwrote A")
         # a gate that judged nothing fails: B's points are all of another size
@@ -250,6 +250,30 @@ for opt, val in (("--timeout", "nan"), ("--budget", "inf"), ("--noise", "-1"), (
 expect(["run", "precision", "--quick", "--json", ""], 2, ["--json"])
 expect(["run", "dataloader", "--quick", "--json", "same.json", "--trace", "same.json"], 2, ["name the same file"])
 expect(["run", "train", "--quick", "-p", "sequences=0"], 2, ["sequences=0 means every length of a file"])
+# No output is written over an input (a hostile review lost an nvidia-smi log, a 9.8 MB trace, an
+# Axolotl config and a lengths file this way, each at exit 0): exit 2 before anything runs, the input kept.
+with tempfile.TemporaryDirectory() as tmp:
+    lengths = os.path.join(tmp, "len.txt")
+    config = os.path.join(tmp, "ax.yml")
+    trace = os.path.join(tmp, "trace.json")
+    smi = os.path.join(tmp, "smi.csv")
+    inputs = {lengths: "100\n200\n", config: "micro_batch_size: 1\nsequence_len: 64\n",
+              trace: '{"traceEvents": []}', smi: "timestamp, utilization.gpu [%]\n"}
+    for path, text in inputs.items():
+        open(path, "w").write(text)
+    os.link(config, os.path.join(tmp, "hard.yml"))
+    dotted = os.path.join(tmp, ".", "len.txt")
+    for args, says in (
+            (["run", "packing", "--quick", "-p", "lengths=@" + lengths, "--json", lengths], "input of -p lengths"),
+            (["run", "packing", "--quick", "-p", "lengths=@" + lengths, "--trace", dotted], "input of -p lengths"),
+            (["diagnose", "--quick", config, "--json", os.path.join(tmp, "hard.yml")], "is the config"),
+            (["diagnose", "--quick", config, "--lengths", lengths, "--html", dotted], "is the lengths file"),
+            (["diagnose", "--trace", trace, "--json", trace], "is the trace"),
+            (["watch", "--from", smi, "--json", smi], "is the log --from reads")):
+        expect(args, 2, [says, "would destroy it"])
+    for path, text in inputs.items():
+        if open(path).read() != text:
+            failures.append(f"{path} was overwritten")
 # a table that cannot be written is a failure, not exit 0
 with open("/dev/full", "w") as full:
     p = subprocess.run([EXE, "list"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
