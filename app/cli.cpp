@@ -798,8 +798,9 @@ int main_impl(int argc, char** argv) {
   hang->footer("A PyTorch job writes them on a watchdog timeout when TORCH_FR_BUFFER_SIZE and "
                "TORCH_NCCL_DUMP_ON_TIMEOUT=1 are set. The report names the first collective where the ranks "
                "disagree, in the terms of torch's fr_trace analyzer.\n"
-               "Exit codes: 0 the report (a divergence found or none); 2 a folder or dump that cannot be read "
-               "(named, with the byte offset for a pickle).");
+               "Exit codes: 0 the report (a divergence found, none, or incomplete: a rank without a dump); 2 a "
+               "folder that cannot be read or holds no readable dump. A dump that cannot be read is named in a "
+               "warning (with the byte offset for a pickle) and its rank counts as one without a dump.");
   hang->add_flag("--json", hang_json, "the report as JSON");
 
   bool clean_dry = false;

@@ -264,14 +264,19 @@ std::string rank_ranges(const std::vector<int>& ranks) {
 }
 
 std::string format_hang_report(const HangReport& r) {
-  std::string out = fmt::format("analyze-hang {}: {}{}, size {}, ranks found {}, missing {}\n",
+  auto ranks = [&](const std::vector<int>& v) {
+    return r.format == kFlightRecorderFormat ? int_list(v) : rank_ranges(v);
+  };
+  std::string out = fmt::format("analyze-hang {}: {}{}, size {}: dumps from {} of {} ranks ({}){}\n",
                                 r.dir.empty() ? "(dumps)" : r.dir,
                                 r.format == kFlightRecorderFormat ? "run " + r.run_id : "PyTorch Flight Recorder",
                                 r.process_group.empty() ? "" : ", process group " + r.process_group, r.size,
-                                r.format == kFlightRecorderFormat ? int_list(r.ranks_found) : rank_ranges(r.ranks_found),
-                                r.format == kFlightRecorderFormat ? int_list(r.ranks_missing)
-                                                                  : rank_ranges(r.ranks_missing));
-  if (r.kind == DivergenceKind::none) {
+                                r.ranks_found.size(), r.size, ranks(r.ranks_found),
+                                r.ranks_missing.empty() ? "" : fmt::format(", none from {}", ranks(r.ranks_missing)));
+  if (r.kind == DivergenceKind::none && !r.ranks_missing.empty()) {
+    out += fmt::format("verdict: incomplete: no dump from rank{} {}; no divergence among the dumps there are\n",
+                       r.ranks_missing.size() == 1 ? "" : "s", ranks(r.ranks_missing));
+  } else if (r.kind == DivergenceKind::none) {
     out += "verdict: no divergence\n";
   } else {
     out += fmt::format("verdict: {}{} at seq {}", to_string(r.kind),
@@ -280,11 +285,19 @@ std::string format_hang_report(const HangReport& r) {
     out += fmt::format("; culprit{} {}\n", r.culprits.size() == 1 ? "" : "s", int_list(r.culprits));
     if (!r.expected.empty()) out += fmt::format("expected: {}\n", r.expected);
   }
-  if (!r.torch_match_state.empty()) out += fmt::format("PyTorch's fr_trace would say: {}\n", r.torch_match_state);
+  if (!r.torch_match_state.empty()) {
+    if (r.format != kFlightRecorderFormat && !r.ranks_missing.empty())  // fr_trace refuses an incomplete set
+      out += fmt::format("PyTorch's fr_trace would say: Missing dump files from ranks {{{}}} (it stops there); with "
+                         "--allow-incomplete-ranks: {}\n",
+                         fmt::join(r.ranks_missing, ", "), r.torch_match_state);
+    else
+      out += fmt::format("PyTorch's fr_trace would say: {}\n", r.torch_match_state);
+  }
   if (r.format != kFlightRecorderFormat)
-    out += r.last_all_completed_seq >= 0 ? fmt::format("last collective every rank completed: seq {} ({})\n",
-                                                       r.last_all_completed_seq, r.last_all_completed)
-                                         : "last collective every rank completed: none in the dumps\n";
+    out += fmt::format("last collective every rank{} completed: {}\n", r.ranks_missing.empty() ? "" : " with a dump",
+                       r.last_all_completed_seq >= 0
+                           ? fmt::format("seq {} ({})", r.last_all_completed_seq, r.last_all_completed)
+                           : std::string("none in the dumps"));
   out += fmt::format("summary: {}\n", r.summary);
   if (!r.culprit_frames.empty()) {
     out += "culprit's Python stack at that collective:\n";

@@ -958,13 +958,24 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
       }
     }
     r.torch_match_state = "FULLY_MATCHED";
-    r.summary = fmt::format("every rank issued the same collectives{}{}", 
+    if (!r.ranks_missing.empty()) {
+      // fr_trace --allow-incomplete-ranks "cannot decide what's wrong with this collective entry because
+      // we missed FR dumps from ranks ({1})" (tests/data/fr/dump-missing-*/fr_trace_pgfix_allow_incomplete.txt):
+      // it never says FULLY_MATCHED here.
+      const std::string set = "{" + fmt::format("{}", fmt::join(r.ranks_missing, ", ")) + "}";
+      r.torch_match_state = fmt::format("cannot decide: dumps missing from ranks {}", set);
+    }
+    r.summary = fmt::format("{}{}{}", r.ranks_missing.empty() ? "every rank issued the same collectives"
+                                                                : "the ranks with a dump issued the same collectives",
                             r.stall_lost_ms > 1.0 ? fmt::format("; slowest arrival rank {} at seq {}, {:.1f} ms after the first",
                                                                 r.stall_rank, r.stall_seq, r.stall_lost_ms)
                                                   : std::string(),
-                            r.ranks_missing.empty() ? "" : fmt::format("; no dump from rank{} {}",
-                                                                       r.ranks_missing.size() == 1 ? "" : "s",
-                                                                       rank_ranges(r.ranks_missing)));
+                            r.ranks_missing.empty()
+                                ? ""
+                                : fmt::format("; no dump from rank{} {}: whether {} issued them is unknown (its "
+                                              "log, or a dump written again, decides)",
+                                              r.ranks_missing.size() == 1 ? "" : "s", rank_ranges(r.ranks_missing),
+                                              r.ranks_missing.size() == 1 ? "it" : "they"));
   }
   return r;
 }

@@ -15,6 +15,7 @@ Usage: test_torch_fr.py STALLBENCH DATA_DIR
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -55,6 +56,17 @@ def main():
             for rank in want.get("dump_missing", manifest.get("dump_missing", [])):
                 if rank not in rep["ranks_missing"]:
                     failures.append(f"{form}: rank {rank}'s dump is gone but ranks_missing is {rep['ranks_missing']}")
+            # fr_trace's own answer (committed beside the dumps): an incomplete set is refused by name, and
+            # the report says so (it once said FULLY_MATCHED with a dump missing); never FULLY_MATCHED then.
+            peer = os.path.join(data, case, "fr_trace.txt")
+            if os.path.exists(peer):
+                m = re.search(r"Missing dump files from ranks \{[0-9, ]*\}", open(peer).read())
+                if m:
+                    t = subprocess.run([stallbench, "analyze-hang", path], capture_output=True, text=True,
+                                       timeout=60)
+                    if m.group(0) not in t.stdout or "FULLY_MATCHED" in t.stdout:
+                        failures.append(f"{form}: fr_trace says {m.group(0)!r}; stallbench's report: "
+                                        f"{t.stdout[:400]}")
             if want.get("kind") == "missing" or rep["kind"] == "missing":
                 # The table: a rank whose pg_status counts the call that not every rank joined (retired
                 # after it failed) is marked, and the note says why; no other rank is.

@@ -569,7 +569,7 @@ TEST(HangAnalysis, ReportTextAndJson) {
   p1.erase(p1.begin() + index_of(p1, 5, 0));
   const HangReport r = analyze(job, {2});
   const std::string text = format_hang_report(r);
-  EXPECT_TRUE(contains(text, "run run-a, size 3, ranks found 0, 1, missing 2")) << text;
+  EXPECT_TRUE(contains(text, "run run-a, size 3: dumps from 2 of 3 ranks (0, 1), none from 2")) << text;
   EXPECT_TRUE(contains(text, "verdict: missing (skip) at seq 10, step 5 call 0; culprit 1")) << text;
   EXPECT_TRUE(contains(text, "expected: " + kAllReduceText)) << text;
   EXPECT_TRUE(contains(text, "step 5 call 1: " + kBroadcastText)) << text;
