@@ -90,6 +90,8 @@ void AttnTensors::get(std::span<float> dst, const Buffer& src, const char* name)
                             dst.size(), count_));
   float* s = scratch();
   cuda_kernels::convert_to_fp32(s, src.data(), dtype_, count_, ctx_.stream);
+  // A copy to pageable memory waits for the stream's earlier work with no deadline: the synchronize first.
+  ctx_.device->synchronize(kSetupTimeout);
   SB_CUDA_CHECK(cudaMemcpyAsync(dst.data(), s, dst.size_bytes(), cudaMemcpyDeviceToHost, ctx_.stream));
   // Pageable destination: wait before the scratch is reused or dst is read.
   ctx_.device->synchronize(kSetupTimeout);

@@ -281,8 +281,15 @@ class CudaDevice final : public Device {
       SB_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     }
     ~CudaStreamPool() override {
-      (void)cudaStreamSynchronize(stream_);
-      (void)cudaMemPoolDestroy(pool_);
+      // Polled with a deadline, not cudaStreamSynchronize: a stream wedged by a hung kernel would hold the
+      // process here for ever. Past the deadline the pool is left to the context's teardown.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      cudaError_t q = cudaStreamQuery(stream_);
+      while (q == cudaErrorNotReady && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        q = cudaStreamQuery(stream_);
+      }
+      if (q != cudaErrorNotReady) (void)cudaMemPoolDestroy(pool_);
       (void)cudaGetLastError();
     }
     void* malloc(std::size_t bytes) override {

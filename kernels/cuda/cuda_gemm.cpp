@@ -154,6 +154,9 @@ class CudaGemm final : public GemmOp {
     bind();
     float* scratch = ensure_scratch();
     cuda_kernels::convert_to_fp32(scratch, c_.data(), c_dtype(), m * n, ctx_.stream);
+    // A copy to pageable memory returns only once it is done, and so waits for the stream's earlier work
+    // without a deadline: that wait is the synchronize's, which has one.
+    ctx_.device->synchronize(kSetupTimeout);
     SB_CUDA_CHECK(cudaMemcpyAsync(c.data(), scratch, c.size_bytes(), cudaMemcpyDeviceToHost,
                                   ctx_.stream));
     ctx_.device->synchronize(kSetupTimeout);

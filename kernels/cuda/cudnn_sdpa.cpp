@@ -18,8 +18,10 @@
 // stride total*D, one graph per distinct length, one execution per sequence.
 #include <algorithm>      // std::max
 #include <cstdint>        // std::int64_t, std::uint64_t
+#include <exception>      // std::exception
 #include <map>            // std::map
 #include <memory>         // std::make_shared, std::make_unique
+#include <new>            // std::bad_alloc
 #include <mutex>          // std::mutex, std::lock_guard
 #include <set>            // std::set
 #include <span>           // std::span
@@ -162,7 +164,23 @@ void build_graph(fe::graph::Graph& g, cudnnHandle_t handle, const Problem& p, co
   }
 }
 
+// The frontend's own refusals while a graph is described (Graph::sdpa throws std::runtime_error "No suitable
+// implementation for given SDPA_attributes") are this shape unsupported here: a skipped point, not an error.
+template <class F>
+GraphPtr describe(const Problem& p, const char* pass, F&& f) {
+  try {
+    return f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw UnsupportedError(fmt::format("cuDNN SDPA {} {}: {}", pass, p.str(), e.what()));
+  }
+}
+
 GraphPtr forward_graph(const Problem& p, cudnnHandle_t handle) {
+  return describe(p, "forward", [&] {
   GraphPtr g = new_graph(p);
   auto q = input(*g, "Q", kQ, p);
   auto k = input(*g, "K", kK, p);
@@ -181,9 +199,11 @@ GraphPtr forward_graph(const Problem& p, cudnnHandle_t handle) {
       .set_stride(stats_stride(p));
   build_graph(*g, handle, p, "forward");
   return g;
+  });
 }
 
 GraphPtr backward_graph(const Problem& p, cudnnHandle_t handle) {
+  return describe(p, "backward", [&] {
   GraphPtr g = new_graph(p);
   auto q = input(*g, "Q", kQ, p);
   auto k = input(*g, "K", kK, p);
@@ -205,6 +225,7 @@ GraphPtr backward_graph(const Problem& p, cudnnHandle_t handle) {
   dv->set_output(true).set_uid(kDV).set_dim(p.dim()).set_stride(p.stride());
   build_graph(*g, handle, p, "backward");
   return g;
+  });
 }
 
 // "cuDNN 9.19.0, cudnn-frontend 1.32.0": the library that runs, and the
@@ -244,8 +265,12 @@ class CudnnAttention final : public AttentionOp {
       const Problem p{s.batch / shape.heads, shape.heads, s.len, shape.head_dim, s.head_stride, dtype, shape.causal,
                       scale};
       const GraphPtr fwd = cudnn_->graph(p.key("fwd"), [&](cudnnHandle_t h) { return forward_graph(p, h); });
-      const GraphPtr bwd = cudnn_->graph(p.key("bwd"), [&](cudnnHandle_t h) { return backward_graph(p, h); });
+      // A forward-only op (AttnShape::backward false) plans no backward: its graph build, and its workspace (a
+      // dQ accumulator on Hopper), would be charged to a forward point, and an unsupported backward would skip it.
+      const GraphPtr bwd =
+          shape.backward ? cudnn_->graph(p.key("bwd"), [&](cudnnHandle_t h) { return backward_graph(p, h); }) : nullptr;
       for (const GraphPtr& g : {fwd, bwd}) {
+        if (!g) continue;
         std::int64_t bytes = 0;
         SB_CUDNN_FE_CHECK(g->get_workspace_size(bytes));
         ws = std::max(ws, bytes);
@@ -287,6 +312,8 @@ class CudnnAttention final : public AttentionOp {
   }
 
   void backward() override {
+    if (!shape_.backward)
+      throw Error(ErrorKind::runtime, ctx_.id + ": cuDNN attention planned for the forward only (AttnShape::backward)");
     bind();
     for (Run& r : runs_) SB_CUDNN_FE_CHECK(r.bwd->execute(cudnn_->handle(), r.bwd_pack, workspace_.data()));
   }

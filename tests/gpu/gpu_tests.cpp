@@ -485,7 +485,14 @@ TEST_P(AttentionTest, MatchesHostReference) {
   Device& dev = *dev_;
   if (auto why = dev.attention_unsupported(c.impl, c.dtype)) GTEST_SKIP() << *why;
   const AttnShape shape = attn_shape(c.kind);
-  const AttnCheck r = check_attention(dev, shape, c.impl, c.dtype, c.backward, 21, kTimeout);
+  // cuDNN may have no engine for a shape (the varlen case holds a 1-token sequence): a skip naming the
+  // reason, not a failure of the test body on an exception; a wrong answer still fails.
+  AttnCheck r;
+  try {
+    r = check_attention(dev, shape, c.impl, c.dtype, c.backward, 21, kTimeout);
+  } catch (const UnsupportedError& e) {
+    GTEST_SKIP() << "unsupported here: " << e.what();
+  }
   EXPECT_TRUE(r.checked);
   EXPECT_TRUE(r.ok) << r.wrong << " wrong; worst " << r.worst_tensor << "[" << r.worst_index << "] |err| "
                     << r.worst_err << " > tol " << r.worst_tol << " (" << r.impl << "): " << r.first_mismatches;

@@ -23,7 +23,13 @@ inline bool cuda_ok(cudaError_t s) { return s == cudaSuccess; }
 inline ErrorKind cuda_kind(cudaError_t s) {
   return s == cudaErrorMemoryAllocation ? ErrorKind::oom : ErrorKind::runtime;
 }
-inline const char* cuda_name(cudaError_t s) { return cudaGetErrorName(s); }
+// Called only for a failed call, as it is reported: a failed runtime call also sets the thread's last
+// error (cudaGetLastError "returns the last error ... and resets it"), which the next launch check would
+// report against an unrelated point; it is cleared here. A sticky error (a kernel fault) stays sticky.
+inline const char* cuda_name(cudaError_t s) {
+  (void)cudaGetLastError();
+  return cudaGetErrorName(s);
+}
 
 inline bool cublas_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
 inline ErrorKind cublas_kind(cublasStatus_t s) {
@@ -101,7 +107,8 @@ std::string cudnn_fe_name(const FeError& e) {
 
 // After every kernel launch: a bad configuration (grid, shared memory, missing
 // sm_XX image) is reported by the launch itself, not by a later sync.
-// cudaGetLastError also clears the error, so callers that handle a failed
-// runtime call themselves (e.g. an out-of-memory cudaMalloc) must clear it
-// too, or the next launch check would report that stale failure.
+// cudaGetLastError also clears the error; a failed call reported through
+// cuda_name clears it too, and callers that handle a failed runtime call
+// themselves (e.g. an out-of-memory cudaMalloc) must clear it, or the next
+// launch check would report that stale failure.
 #define SB_CUDA_CHECK_LAUNCH() SB_CUDA_CHECK(cudaGetLastError())
