@@ -91,13 +91,15 @@ CLI::Validator finite_range(double lo, double hi) {
       fmt::format("FLOAT in [{} - {}]", lo, hi));
 }
 
-int cmd_list(bool names_only, bool as_json) {
+// Every scenario, or only `only` (run SCENARIO --help prints its parameters).
+int cmd_list(bool names_only, bool as_json, const std::string& only = "") {
   if (names_only) {
     for (const Scenario* s : all_scenarios()) std::cout << s->name << "\n";
     return kExitOk;
   }
   json out = json::array();
   for (const Scenario* s : all_scenarios()) {
+    if (!only.empty() && s->name != only) continue;
     json ps = json::array();
     for (const auto& p : s->params)
       ps.push_back(json{{"name", p.name},
@@ -648,7 +650,8 @@ int main_impl(int argc, char** argv) {
   RunArgs ra;
   auto* run = app.add_subcommand("run", "run one scenario over a sweep of its parameters");
   run->add_option("scenario", ra.scenario, "scenario name (see `stallbench list`)")->required();
-  run->add_option("-p,--param", ra.params, "key=value[,value...]; a comma list is a sweep axis")
+  run->add_option("-p,--param", ra.params,
+                  "key=value[,value...]; a comma list is a sweep axis (run SCENARIO --help: its keys)")
       ->allow_extra_args(false);
   run->add_option("--device", ra.device,
                   "auto | cpu | cuda:N | sim:<gpu> (auto: cuda:0 if a GPU answers, else cpu; sim: a simulated GPU "
@@ -810,7 +813,15 @@ int main_impl(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);
+    // run SCENARIO --help: that scenario's -p keys too (they were only in `stallbench list`)
+    if (run->parsed() && find_scenario(ra.scenario)) {
+      std::cout << "\nparameters of " << ra.scenario << " (-p key=value[,value...]):\n\n";
+      cmd_list(false, false, ra.scenario);
+    } else if (run->parsed()) {
+      std::cout << "\nrun SCENARIO --help lists that scenario's parameters; scenarios: " << scenario_names() << "\n";
+    }
+    return rc;
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {

@@ -96,6 +96,12 @@ with tempfile.TemporaryDirectory() as tmp:
             "--json", os.path.join(tmp, "h.json")], 4, ["exit code 4 (hang)"])
 
 expect(["--help"], 0, ["list", "devices", "run", "diagnose", "compare", "analyze-hang", "exit codes"], "stdout")
+# run SCENARIO --help: the run options and that scenario's -p keys (they were only in `list`)
+expect(["run", "packing", "--help"], 0, ["--device", "parameters of packing", "-p strategy", "-p max_len"], "stdout")
+p = run("run", "packing", "--help")
+if "-p workers" in p.stdout:  # the dataloader's key: another scenario's parameters leaked in
+    failures.append("run packing --help lists another scenario's parameters")
+expect(["run", "--help"], 0, ["run SCENARIO --help lists that scenario's parameters"], "stdout")
 expect(["--version"], 0, ["stallbench 0.1.0"], "stdout")
 expect([], 2, ["A subcommand is required"])
 expect(["frobnicate"], 2, ["unknown command 'frobnicate'", "valid: list, devices, run, diagnose, watch, compare, analyze-hang"])
