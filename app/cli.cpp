@@ -772,7 +772,8 @@ int main_impl(int argc, char** argv) {
   watch_cmd->footer("--exec -- CMD ARGS...  run CMD under the watch (last on the line): signals sent to stallbench "
                     "are forwarded to it, the watch ends when it does, and its exit code is returned.\n"
                     "Exit codes: 0; 1 every watched GPU stopped answering; 2 bad input or no NVML; 4 a stuck or "
-                    "NVML-not-answering alarm was raised (without --exec); with --exec, the command's.");
+                    "NVML-not-answering alarm was raised (without --exec), or --from's log holds a stuck episode; with "
+                    "--exec, the command's.");
   for (CLI::Option* o : {interval_opt, on_stuck_opt, count_opt}) from_opt->excludes(o);
 
   std::string ca, cb, cmp_json;

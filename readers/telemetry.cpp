@@ -11,6 +11,7 @@
 #include <set>           // std::set
 #include <system_error>  // std::errc
 #include <utility>       // std::move
+#include <vector>        // std::vector
 
 #include <fmt/format.h>  // fmt::format
 #include <fmt/ranges.h>  // fmt::join
@@ -337,6 +338,31 @@ class Builder {
   }
 
   void cut(const std::string& column) { ++cut_[column]; }
+
+  // A pause far longer than the log's interval (a restarted nvidia-smi appending to one file, a clock that
+  // jumped: a hostile review's 2024 -> 2099 was read as 75 years of watch) is named: the duration and the
+  // stuck time count it.
+  void gap_note() {
+    std::map<int, std::vector<double>> times;
+    for (const Sample& x : rec_.samples) times[x.gpu].push_back(x.t_s);
+    double worst = 0, from = 0;
+    int gpu = 0;
+    for (auto& [g, t] : times) {
+      if (t.size() < 3) continue;
+      std::vector<double> dt;
+      for (std::size_t i = 1; i < t.size(); ++i) dt.push_back(t[i] - t[i - 1]);
+      std::vector<double> sorted = dt;
+      std::nth_element(sorted.begin(), sorted.begin() + std::ptrdiff_t(sorted.size() / 2), sorted.end());
+      const double median = sorted[sorted.size() / 2];
+      for (std::size_t i = 0; i < dt.size(); ++i)
+        if (dt[i] > std::max(60.0, 20 * median) && dt[i] > worst) worst = dt[i], from = t[i], gpu = g;
+    }
+    if (worst > 0)
+      rec_.notes.push_back(fmt::format("GPU {}: no sample for {:.0f} s from t={:.1f} s (the log's interval is far "
+                                       "shorter): a restarted log or a clock that jumped; the duration and any "
+                                       "stuck time count the gap",
+                                       gpu, worst, from));
+  }
   // Why the last set() refused: "out of range" or "not a number".
   const char* refused() {
     const bool r = range_error_;
@@ -355,6 +381,7 @@ class Builder {
 
   Recording finish(std::size_t last_line) {
     if (rec_.samples.empty()) fail(last_line, "no GPU samples: the log has a header but no rows of GPU readings");
+    gap_note();
     for (const auto& [col, n] : empty_)
       rec_.notes.push_back(fmt::format("'{}': {} of {} values empty (N/A, [Not Supported] or another bracketed value)", col, n,
                                        rec_.samples.size()));

@@ -93,6 +93,8 @@ class GpuTracker {
   double clocks_low_s() const { return clocks_low_s_; }
   const std::map<std::string, double>& throttle_reason_s() const { return reason_s_; }
   double mean_util() const { return util_n_ ? util_sum_ / util_n_ : 0; }
+  // Samples with a utilization reading (a log of only N/A or [Not Supported] values has none).
+  double util_samples() const { return util_n_; }
   double max_mem_used_mib() const { return mem_max_; }
 
  private:

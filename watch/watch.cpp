@@ -430,8 +430,12 @@ std::string summary_text(const std::vector<Watched>& ws, const Result& r, double
   for (std::size_t i = 0; i < ws.size(); ++i) {
     const Watched& w = ws[i];
     const json& sum = r.points.at(i).info["summary"];  // point_of's, one per GPU in ws's order
-    o += fmt::format("  GPU{} {}: {} samples, mean utilization {:.0f}%", w.id.index, w.id.name, w.tracker.samples(),
-                     sum.value("mean_util_pct", 0.0));
+    if (w.tracker.util_samples() == 0)
+      o += fmt::format("  GPU{} {}: {} samples, no utilization reading (every value empty: N/A, [Not Supported])",
+                       w.id.index, w.id.name, w.tracker.samples());
+    else
+      o += fmt::format("  GPU{} {}: {} samples, mean utilization {:.0f}%", w.id.index, w.id.name,
+                       w.tracker.samples(), sum.value("mean_util_pct", 0.0));
     std::vector<std::string> shares;
     for (const auto& [k, v] : sum["pattern_share_pct"].items())
       if (v.get<double>() > 0) shares.push_back(fmt::format("{} {:.0f}%", k, v.get<double>()));
@@ -444,7 +448,11 @@ std::string summary_text(const std::vector<Watched>& ws, const Result& r, double
                        e.end_s < 0 ? " to the end" : fmt::format(" to t={:.1f} s", e.end_s), e.mem_used_mib / 1024,
                        e.on_stuck_rc == -1000 ? "" : fmt::format(", --on-stuck exit {}", e.on_stuck_rc));
   }
-  if (r.findings.empty()) o += "findings: none (healthy or idle throughout)\n";
+  const bool any_util =
+      std::any_of(ws.begin(), ws.end(), [](const Watched& w) { return w.tracker.util_samples() > 0; });
+  if (r.findings.empty())
+    o += any_util ? "findings: none (healthy or idle throughout)\n"
+                  : "findings: none: no utilization reading to judge a pattern by\n";
   else o += "findings:\n";
   for (const auto& f : r.findings) o += "  - " + f.summary + "\n";
   return o;
@@ -517,14 +525,22 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
                      {"notes", rec.notes}};
     r.meta = meta_for(fmt::format("cuda:{}", ws.front().id.index), rec.format + " log", props);
     r.params = json{{"source", json::array({rec.format})}, {"gpus", json::array({a.gpus})}};
+    bool stuck = false;
     for (const auto& w : ws) {
       const json sum = w.tracker.summary();
       r.points.push_back(point_of(w, sum, 0, false));
+      if (w.tracker.util_samples() == 0) {  // "mean utilization 0%" would read as idle
+        r.points.back().status = Status::skipped;
+        r.points.back().reason = "no utilization reading in the log: every value empty (N/A, [Not Supported])";
+      }
       add_findings(r, w, sum);
+      stuck = stuck || !w.tracker.stuck_episodes().empty();
     }
     out.summary = summary_text(ws, r, wall, 0, false, fmt::format("{} ({}, {} samples)", a.from, rec.format,
                                                                   rec.samples.size()));
     for (const auto& n : rec.notes) out.summary += "note: " + n + "\n";
+    // As live: a stuck alarm in the log is exit 4, so a post-mortem gate sees it.
+    out.exit_code = stuck ? kExitHang : 0;
     return out;
   }
 

@@ -298,6 +298,29 @@ def from_logs(tmp):
         causes = [f["cause"] for f in doc["findings"]]
         check("fp32 where bf16 would do" in causes, f"from dcgmi: tensor active 1% names fp32: {causes}")
         print("from dcgmi:", pt["info"]["pattern_now"], causes)
+    # A log whose utilization is all N/A has no reading: said so, the point skipped, not "mean 0%, healthy or idle".
+    na = os.path.join(tmp, "na.csv")
+    with open(na, "w") as f:
+        f.write("timestamp, index, utilization.gpu [%], memory.used [MiB]\n")
+        for i in range(50):
+            f.write(f"2026/11/30 10:00:{i + 10:02d}.000, 0, [N/A], 70000 MiB\n")
+    p = subprocess.run([EXE, "watch", "--from", na, "--json", out], capture_output=True, text=True, timeout=60)
+    if check(p.returncode == 0, f"from N/A: exit {p.returncode}: {p.stderr[-300:]}"):
+        doc = load(out, "from N/A")
+        check(doc["points"][0]["status"] == "skipped", f"from N/A: status {doc['points'][0]['status']}")
+        check("no utilization reading" in p.stdout and "healthy or idle" not in p.stdout, f"from N/A: {p.stdout}")
+    # A stuck episode in a recorded log is exit 4, as live (a post-mortem gate sees it); a 75-year jump in the
+    # timestamps is named.
+    stuck = os.path.join(tmp, "stuck.csv")
+    with open(stuck, "w") as f:
+        f.write("timestamp, index, utilization.gpu [%], memory.used [MiB]\n")
+        for i in range(50):
+            f.write(f"2026/11/30 10:00:{i + 10:02d}.000, 0, 0 %, 70000 MiB\n")
+        f.write("2099/11/30 10:00:00.000, 0, 0 %, 70000 MiB\n")
+    p = subprocess.run([EXE, "watch", "--from", stuck, "--json", out, "--stuck-after", "30"], capture_output=True,
+                       text=True, timeout=60)
+    check(p.returncode == 4, f"from a stuck log: exit {p.returncode}, want 4: {p.stderr[-300:]}")
+    check("STUCK" in p.stdout and "clock that jumped" in p.stdout, f"from a stuck log: {p.stdout[-600:]}")
 
 
 def tmux(sock, *args, timeout=10):
