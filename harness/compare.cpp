@@ -39,7 +39,9 @@ Verdict judge_points(double a, double b, Direction d, double tol) {
   return Verdict::same;
 }
 
-bool judged_by_points(const std::string& unit) { return unit == "%"; }
+// A percentage, or a difference already in points (the dataloader's model_error_pts, signed): A - B, never a
+// ratio of two signed values.
+bool judged_by_points(const std::string& unit) { return unit == "%" || unit == "pts"; }
 
 namespace {
 
@@ -290,6 +292,25 @@ void compare_with_result(const Result& ra, const Result& rb, double tol, const s
   for (std::size_t j = 0; j < rb.points.size(); ++j)
     if (std::find(keys_a.begin(), keys_a.end(), keys_b[j]) == keys_a.end())
       rep.notes.push_back(fmt::format("{}: only in B", point_label(rb.points[j].params)));
+  // No point matched: say which parameters kept them apart ("no metric has a counterpart" read as if the
+  // metrics differed, when tflops was in both and the sizes were not).
+  bool matched = false;
+  for (const json& k : keys_a) matched = matched || std::find(keys_b.begin(), keys_b.end(), k) != keys_b.end();
+  if (!matched && !keys_a.empty() && !keys_b.empty()) {
+    std::vector<std::string> apart;
+    std::set<std::string> names;
+    for (const auto* keys : {&keys_a, &keys_b})
+      for (const json& k : *keys)
+        for (const auto& [n, v] : k.items()) names.insert(n);
+    for (const std::string& n : names) {
+      std::set<std::string> va, vb;
+      for (const json& k : keys_a) va.insert(k.contains(n) ? param_value(k[n]) : "(none)");
+      for (const json& k : keys_b) vb.insert(k.contains(n) ? param_value(k[n]) : "(none)");
+      if (va != vb) apart.push_back(fmt::format("{}: A {}, B {}", n, fmt::join(va, ","), fmt::join(vb, ",")));
+    }
+    if (!apart.empty())
+      rep.notes.push_back(fmt::format("no point of A has B's parameters: {}", fmt::join(apart, "; ")));
+  }
 }
 
 }  // namespace
@@ -322,7 +343,21 @@ CompareReport compare_docs(const json& a, const json& b, double tol, const std::
     }
   });
   for (const auto& r : rep.rows) rep.worse += r.gated && r.verdict == Verdict::worse;
-  if (rep.rows.empty()) rep.notes.push_back("no metric of A has a counterpart in B");
+  if (rep.rows.empty() && b_kind == "expected") {
+    // What the file does hold for this scenario, so the user can run at those parameters.
+    std::set<std::string> at;
+    const json figures = b.value("figures", json::array());
+    for (const auto& f : figures)
+      if (f.is_object() && f.value("scenario", std::string()) == ra.scenario && f.contains("where"))
+        at.insert(point_label(f["where"]));
+    rep.notes.push_back(at.empty() ? fmt::format("the expected file has no {} figure", ra.scenario)
+                                   : fmt::format("no point of A has the parameters of the expected {} figures: {}",
+                                                 ra.scenario, fmt::join(at, "; ")));
+  }
+  if (rep.rows.empty() && std::none_of(rep.notes.begin(), rep.notes.end(), [](const std::string& n) {
+        return n.rfind("no point of A has", 0) == 0;
+      }))
+    rep.notes.push_back("no metric of A has a counterpart in B");
   rep.summary = summarize(rep.rows);
   return rep;
 }
@@ -416,9 +451,10 @@ std::string format_compare(const CompareReport& rep) {
     const std::string verdict = r.verdict == Verdict::ceiling ? fmt::format("{:.0f}% pk", r.ratio * 100)
                                                               : std::string(to_string(r.verdict));
     // A percentage shows A - B in points, what it is judged by; no ratio when B is 0.
-    const std::string ratio = r.by_points ? fmt::format("{:+.1f}pt", r.a - r.b)
-                              : r.b == 0  ? std::string("-")
-                                          : fmt::format("{:.3f}", r.ratio);
+    // A negative figure (a damaged file) has no ratio either.
+    const std::string ratio = r.by_points                  ? fmt::format("{:+.1f}pt", r.a - r.b)
+                              : r.b == 0 || r.a < 0 || r.b < 0 ? std::string("-")
+                                                              : fmt::format("{:.3f}", r.ratio);
     out += line(labels[i], fmt::format("{} ({})", r.metric, r.unit), format_number(r.a), format_number(r.b), ratio,
                 verdict, r.b_label);
   }

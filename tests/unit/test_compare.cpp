@@ -62,6 +62,16 @@ TEST(Compare, OnlyInAOnlyInBUnitsDifferAndDifferentScenarios) {
   EXPECT_TRUE(rep.rows.empty());
   EXPECT_TRUE(has_note(rep, "only in A")) << fmt::format("{}", fmt::join(rep.notes, " | "));
   EXPECT_TRUE(has_note(rep, "only in B")) << fmt::format("{}", fmt::join(rep.notes, " | "));
+  // No point matched: the note names the parameter that kept them apart, not "no metric has a counterpart"
+  EXPECT_TRUE(has_note(rep, "no point of A has B's parameters: size: A 8192, B 4096"))
+      << fmt::format("{}", fmt::join(rep.notes, " | "));
+  EXPECT_FALSE(has_note(rep, "no metric of A has a counterpart"));
+  // ... and against an expected file, the parameters its figures are at
+  json far = result_doc(700, 1.2);
+  far["points"][0]["params"]["dtype"] = "fp16";
+  rep = compare_docs(far, expected_doc(), 0.05);
+  EXPECT_TRUE(has_note(rep, "expected precision figures: dtype=bf16; dtype=bf16 size=8192; dtype=fp32"))
+      << fmt::format("{}", fmt::join(rep.notes, " | "));
 
   json c = result_doc(800, 1.0);
   c["points"][0]["metrics"]["ms"]["unit"] = "us";  // ms vs us: never divided
@@ -121,6 +131,16 @@ TEST(Compare, APercentageIsJudgedInPoints) {
                    "WORSE"),
             std::string::npos)
       << t;
+  // A signed difference already in points (model_error_pts) shows A - B, never a ratio of signed values
+  // (-0.1854 / 0.09129 read "-2.031"); a negative figure elsewhere has no ratio shown.
+  json c = result_doc(700, -1.2), d = result_doc(700, 1.2);
+  c["points"][0]["metrics"]["model_error_pts"] = json{{"value", -0.1854}, {"unit", "pts"}, {"direction", "none"}};
+  d["points"][0]["metrics"]["model_error_pts"] = json{{"value", 0.09129}, {"unit", "pts"}, {"direction", "none"}};
+  const CompareReport signed_rep = compare_docs(c, d, 0.05);
+  const std::string st = format_compare(signed_rep);
+  EXPECT_NE(st.find("-0.3pt"), std::string::npos) << st;
+  EXPECT_EQ(st.find("-2.031"), std::string::npos) << st;
+  EXPECT_EQ(st.find(" -1.000  "), std::string::npos) << st;  // ms -1.2 against 1.2: no ratio
   const json j = compare_json(rep);
   EXPECT_TRUE(j["rows"][3]["ratio"].is_null());
   EXPECT_NEAR(j["rows"][2]["diff_points"].get<double>(), 25.2295, 1e-9);
