@@ -199,7 +199,11 @@ std::string format_result_table(const Result& r, std::size_t max_width) {
   }
   if (!r.findings.empty()) {
     out += "\nfindings:\n";
-    for (const auto& f : r.findings) out += fmt::format("  - [{}] {}\n", f.cause, f.summary);
+    for (const auto& f : r.findings) {
+      out += fmt::format("  - [{}] {}\n", f.cause, f.summary);
+      if (f.evidence.is_object() && f.evidence.contains("caveat") && f.evidence["caveat"].is_string())
+        out += fmt::format("    caveat: {}\n", f.evidence["caveat"].get<std::string>());
+    }
   }
   return out;
 }

@@ -12,12 +12,48 @@
 namespace sb {
 
 void finish_findings(Result& r, const Scenario& sc, bool simulated) {
+  // Findings rest on the points: when some carry a warning (a busy machine, trials that did not settle),
+  // each finding says so, as the table does under those rows.
+  std::size_t ok = 0, warned = 0;
+  for (const auto& p : r.points)
+    if (p.status == Status::ok) {
+      ++ok;
+      warned += p.info.is_object() && p.info.contains("warning");
+    }
   for (auto& f : r.findings) {
     if (f.cause.empty()) f.cause = sc.cause;
     // A simulated figure is never shown as measured, findings included.
     if (simulated) f.summary += " [simulated, not measured]";
+    if (warned) {
+      if (!f.evidence.is_object()) f.evidence = nlohmann::ordered_json::object();
+      f.evidence["caveat"] = fmt::format("{} of the {} measured points carry a warning (see the table): the "
+                                         "figures it rests on may be rough",
+                                         warned, ok);
+    }
   }
 }
+
+namespace {
+void add_warning(Point& p, const std::string& w) {
+  const std::string had =
+      p.info.contains("warning") && p.info["warning"].is_string() ? p.info["warning"].get<std::string>() + "; " : "";
+  p.info["warning"] = had + w;
+}
+
+// A point whose trials never settled (the budget or the trial cap ended them far above --noise: 46% and
+// 487% were seen with a short --budget) is flagged, not passed off as ok: the table's noise column is the
+// first metric with trial statistics, and so is this.
+void warn_unsettled(Point& p, double max_noise) {
+  for (const auto& m : p.metrics) {
+    if (!m.in_table || !m.stats) continue;
+    if (m.stats->n >= 2 && m.stats->stdrel > std::max(3 * max_noise, 0.10))
+      add_warning(p, fmt::format("its trials did not settle: they spread {:.0f}% (sd/mean) against --noise {:.0f}%; "
+                                 "read its figures as rough: more --budget, or a quieter machine",
+                                 100 * m.stats->stdrel, 100 * max_noise));
+    return;
+  }
+}
+}  // namespace
 
 Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
                     const nlohmann::ordered_json& meta,
@@ -61,6 +97,7 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
           nlohmann::ordered_json params = ps.to_json();
           for (const auto& [k, v] : p.params.items()) params[k] = v;  // the point's own rows (bytes=...)
           p.params = std::move(params);
+          if (p.status == Status::ok) warn_unsettled(p, ctx.measure.max_noise);
           if (!load || p.status != Status::ok) continue;
           p.info["host_cpu"] = {{"other_pct", load->other_pct},
                                 {"steal_pct", load->steal_pct},
@@ -73,10 +110,7 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
                 "the machine was busy with other work while this ran (other processes took {:.0f}% of its CPUs): "
                 "its timings may be inflated; run it again on a quiet machine",
                 load->other_pct);
-            const std::string had = p.info.contains("warning") && p.info["warning"].is_string()
-                                        ? p.info["warning"].get<std::string>() + "; "
-                                        : std::string();
-            p.info["warning"] = had + w;
+            add_warning(p, w);
           }
         }
       } catch (const Error& e) {

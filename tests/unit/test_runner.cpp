@@ -17,7 +17,11 @@ class ScriptedRun : public ScenarioRun {
     if (what == "wrong") throw MismatchError("C[0,0]=1 want 2");
     if (what == "hang") throw HangError("no progress in 1 s");
     Point p;
-    p.add({"x", 1.0, "ms", Direction::lower, std::nullopt, ""});
+    Stats st;
+    st.n = 5;
+    st.median = 1.0;
+    st.stdrel = what == "unsettled" ? 0.46 : 0.01;  // 46%: seen with a short --budget
+    p.add({"x", 1.0, "ms", Direction::lower, st, ""});
     return p;
   }
   // One finding leaves its cause to the runner, one names its own.
@@ -30,7 +34,7 @@ class ScriptedRun : public ScenarioRun {
 Scenario scripted() {
   return Scenario{"scripted", "the scripted cause", "test",
                   {ParamSpec{.name = "what", .type = ParamType::choice, .default_value = "ok",
-                             .choices = {"ok", "oom", "skip", "wrong", "hang"}}},
+                             .choices = {"ok", "oom", "skip", "wrong", "hang", "unsettled"}}},
                   [](RunContext&) -> std::unique_ptr<ScenarioRun> { return std::make_unique<ScriptedRun>(); }};
 }
 
@@ -46,6 +50,21 @@ TEST(Runner, FindingsTakeTheScenariosCause) {
   ASSERT_EQ(r.findings.size(), 2u);
   EXPECT_EQ(r.findings[0].cause, "the scripted cause");
   EXPECT_EQ(r.findings[1].cause, "a cause of its own");
+}
+
+// Trials that never settled (46% against --noise 2%) are flagged on the point, and the findings that
+// rest on the points carry a caveat; settled points carry neither.
+TEST(Runner, UnsettledTrialsAreFlaggedAndFindingsCaveated) {
+  const Result quiet = run("ok");
+  EXPECT_FALSE(quiet.points[0].info.contains("warning") &&
+               quiet.points[0].info["warning"].get<std::string>().find("did not settle") != std::string::npos);
+  const Result r = run("ok,unsettled");
+  ASSERT_EQ(r.points.size(), 2u);
+  ASSERT_TRUE(r.points[1].info.contains("warning"));
+  EXPECT_NE(r.points[1].info["warning"].get<std::string>().find("did not settle: they spread 46%"), std::string::npos)
+      << r.points[1].info["warning"];
+  ASSERT_FALSE(r.findings.empty());
+  EXPECT_TRUE(r.findings[0].evidence.contains("caveat")) << r.findings[0].evidence;
 }
 
 TEST(Runner, ErrorsBecomeStatusesWithReasons) {
