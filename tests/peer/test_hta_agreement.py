@@ -167,6 +167,17 @@ def main():
             errs = schema_check.errors(doc, schema_doc)
             check(not errs, f"{name}: result JSON against the schema: {errs[:3]}")
             compare(name, doc, refs[name])
+            # Each finding's gain is what its line can buy: twice the micro batch at most halves the launches
+            # per sample (under 2x; the whole host wait read 71x on the MI250 trace); a V100 (compute 7.x) is
+            # told fp16 and its reproduce command measures fp16.
+            for f in doc["findings"]:
+                ev = f.get("evidence", {})
+                if f["cause"].startswith("a batch too small"):
+                    check(f["speedup"] is not None and f["speedup"] < 2.0,
+                          f"{name}: the batch line claims {f['speedup']}x for twice the micro batch")
+                if "fp16: true" in ev.get("config_line", "") + f["summary"]:
+                    check("dtype=fp32,fp16" in ev.get("command", ""),
+                          f"{name}: fp16 recommended, reproduced with {ev.get('command')}")
             tm = doc["meta"]["trace"]
             perf = refs[name].get("perf", {})
             print(f"  {name}: stallbench read {tm['json_bytes'] / 1e6:.1f} MB of JSON in {tm['read_s']:.3f} s "
