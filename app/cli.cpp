@@ -889,14 +889,14 @@ int main(int argc, char** argv) {
       return rc == 0 ? 1 : rc;
     }
     return rc;
-  } catch (const sb::UsageError& e) {
-    std::cerr << "stallbench: " << e.what() << "\n";
+  } catch (const sb::UsageError& e) {  // a message may quote the user's bytes: never raw to the terminal
+    std::cerr << "stallbench: " << sb::terminal_safe(e.what()) << "\n";
     return 2;
   } catch (const sb::Error& e) {
-    std::cerr << "stallbench: " << sb::to_string(e.kind()) << " error: " << e.what() << "\n";
+    std::cerr << "stallbench: " << sb::to_string(e.kind()) << " error: " << sb::terminal_safe(e.what()) << "\n";
     return e.kind() == sb::ErrorKind::hang ? sb::kExitHang : 1;
   } catch (const std::exception& e) {
-    std::cerr << "stallbench: error: " << e.what() << "\n";
+    std::cerr << "stallbench: error: " << sb::terminal_safe(e.what()) << "\n";
     return 1;
   }
 }

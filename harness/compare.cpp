@@ -47,6 +47,10 @@ namespace {
 
 std::string point_label(const json& params);
 
+const char* article(const std::string& word) {
+  return !word.empty() && std::string_view("aeiou").find(word[0]) != std::string_view::npos ? "an" : "a";
+}
+
 CompareRow make_row(const json& params, const Metric& m, double b) {
   CompareRow r;
   r.point = point_label(params);
@@ -226,9 +230,9 @@ void drop_one_sided_params(std::vector<json>& keys_a, std::vector<json>& keys_b,
 void compare_with_result(const Result& ra, const Result& rb, double tol, const std::vector<std::string>& non_workload,
                          CompareReport& rep) {
   if (ra.scenario != rb.scenario)
-    throw UsageError(fmt::format("A is a {} result and B a {} result: compare two results of one scenario, or a "
+    throw UsageError(fmt::format("A is {} {} result and B {} {} result: compare two results of one scenario, or a "
                                  "result with an expected-numbers file",
-                                 ra.scenario, rb.scenario));
+                                 article(ra.scenario), ra.scenario, article(rb.scenario), rb.scenario));
   // A simulated figure is a model's output: never judged as if measured, against a measurement
   // or against another model run.
   const bool unjudged = ra.simulated() || rb.simulated();

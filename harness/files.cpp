@@ -114,6 +114,31 @@ void refuse_clobbering(const std::vector<NamedPath>& outputs, const std::vector<
   }
 }
 
+std::string terminal_safe(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+      else out += char(c);
+      ++i;
+      continue;
+    }
+    // a whole valid sequence is kept; else this byte is escaped and the next one looked at
+    const std::size_t n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    const std::string_view seq = s.substr(i, std::min(n, s.size() - i));
+    if (n > 1 && seq.size() == n && !first_invalid_utf8(seq)) {
+      out += seq;
+      i += n;
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+      ++i;
+    }
+  }
+  return out;
+}
+
 std::optional<std::size_t> first_invalid_utf8(std::string_view s) {
   for (std::size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);

@@ -41,6 +41,12 @@ using NamedPath = std::pair<std::string, std::string>;
 // are skipped.
 void refuse_clobbering(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
 
+// `s` made safe to print on a terminal: valid UTF-8 is kept (a path in
+// another script, the table's arrows), invalid bytes and control characters
+// other than newline and tab are shown as \xNN (a lengths file's 0xff byte was
+// written raw into the error message).
+std::string terminal_safe(std::string_view s);
+
 // The byte offset of the first place `s` is not well-formed UTF-8 (RFC 3629:
 // no overlong forms, no surrogates, nothing past U+10FFFF), or nullopt: a
 // user's text is checked before any of it reaches a JSON writer, which

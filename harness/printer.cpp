@@ -178,7 +178,7 @@ std::string format_result_table(const Result& r, std::size_t max_width) {
     };
     if (blocks.size() > 1) out += fmt::format("{}(columns {} of {})\n", b > 0 ? "\n" : "", b + 1, blocks.size());
     emit(head);
-    emit(units);
+    if (std::any_of(cols.begin(), cols.end(), [&](std::size_t i) { return !units[i].empty(); })) emit(units);
     std::size_t total = 0;
     for (auto i : cols) total += w[i] + 2;
     out += std::string(total - 2, '-') + "\n";

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "harness/files.hpp"
 #include "harness/temp_files.hpp"
 
 namespace sb {
@@ -86,4 +87,14 @@ TEST(TempFiles, AnIgnoredSignalStaysIgnored) {
 }
 
 }  // namespace
+// A message that quotes a user's bytes is printed safe: valid UTF-8 kept, bad bytes and controls as \xNN.
+TEST(Files, TerminalSafeKeepsUtf8AndEscapesTheRest) {
+  EXPECT_EQ(terminal_safe("plain text\nnext\tcol"), "plain text\nnext\tcol");
+  EXPECT_EQ(terminal_safe("/tmp/\xe6\x97\xa5\xe6\x9c\xac/x \xe2\x86\x91"), "/tmp/\xe6\x97\xa5\xe6\x9c\xac/x \xe2\x86\x91");
+  EXPECT_EQ(terminal_safe("got '\xff\x01" "abc'"), "got '\\xff\\x01abc'");
+  EXPECT_EQ(terminal_safe("\x1b[2Jwiped"), "\\x1b[2Jwiped");            // no terminal escape sequences
+  EXPECT_EQ(terminal_safe("cut \xe6\x97"), "cut \\xe6\\x97");            // a truncated sequence
+  EXPECT_EQ(terminal_safe("\xc0\xaf"), "\\xc0\\xaf");                      // an overlong form is invalid
+}
+
 }  // namespace sb
