@@ -53,7 +53,10 @@ std::string attn_label(const AttnShape& s, DType t) {
 
 std::size_t CpuAttention::operand_bytes(const AttnShape& s, DType t) {
   const std::size_t n = std::size_t(s.batch * s.heads * attn_tokens(s) * s.head_dim);
-  return 4 * n * std::size_t(storage_bytes(t)) + 4 * n * sizeof(float);  // Q,K,V,dO in t; O,dQ,dK,dV fp32
+  // Q,K,V (and dO) in t; O (and dQ,dK,dV) fp32: a forward-only op has no gradients (AttnShape::backward false),
+  // as the cuda and sim devices plan it (a fwd point's peak counted 4 unused gradient tensors)
+  return s.backward ? 4 * n * std::size_t(storage_bytes(t)) + 4 * n * sizeof(float)
+                    : 3 * n * std::size_t(storage_bytes(t)) + n * sizeof(float);
 }
 
 namespace {
@@ -79,28 +82,31 @@ CpuAttention::CpuAttention(const AttnEnv& env, const AttnShape& s, AttnImpl impl
   // One check of everything before the first allocation: the message names
   // the whole requirement, not whichever buffer happened to be last.
   env_.ledger->require(ops + workspace_bytes,
-                       fmt::format("{} ({}; operands Q,K,V,dO,O,dQ,dK,dV {})", label_, workspace_what,
-                                   format_bytes(ops)));
+                       fmt::format("{} ({}; operands {} {})", label_, workspace_what,
+                                   s.backward ? "Q,K,V,dO,O,dQ,dK,dV" : "Q,K,V,O", format_bytes(ops)));
   const std::size_t in_bytes = elems_ * std::size_t(storage_bytes(t)), out_bytes = elems_ * sizeof(float);
   auto& L = *env_.ledger;
   q_ = L.alloc(in_bytes, label_ + " Q");
   k_ = L.alloc(in_bytes, label_ + " K");
   v_ = L.alloc(in_bytes, label_ + " V");
-  do_ = L.alloc(in_bytes, label_ + " dO");
   o_ = L.alloc(out_bytes, label_ + " O");
-  dq_ = L.alloc(out_bytes, label_ + " dQ");
-  dk_ = L.alloc(out_bytes, label_ + " dK");
-  dv_ = L.alloc(out_bytes, label_ + " dV");
+  if (s.backward) {
+    do_ = L.alloc(in_bytes, label_ + " dO");
+    dq_ = L.alloc(out_bytes, label_ + " dQ");
+    dk_ = L.alloc(out_bytes, label_ + " dK");
+    dv_ = L.alloc(out_bytes, label_ + " dV");
+  }
   // Fresh buffers no stream work can touch yet: filled here, on this thread.
   // Outputs are written once so that no page fault lands in a timed region.
   const LedgerBlock* ins[] = {&q_, &k_, &v_, &do_};
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < (s.backward ? 4 : 3); ++i) {
     if (bf16())
       fill(ins[i]->as<std::uint16_t>(), elems_, attn_input_seed(seed, i));
     else
       fill(ins[i]->as<float>(), elems_, attn_input_seed(seed, i));
   }
-  for (const LedgerBlock* b : {&o_, &dq_, &dk_, &dv_}) std::memset(b->data(), 0, out_bytes);
+  for (const LedgerBlock* b : {&o_, &dq_, &dk_, &dv_})
+    if (b->data()) std::memset(b->data(), 0, out_bytes);
 }
 
 LedgerBlock CpuAttention::alloc_workspace(std::size_t bytes, const char* name) {
@@ -122,14 +128,14 @@ void CpuAttention::backward() {
 void CpuAttention::upload(std::span<const float> q, std::span<const float> k, std::span<const float> v,
                           std::span<const float> d_o) {
   for (auto sp : {q, k, v, d_o})
-    if (sp.size() != elems_)
+    if (sp.size() != elems_ && !(sp.data() == d_o.data() && !shape_.backward))  // no dO without a backward
       throw Error(ErrorKind::runtime, fmt::format("cpu attention upload: {} values given, the shape has {}",
                                                   sp.size(), elems_));
   // On the stream, after any work still reading the inputs.
   env_.cs.enqueue("attention upload", [&, this] {
     const std::span<const float> src[] = {q, k, v, d_o};
     const LedgerBlock* dst[] = {&q_, &k_, &v_, &do_};
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < (shape_.backward ? 4 : 3); ++i) {
       if (bf16())
         convert_in(dst[i]->as<std::uint16_t>(), src[i]);
       else
@@ -144,6 +150,8 @@ void CpuAttention::download(std::span<float> o, std::span<float> dq, std::span<f
   const LedgerBlock* src[] = {&o_, &dq_, &dk_, &dv_};
   for (int i = 0; i < 4; ++i) {
     if (dst[i].empty()) continue;
+    if (!src[i]->data())
+      throw Error(ErrorKind::runtime, label_ + ": no gradients to download: the op was planned for the forward only");
     if (dst[i].size() != elems_)
       throw Error(ErrorKind::runtime, fmt::format("cpu attention download: room for {} values, the shape has {}",
                                                   dst[i].size(), elems_));

@@ -456,6 +456,7 @@ class EagerAttention final : public CpuAttention {
       void* none = DNNL_MEMORY_NONE;
       bind(g.qk, eng, element(q_, off, esz), element(k_, off, esz), none, scratch);
       bind(g.pv, eng, none, element(v_, off, esz), element(o_, off, 4), scratch);
+      if (!s.backward) continue;  // a forward-only op has no dO, dQ, dK, dV
       bind(g.dv, eng, none, element(do_, off, esz), element(dv_, off, 4), scratch);
       bind(g.dp, eng, element(do_, off, esz), element(v_, off, esz), none, scratch);
       bind(g.dq, eng, none, element(k_, off, esz), element(dq_, off, 4), scratch);
