@@ -220,6 +220,8 @@ class BatchRun : public ScenarioRun {
              "cost (dequeue, wake-up), the device side of a launch"});
     }
     p.info = json{{"pattern", std::string(to_string(pat))},
+                  // under 5 samples the label is read off busy % alone, and a finding says so
+                  {"pattern_basis", util.size() >= 5 ? "sampled utilization" : "busy % (under 5 samples: no shape)"},
                   {"sparkline", sparkline(util)},
                   {"util_source", sampler.source()},
                   {"launch_bound", launch_bound},
@@ -282,7 +284,9 @@ class BatchRun : public ScenarioRun {
                                        : fmt::format("grad_accum={}", p.params.value("grad_accum", 1));
       series[{accum, p.params.value("graphs", std::string("off")), others(p)}].push_back(
           {p.params.value("micro_batch", std::int64_t(0)), p.metric("tokens_per_s")->value, p.metric("busy_pct")->value,
-           p.info.value("pattern", std::string()), p.params.value("grad_accum", std::int64_t(1))});
+           p.info.value("pattern", std::string()) +
+               (p.info.value("pattern_basis", std::string()).rfind("busy", 0) == 0 ? ", by busy % alone" : ""),
+           p.params.value("grad_accum", std::int64_t(1))});
     }
     for (auto& [key, v] : series) {
       std::sort(v.begin(), v.end(), [](const Pt& a, const Pt& b) { return a.mb < b.mb; });

@@ -80,6 +80,8 @@ Point derive(const Record& r) {
   const Pattern pat = r.util.size() >= 5 ? classify(r.util)
                                          : (r.busy_frac >= 0.9 ? Pattern::healthy : Pattern::steady_low);
   p.info = json{{"pattern", std::string(to_string(pat))},
+                // under 5 samples the label is read off busy % alone, and a finding says so
+                {"pattern_basis", r.util.size() >= 5 ? "sampled utilization" : "busy % (under 5 samples: no shape)"},
                 {"sparkline", sparkline(r.util)},
                 {"bottleneck", r.workers == 0 ? (load_s > 0.1 * train_s ? "loader (inline, in series with the step)"
                                                                           : "device")
@@ -92,6 +94,15 @@ Point derive(const Record& r) {
 }
 
 }  // namespace train
+
+namespace {
+// A point's pattern as a finding quotes it: "steady-low", or "steady-low, by busy % alone" when too few
+// utilization samples were taken to see a shape (DESIGN's labels name causes by shape).
+std::string pattern_text(const Point& p) {
+  return p.info.value("pattern", std::string()) +
+         (p.info.value("pattern_basis", std::string()).rfind("busy", 0) == 0 ? ", by busy % alone" : "");
+}
+}  // namespace
 
 namespace {
 
@@ -389,8 +400,8 @@ class TrainRun : public ScenarioRun {
                fmt::format("{} {} -> {}: {:.2f}x real tokens/s on the whole loop ({} -> {}; busy {:.0f}% ({}) -> "
                            "{:.0f}% ({}), data wait {:.0f}% -> {:.0f}%)",
                            axis, text(a.params[axis]), text(b.params[axis]), x > 0 ? y / x : 0, format_number(x),
-                           format_number(y), a.metric("busy_pct")->value, a.info.value("pattern", std::string()),
-                           b.metric("busy_pct")->value, b.info.value("pattern", std::string()),
+                           format_number(y), a.metric("busy_pct")->value, pattern_text(a),
+                           b.metric("busy_pct")->value, pattern_text(b),
                            a.metric("data_wait_pct")->value, b.metric("data_wait_pct")->value),
                x > 0 ? std::optional<double>(y / x) : std::nullopt,
                json{{"axis", axis}, {"from", a.params[axis]}, {"to", b.params[axis]}}});

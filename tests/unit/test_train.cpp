@@ -170,6 +170,11 @@ TEST(TrainDerive, PatternFromTheSeries) {
   EXPECT_EQ(train::derive(r).info["pattern"].get<std::string>(), "spiky");
   r.util.assign(40, 0.97);
   EXPECT_EQ(train::derive(r).info["pattern"].get<std::string>(), "healthy");
+  EXPECT_EQ(train::derive(r).info["pattern_basis"].get<std::string>(), "sampled utilization");
+  // one sample: no shape to read; the label comes from busy % alone, and the point says so
+  r.util.assign(1, 0.1);
+  EXPECT_EQ(train::derive(r).info["pattern"].get<std::string>(), "steady-low");
+  EXPECT_EQ(train::derive(r).info["pattern_basis"].get<std::string>().rfind("busy %", 0), 0u);
 }
 
 }  // namespace
