@@ -320,8 +320,8 @@ class CpuTrainOps final : public TrainOps {
   }
 
   std::string impl() const override {
-    return fmt::format("oneDNN matmul ({}) + C++ loops on the compute thread, element loops {}",
-                       gemm_impl(DType::bf16), cpu_clone_isa());
+    // no dtype here: an fp32 run's impl said "bf16 matmul"; each point's gemm_impl names its own
+    return fmt::format("oneDNN matmul + C++ loops on the compute thread, element loops {}", cpu_clone_isa());
   }
   std::string gemm_impl(DType t) const override {
     if (t == DType::fp32) return "fp32 matmul";
