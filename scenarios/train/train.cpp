@@ -360,7 +360,12 @@ class TrainRun : public ScenarioRun {
     p.info["plan"] = json{{"rows", plan.row_count()},
                           {"batches", n_batches},
                           {"padding_fraction", plan.padding_fraction()},
-                          {"split_sequences", plan.split_sequences}};
+                          {"split_sequences", plan.split_sequences},
+                          // two figures, two definitions: a reader saw 0.5164 here beside padding_pct 61.65
+                          {"note", "padding_fraction is the packer's plan: every row padded to its longest "
+                                   "sequence, the last partial batch included, before rounding to pad_multiple; "
+                                   "the padding_pct metric is what the loop computed (rows rounded up to "
+                                   "pad_multiple), over the epoch's batches run"}};
     p.info["assumptions"] = json::array(
         {fmt::format("the loader's work: {} us of CPU per real token (tokenizing, collating), an assumption about "
                      "your loader, not a measurement of it",
