@@ -470,6 +470,7 @@ class SimAttention final : public AttentionOp {
                   double(s.cu_seqlens[i] - s.cu_seqlens[i - 1]);
     // A forward-only op (AttnShape::backward false) holds no gradients.
     const double grads = s.backward ? io : 0;
+    workspace_ = std::size_t(eager ? 2 * square * e : 0);  // S and P, what the scenario's workspace_mib reads
     reservation_ = dev.ledger().reserve(std::uint64_t(io + grads + (eager ? 2 * square * e : 0)),
                                         eager ? "simulated eager attention Q, K, V, O, grads and the S x S scores"
                                               : "simulated attention Q, K, V, O and grads");
@@ -494,7 +495,7 @@ class SimAttention final : public AttentionOp {
                ? "simulated roofline of a fused attention"
                : "simulated roofline of eager attention (S x S scores through memory)";
   }
-  std::size_t workspace_bytes() const override { return 0; }
+  std::size_t workspace_bytes() const override { return workspace_; }
   void forward() override { dev_.spend(fmt::format("simulated {} attention forward", to_string(impl_)), fwd_s_); }
   void backward() override { dev_.spend(fmt::format("simulated {} attention backward", to_string(impl_)), bwd_s_); }
   void upload(std::span<const float>, std::span<const float>, std::span<const float>, std::span<const float>) override {}
@@ -509,6 +510,7 @@ class SimAttention final : public AttentionOp {
   AttnImpl impl_;
   DType t_;
   MemoryReservation reservation_;
+  std::size_t workspace_ = 0;
   double fwd_s_ = 0, bwd_s_ = 0;
 };
 
