@@ -180,11 +180,13 @@ class AttentionRun : public ScenarioRun {
     };
     std::string summary;
     if (best.seq > 0)
-      summary = fmt::format("at S={}{} {} is {} and uses {:.0f}x less memory than naive", best.seq,
+      summary = fmt::format("at S={}{} {} is {} and uses {}x less memory than naive", best.seq,
                             by_pass ? fmt::format(" {}", best.pass) : std::string(), best.impl,
                             best.speedup >= 1 ? fmt::format("{:.1f}x faster", best.speedup)
                                               : fmt::format("slower ({:.2f}x naive's speed)", best.speedup),
-                            best.mem_ratio);
+                            // a whole number from 10x up; under it a tenth (2.358 read "2x", 1.45 "1x")
+                            best.mem_ratio >= 10 ? fmt::format("{:.0f}", best.mem_ratio)
+                                                 : fmt::format("{:.1f}", best.mem_ratio));
     if (first_oom > 0)
       summary += fmt::format("{}naive{} runs out of memory at S={}, where the fused kernel still runs",
                              summary.empty() ? "" : "; ", by_pass ? fmt::format(" {}", joined(oom_passes)) : std::string(),

@@ -168,6 +168,28 @@ TEST(Findings, AHeldGlobalBatchRecommendsTheAccumulationWithTheMicroBatch) {
       << r.findings[0].summary;
 }
 
+// The attention finding's memory ratio: a tenth under 10x (2.358 read "2x less memory", 1.45 would read "1x"),
+// a whole number from 10x.
+TEST(Findings, AttentionMemoryRatioKeepsATenthUnderTenX) {
+  for (auto [naive_mib, flash_mib, want] :
+       {std::tuple{10.5, 4.453, "uses 2.4x less memory"}, std::tuple{96.0, 4.0, "uses 24x less memory"}}) {
+    Result r;
+    r.scenario = "attention";
+    for (auto [impl, ms, peak] : {std::tuple{"naive", 4.2, naive_mib}, std::tuple{"flash", 1.4, flash_mib}}) {
+      Point p;
+      p.params = json{{"seq_len", 256}, {"impl", impl}, {"pass", "fwd+bwd"}, {"dtype", "fp32"}};
+      p.add({"ms", ms, "ms", Direction::lower, std::nullopt, ""});
+      p.add({"peak_mib", peak, "MiB", Direction::lower, std::nullopt, ""});
+      r.points.push_back(p);
+    }
+    test::FakeDevice dev;
+    RunContext ctx{dev};
+    find_scenario("attention")->start(ctx)->analyze(r);
+    ASSERT_EQ(r.findings.size(), 1u);
+    EXPECT_NE(r.findings[0].summary.find(want), std::string::npos) << r.findings[0].summary;
+  }
+}
+
 // A published diagnose report: its findings are ranked and judged while it measures (over its
 // sub-runs), so there is no analyze() to run again; what can be re-derived from the report is
 // re-derived. Each applied finding's verdict follows from its three gains on the loop (1.10x
