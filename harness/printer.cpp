@@ -70,7 +70,9 @@ std::string format_point_line(const Point& p, const json& axes) {
     if (!axes.contains(k) || (axes[k].is_array() && (axes[k].size() > 1 || (axes[k].size() == 1 && axes[k][0] != v))))
       line += fmt::format("{}={} ", k, json_scalar(v));
   line += fmt::format("[{}]", to_string(p.status));
-  for (const auto& m : p.metrics) line += fmt::format(" {}={} {}", m.name, format_number(m.value), m.unit);
+  // the table's metrics only: a packing point's line ran to 700 characters with the JSON-only ones
+  for (const auto& m : p.metrics)
+    if (m.in_table) line += fmt::format(" {}={} {}", m.name, format_number(m.value), m.unit);
   if (!p.reason.empty()) line += " — " + p.reason;
   return line;
 }

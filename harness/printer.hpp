@@ -18,7 +18,8 @@ std::string format_result_table(const Result& r, std::size_t max_width = 0);
 std::size_t table_width(int fd);
 
 // One line per point, for live progress while a sweep runs: the swept axes
-// (those of `axes` with more than one value), the status and the metrics.
+// (those of `axes` with more than one value), the status and the table's
+// metrics (the JSON has the rest).
 std::string format_point_line(const Point& p, const nlohmann::ordered_json& axes);
 
 }  // namespace sb
