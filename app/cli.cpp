@@ -221,8 +221,9 @@ void save_partial(Live& live, Result r, const json& meta, const Sweep& sweep, co
   r.params = sweep.axes;
   finish_findings(r, sc, meta.value("/device/simulated"_json_pointer, false));
   write_file_atomic(path, to_json(r).dump(2) + "\n");
-  std::cerr << "\n" << format_result_table(r, table_width(STDERR_FILENO)) << fmt::format("\nresult (up to where it stopped): {}\n", path)
-            << std::flush;
+  std::cerr << "\n"
+            << format_result_table(r, table_width(STDERR_FILENO))
+            << fmt::format("\nresult (up to where it stopped): {}\n", path) << std::flush;
 }
 
 // The result's meta block: the tool, the build, this machine, the device and
@@ -320,16 +321,13 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
   if (a.json_path == "-" && a.trace_path == "-")
     throw UsageError("--json - and --trace - both name stdout, where the two documents would run together: give "
                      "one of them a file");
-  {  // a result written over the run's own input (-p lengths=@FILE) destroys the user's data
+  {  // a result written over the run's own input (-p lengths=@FILE) destroys the user's data: the inputs are
+     // the parsed sweep's text values that name a file, as the scenarios read them
     std::vector<NamedPath> inputs;
-    for (const std::string& as : a.params)
-      if (const auto eq = as.find('='); eq != std::string::npos)
-        for (std::size_t at = as.find('@', eq); at != std::string::npos; at = as.find('@', at + 1))
-          if (at == eq + 1 || as[at - 1] == ';' || as[at - 1] == ',') {
-            const std::size_t end = as.find(';', at);
-            inputs.push_back({as.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1),
-                              fmt::format("the input of -p {}", as.substr(0, eq))});
-          }
+    for (const auto& [name, values] : sweep.axes.items())
+      for (const auto& v : values)
+        if (v.is_string() && v.get<std::string>().size() > 1 && v.get<std::string>().front() == '@')
+          inputs.push_back({v.get<std::string>().substr(1), fmt::format("the input of -p {}", name)});
     refuse_clobbering({{a.json_path, "--json"}, {a.trace_path, "--trace"}}, inputs);
   }
 
@@ -671,8 +669,9 @@ int main_impl(int argc, char** argv) {
       ->check(finite_range(1.0, 86400.0));
   run->add_option("--budget", ra.budget_s, "seconds of timed trials per point (default 2, --quick 0.2)")
       ->check(finite_range(0.001, 3600.0));
-  run->add_option("--noise", ra.noise, "stop a point's trials once their relative stddev is below this (default 0.02, --quick 0.05); a point "
-                  "that ends more than 3x above it (and over 10%) carries a warning")
+  run->add_option("--noise", ra.noise,
+                  "stop a point's trials once their relative stddev is below this (default 0.02, --quick 0.05); a "
+                  "point that ends more than 3x above it (and over 10%) carries a warning")
       ->check(finite_range(0.0001, 1.0));
 
   DiagnoseArgs da;
@@ -695,7 +694,8 @@ int main_impl(int argc, char** argv) {
       ->check(non_empty_path());
   auto* observed_opt = diag->add_option("--observed-tokens-per-s", da.observed, "what your training logs report, to compare")
       ->check(finite_range(1e-9, 1e15));
-  auto* quick_opt = diag->add_flag("--quick", da.quick, "small sweeps and a 60 s budget for the loop (about 85 s in all on 2 cores)");
+  auto* quick_opt = diag->add_flag("--quick", da.quick,
+                                   "small sweeps and a 60 s budget for the loop (about 85 s in all on 2 cores)");
   auto* budget_opt = diag->add_option("--budget", da.budget_s,
                                       "seconds for the runs of your training loop with each line applied (default "
                                       "120, --quick 60): each run's timed span is its share, at least 3 steps")

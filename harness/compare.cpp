@@ -227,7 +227,8 @@ void drop_one_sided_params(std::vector<json>& keys_a, std::vector<json>& keys_b,
   drop(sb, sa, keys_b, "B");
 }
 
-void compare_with_result(const Result& ra, const Result& rb, double tol, const std::vector<std::string>& non_workload,
+// True when no point matched and a note says which parameters kept them apart.
+bool compare_with_result(const Result& ra, const Result& rb, double tol, const std::vector<std::string>& non_workload,
                          CompareReport& rep) {
   if (ra.scenario != rb.scenario)
     throw UsageError(fmt::format("A is {} {} result and B {} {} result: compare two results of one scenario, or a "
@@ -312,9 +313,12 @@ void compare_with_result(const Result& ra, const Result& rb, double tol, const s
       for (const json& k : keys_b) vb.insert(k.contains(n) ? param_value(k[n]) : "(none)");
       if (va != vb) apart.push_back(fmt::format("{}: A {}, B {}", n, fmt::join(va, ","), fmt::join(vb, ",")));
     }
-    if (!apart.empty())
+    if (!apart.empty()) {
       rep.notes.push_back(fmt::format("no point of A has B's parameters: {}", fmt::join(apart, "; ")));
+      return true;
+    }
   }
+  return false;
 }
 
 }  // namespace
@@ -332,6 +336,7 @@ CompareReport compare_docs(const json& a, const json& b, double tol, const std::
   if (b_kind != "expected" && b_kind != "result")
     throw UsageError(fmt::format("{} is neither a stallbench result nor an expected-numbers file (\"kind\" is {})",
                                  b_file, b_kind.empty() ? "missing" : "\"" + b_kind + "\""));
+  bool explained = false;  // a note already says why no row came out
   // Both documents are checked by now; this net only names the files should
   // the comparison itself still meet a JSON surprise.
   reading_file(fmt::format("compare {} {}", a_file, b_file), [&] {
@@ -343,11 +348,12 @@ CompareReport compare_docs(const json& a, const json& b, double tol, const std::
     } else {
       const Result rb = result_from_json(b, b_file);
       rep.b_label = result_label(rb);
-      compare_with_result(ra, rb, tol, non_workload, rep);
+      explained = compare_with_result(ra, rb, tol, non_workload, rep);
     }
   });
   for (const auto& r : rep.rows) rep.worse += r.gated && r.verdict == Verdict::worse;
   if (rep.rows.empty() && b_kind == "expected") {
+    explained = true;
     // What the file does hold for this scenario, so the user can run at those parameters.
     std::set<std::string> at;
     const json figures = b.value("figures", json::array());
@@ -358,10 +364,7 @@ CompareReport compare_docs(const json& a, const json& b, double tol, const std::
                                    : fmt::format("no point of A has the parameters of the expected {} figures: {}",
                                                  ra.scenario, fmt::join(at, "; ")));
   }
-  if (rep.rows.empty() && std::none_of(rep.notes.begin(), rep.notes.end(), [](const std::string& n) {
-        return n.rfind("no point of A has", 0) == 0;
-      }))
-    rep.notes.push_back("no metric of A has a counterpart in B");
+  if (rep.rows.empty() && !explained) rep.notes.push_back("no metric of A has a counterpart in B");
   rep.summary = summarize(rep.rows);
   return rep;
 }

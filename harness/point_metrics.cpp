@@ -1,5 +1,6 @@
 #include "harness/point_metrics.hpp"
 
+#include "harness/sampler.hpp"  // classify
 #include "harness/stats.hpp"  // rate_from_ms
 
 namespace sb {
@@ -59,6 +60,22 @@ std::string params_label(const Point& p, const std::set<std::string>& names) {
   for (const auto& [k, v] : p.params.items())
     if (names.count(k)) out += (out.empty() ? "" : " ") + k + "=" + param_text(v);
   return out;
+}
+
+namespace {
+constexpr std::size_t kLeastPatternSamples = 5;
+constexpr const char* kBusyBasis = "busy % (under 5 samples: no shape)";
+}  // namespace
+
+nlohmann::ordered_json pattern_info(std::span<const double> util, double busy_frac) {
+  const bool sampled = util.size() >= kLeastPatternSamples;
+  const Pattern pat = sampled ? classify(util) : busy_frac >= 0.9 ? Pattern::healthy : Pattern::steady_low;
+  return {{"pattern", std::string(to_string(pat))}, {"pattern_basis", sampled ? "sampled utilization" : kBusyBasis}};
+}
+
+std::string pattern_text(const Point& p) {
+  return p.info.value("pattern", std::string()) +
+         (p.info.value("pattern_basis", std::string()) == kBusyBasis ? ", by busy % alone" : "");
 }
 
 }  // namespace sb

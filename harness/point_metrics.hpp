@@ -8,6 +8,7 @@
 #include <initializer_list>  // std::initializer_list
 #include <map>         // std::map
 #include <set>         // std::set
+#include <span>        // std::span
 #include <string>      // std::string
 
 #include "harness/measure.hpp"  // Measurement
@@ -40,5 +41,12 @@ std::set<std::string> varying_params(const Result& r, std::initializer_list<cons
 std::string workload_key(const Point& p, std::initializer_list<const char*> but);
 // "name=value name=value" of p's parameters in `names`, in p's order ("" when none).
 std::string params_label(const Point& p, const std::set<std::string>& names);
+
+// A step's utilization pattern for a point's info: {"pattern", "pattern_basis"}. The pattern is the
+// sampled series' (classify) from 5 samples on; under that there is no shape to read, and it comes from
+// busy % alone (healthy from 90%, else steady-low), which pattern_basis says.
+nlohmann::ordered_json pattern_info(std::span<const double> util, double busy_frac);
+// The pattern as a finding quotes it: "steady-low", or "steady-low, by busy % alone".
+std::string pattern_text(const Point& p);
 
 }  // namespace sb

@@ -115,14 +115,15 @@ std::string format_result_table(const Result& r, std::size_t max_width) {
       if (m.in_table && std::find(metric_names.begin(), metric_names.end(), m.name) == metric_names.end()) {
         metric_names.push_back(m.name);
         std::string u = m.unit + arrow(m.direction);
-        metric_units.push_back(u.empty() || u[0] != ' ' ? u : u.substr(1));
+        metric_units.push_back(u.empty() || u[0] != ' ' ? u : u.substr(1));  // no unit: the arrow alone
       }
 
   std::vector<std::string> head, units;
   for (const auto& s : swept) head.push_back(s), units.emplace_back();
   head.push_back("status"), units.emplace_back();
   const std::size_t keys = head.size();  // the columns every block repeats
-  for (std::size_t i = 0; i < metric_names.size(); ++i) head.push_back(metric_names[i]), units.push_back(metric_units[i]);
+  head.insert(head.end(), metric_names.begin(), metric_names.end());
+  units.insert(units.end(), metric_units.begin(), metric_units.end());
   bool any_stats = false;
   for (const auto& p : r.points)
     for (const auto& m : p.metrics) any_stats = any_stats || (m.in_table && m.stats);

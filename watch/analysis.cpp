@@ -16,9 +16,7 @@ constexpr double kLoadedUtil = 0.5;      // "under load": utilization.gpu >= 50%
 constexpr double kClockLowFrac = 0.9;    // clocks below 90% of their max under load: throttled
 constexpr std::size_t kMaxSeries = 3600;  // points in the report's series (then 2 s, 4 s, ... each)
 constexpr std::size_t kMaxRuns = 2000;
-}  // namespace
 
-namespace {
 // The clock event reasons watch names, and what each points at: heat (cooling) or power (the limit).
 // hw_slowdown is NVML's HW slowdown: thermal or power-brake, reported as heat.
 struct ReasonName {

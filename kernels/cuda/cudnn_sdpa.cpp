@@ -181,50 +181,50 @@ GraphPtr describe(const Problem& p, const char* pass, F&& f) {
 
 GraphPtr forward_graph(const Problem& p, cudnnHandle_t handle) {
   return describe(p, "forward", [&] {
-  GraphPtr g = new_graph(p);
-  auto q = input(*g, "Q", kQ, p);
-  auto k = input(*g, "K", kK, p);
-  auto v = input(*g, "V", kV, p);
-  auto opts = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(p.scale);
-  // Causal: key j is visible to query i when j <= i (diagonal at the top left,
-  // band right bound 0), as torch's is_causal with equal lengths.
-  if (p.causal)
-    opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-  auto [o, stats] = g->sdpa(q, k, v, opts);
-  o->set_output(true).set_uid(kO).set_dim(p.dim()).set_stride(p.stride());
-  stats->set_output(true)
-      .set_uid(kStats)
-      .set_data_type(fe::DataType_t::FLOAT)
-      .set_dim(stats_dim(p))
-      .set_stride(stats_stride(p));
-  build_graph(*g, handle, p, "forward");
-  return g;
+    GraphPtr g = new_graph(p);
+    auto q = input(*g, "Q", kQ, p);
+    auto k = input(*g, "K", kK, p);
+    auto v = input(*g, "V", kV, p);
+    auto opts = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(p.scale);
+    // Causal: key j is visible to query i when j <= i (diagonal at the top left,
+    // band right bound 0), as torch's is_causal with equal lengths.
+    if (p.causal)
+      opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+    auto [o, stats] = g->sdpa(q, k, v, opts);
+    o->set_output(true).set_uid(kO).set_dim(p.dim()).set_stride(p.stride());
+    stats->set_output(true)
+        .set_uid(kStats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dim(p))
+        .set_stride(stats_stride(p));
+    build_graph(*g, handle, p, "forward");
+    return g;
   });
 }
 
 GraphPtr backward_graph(const Problem& p, cudnnHandle_t handle) {
   return describe(p, "backward", [&] {
-  GraphPtr g = new_graph(p);
-  auto q = input(*g, "Q", kQ, p);
-  auto k = input(*g, "K", kK, p);
-  auto v = input(*g, "V", kV, p);
-  auto o = input(*g, "O", kO, p);
-  auto d_o = input(*g, "dO", kDO, p);
-  auto stats = g->tensor(fe::graph::Tensor_attributes()
-                             .set_name("Stats")
-                             .set_uid(kStats)
-                             .set_data_type(fe::DataType_t::FLOAT)
-                             .set_dim(stats_dim(p))
-                             .set_stride(stats_stride(p)));
-  auto opts = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(p.scale);
-  if (p.causal)
-    opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-  auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, opts);
-  dq->set_output(true).set_uid(kDQ).set_dim(p.dim()).set_stride(p.stride());
-  dk->set_output(true).set_uid(kDK).set_dim(p.dim()).set_stride(p.stride());
-  dv->set_output(true).set_uid(kDV).set_dim(p.dim()).set_stride(p.stride());
-  build_graph(*g, handle, p, "backward");
-  return g;
+    GraphPtr g = new_graph(p);
+    auto q = input(*g, "Q", kQ, p);
+    auto k = input(*g, "K", kK, p);
+    auto v = input(*g, "V", kV, p);
+    auto o = input(*g, "O", kO, p);
+    auto d_o = input(*g, "dO", kDO, p);
+    auto stats = g->tensor(fe::graph::Tensor_attributes()
+                               .set_name("Stats")
+                               .set_uid(kStats)
+                               .set_data_type(fe::DataType_t::FLOAT)
+                               .set_dim(stats_dim(p))
+                               .set_stride(stats_stride(p)));
+    auto opts = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(p.scale);
+    if (p.causal)
+      opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, opts);
+    dq->set_output(true).set_uid(kDQ).set_dim(p.dim()).set_stride(p.stride());
+    dk->set_output(true).set_uid(kDK).set_dim(p.dim()).set_stride(p.stride());
+    dv->set_output(true).set_uid(kDV).set_dim(p.dim()).set_stride(p.stride());
+    build_graph(*g, handle, p, "backward");
+    return g;
   });
 }
 
@@ -265,8 +265,9 @@ class CudnnAttention final : public AttentionOp {
       const Problem p{s.batch / shape.heads, shape.heads, s.len, shape.head_dim, s.head_stride, dtype, shape.causal,
                       scale};
       const GraphPtr fwd = cudnn_->graph(p.key("fwd"), [&](cudnnHandle_t h) { return forward_graph(p, h); });
-      // A forward-only op (AttnShape::backward false) plans no backward: its graph build, and its workspace (a
-      // dQ accumulator on Hopper), would be charged to a forward point, and an unsupported backward would skip it.
+      // A forward-only op (AttnShape::backward false) plans no backward: its graph build and its workspace
+      // (on Hopper perhaps an fp32 dQ accumulator: not measured) would be charged to a forward point, and an
+      // unsupported backward would skip it.
       const GraphPtr bwd =
           shape.backward ? cudnn_->graph(p.key("bwd"), [&](cudnnHandle_t h) { return backward_graph(p, h); }) : nullptr;
       for (const GraphPtr& g : {fwd, bwd}) {

@@ -158,7 +158,6 @@ class BatchRun : public ScenarioRun {
     const double B = busy_frac * W;
     std::vector<double> util;
     for (const auto& s : sampler.series()) util.push_back(s.s.util);
-    const Pattern pat = util.size() >= 5 ? classify(util) : (busy_frac >= 0.9 ? Pattern::healthy : Pattern::steady_low);
     double opt_total = 0;
     for (double x : opt_ms) opt_total += x;
     const double opt_span_ms = opt_total / double(trials);
@@ -219,10 +218,8 @@ class BatchRun : public ScenarioRun {
              "wall time the device's stream was neither inside an op nor waiting for one: its own per-submission "
              "cost (dequeue, wake-up), the device side of a launch"});
     }
-    p.info = json{{"pattern", std::string(to_string(pat))},
-                  // under 5 samples the label is read off busy % alone, and a finding says so
-                  {"pattern_basis", util.size() >= 5 ? "sampled utilization" : "busy % (under 5 samples: no shape)"},
-                  {"sparkline", sparkline(util)},
+    p.info = pattern_info(util, busy_frac);
+    p.info.update(json{{"sparkline", sparkline(util)},
                   {"util_source", sampler.source()},
                   {"launch_bound", launch_bound},
                   {"submissions", timed_subs},
@@ -250,7 +247,7 @@ class BatchRun : public ScenarioRun {
                   {"tokens_per_micro_step", step.tokens()},
                   {"trials", trials},
                   {"compute_cpus", host_cpu.compute_cpus()},
-                  {"impl", ops->impl()}};
+                  {"impl", ops->impl()}});
     if (!bare.note.empty()) p.info["gemm_bare"] = bare.note;
     if (global > 0) {
       p.params["grad_accum"] = accum;  // the point's own: what ran
@@ -284,9 +281,7 @@ class BatchRun : public ScenarioRun {
                                        : fmt::format("grad_accum={}", p.params.value("grad_accum", 1));
       series[{accum, p.params.value("graphs", std::string("off")), others(p)}].push_back(
           {p.params.value("micro_batch", std::int64_t(0)), p.metric("tokens_per_s")->value, p.metric("busy_pct")->value,
-           p.info.value("pattern", std::string()) +
-               (p.info.value("pattern_basis", std::string()).rfind("busy", 0) == 0 ? ", by busy % alone" : ""),
-           p.params.value("grad_accum", std::int64_t(1))});
+           pattern_text(p), p.params.value("grad_accum", std::int64_t(1))});
     }
     for (auto& [key, v] : series) {
       std::sort(v.begin(), v.end(), [](const Pt& a, const Pt& b) { return a.mb < b.mb; });

@@ -91,21 +91,17 @@ class Diagnosis {
                                                         {"reduced", shape_.reduced},
                                                         {"note", shape_.note}}}};
     checks_ = 8;
-    // Each check's wall seconds in its point, the whole run's in meta: what --budget bought, measured.
-    auto timed = [&](Point p, clk::time_point from) {
+    // The checks in the standard order; each one's wall seconds in its point, the whole run's in meta: what
+    // --budget bought, measured.
+    for (Point (Diagnosis::*check)() : {&Diagnosis::utilization, &Diagnosis::loader, &Diagnosis::dtype,
+                                         &Diagnosis::padding, &Diagnosis::attention, &Diagnosis::batch,
+                                         &Diagnosis::memory, &Diagnosis::applied}) {
+      const auto from = clk::now();
+      Point p = (this->*check)();
       if (!p.info.is_object()) p.info = json::object();
       p.info["wall_s"] = std::chrono::duration<double>(clk::now() - from).count();
       res.points.push_back(std::move(p));
-    };
-    auto t = clk::now();
-    timed(utilization(), t), t = clk::now();
-    timed(loader(), t), t = clk::now();
-    timed(dtype(), t), t = clk::now();
-    timed(padding(), t), t = clk::now();
-    timed(attention(), t), t = clk::now();
-    timed(batch(), t), t = clk::now();
-    timed(memory(), t), t = clk::now();
-    timed(applied(), t);
+    }
     res.points.push_back(summary());
     res.meta["diagnose"]["wall_s"] = std::chrono::duration<double>(clk::now() - t0_).count();
     // findings, ranked by what their loop showed (confirmed first), then by measured gain

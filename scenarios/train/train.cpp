@@ -15,6 +15,7 @@
 #include "harness/errors.hpp"             // UsageError
 #include "harness/host_cpus.hpp"          // HostCpuForHost
 #include "harness/host_memory.hpp"        // reserve_host_memory
+#include "harness/point_metrics.hpp"      // pattern_info, pattern_text
 #include "harness/printer.hpp"            // format_number
 #include "harness/sampler.hpp"            // Sampler, classify, sparkline
 #include "harness/scenario.hpp"           // Scenario, ScenarioRun
@@ -77,32 +78,19 @@ Point derive(const Record& r) {
          "the queueing model's busy share from the two figures above (inline: train / (train + load); workers: "
          "min(1, w x train / load))",
          false});
-  const Pattern pat = r.util.size() >= 5 ? classify(r.util)
-                                         : (r.busy_frac >= 0.9 ? Pattern::healthy : Pattern::steady_low);
-  p.info = json{{"pattern", std::string(to_string(pat))},
-                // under 5 samples the label is read off busy % alone, and a finding says so
-                {"pattern_basis", r.util.size() >= 5 ? "sampled utilization" : "busy % (under 5 samples: no shape)"},
-                {"sparkline", sparkline(r.util)},
+  p.info = pattern_info(r.util, r.busy_frac);
+  p.info.update(json{{"sparkline", sparkline(r.util)},
                 {"bottleneck", r.workers == 0 ? (load_s > 0.1 * train_s ? "loader (inline, in series with the step)"
                                                                           : "device")
                                               : loader::bottleneck(r.workers, train_s, load_s, r.loader_cpus)},
                 {"real_tokens", r.real_tokens},
                 {"computed_tokens", r.computed_tokens},
                 {"steps", r.steps},
-                {"batches", r.batches}};
+                {"batches", r.batches}});
   return p;
 }
 
 }  // namespace train
-
-namespace {
-// A point's pattern as a finding quotes it: "steady-low", or "steady-low, by busy % alone" when too few
-// utilization samples were taken to see a shape (DESIGN's labels name causes by shape).
-std::string pattern_text(const Point& p) {
-  return p.info.value("pattern", std::string()) +
-         (p.info.value("pattern_basis", std::string()).rfind("busy", 0) == 0 ? ", by busy % alone" : "");
-}
-}  // namespace
 
 namespace {
 

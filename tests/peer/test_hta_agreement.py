@@ -153,6 +153,7 @@ def main():
     with open(schema) as f:
         schema_doc = json.load(f)
     check(len(traces) >= 5, f"expected the five HTA traces in {trace_dir}, found {len(traces)}")
+    seen = {"batch": 0, "fp16": 0}  # the two line checks below ran (the MI250 and V100 traces hold them)
     with tempfile.TemporaryDirectory() as tmp:
         refs = hta_answers(traces, script, tmp)
         for t in traces:
@@ -173,9 +174,11 @@ def main():
             for f in doc["findings"]:
                 ev = f.get("evidence", {})
                 if f["cause"].startswith("a batch too small"):
+                    seen["batch"] += 1
                     check(f["speedup"] is not None and f["speedup"] < 2.0,
                           f"{name}: the batch line claims {f['speedup']}x for twice the micro batch")
                 if "fp16: true" in ev.get("config_line", "") + f["summary"]:
+                    seen["fp16"] += 1
                     check("dtype=fp32,fp16" in ev.get("command", ""),
                           f"{name}: fp16 recommended, reproduced with {ev.get('command')}")
             tm = doc["meta"]["trace"]
@@ -183,6 +186,7 @@ def main():
             print(f"  {name}: stallbench read {tm['json_bytes'] / 1e6:.1f} MB of JSON in {tm['read_s']:.3f} s "
                   f"({tm['read_mb_per_s']:.0f} MB/s), peak RSS {tm['peak_rss_mib']:.0f} MiB; HTA parse "
                   f"{perf.get('parse_s', float('nan')):.3f} s, peak RSS {perf.get('peak_rss_kib', 0) / 1024:.0f} MiB")
+    check(seen["batch"] >= 1 and seen["fp16"] >= 1, f"the batch and fp16 line checks never ran: {seen}")
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1

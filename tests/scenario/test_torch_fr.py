@@ -30,7 +30,7 @@ def main():
     if not cases:
         print(f"no cases with a manifest.json in {data}")
         return 1
-    failures, checked = [], 0
+    failures, checked, refused = [], 0, 0  # refused: cases fr_trace refused, checked against its answer
     for case in cases:
         with open(os.path.join(data, case, "manifest.json")) as f:
             manifest = json.load(f)
@@ -62,6 +62,7 @@ def main():
             if os.path.exists(peer):
                 m = re.search(r"Missing dump files from ranks \{[0-9, ]*\}", open(peer).read())
                 if m:
+                    refused += 1
                     t = subprocess.run([stallbench, "analyze-hang", path], capture_output=True, text=True,
                                        timeout=60)
                     if m.group(0) not in t.stdout or "FULLY_MATCHED" in t.stdout:
@@ -80,6 +81,8 @@ def main():
                                     f"{len(marked)}: {t.stdout[-600:]}")
             checked += 1
             print(f"{form:28s} {got[0]:8s} seq {str(got[1]):5s} culprit {got[2]}  ({rep['torch_match_state']})")
+    if refused == 0:
+        failures.append("no case fr_trace refused for a missing dump was checked (tests/data/fr/*/fr_trace.txt)")
     for f in failures:
         print("FAIL", f)
     print(f"{checked - len(failures)} passed, {len(failures)} failed")
