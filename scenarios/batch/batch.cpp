@@ -71,6 +71,7 @@ class BatchRun : public ScenarioRun {
     const OptKind opt = ps.get_choice("optimizer", kOptKindNames);
     const double dispatch_us = ps.get_real("dispatch_us");
     const int trials = int(ps.get_int("trials"));
+    const bool with_bare = ps.get_str("bare") == "on";
 
     const HostCpuForHost host_cpu(dev);  // the host thread keeps a CPU of its own
 
@@ -168,7 +169,9 @@ class BatchRun : public ScenarioRun {
     const double dev_per_launch_us = 1e6 * B / all_subs;
     const bool launch_bound = dev_per_launch_us < host_per_launch_us && busy_frac < 0.5;
 
-    const BareGemms bare = time_bare_gemms(dev, *ops, step);
+    // diagnose's sweeps pass bare=off: it reads neither figure, and on a 2-core AMD EPYC (AVX2, fp32,
+    // naive attention) the bare calls took 3 s of micro batch 8's 5.4 s point, 17 s of its 39 s check
+    const BareGemms bare = with_bare ? time_bare_gemms(dev, *ops, step) : BareGemms{};
 
     Point p;
     p.add({"tokens_per_s", tokens / W, "tokens/s", Direction::higher, std::nullopt,
@@ -249,6 +252,7 @@ class BatchRun : public ScenarioRun {
                   {"compute_cpus", host_cpu.compute_cpus()},
                   {"impl", ops->impl()}});
     if (!bare.note.empty()) p.info["gemm_bare"] = bare.note;
+    if (!with_bare) p.info["gemm_bare"] = json{{"skipped", "bare=off"}};
     if (global > 0) {
       p.params["grad_accum"] = accum;  // the point's own: what ran
       p.info["global_batch_run"] = cfg.micro_batch * accum;
@@ -469,6 +473,10 @@ const Scenario batch_scenario{
         ParamSpec{.name = "optimizer", .type = ParamType::choice, .default_value = "adamw",
                   .help = "once per grad_accum micro steps", .choices = {"adamw", "sgd", "none"}},
         batch::dispatch_us_param(),
+        ParamSpec{.name = "bare", .type = ParamType::choice, .default_value = "on",
+                  .help = "on: time the step's own GEMM calls back to back too (gemm_bare_tflops, gemm_pct_of_bare); "
+                          "off: skip them (diagnose's sweeps, which read neither)",
+                  .choices = {"on", "off"}},
         trials_param("5", "3"),
     },
     [](RunContext& ctx) { return std::make_unique<BatchRun>(ctx); },

@@ -148,6 +148,27 @@ def main():
                                   f"{c}: verdict {ev.get('verdict')}, want {want_v}")
                 else:
                     check(c not in found, f"{c} named without a measured gain ({gain})")
+            # a two-way check's gain is the median of its three rounds' own ratios (the second in the other
+            # order), and the figures it quotes are that round's: they divide to the gain
+            for c in ("dtype", "padding", "attention"):
+                q = by[c]
+                if q["status"] != "ok":
+                    continue
+                rounds = q["info"].get("rounds", [])
+                g = q["metrics"]["gain"]["value"]
+                check(len(rounds) == 3 and abs(sorted(rounds)[1] - g) < 1e-9, f"{c}: gain {g}, rounds {rounds}")
+                check(abs(q["metrics"]["with_fix"]["value"] / q["metrics"]["baseline"]["value"] - g) < 1e-9,
+                      f"{c}: the quoted figures do not divide to the gain {g}")
+            # the batch knee's gain is the median of its sweeps' paired gains; the sweeps skip the bare GEMMs
+            bq = by["batch"]
+            if bq["status"] == "ok":
+                knee = str(bq["info"]["knee"])
+                kg = [x for x in bq["info"]["round_gains"][knee] if x is not None]
+                g = bq["metrics"]["gain"]["value"]
+                check(len(kg) == 3 and abs(sorted(kg)[1] - g) < 1e-9, f"batch: gain {g}, the knee's sweeps {kg}")
+                for q in bq["info"]["sub"]["points"]:
+                    check(q["params"].get("bare") == "off" and "gemm_bare_tflops" not in q["metrics"],
+                          f"batch sweep timed the bare GEMMs: {q['params']}")
             if "dtype" in found:
                 check(found["dtype"]["evidence"]["config_line"] in ("bf16: true", "fp16: true"), "dtype line")
             if by["dtype"]["status"] == "skipped":
