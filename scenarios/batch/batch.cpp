@@ -42,6 +42,7 @@
 #include "harness/scenario.hpp"        // Scenario, ScenarioRun
 #include "harness/train_ops.hpp"       // TrainOps
 #include "scenarios/batch/decoder.hpp"  // DecoderStep
+#include "scenarios/batch/limit.hpp"    // batch_limit
 
 namespace sb {
 namespace {
@@ -271,6 +272,7 @@ class BatchRun : public ScenarioRun {
       double tps, busy;
       std::string pattern;
       std::int64_t ga = 1;  // the point's grad_accum (under global_batch, the point's own)
+      const Point* p = nullptr;
     };
     // (grad_accum, or the global batch held, graphs, and every other swept axis but micro_batch: attn=naive
     // and fused are two series)
@@ -285,7 +287,7 @@ class BatchRun : public ScenarioRun {
                                        : fmt::format("grad_accum={}", p.params.value("grad_accum", 1));
       series[{accum, p.params.value("graphs", std::string("off")), others(p)}].push_back(
           {p.params.value("micro_batch", std::int64_t(0)), p.metric("tokens_per_s")->value, p.metric("busy_pct")->value,
-           pattern_text(p), p.params.value("grad_accum", std::int64_t(1))});
+           pattern_text(p), p.params.value("grad_accum", std::int64_t(1)), &p});
     }
     for (auto& [key, v] : series) {
       std::sort(v.begin(), v.end(), [](const Pt& a, const Pt& b) { return a.mb < b.mb; });
@@ -302,6 +304,11 @@ class BatchRun : public ScenarioRun {
       if (!knee || v.size() < 2) continue;
       const Pt& small = v.front();
       if (knee->mb == small.mb) continue;  // the smallest is already within 90% of the best: nothing to change
+      // A smallest micro batch that keeps the device fed (neither launch-bound nor steady-low) gains only the
+      // device's own efficiency per token: the finding says so, with the figures (diagnose's batch check
+      // reads the same), beside a cause that names launch-bound (a 2-vCPU EPYC at 256 tokens read 100% busy,
+      // healthy, 1314 us of device work per submission against 13 us of host time).
+      const BatchLimit lim = batch_limit(*small.p, *knee->p, small.p->params.value("seq_len", std::int64_t(1)));
       res.findings.push_back(
           {{},
            fmt::format("{} graphs={}{}: micro_batch {} gives {} tokens/s ({:.0f}% busy, {}); the smallest "
@@ -312,7 +319,8 @@ class BatchRun : public ScenarioRun {
                        // the global batch held: the accumulation that keeps it goes with the line
                        std::get<0>(key).starts_with("global_batch=")
                            ? fmt::format("{}, gradient_accumulation_steps: {}", knee->mb, knee->ga)
-                           : fmt::format("{}", knee->mb)),
+                           : fmt::format("{}", knee->mb)) +
+               (lim.kind == "device-efficiency" ? "; " + lim.reading : std::string()),
            small.tps > 0 ? std::optional<double>(knee->tps / small.tps) : std::nullopt,
            json{{"accumulation", std::get<0>(key)}, {"graphs", std::get<1>(key)}, {"smallest_within_90pct", knee->mb},
                 {"best_micro_batch", best_mb}, {"best_tokens_per_s", best}, {"micro_batch_1_pattern", small.pattern}}});

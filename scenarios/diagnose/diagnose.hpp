@@ -33,6 +33,7 @@
 #include "harness/result.hpp"            // Result
 #include "harness/scenario.hpp"          // RunContext
 #include "scenarios/diagnose/config.hpp"  // TrainConfig
+#include "scenarios/batch/limit.hpp"  // BatchLimit, batch_limit
 
 namespace sb::batch {
 struct DecoderConfig;
@@ -72,21 +73,9 @@ struct FullDepthFootprint {
 };
 FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::DecoderConfig& d);
 
-// What limits a micro batch, read from the batch scenario's points at the
-// user's micro batch (`base`) and at the knee of the sweep (`knee`), each
-// with `seq` tokens per sequence:
-//   "launch-bound": HTA's rule held at `base` (info.launch_bound: less device
-//     work per submission than host time, the device idle over half the time);
-//   "steady-low": not launch-bound, but under 90% busy and flat (the pattern);
-//   "device-efficiency": neither: the device is kept fed, and a larger micro
-//     batch can buy only its own efficiency per token.
-// `cause` is the finding's cause for that kind; `reading` says it with the
-// figures (busy, device and host time per submission, device time per token
-// at both points).
-struct BatchLimit {
-  std::string kind, cause, reading;
-};
-BatchLimit batch_limit(const Point& base, const Point& knee, std::int64_t seq);
+// What limits a micro batch (the batch scenario's, scenarios/batch/limit.hpp).
+using batch::BatchLimit;
+using batch::batch_limit;
 // Runs every check; the Result's scenario is "diagnose", one point per
 // check, findings ranked by measured gain (largest first).
 Result run(RunContext& ctx, const Options& opt, const nlohmann::ordered_json& meta);
