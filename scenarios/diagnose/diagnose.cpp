@@ -522,12 +522,32 @@ class Diagnosis {
     step("batch: micro batch sweep");
     Point p = check_point("batch");
     const std::int64_t mb = shape_.micro_batch;
-    std::vector<std::int64_t> sizes{mb};
-    // --quick: no micro step over 16,384 tokens (or twice theirs): none.yml's micro batch 128 x 256 tokens
-    // made its sweep 40 s of an 82 s --quick run.
+    // Their global batch held: micro batch 1 x 8 accumulated against 8 x 1, so the optimizer runs as often
+    // per token at every size (a sweep at grad_accum 1 credited the larger micro batch with the optimizer's
+    // amortization, which their gradient_accumulation_steps already gives them).
+    const std::int64_t global = std::max<std::int64_t>(1, opt_.cfg.micro_batch_size) *
+                                std::max<std::int64_t>(1, opt_.cfg.gradient_accumulation_steps);
+    // Twice their micro batch always; 4x and 8x while a point's estimated wall stays under 3 s (--quick) or
+    // 8 s: a point is a warm-up and 3 optimizer steps of max(global batch, micro batch) sequences, each
+    // micro batch timed at most their step's time per sequence (the utilization check's; the lines above
+    // only make it faster). A cap of 16,384 tokens let micro batch 8 x 256 tokens (fp32, eager, 2-vCPU
+    // EPYC) sweep to 64: 106 s of a --quick run, 4 s a step. Without their step's time, that token cap.
+    const double per_seq_s = step_ms_ > 0 ? step_ms_ / 1e3 / double(std::max<std::int64_t>(1, mb)) : 0;
+    const double most_point_s = opt_.quick ? 3.0 : 8.0;
     const std::int64_t most_tokens = opt_.quick ? std::max<std::int64_t>(16384, 2 * mb * shape_.seq) : INT64_MAX;
-    for (std::int64_t f : {2, 4, 8})
-      if (mb * f <= 4096 && mb * f * shape_.seq <= most_tokens) sizes.push_back(mb * f);
+    std::vector<std::int64_t> sizes{mb};
+    for (std::int64_t f : {2, 4, 8}) {
+      const std::int64_t x = mb * f;
+      const double est_s = 4.0 * per_seq_s * double(std::max(global, x));
+      const bool fits = per_seq_s > 0 ? est_s <= most_point_s : x * shape_.seq <= most_tokens;
+      if (x <= 4096 && (f == 2 || fits)) sizes.push_back(x);
+    }
+    std::string sizes_note;
+    if (per_seq_s > 0)
+      sizes_note = fmt::format("micro batches {} swept: twice theirs, and 4x and 8x where a point's "
+                                         "estimated wall (a warm-up and 3 steps at their step's {:.1f} ms per "
+                                         "sequence) stays under {:.0f} s",
+                                         fmt::join(sizes, ", "), 1e3 * per_seq_s, most_point_s);
     // In the standard order: with the lines named above it applied (bf16, a
     // fused attention), as the user would have them when they reach this
     // step. A step dominated by eager attention or fp32 GEMMs hides the
@@ -541,11 +561,6 @@ class Diagnosis {
             if (arg.rfind(k + "=", 0) == 0) arg = k + "=" + v;
           with += (with.empty() ? "" : ", ") + k + "=" + v;
         }
-    // Their global batch held: micro batch 1 x 8 accumulated against 8 x 1, so the optimizer runs as often
-    // per token at every size (a sweep at grad_accum 1 credited the larger micro batch with the optimizer's
-    // amortization, which their gradient_accumulation_steps already gives them).
-    const std::int64_t global = std::max<std::int64_t>(1, opt_.cfg.micro_batch_size) *
-                                std::max<std::int64_t>(1, opt_.cfg.gradient_accumulation_steps);
     a.push_back("grad_accum=1");
     a.push_back(fmt::format("global_batch={}", global));
     a.push_back("trials=3");
@@ -593,6 +608,7 @@ class Diagnosis {
                                               "micro batch's gain is the median of its sweeps', the figures quoted "
                                               "the sweep's whose gain at the knee is that median",
                                               sweeps.size(), mb)}};
+    if (!sizes_note.empty()) p.info["sizes_note"] = sizes_note;
     if (!ratios.count(mb)) {
       p.info["sub"] = compact(sweeps.front());
       p.status = Status::error;
@@ -878,7 +894,18 @@ class Diagnosis {
                             loop_grad_accum(opt_.cfg.gradient_accumulation_steps) + 1)) *
                 their_step_s,
         0.5, 60.0);
-    constexpr int kLeastMicroBatches = 3;  // timed, at least: whole optimizer steps of the run's grad_accum
+    // Timed, at least: 3 micro batches in whole optimizer steps of the run's grad_accum, fewer (one step at
+    // least) once an earlier run of the same configuration measured a micro batch over a third of the span:
+    // three of them are no steadier than the span's worth, and none.yml's line at micro batch 64 x 256
+    // tokens (1.1 s a micro batch on 2 vCPUs) ran 3.4 s a run, its loop 97 s under --budget 20.
+    constexpr int kLeastMicroBatches = 3;
+    std::map<std::string, double> micro_s;  // a configuration (its assignments) -> seconds per micro batch
+    auto config_key = [](const Params& m) {
+      std::string k;
+      for (const auto& [a, v] : m)
+        if (a != "trials" && a != "min_time_s") k += a + "=" + v + " ";
+      return k;
+    };
     int runs_done = 0, retried = 0;
     double untimed_s = 0, spans_sum = 0;  // over the runs done: wall outside the timed span, and the spans
     struct Pass {
@@ -895,7 +922,11 @@ class Diagnosis {
       // span), else a guess
       const double per_run = runs_done > 0 ? (untimed_s + spans_sum) / runs_done : span + 3 * their_step_s;
       const int ga = std::max(1, std::stoi(m.at("grad_accum")));
-      m["trials"] = std::to_string((kLeastMicroBatches + ga - 1) / ga);
+      const std::string key = config_key(m);
+      const int least = micro_s.count(key) && micro_s.at(key) > 0
+                            ? std::clamp(int(span / micro_s.at(key)), 1, kLeastMicroBatches)
+                            : kLeastMicroBatches;
+      m["trials"] = std::to_string((least + ga - 1) / ga);
       m["min_time_s"] = fmt::format("{:.3g}", span);
       ++runs_done;
       opt_.say(fmt::format("diagnose [{}/{}] applied: run {} of {:.0f}, {}, timed over {:.1f} s ({:.0f} s so far, "
@@ -913,7 +944,10 @@ class Diagnosis {
         double timed = 0, steal = 0;
         if (r.ok()) {
           const Point& q = r.r.points.front();
-          if (const Metric* st = q.metric("step_ms")) timed = st->value / 1e3 * double(q.info.value("steps", 0));
+          if (const Metric* st = q.metric("step_ms")) {
+            timed = st->value / 1e3 * double(q.info.value("steps", 0));
+            micro_s[key] = st->value / 1e3 / double(ga);
+          }
           if (q.info.contains("host_cpu")) steal = q.info["host_cpu"].value("steal_pct", 0.0);
         }
         untimed_s += std::max(0.0, wall - timed);
@@ -975,7 +1009,8 @@ class Diagnosis {
     const int executed = runs_done + retried;  // the retried runs ran too: their walls are in the sums
     p.add({"timed_span_s", executed ? spans_sum / executed : 0.0, "s", Direction::none, std::nullopt,
            fmt::format("the mean timed wall of a run of the loop (min_time_s, at least {} micro batches in whole "
-                       "optimizer steps): {} runs "
+                       "optimizer steps, or one step once a micro batch of that configuration measured over a third "
+                       "of it): {} runs "
                        "sharing --budget {:.0f} s, less their untimed parts (mean {:.2f} s a run)",
                        kLeastMicroBatches, executed, opt_.budget_s, executed ? untimed_s / executed : 0.0)});
     p.add({"runs_retried", double(retried), "runs", Direction::none, std::nullopt,
