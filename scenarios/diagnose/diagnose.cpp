@@ -199,18 +199,30 @@ class Diagnosis {
   // eager attention at 2.25 ms and then 3.96 ms in two diagnose runs (a 2-vCPU AMD EPYC, 2026-12-03;
   // 1.68-3.10 ms in six runs of its own), 0.89x and 1.52x against a steady fused kernel: the check named the
   // cause in one run and not the other. A round that fails is returned as it is (the caller's checks see it).
+  // A first round long enough that three would pass 10 s (--quick) or 20 s is the only one: its trials are
+  // long, so steady (eager attention at 2048 tokens, 0.7 s a call: three rounds of 10 trials took 30 s of a
+  // 116 s --quick run).
   struct Paired {
     Sub s;
     json rounds = json::array();  // each round's gain, in order
+    double first_s = 0;           // the first round's wall
+    bool one_round = false;       // the first round was too long for three
   };
   Paired paired(const std::string& scenario, const std::vector<std::string>& assigns, const std::string& key,
                 const std::string& theirs, const std::string& fix, const std::string& figure, bool lower_is_better) {
     Paired out;
     std::vector<std::pair<double, Sub>> got;
+    const double most_s = opt_.quick ? 10.0 : 20.0;
     for (int r = 0; r < kRounds; ++r) {
+      if (r == 1 && double(kRounds) * out.first_s > most_s) {
+        out.one_round = true;
+        break;
+      }
       auto a = assigns;
       a.push_back(key + "=" + (r % 2 ? fix + "," + theirs : theirs + "," + fix));
+      const auto r0 = clk::now();
       Sub s = sub(scenario, a);
+      if (r == 0) out.first_s = std::chrono::duration<double>(clk::now() - r0).count();
       const Point* x = s.point(key, theirs);
       const Point* y = s.point(key, fix);
       const Metric* mx = x && x->status == Status::ok ? x->metric(figure) : nullptr;
@@ -229,7 +241,10 @@ class Diagnosis {
     out.s.command = command;
     return out;
   }
-  static json rounds_note(const Paired& pr, const std::string& what) {
+  json rounds_note(const Paired& pr, const std::string& what) const {
+    if (pr.one_round)
+      return fmt::format("{} of one round: it took {:.1f} s, and {} would pass the {:.0f} s that buys more", what,
+                         pr.first_s, kRounds, opt_.quick ? 10.0 : 20.0);
     return fmt::format("{} in each of {} rounds (the second in the other order); the figures are the median "
                        "round's",
                        what, pr.rounds.size());
@@ -488,12 +503,14 @@ class Diagnosis {
       return p;
     }
     const std::string fused = ctx_.device.info().kind == DeviceKind::cuda ? "cudnn" : "flash";
-    // 10 trials a round (3 took 10 ms at 256 tokens on 2 cores): three rounds cost under a second here
+    // 10 trials a round up to 512 tokens (3 took 10 ms at 256 tokens on 2 cores: three rounds cost under a
+    // second there), 3 past it (the measure's own minimum; eager at 2048 tokens is 0.7 s a call on 2 cores)
+    const std::string trials = long_seq() <= 512 ? "trials=10" : "trials=3";
     const Paired pr = paired("attention",
                              {fmt::format("seq_len={}", long_seq()), fmt::format("heads={}", shape_.heads),
                               fmt::format("head_dim={}", shape_.hidden / shape_.heads),
                               fmt::format("batch={}", shape_.micro_batch), fmt::format("dtype={}", dtype_name(c)),
-                              "pass=fwd+bwd", "causal=true", "trials=10"},
+                              "pass=fwd+bwd", "causal=true", trials},
                              "impl", "naive", fused, "ms", true);
     const Sub& s = pr.s;
     p.info = json{{"sub", compact(s)}, {"rounds", pr.rounds}, {"rounds_note", rounds_note(pr, "the gain")}};

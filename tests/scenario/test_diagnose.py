@@ -156,7 +156,10 @@ def main():
                     continue
                 rounds = q["info"].get("rounds", [])
                 g = q["metrics"]["gain"]["value"]
-                check(len(rounds) == 3 and abs(sorted(rounds)[1] - g) < 1e-9, f"{c}: gain {g}, rounds {rounds}")
+                # one round only where the first was too long for three, and the note says so
+                one = len(rounds) == 1 and "of one round" in q["info"].get("rounds_note", "")
+                check((len(rounds) == 3 or one) and abs(sorted(rounds)[len(rounds) // 2] - g) < 1e-9,
+                      f"{c}: gain {g}, rounds {rounds} ({q['info'].get('rounds_note')})")
                 check(abs(q["metrics"]["with_fix"]["value"] / q["metrics"]["baseline"]["value"] - g) < 1e-9,
                       f"{c}: the quoted figures do not divide to the gain {g}")
             # the batch knee's gain is the median of its sweeps' paired gains; the sweeps skip the bare GEMMs
