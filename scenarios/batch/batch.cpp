@@ -484,7 +484,8 @@ const Scenario batch_scenario{
         ParamSpec{.name = "bare", .type = ParamType::choice, .default_value = "on",
                   .help = "on: time the step's own GEMM calls back to back too (gemm_bare_tflops, gemm_pct_of_bare); "
                           "off: skip them (diagnose's sweeps, which read neither)",
-                  .choices = {"on", "off"}},
+                  .choices = {"on", "off"},
+                  .workload = false},  // what is measured beside the step, not the step: compare matches across it
         trials_param("5", "3"),
     },
     [](RunContext& ctx) { return std::make_unique<BatchRun>(ctx); },
