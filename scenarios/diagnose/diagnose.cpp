@@ -207,6 +207,7 @@ class Diagnosis {
     json rounds = json::array();  // each round's gain, in order
     double first_s = 0;           // the first round's wall
     bool one_round = false;       // the first round was too long for three
+    int failed_round = 0;         // 1-based: the round that did not complete (its Sub is `s`), 0: none
   };
   Paired paired(const std::string& scenario, const std::vector<std::string>& assigns, const std::string& key,
                 const std::string& theirs, const std::string& fix, const std::string& figure, bool lower_is_better) {
@@ -229,21 +230,23 @@ class Diagnosis {
       const Metric* my = y && y->status == Status::ok ? y->metric(figure) : nullptr;
       if (!mx || !my || mx->value <= 0 || my->value <= 0) {
         out.s = std::move(s);
+        out.failed_round = r + 1;
         return out;
       }
       const double g = lower_is_better ? mx->value / my->value : my->value / mx->value;
       out.rounds.push_back(g);
       got.emplace_back(g, std::move(s));
     }
-    const std::string command = got.front().second.command;  // the first round's order
+    // the lower median (1 or 3 rounds run: the median); the command is that round's own, in its order
     std::stable_sort(got.begin(), got.end(), [](const auto& l, const auto& r) { return l.first < r.first; });
-    out.s = std::move(got[got.size() / 2].second);
-    out.s.command = command;
+    out.s = std::move(got[(got.size() - 1) / 2].second);
     return out;
   }
   json rounds_note(const Paired& pr, const std::string& what) const {
+    if (pr.failed_round)
+      return fmt::format("round {} of {} did not complete: its points are the evidence", pr.failed_round, kRounds);
     if (pr.one_round)
-      return fmt::format("{} of one round: it took {:.1f} s, and {} would pass the {:.0f} s that buys more", what,
+      return fmt::format("{} of one round only: it took {:.1f} s, and {} rounds would pass the {:.0f} s limit", what,
                          pr.first_s, kRounds, opt_.quick ? 10.0 : 20.0);
     return fmt::format("{} in each of {} rounds (the second in the other order); the figures are the median "
                        "round's",
@@ -428,7 +431,9 @@ class Diagnosis {
     if (!a || !b || a->status != Status::ok || b->status != Status::ok || !metric(*a, "tflops") ||
         !metric(*b, "tflops")) {
       p.status = Status::skipped;
-      p.reason = b ? b->reason : "no " + to + " GEMM here";
+      p.reason = b && b->status != Status::ok ? b->reason
+                 : a && a->status != Status::ok ? "fp32: " + a->reason
+                                                : "no " + to + " GEMM here";
       return p;
     }
     const double x = metric(*a, "tflops")->value, y = metric(*b, "tflops")->value;
@@ -518,7 +523,9 @@ class Diagnosis {
     const Point* b = s.point("impl", fused);
     if (!a || !b || a->status != Status::ok || b->status != Status::ok) {
       p.status = Status::skipped;
-      p.reason = b ? b->reason : "no fused attention here";
+      p.reason = b && b->status != Status::ok ? b->reason
+                 : a && a->status != Status::ok ? "naive: " + a->reason
+                                                : "no fused attention here";
       return p;
     }
     const double x = metric(*a, "ms")->value, y = metric(*b, "ms")->value;
@@ -561,9 +568,9 @@ class Diagnosis {
     }
     std::string sizes_note;
     if (per_seq_s > 0)
-      sizes_note = fmt::format("micro batches {} swept: twice theirs, and 4x and 8x where a point's "
-                                         "estimated wall (a warm-up and 3 steps at their step's {:.1f} ms per "
-                                         "sequence) stays under {:.0f} s",
+      sizes_note = fmt::format("micro batches {} swept: 2x theirs always (up to 4096), 4x and 8x while a "
+                                         "point's estimated wall (a warm-up and 3 steps at their step's {:.1f} ms "
+                                         "per sequence) stays under {:.0f} s",
                                          fmt::join(sizes, ", "), 1e3 * per_seq_s, most_point_s);
     // In the standard order: with the lines named above it applied (bf16, a
     // fused attention), as the user would have them when they reach this
@@ -617,7 +624,13 @@ class Diagnosis {
     }
     for (auto& [x, v] : ratios)
       std::stable_sort(v.begin(), v.end(), [](const auto& l, const auto& r) { return l.first < r.first; });
-    auto gain_of = [&](std::int64_t x) { return ratios[x][ratios[x].size() / 2].first; };
+    // the lower median: with a sweep lost (a hang, an error) two are left, and the larger of them would lean
+    // toward naming a cause
+    auto med = [&](std::int64_t x) -> const std::pair<double, std::size_t>& {
+      const auto& v = ratios.at(x);
+      return v[(v.size() - 1) / 2];
+    };
+    auto gain_of = [&](std::int64_t x) { return med(x).first; };
     p.info = json{{"rounds", per_round},
                   {"round_gains", gains_json},
                   {"rounds_note", fmt::format("tokens/s of each micro batch in each of {} sweeps (the second "
@@ -644,9 +657,8 @@ class Diagnosis {
         knee = x;
         break;
       }
-    const std::size_t w_med = ratios[knee][ratios[knee].size() / 2].second;
-    Sub s = sweeps[w_med];
-    s.command = sweeps.front().command;  // the forward sweep's
+    const std::size_t w_med = med(knee).second;
+    Sub s = sweeps[w_med];  // its command is its own, in its order: what the quoted figures ran as
     p.info["sub"] = compact(s);
     p.info["sweep_quoted"] = int(w_med) + 1;
     const Point* base = s.point_int("micro_batch", mb);
@@ -670,9 +682,12 @@ class Diagnosis {
                           {{"micro_batch", std::to_string(knee)}, {"grad_accum", std::to_string(loop_grad_accum(ga))}},
                           knee});
       find(lim.cause, "batch", f / b,
-           fmt::format("{} tokens/s at micro batch {} -> {} at {} (the median of {} sweeps' gains; the smallest "
+           fmt::format("{} tokens/s at micro batch {} -> {} at {} ({}; the smallest "
                        "within 90% of the best swept and 1.10x of yours, your global batch of {} held{}); {}",
-                       format_number(b), mb, format_number(f), knee, ratios[knee].size(), global,
+                       format_number(b), mb, format_number(f), knee,
+                       ratios.at(knee).size() == 1 ? std::string("one sweep's gain")
+                                                   : fmt::format("the median of {} sweeps' gains", ratios.at(knee).size()),
+                       global,
                        with.empty() ? "" : "; with the lines above applied: " + with, lim.reading),
            fmt::format("micro_batch_size: {}, gradient_accumulation_steps: {} (a global batch of {} for your {}, "
                        "if it fits: see memory){}",
@@ -941,7 +956,7 @@ class Diagnosis {
       const int ga = std::max(1, std::stoi(m.at("grad_accum")));
       const std::string key = config_key(m);
       const int least = micro_s.count(key) && micro_s.at(key) > 0
-                            ? std::clamp(int(span / micro_s.at(key)), 1, kLeastMicroBatches)
+                            ? int(std::clamp(span / micro_s.at(key), 1.0, double(kLeastMicroBatches)))
                             : kLeastMicroBatches;
       m["trials"] = std::to_string((least + ga - 1) / ga);
       m["min_time_s"] = fmt::format("{:.3g}", span);
