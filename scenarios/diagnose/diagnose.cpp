@@ -206,16 +206,37 @@ class Diagnosis {
     Sub s;
     json rounds = json::array();  // each round's gain, in order
     double first_s = 0;           // the first round's wall
+    double most_s = 0;            // the wall three rounds may take
     bool one_round = false;       // the first round was too long for three
     int failed_round = 0;         // 1-based: the round that did not complete (its Sub is `s`), 0: none
+    // the check's evidence: the quoted round's points, every round's gain, and how they were run
+    json info() const {
+      const std::string note =
+          failed_round ? fmt::format("round {} of {} did not complete: its points are the evidence", failed_round,
+                                     kRounds)
+          : one_round ? fmt::format("the gain of one round only: it took {:.1f} s, and {} rounds would pass the "
+                                    "{:.0f} s limit",
+                                    first_s, kRounds, most_s)
+                      : fmt::format("the gain in each of {} rounds (the second in the other order); the figures "
+                                    "are the median round's",
+                                    rounds.size());
+      return json{{"sub", compact(s)}, {"rounds", rounds}, {"rounds_note", note}};
+    }
+    // why the check could not compare: the point of theirs or of the fix that did not run
+    static std::string failed(const Point* theirs, const Point* fix, const std::string& theirs_name,
+                              const std::string& otherwise) {
+      if (fix && fix->status != Status::ok) return fix->reason;
+      if (theirs && theirs->status != Status::ok) return theirs_name + ": " + theirs->reason;
+      return otherwise;
+    }
   };
   Paired paired(const std::string& scenario, const std::vector<std::string>& assigns, const std::string& key,
                 const std::string& theirs, const std::string& fix, const std::string& figure, bool lower_is_better) {
     Paired out;
+    out.most_s = opt_.quick ? 10.0 : 20.0;
     std::vector<std::pair<double, Sub>> got;
-    const double most_s = opt_.quick ? 10.0 : 20.0;
     for (int r = 0; r < kRounds; ++r) {
-      if (r == 1 && double(kRounds) * out.first_s > most_s) {
+      if (r == 1 && double(kRounds) * out.first_s > out.most_s) {
         out.one_round = true;
         break;
       }
@@ -242,17 +263,6 @@ class Diagnosis {
     out.s = std::move(got[(got.size() - 1) / 2].second);
     return out;
   }
-  json rounds_note(const Paired& pr, const std::string& what) const {
-    if (pr.failed_round)
-      return fmt::format("round {} of {} did not complete: its points are the evidence", pr.failed_round, kRounds);
-    if (pr.one_round)
-      return fmt::format("{} of one round only: it took {:.1f} s, and {} rounds would pass the {:.0f} s limit", what,
-                         pr.first_s, kRounds, opt_.quick ? 10.0 : 20.0);
-    return fmt::format("{} in each of {} rounds (the second in the other order); the figures are the median "
-                       "round's",
-                       what, pr.rounds.size());
-  }
-
   void add_gain(Point& p, double base, double fixed, const std::string& unit, const std::string& what) {
     p.add({"baseline", base, unit, Direction::higher, std::nullopt, "the user's setting: " + what});
     p.add({"with_fix", fixed, unit, Direction::higher, std::nullopt, "the recommended setting: " + what});
@@ -425,15 +435,13 @@ class Diagnosis {
                               fmt::format("k={}", shape_.hidden), "trials=3"},
                              "dtype", "fp32", to, "tflops", false);
     const Sub& s = pr.s;
-    p.info = json{{"sub", compact(s)}, {"rounds", pr.rounds}, {"rounds_note", rounds_note(pr, "the gain")}};
+    p.info = pr.info();
     const Point* a = s.point("dtype", "fp32");
     const Point* b = s.point("dtype", to);
     if (!a || !b || a->status != Status::ok || b->status != Status::ok || !metric(*a, "tflops") ||
         !metric(*b, "tflops")) {
       p.status = Status::skipped;
-      p.reason = b && b->status != Status::ok ? b->reason
-                 : a && a->status != Status::ok ? "fp32: " + a->reason
-                                                : "no " + to + " GEMM here";
+      p.reason = Paired::failed(a, b, "fp32", "no " + to + " GEMM here");
       return p;
     }
     const double x = metric(*a, "tflops")->value, y = metric(*b, "tflops")->value;
@@ -477,8 +485,8 @@ class Diagnosis {
                               "attn=" + attn, fmt::format("sequences={}", opt_.quick ? 256 : 1024)},
                              "strategy", base, "pack-bfd", "real_tokens_per_s", false);
     const Sub& s = pr.s;
-    p.info = json{{"sub", compact(s)}, {"lengths", lengths}, {"rounds", pr.rounds},
-                  {"rounds_note", rounds_note(pr, "the gain")}};
+    p.info = pr.info();
+    p.info["lengths"] = lengths;
     const Point* a = s.point("strategy", base);
     const Point* b = s.point("strategy", "pack-bfd");
     if (!a || !b || a->status != Status::ok || b->status != Status::ok) {
@@ -518,14 +526,12 @@ class Diagnosis {
                               "pass=fwd+bwd", "causal=true", trials},
                              "impl", "naive", fused, "ms", true);
     const Sub& s = pr.s;
-    p.info = json{{"sub", compact(s)}, {"rounds", pr.rounds}, {"rounds_note", rounds_note(pr, "the gain")}};
+    p.info = pr.info();
     const Point* a = s.point("impl", "naive");
     const Point* b = s.point("impl", fused);
     if (!a || !b || a->status != Status::ok || b->status != Status::ok) {
       p.status = Status::skipped;
-      p.reason = b && b->status != Status::ok ? b->reason
-                 : a && a->status != Status::ok ? "naive: " + a->reason
-                                                : "no fused attention here";
+      p.reason = Paired::failed(a, b, "naive", "no fused attention here");
       return p;
     }
     const double x = metric(*a, "ms")->value, y = metric(*b, "ms")->value;
@@ -556,13 +562,14 @@ class Diagnosis {
     // micro batch timed at most their step's time per sequence (the utilization check's; the lines above
     // only make it faster). A cap of 16,384 tokens let micro batch 8 x 256 tokens (fp32, eager, 2-vCPU
     // EPYC) sweep to 64: 106 s of a --quick run, 4 s a step. Without their step's time, that token cap.
+    constexpr int kSweepTrials = 3;  // optimizer steps timed a point, after one of warm-up
     const double per_seq_s = step_ms_ > 0 ? step_ms_ / 1e3 / double(std::max<std::int64_t>(1, mb)) : 0;
     const double most_point_s = opt_.quick ? 3.0 : 8.0;
     const std::int64_t most_tokens = opt_.quick ? std::max<std::int64_t>(16384, 2 * mb * shape_.seq) : INT64_MAX;
     std::vector<std::int64_t> sizes{mb};
     for (std::int64_t f : {2, 4, 8}) {
       const std::int64_t x = mb * f;
-      const double est_s = 4.0 * per_seq_s * double(std::max(global, x));
+      const double est_s = double(1 + kSweepTrials) * per_seq_s * double(std::max(global, x));
       const bool fits = per_seq_s > 0 ? est_s <= most_point_s : x * shape_.seq <= most_tokens;
       if (x <= 4096 && (f == 2 || fits)) sizes.push_back(x);
     }
@@ -587,11 +594,11 @@ class Diagnosis {
         }
     a.push_back("grad_accum=1");
     a.push_back(fmt::format("global_batch={}", global));
-    a.push_back("trials=3");
+    a.push_back(fmt::format("trials={}", kSweepTrials));
     a.push_back("bare=off");  // the step's GEMMs alone, back to back: a figure this check does not read
-    // Three sweeps, the second backward (8,4,2,1), each micro batch's figures the sweep's whose tokens/s
-    // is its median: its gain near 1.10x (1.12-1.45x at micro batch 2-8 over four runs on a 2-vCPU
-    // Xeon) fell on either side of the threshold with one sweep (micro batch 4 read under 2 in one).
+    // Three sweeps, the second backward (8,4,2,1): its gain near 1.10x (1.12-1.45x at micro batch 2-8 over
+    // four runs on a 2-vCPU Xeon) fell on either side of the threshold with one sweep (micro batch 4 read
+    // under 2 in one).
     std::vector<Sub> sweeps;
     for (int r = 0; r < kRounds && (r == 0 || !hung_); ++r) {  // after a hang, sub() says "not run" once
       auto ar = a;
@@ -932,12 +939,6 @@ class Diagnosis {
     // tokens (1.1 s a micro batch on 2 vCPUs) ran 3.4 s a run, its loop 97 s under --budget 20.
     constexpr int kLeastMicroBatches = 3;
     std::map<std::string, double> micro_s;  // a configuration (its assignments) -> seconds per micro batch
-    auto config_key = [](const Params& m) {
-      std::string k;
-      for (const auto& [a, v] : m)
-        if (a != "trials" && a != "min_time_s") k += a + "=" + v + " ";
-      return k;
-    };
     int runs_done = 0, retried = 0;
     double untimed_s = 0, spans_sum = 0;  // over the runs done: wall outside the timed span, and the spans
     struct Pass {
@@ -954,7 +955,7 @@ class Diagnosis {
       // span), else a guess
       const double per_run = runs_done > 0 ? (untimed_s + spans_sum) / runs_done : span + 3 * their_step_s;
       const int ga = std::max(1, std::stoi(m.at("grad_accum")));
-      const std::string key = config_key(m);
+      const std::string key = fmt::format("{}", fmt::join(assigns(m), " "));  // before trials, min_time_s
       const int least = micro_s.count(key) && micro_s.at(key) > 0
                             ? int(std::clamp(span / micro_s.at(key), 1.0, double(kLeastMicroBatches)))
                             : kLeastMicroBatches;
