@@ -258,6 +258,20 @@ bool compare_with_result(const Result& ra, const Result& rb, double tol, const s
   for (const auto& p : rb.points) keys_b.push_back(key(p.params));
   drop_one_sided_params(keys_a, keys_b, rep);
   std::set<std::string> disagree;  // metrics whose direction differs, noted once
+  // A measurement parameter the two matched points ran with differently (trials=10 against 50, bare=on
+  // against off): the row shows both, "10|50", where it showed A's alone and the fixed line read as if B
+  // had run with it too; noted once a parameter.
+  std::map<std::string, std::set<std::string>> differs;  // parameter -> "A|B" values seen
+  auto both_values = [&](const Point& pa, const Point& pb) {
+    json params = pa.params;
+    for (const auto& k : steer)
+      if (pa.params.contains(k) && pb.params.contains(k) && pa.params[k] != pb.params[k]) {
+        const std::string v = param_value(pa.params[k]) + "|" + param_value(pb.params[k]);
+        params[k] = v;
+        differs[k].insert(v);
+      }
+    return params;
+  };
   for (std::size_t i = 0; i < ra.points.size(); ++i) {
     const Point& pa = ra.points[i];
     const Point* pb = nullptr;
@@ -274,10 +288,11 @@ bool compare_with_result(const Result& ra, const Result& rb, double tol, const s
       continue;  // figures of a point that did not run are not figures
     }
     if (pa.status != Status::ok) continue;
+    const json shown_params = both_values(pa, *pb);
     for (const auto& m : pa.metrics) {
       const Metric* mb = pb->metric(m.name);
       if (!mb) continue;
-      CompareRow row = make_row(pa.params, m, mb->value);
+      CompareRow row = make_row(shown_params, m, mb->value);
       row.b_label = "result";
       if (m.unit != mb->unit) {
         rep.notes.push_back(fmt::format("{} {}: units differ ({} vs {})", row.point, m.name, m.unit, mb->unit));
@@ -294,6 +309,10 @@ bool compare_with_result(const Result& ra, const Result& rb, double tol, const s
       rep.rows.push_back(std::move(row));
     }
   }
+  for (const auto& [k, vs] : differs)
+    rep.notes.push_back(fmt::format("{} ran differently ({} as A|B): a measurement parameter, not part of the "
+                                    "workload, so the points matched across it",
+                                    k, fmt::join(vs, ", ")));
   for (std::size_t j = 0; j < rb.points.size(); ++j)
     if (std::find(keys_a.begin(), keys_a.end(), keys_b[j]) == keys_a.end())
       rep.notes.push_back(fmt::format("{}: only in B", point_label(rb.points[j].params)));

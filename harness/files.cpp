@@ -114,13 +114,15 @@ void refuse_clobbering(const std::vector<NamedPath>& outputs, const std::vector<
   }
 }
 
-std::string terminal_safe(std::string_view s) {
+namespace {
+
+std::string escape_text(std::string_view s, bool lines) {
   std::string out;
   out.reserve(s.size());
   for (std::size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c < 0x80) {
-      if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+      if ((c < 0x20 && !(lines && (c == '\n' || c == '\t'))) || c == 0x7f) out += fmt::format("\\x{:02x}", c);
       else out += char(c);
       ++i;
       continue;
@@ -137,6 +139,19 @@ std::string terminal_safe(std::string_view s) {
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::string terminal_safe(std::string_view s) { return escape_text(s, true); }
+
+std::string quoted_text(std::string_view s, std::size_t max_bytes) {
+  if (s.size() <= max_bytes) return escape_text(s, false);
+  // back to the start of a character: a continuation byte (10xxxxxx) at the cut belongs to the one before
+  std::size_t n = max_bytes;
+  for (std::size_t back = 0; n > 0 && back < 3 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80; ++back) --n;
+  if ((static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) n = max_bytes;  // not UTF-8 there anyway: cut as is
+  return escape_text(s.substr(0, n), false) + "...";
 }
 
 std::optional<std::size_t> first_invalid_utf8(std::string_view s) {

@@ -47,6 +47,14 @@ void refuse_clobbering(const std::vector<NamedPath>& outputs, const std::vector<
 // written raw into the error message).
 std::string terminal_safe(std::string_view s);
 
+// A piece of what a user gave (a YAML value, a CSV field, the bytes a parser
+// stopped at) quoted in a message: as terminal_safe, but on one line (newline
+// and tab are \xNN too) and at most `max_bytes` of `s`, never cutting a UTF-8
+// character in two, with "..." where it was cut. The one escaper behind every
+// such quote (the config reader's showed control bytes as '?', the JSON and
+// telemetry readers' escaped all non-ASCII: three rules for one job).
+std::string quoted_text(std::string_view s, std::size_t max_bytes = std::string_view::npos);
+
 // The byte offset of the first place `s` is not well-formed UTF-8 (RFC 3629:
 // no overlong forms, no surrogates, nothing past U+10FFFF), or nullopt: a
 // user's text is checked before any of it reaches a JSON writer, which

@@ -3,6 +3,8 @@
 #include <cctype>  // std::isalnum
 #include <cmath>   // std::isfinite
 
+#include "harness/files.hpp"  // quoted_text: the parser's message quotes the bytes it stopped at, which may be anything
+
 namespace sb {
 
 namespace {
@@ -44,13 +46,6 @@ std::string shorten(std::string s) {
   return s;
 }
 
-// The parser's message quotes the bytes it stopped at, which may be anything
-// (invalid UTF-8 in a report's JSON once threw again): printable ASCII only.
-std::string printable(std::string_view s) {
-  std::string out;
-  for (unsigned char c : s) out += c >= 0x20 && c < 0x7f ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
-  return out;
-}
 
 }  // namespace
 
@@ -61,7 +56,7 @@ json parse_json_text(std::string_view text, const std::string& file) {
   try {
     return json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {  // parse_error; out_of_range for a number such as 1e400
-    throw UsageError(fmt::format("{} is not valid JSON: {}", file, printable(e.what())));
+    throw UsageError(fmt::format("{} is not valid JSON: {}", file, quoted_text(e.what())));
   }
 }
 

@@ -17,7 +17,7 @@
 #include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"  // UsageError
-#include "harness/files.hpp"   // read_regular_file
+#include "harness/files.hpp"   // read_regular_file, quoted_text
 
 namespace sb::telemetry {
 namespace {
@@ -37,18 +37,8 @@ bool ends_with(std::string_view s, std::string_view p) { return s.size() >= p.si
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
-// At most 60 characters of a line for a message, other bytes than printable
-// ASCII escaped: a binary file must not put its bytes on the terminal.
-std::string snippet(std::string_view s) {
-  std::string out;
-  for (const char ch : s.substr(0, 60)) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c < 0x7f) out += ch;
-    else out += fmt::format("\\x{:02x}", unsigned(c));
-  }
-  if (s.size() > 60) out += "...";
-  return out;
-}
+// At most 60 bytes of a line for a message, escaped: a binary file must not put its bytes on the terminal.
+std::string snippet(std::string_view s) { return quoted_text(s, 60); }
 
 // "1 value", "3 values"
 std::string count(std::size_t n, const char* what) { return fmt::format("{} {}{}", n, what, n == 1 ? "" : "s"); }

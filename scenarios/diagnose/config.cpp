@@ -19,7 +19,7 @@
 #include <yaml.h>  // libyaml (PyYAML's parser): the document, nodes with their lines
 
 #include "harness/errors.hpp"     // sb::UsageError
-#include "harness/files.hpp"      // read_regular_file, first_invalid_utf8
+#include "harness/files.hpp"      // read_regular_file, first_invalid_utf8, quoted_text
 #include "harness/json_read.hpp"  // parse_json_text, JsonRef, reading_file
 #include "scenarios/packing/lengths.hpp"  // parse_lengths, generate_lengths: the @FILE grammar
 
@@ -85,20 +85,9 @@ std::string source_of(const TrainConfig& c, const std::string& key) {
   return it == c.sources.end() ? std::string(kDefault) : it->second.where;
 }
 
-// User text in a message: control bytes shown as '?', at most 40 characters.
-std::string printable(std::string_view s) {
-  std::string out;
-  // 40 bytes, less a UTF-8 character cut in two (the text is valid UTF-8: checked on reading)
-  std::size_t n = std::min<std::size_t>(s.size(), 40);
-  while (n < s.size() && n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
-  for (const char ch : s.substr(0, n)) out += (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ? '?' : ch;
-  if (s.size() > n) out += "...";
-  // an escape in a quoted scalar ("\uD800") can decode to bytes that are not UTF-8: shown as '?'
-  if (first_invalid_utf8(out))
-    for (char& ch : out)
-      if (static_cast<unsigned char>(ch) >= 0x80) ch = '?';
-  return out;
-}
+// User text in a message: at most 40 bytes, control bytes and invalid UTF-8 (an escape in a quoted scalar,
+// "\uD800", decodes to bytes that are not) shown as \xNN.
+std::string printable(std::string_view s) { return quoted_text(s, 40); }
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);

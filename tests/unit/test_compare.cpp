@@ -212,6 +212,24 @@ TEST(Compare, ResultVsResultMatchesPointsIgnoringTrials) {
   EXPECT_EQ(compare_docs(result_doc(700, 1.2), b, 0.5).worse, 0);  // inside a 50% tolerance
 }
 
+// The points matched across a measurement parameter: the table says what each side ran with, not A's
+// value alone as if B had run with it too (bare=on against diagnose's bare=off read "fixed: ... bare=on").
+TEST(Compare, AMeasurementParameterThatDiffersShowsBothSides) {
+  json b = result_doc(800, 1.0);
+  b["points"][0]["params"]["trials"] = 50;
+  const CompareReport rep = compare_docs(result_doc(700, 1.2), b, 0.05);
+  ASSERT_EQ(rep.rows.size(), 2u);
+  EXPECT_EQ(rep.rows[0].params["trials"], "10|50");
+  EXPECT_TRUE(has_note(rep, "trials ran differently (10|50 as A|B)")) << fmt::format("{}", fmt::join(rep.notes, "\n"));
+  const std::string t = format_compare(rep);
+  EXPECT_NE(t.find("trials=10|50"), std::string::npos) << t;
+  EXPECT_EQ(t.find("trials=10 "), std::string::npos) << t;
+  // the same value on both sides: shown once, no note
+  const CompareReport same = compare_docs(result_doc(700, 1.2), result_doc(800, 1.0), 0.05);
+  EXPECT_EQ(same.rows[0].params["trials"], 10);
+  EXPECT_FALSE(has_note(same, "ran differently"));
+}
+
 // A metric whose direction changed between builds (device_us_per_launch went from higher to none)
 // has no single reading: its rows are shown, not judged, with one note; the other metrics still are.
 TEST(Compare, AMetricWhoseDirectionTheBuildsDisagreeOnIsNotJudged) {

@@ -97,4 +97,16 @@ TEST(Files, TerminalSafeKeepsUtf8AndEscapesTheRest) {
   EXPECT_EQ(terminal_safe("\xc0\xaf"), "\\xc0\\xaf");                      // an overlong form is invalid
 }
 
+// A quote of a user's value in a message: one line, cut at a byte count but never inside a character.
+TEST(Files, QuotedTextIsOneLineAndCutsWholeCharacters) {
+  EXPECT_EQ(quoted_text("a\nb\tc"), "a\\x0ab\\x09c");  // a value's newline would break the message's line
+  EXPECT_EQ(quoted_text("short", 40), "short");
+  EXPECT_EQ(quoted_text("abcdef", 4), "abcd...");
+  // "\xe6\x97\xa5" is one character: a cut inside it leaves it out whole, not two of its bytes escaped
+  EXPECT_EQ(quoted_text("a\xe6\x97\xa5z", 2), "a...");
+  EXPECT_EQ(quoted_text("a\xe6\x97\xa5z", 4), "a\xe6\x97\xa5...");
+  EXPECT_EQ(quoted_text("\xff\xfe\x01", 2), "\\xff\\xfe...");  // not UTF-8: cut where asked, escaped
+  EXPECT_EQ(quoted_text("\x80\x80\x80\x80\x80", 3), "\\x80\\x80\\x80...");  // continuation bytes only
+}
+
 }  // namespace sb
