@@ -695,7 +695,7 @@ int main_impl(int argc, char** argv) {
   auto* observed_opt = diag->add_option("--observed-tokens-per-s", da.observed, "what your training logs report, to compare")
       ->check(finite_range(1e-9, 1e15));
   auto* quick_opt = diag->add_flag("--quick", da.quick,
-                                   "small sweeps and a 60 s budget for the loop (85-110 s in all on 2 cores)");
+                                   "small sweeps and a 60 s budget for the loop (62-110 s in all on 2 cores, by CPU)");
   auto* budget_opt = diag->add_option("--budget", da.budget_s,
                                       "seconds for the runs of your training loop with each line applied (default "
                                       "120, --quick 60): each run's timed span is its share, at least 3 steps")
