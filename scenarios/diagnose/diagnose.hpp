@@ -82,6 +82,10 @@ Result run(RunContext& ctx, const Options& opt, const nlohmann::ordered_json& me
 
 // The plain-text report (what the terminal shows).
 std::string format_report(const Result& r);
+
+// The summary point's MFU line ("MFU: 6.2% now, 12% with the fixes (real tokens, over ...)"), or "" where
+// it has no MFU now and after: the text report and the HTML say it in the same words.
+std::string mfu_line(const Point& summary);
 // The same as one self-contained HTML file (inline CSS and SVG bars; no
 // script, nothing fetched): report_html.cpp.
 std::string format_html(const Result& r);

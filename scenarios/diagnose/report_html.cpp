@@ -271,6 +271,7 @@ std::string format_html(const Result& r) {
                 "now", "estimated")
         << "<p class='note'>Now (" << (simulated ? "modelled" : "measured") << ") and after the fixes: "
         << esc(p.metric("tokens_per_s_after_estimate")->note) << ".</p>\n";
+      if (const std::string m = mfu_line(p); !m.empty()) o << "<p>" << esc(m) << "</p>\n";
       if (p.info.contains("observed")) o << "<p>" << esc(p.info["observed"].get<std::string>()) << "</p>\n";
     }
 

@@ -59,6 +59,12 @@ def check_html(html, doc, tmp):
     check("<script" not in text.lower(), "the report has a script")
     check(re.search(r"(src|href)\s*=\s*['\"]?(https?:)?//", text) is None, "the report fetches something")
     check(text.count("<svg") >= 3, f"{text.count('<svg')} SVG bars")
+    # the MFU line, as the text report has it
+    for q in doc["points"]:
+        m = q.get("metrics", {})
+        if q["params"].get("check") == "summary" and "mfu_now_pct" in m and "mfu_after_pct" in m:
+            check(re.search(r"<p>MFU: [0-9.e+]+% now, [0-9.e+]+% with the fixes \(real tokens, over ", text),
+                  "the report has no MFU line")
     for f in doc["findings"]:
         line = f["evidence"].get("config_line", "")
         if line:
@@ -146,6 +152,12 @@ def main():
                                       "unsteady on their loop" if a1 or a2 or last else "no gain on their loop here")
                             check(ev.get("verdict") == want_v and want_v in f["summary"],
                                   f"{c}: verdict {ev.get('verdict')}, want {want_v}")
+                            # a line with no gain says what named it: its part's gain, or (the loader) that
+                            # it runs inline, when its part did not gain 1.10x either
+                            if want_v == "no gain on their loop here":
+                                why = ("named because the loader runs inline" if c == "loader" and
+                                       ev["part_gain"] < 1.10 else "named by its part alone")
+                                check(why in f["summary"], f"{c}: part {ev['part_gain']}, summary {f['summary']}")
                 else:
                     check(c not in found, f"{c} named without a measured gain ({gain})")
             # a two-way check's gain is the median of its three rounds' own ratios (the second in the other
@@ -229,6 +241,20 @@ def main():
             if len(ap["info"]["lines"]) > 1:
                 together = ap["info"]["runs"]["together"]["points"][0]["metrics"]["real_tokens_per_s"]
                 check(abs(s["tokens_per_s_after_estimate"]["value"] - together) < 1e-6, "after is not the measured loop")
+            # MFU before and after: a CPU's expected file has no datasheet peak, so each is over a GEMM of its
+            # dtype measured in this run (fp32 now; bf16 after, where the dtype line applied), and says so
+            sm = by["summary"]
+            runs = sm["info"].get("mfu_ceiling_runs", {})
+            check(sm["info"].get("mfu_over") == "measured" and "fp32" in runs and
+                  "not a datasheet peak" in p.stdout and "MFU:" in p.stdout, f"MFU: {sm['info']} {p.stdout[-400:]}")
+            h = doc["meta"]["diagnose"]["measured_shape"]["hidden"]
+            after = "bf16" if any(f["evidence"].get("check") == "dtype" for f in doc["findings"]) else "fp32"
+            for key, tps, dt in (("mfu_now_pct", s["tokens_per_s_now"]["value"], "fp32"),
+                                 ("mfu_after_pct", s["tokens_per_s_after_estimate"]["value"], after)):
+                ceiling = runs[dt]["points"][0]["metrics"]["tflops"] if dt in runs else 0
+                want = 100 * 6 * 2 * 12 * h * h * tps / 1e12 / ceiling if ceiling else -1
+                check(key in s and abs(s[key]["value"] - want) < 1e-6 * max(1, want) and "measured in this run" in
+                      s[key]["note"], f"{key}: {s.get(key)}, want {want} over {dt}'s {ceiling} TFLOP/s")
             # the loop as configured: their loader (inline, pageable), their padding, fp32, eager attention
             theirs = ap["info"]["runs"]["theirs"]["points"][0]["params"]
             check(theirs["workers"] == 0 and theirs["pin"] == "pageable" and theirs["collate"] == "pad-max" and
@@ -286,6 +312,9 @@ def main():
             check("modelled" in by["summary"]["metrics"]["tokens_per_s_after_estimate"]["note"],
                   "sim: the figure after the fixes is not said to be modelled")
             check("SIMULATED" in p.stdout, "sim: the report does not say simulated")
+            # a simulated H100's MFU is over its datasheet peak (h100-sxm.json): nothing measured for it
+            check(by["summary"]["info"].get("mfu_over") == "datasheet" and
+                  "mfu_ceiling_runs" not in by["summary"]["info"], f"sim: MFU over {by['summary']['info']}")
 
         p, _ = diagnose(exe, tmp, "bad", ["--config", os.path.join(data, "bad_value.yml")], want_rc=2)
         check("bad_value.yml:2" in p.stderr and "micro_batch_size" in p.stderr, f"bad value: {p.stderr[-300:]}")
