@@ -265,8 +265,10 @@ bool compare_with_result(const Result& ra, const Result& rb, double tol, const s
   auto both_values = [&](const Point& pa, const Point& pb) {
     json params = pa.params;
     for (const auto& k : steer)
-      if (pa.params.contains(k) && pb.params.contains(k) && pa.params[k] != pb.params[k]) {
-        const std::string v = param_value(pa.params[k]) + "|" + param_value(pb.params[k]);
+      if ((pa.params.contains(k) || pb.params.contains(k)) && pa.params.value(k, json()) != pb.params.value(k, json())) {
+        // one side may predate the parameter (a file from before bare=): "(none)" for it
+        auto side = [&](const Point& q) { return q.params.contains(k) ? param_value(q.params[k]) : "(none)"; };
+        const std::string v = side(pa) + "|" + side(pb);
         params[k] = v;
         differs[k].insert(v);
       }

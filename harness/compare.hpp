@@ -24,7 +24,9 @@ inline std::string_view to_string(Verdict v) { return kVerdictNames.name(v); }
 
 struct CompareRow {
   std::string point;   // "size=2048 dtype=bf16": every parameter of A's point
-  nlohmann::ordered_json params = nlohmann::ordered_json::object();  // the same, as A's JSON has them
+  // the same, as A's JSON has them; but a measurement parameter the two points ran with differently (they
+  // match across it) is the string "A|B" ("10|50", "on|(none)" where B predates it)
+  nlohmann::ordered_json params = nlohmann::ordered_json::object();
   std::string metric;  // "tflops"
   std::string unit;
   Direction direction = Direction::none;

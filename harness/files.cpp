@@ -127,10 +127,14 @@ std::string escape_text(std::string_view s, bool lines) {
       ++i;
       continue;
     }
-    // a whole valid sequence is kept; else this byte is escaped and the next one looked at
+    // a whole valid sequence is kept, but for the C1 controls (U+0080-U+009F: U+009B is CSI to some
+    // terminals, U+0085 a line break) and the line and paragraph separators (U+2028, U+2029), which are
+    // escaped byte by byte; else this byte is escaped and the next one looked at
     const std::size_t n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
     const std::string_view seq = s.substr(i, std::min(n, s.size() - i));
-    if (n > 1 && seq.size() == n && !first_invalid_utf8(seq)) {
+    const bool control = (n == 2 && c == 0xC2 && seq.size() == 2 && static_cast<unsigned char>(seq[1]) < 0xA0) ||
+                         seq == "\xE2\x80\xA8" || seq == "\xE2\x80\xA9";
+    if (n > 1 && seq.size() == n && !first_invalid_utf8(seq) && !control) {
       out += seq;
       i += n;
     } else {
@@ -147,10 +151,16 @@ std::string terminal_safe(std::string_view s) { return escape_text(s, true); }
 
 std::string quoted_text(std::string_view s, std::size_t max_bytes) {
   if (s.size() <= max_bytes) return escape_text(s, false);
-  // back to the start of a character: a continuation byte (10xxxxxx) at the cut belongs to the one before
+  // back to the start of the character the cut falls in, only when that start's lead byte says the character
+  // reaches past the cut (else the bytes before the cut are not one character: cut as asked)
   std::size_t n = max_bytes;
-  for (std::size_t back = 0; n > 0 && back < 3 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80; ++back) --n;
-  if ((static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) n = max_bytes;  // not UTF-8 there anyway: cut as is
+  std::size_t lead = n;
+  while (lead > 0 && n - lead < 3 && (static_cast<unsigned char>(s[lead]) & 0xC0) == 0x80) --lead;
+  if (lead < n) {
+    const auto c = static_cast<unsigned char>(s[lead]);
+    const std::size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    if (len > 1 && lead + len > n) n = lead;
+  }
   return escape_text(s.substr(0, n), false) + "...";
 }
 

@@ -1198,7 +1198,7 @@ class Diagnosis {
                               verdict != kNoGain ? ""
                               // the loader inline is named whatever its part read (1.01x on a 2-core Xeon): "by its
                               // part" would name a figure that did not gain
-                              : part < kMinGain ? " (named because the loader runs inline, not by its part's gain; on "
+                              : check == "loader" && part < kMinGain ? " (named because the loader runs inline, not by its part's gain; on "
                                                   "this device it is not what limits their loop)"
                                                 : " (named by its part alone; on this device it is not what limits "
                                                   "their loop)",
@@ -1217,7 +1217,8 @@ class Diagnosis {
     bool measured = false;
   };
   std::map<DType, std::optional<Peak>> peaks_;
-  json peak_runs_ = json::object();  // dtype -> the ceiling's run, compacted
+  json peak_runs_ = json::object();    // dtype -> the ceiling's run, compacted
+  json peak_failed_ = json::object();  // dtype -> why its ceiling has no figure
   std::optional<Peak> mfu_peak(DType dt) {
     if (const auto it = peaks_.find(dt); it != peaks_.end()) return it->second;
     std::optional<Peak> out;
@@ -1230,12 +1231,18 @@ class Diagnosis {
       const Sub c = sub("precision", {fmt::format("size={}", size), "dtype=" + name, "trials=3"});
       peak_runs_[name] = compact(c);
       const Point* q = c.point("dtype", name);
-      if (q && q->status == Status::ok && metric(*q, "tflops") && metric(*q, "tflops")->value > 0)
+      if (q && q->status == Status::ok && metric(*q, "tflops") && metric(*q, "tflops")->value > 0) {
         out = Peak{metric(*q, "tflops")->value,
-                   fmt::format("this device's {} GEMM ceiling: a {}^3 GEMM measured in this run ({}), not a "
-                               "datasheet peak",
-                               name, size, c.command),
+                   fmt::format("this device's {}^3 {} GEMM rate, measured in this run ({}), not a datasheet peak",
+                               size, name, c.command),
                    true};
+      } else {
+        // no MFU for this dtype, and the report says why rather than leaving the line out unexplained
+        const std::string why = !q ? std::string("no point")
+                                   : fmt::format("{}{}", to_string(q->status), q->reason.empty() ? "" : ": " + q->reason);
+        peak_failed_[name] = why;
+        opt_.say(fmt::format("diagnose: MFU: the {} GEMM did not run ({}): no MFU over {}", name, why, name));
+      }
     }
     peaks_[dt] = out;
     return out;
@@ -1274,11 +1281,11 @@ class Diagnosis {
       p.add({"tokens_per_s_after_estimate", tokens_per_s_ * gain, "tokens/s", Direction::higher, std::nullopt,
              found_.empty() ? "the same: no line to apply" : "estimated: the claimed gains multiplied, as if independent"});
     }
-    bool peak_measured = false;
+    bool peak_measured = false, peak_datasheet = false;  // what the MFU figures divide by, between them
     if (tokens_per_s_ > 0) {
       if (auto peak = mfu_peak(opt_.cfg.bf16 ? DType::bf16 : opt_.cfg.fp16 ? DType::fp16 : DType::fp32)) {
         const double params = 2.0 * 12.0 * double(shape_.hidden) * double(shape_.hidden);
-        peak_measured = peak_measured || peak->measured;
+        (peak->measured ? peak_measured : peak_datasheet) = true;
         p.add({"mfu_pct", 100.0 * 6.0 * params * tokens_per_s_ / 1e12 / peak->tflops, "%", Direction::higher,
                std::nullopt, fmt::format("their step: 6 x parameters x tokens/s over {} TFLOP/s ({})",
                                          format_number(peak->tflops), peak->source)});
@@ -1293,7 +1300,7 @@ class Diagnosis {
       const double params = 2.0 * 12.0 * double(shape_.hidden) * double(shape_.hidden);
       if (loop_now_ > 0)
         if (auto peak = mfu_peak(now_dt)) {
-          peak_measured = peak_measured || peak->measured;
+          (peak->measured ? peak_measured : peak_datasheet) = true;
           p.add({"mfu_now_pct", 100.0 * 6.0 * params * loop_now_ / 1e12 / peak->tflops, "%", Direction::higher,
                  std::nullopt, fmt::format("their loop as configured: 6 x parameters x real tokens/s over {} TFLOP/s "
                                            "({}, {})",
@@ -1301,7 +1308,7 @@ class Diagnosis {
         }
       if (loop_after_ > 0)
         if (auto peak = mfu_peak(after_dt)) {
-          peak_measured = peak_measured || peak->measured;
+          (peak->measured ? peak_measured : peak_datasheet) = true;
           p.add({"mfu_after_pct", 100.0 * 6.0 * params * loop_after_ / 1e12 / peak->tflops, "%", Direction::higher,
                  std::nullopt, fmt::format("their loop with every line: 6 x parameters x real tokens/s over {} "
                                            "TFLOP/s ({}, {})",
@@ -1314,8 +1321,9 @@ class Diagnosis {
                   {"applied_on_the_loop", in_loop},
                   {"not_applied", outside}};
     if (p.metric("mfu_pct") || p.metric("mfu_now_pct") || p.metric("mfu_after_pct"))
-      p.info["mfu_over"] = peak_measured ? "measured" : "datasheet";  // what the MFU figures divide by
+      p.info["mfu_over"] = peak_measured && peak_datasheet ? "mixed" : peak_measured ? "measured" : "datasheet";
     if (!peak_runs_.empty()) p.info["mfu_ceiling_runs"] = peak_runs_;
+    if (!peak_failed_.empty()) p.info["mfu_ceiling_failed"] = peak_failed_;
     if (found_.empty()) p.info["no_line_to_apply"] = true;
     if (opt_.observed_tokens_per_s) {
       if (shape_.reduced)
@@ -1442,11 +1450,14 @@ std::string trace_line(const Point& p) {
 
 std::string mfu_line(const Point& p) {
   if (!p.metric("mfu_now_pct") || !p.metric("mfu_after_pct")) return "";
+  const std::string over = p.info.value("mfu_over", std::string());
   return fmt::format("MFU: {:.2g}% now, {:.2g}% with the fixes (real tokens, over {})", p.metric("mfu_now_pct")->value,
                      p.metric("mfu_after_pct")->value,
-                     p.info.value("mfu_over", std::string()) == "measured"
-                         ? "a GEMM of each one's dtype measured in this run: this device's ceiling, not a datasheet peak"
-                         : "the expected peak of each one's dtype");
+                     over == "measured" ? "a large GEMM of each one's dtype measured in this run: its rate here, not a "
+                                          "datasheet peak"
+                     : over == "mixed"  ? "the expected peak of one dtype and, for the other, which has none, a GEMM "
+                                          "measured in this run: see each figure's note"
+                                        : "the expected peak of each one's dtype");
 }
 
 std::string format_report(const Result& r) {

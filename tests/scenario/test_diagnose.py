@@ -63,7 +63,7 @@ def check_html(html, doc, tmp):
     for q in doc["points"]:
         m = q.get("metrics", {})
         if q["params"].get("check") == "summary" and "mfu_now_pct" in m and "mfu_after_pct" in m:
-            check(re.search(r"<p>MFU: [0-9.e+]+% now, [0-9.e+]+% with the fixes \(real tokens, over ", text),
+            check(re.search(r"<p>MFU: [0-9.e+-]+% now, [0-9.e+-]+% with the fixes \(real tokens, over ", text),
                   "the report has no MFU line")
     for f in doc["findings"]:
         line = f["evidence"].get("config_line", "")
@@ -248,7 +248,12 @@ def main():
             check(sm["info"].get("mfu_over") == "measured" and "fp32" in runs and
                   "not a datasheet peak" in p.stdout and "MFU:" in p.stdout, f"MFU: {sm['info']} {p.stdout[-400:]}")
             h = doc["meta"]["diagnose"]["measured_shape"]["hidden"]
-            after = "bf16" if any(f["evidence"].get("check") == "dtype" for f in doc["findings"]) else "fp32"
+            # the dtype the loop ran in with every line: the dtype line's ("bf16: true", or fp16 on a device
+            # with fp16 and no bf16), else fp32
+            after = "fp32"
+            for f in doc["findings"]:
+                if f["evidence"].get("check") == "dtype":
+                    after = f["evidence"]["config_line"].split(":")[0]
             for key, tps, dt in (("mfu_now_pct", s["tokens_per_s_now"]["value"], "fp32"),
                                  ("mfu_after_pct", s["tokens_per_s_after_estimate"]["value"], after)):
                 ceiling = runs[dt]["points"][0]["metrics"]["tflops"] if dt in runs else 0

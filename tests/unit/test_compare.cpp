@@ -228,6 +228,13 @@ TEST(Compare, AMeasurementParameterThatDiffersShowsBothSides) {
   const CompareReport same = compare_docs(result_doc(700, 1.2), result_doc(800, 1.0), 0.05);
   EXPECT_EQ(same.rows[0].params["trials"], 10);
   EXPECT_FALSE(has_note(same, "ran differently"));
+  // B from before the parameter: the points still match, and the row says B had none
+  json old = result_doc(800, 1.0);
+  old["points"][0]["params"].erase("trials");
+  const CompareReport before = compare_docs(result_doc(700, 1.2), old, 0.05);
+  ASSERT_EQ(before.rows.size(), 2u);
+  EXPECT_EQ(before.rows[0].params["trials"], "10|(none)");
+  EXPECT_TRUE(has_note(before, "trials ran differently (10|(none) as A|B)"));
 }
 
 // A metric whose direction changed between builds (device_us_per_launch went from higher to none)

@@ -107,6 +107,14 @@ TEST(Files, QuotedTextIsOneLineAndCutsWholeCharacters) {
   EXPECT_EQ(quoted_text("a\xe6\x97\xa5z", 4), "a\xe6\x97\xa5...");
   EXPECT_EQ(quoted_text("\xff\xfe\x01", 2), "\\xff\\xfe...");  // not UTF-8: cut where asked, escaped
   EXPECT_EQ(quoted_text("\x80\x80\x80\x80\x80", 3), "\\x80\\x80\\x80...");  // continuation bytes only
+  EXPECT_EQ(quoted_text("\xf0\x9f\x98\x80!", 3), "...");                   // a 4-byte character, cut inside
+  EXPECT_EQ(quoted_text("\xf0\x9f\x98\x80!", 4), "\xf0\x9f\x98\x80...");
+  // a stray continuation byte after a whole character: the character stays, the cut is where asked
+  EXPECT_EQ(quoted_text("\xc3\x80\x80\x80", 3), "\xc3\x80\\x80...");
+  // C1 controls and the Unicode line separators are valid UTF-8 but act on a terminal or break the line
+  EXPECT_EQ(quoted_text("a\xc2\x9b" "2Jb\xc2\x85" "c\xe2\x80\xa8" "d"), "a\\xc2\\x9b2Jb\\xc2\\x85c\\xe2\\x80\\xa8d");
+  EXPECT_EQ(quoted_text("caf\xc3\xa9 \xc2\xa0"), "caf\xc3\xa9 \xc2\xa0");  // U+00A0 and above stay
+  EXPECT_EQ(terminal_safe("x\xc2\x9b" "1m"), "x\\xc2\\x9b1m");
 }
 
 }  // namespace sb
