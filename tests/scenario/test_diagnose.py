@@ -63,7 +63,8 @@ def check_html(html, doc, tmp):
     for q in doc["points"]:
         m = q.get("metrics", {})
         if q["params"].get("check") == "summary" and "mfu_now_pct" in m and "mfu_after_pct" in m:
-            check(re.search(r"<p>MFU: [0-9.e+-]+% now, [0-9.e+-]+% with the fixes \(real tokens, over ", text),
+            check(re.search(r"<p>MFU: [0-9.e+-]+% now \(of \w+&#39;s [0-9.e+-]+ TFLOP/s\), [0-9.e+-]+% with the fixes \(of \w+&#39;s "
+                            r"[0-9.e+-]+ TFLOP/s\) \(real tokens, over ", text),
                   "the report has no MFU line")
     for f in doc["findings"]:
         line = f["evidence"].get("config_line", "")
