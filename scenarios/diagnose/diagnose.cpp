@@ -403,12 +403,22 @@ class Diagnosis {
                              c.dataloader_num_workers, metric(*best, "busy_pct")->value,
                              p.info["pattern_fixed"].get<std::string>(), rec)
                : fmt::format("dataloader_num_workers: 0 loads every batch in series with the step; the modelled "
-                             "loader (supply=0.5, not yours) gained only {:.2f}x here, where its workers share the "
-                             "machine's CPUs with the step{}: the applied check below measures the line on your loop",
-                             f / b, drift.empty() ? "" : " (" + drift + ")"),
+                             "loader (supply=0.5, not yours) gained only {:.2f}x here, where {}{}: the applied check "
+                             "below measures the line on your loop",
+                             f / b, workers_room(*best, rec), drift.empty() ? "" : " (" + drift + ")"),
            line, s.command);
     }
     return p;
+  }
+
+  // Why more workers bought the modelled loader little: the dataloader scenario gives the step its own CPUs and
+  // the loader the rest, so on a 2-core machine 2 workers share 1 CPU (supply=0.5 of one worker stays 0.5).
+  static std::string workers_room(const Point& q, int workers) {
+    const json split = q.info.value("cpu_split", json::object());
+    const auto n = [&](const char* k) { return split.contains(k) && split[k].is_array() ? split[k].size() : 0; };
+    if (n("loader_cpus") == 0 || n("compute_cpus") == 0) return "its workers share the machine's CPUs with the step";
+    return fmt::format("its {} worker(s) share the {} CPU(s) left beside the step's {} (of {})", workers,
+                       n("loader_cpus"), n("compute_cpus"), n("loader_cpus") + n("compute_cpus"));
   }
 
   // 3. dtype at their MLP GEMM
