@@ -13,6 +13,7 @@
 #include <tuple>       // std::tuple
 #include <vector>      // std::vector
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "fake_device.hpp"
@@ -230,7 +231,7 @@ TEST(Findings, AttentionMemoryRatioKeepsATenthUnderTenX) {
 // the others are fixed; on both sides: unsteady; else no gain), `holds` from its repeat (within
 // 15%), its speedup is its gain alone, and the list is ordered by verdict, then by that gain.
 TEST(Findings, PublishedDiagnoseReportsAreRankedAndJudgedByTheirOwnFigures) {
-  int reports = 0;
+  int reports = 0, shape_notes = 0, mfu_reports = 0;
   for (const auto& rec : recorded_results()) {
     if (rec.doc.value("scenario", "") != "diagnose") continue;
     SCOPED_TRACE(rec.file);
@@ -278,9 +279,36 @@ TEST(Findings, PublishedDiagnoseReportsAreRankedAndJudgedByTheirOwnFigures) {
         EXPECT_NEAR(e.at(k).get<double>(), med, 1e-12 * med) << k << " is not the median of " << ks;
       }
       EXPECT_TRUE(e.value("command", "").starts_with("stallbench run ")) << e.value("command", "");
+      // a part measured at a longer sequence than the loop ran (the default config on a CPU: 2048 against
+      // 256) says so in the finding
+      if (e.contains("part_seq_len")) {
+        ++shape_notes;
+        EXPECT_NE(e.at("part_seq_len"), e.at("loop_seq_len"));
+        EXPECT_NE(f.at("summary").get<std::string>().find(fmt::format(
+                      "its part ran at {} tokens per sequence, their loop at {}", e.at("part_seq_len").get<int>(),
+                      e.at("loop_seq_len").get<int>())),
+                  std::string::npos)
+            << f.at("summary").get<std::string>();
+      }
+    }
+    // the MFU before and after (since 2026-12-04): 6 x the measured layers' parameters (2 x 12 x hidden^2)
+    // x the loop's real tokens/s over the rate the report names for that figure's dtype
+    for (const json& pt : rec.doc.at("points")) {
+      if (pt.at("params").value("check", "") != "summary" || !pt.at("info").contains("mfu_peak_now")) continue;
+      ++mfu_reports;
+      const double h = rec.doc.at("meta").at("diagnose").at("measured_shape").at("hidden").get<double>();
+      const json& m = pt.at("metrics");
+      for (const auto& [pct, tps, peak] : {std::tuple{"mfu_now_pct", "tokens_per_s_now", "mfu_peak_now"},
+                                           std::tuple{"mfu_after_pct", "tokens_per_s_after_estimate", "mfu_peak_after"}}) {
+        const double want = 100.0 * 6.0 * 2.0 * 12.0 * h * h * m.at(tps).at("value").get<double>() / 1e12 /
+                            pt.at("info").at(peak).at("tflops").get<double>();
+        EXPECT_NEAR(m.at(pct).at("value").get<double>(), want, 1e-9 * want) << pct;
+      }
     }
   }
   EXPECT_GE(reports, 1) << "no published diagnose report";
+  EXPECT_GE(shape_notes, 1) << "no published report whose part ran at a longer sequence than its loop";
+  EXPECT_GE(mfu_reports, 2) << "no published reports with MFU over a measured and a datasheet rate";
 }
 
 }  // namespace
