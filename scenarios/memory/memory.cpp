@@ -54,6 +54,7 @@
 #include "harness/train_ops.hpp"          // TrainOps
 #include "harness/units.hpp"              // format_bytes
 #include "scenarios/batch/decoder.hpp"    // DecoderStep, predict_footprint
+#include "scenarios/memory/pool_replay.hpp"  // compare_stream_pool: the cuda pool's replay
 #include "scenarios/memory/search.hpp"    // largest_fitting
 #include "scenarios/packing/lengths.hpp"  // parse_lengths, generate_lengths: the fragmentation probe's lengths
 
@@ -491,12 +492,7 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
 
   // The sequence, once: every malloc and free of the steps, in order. The caching allocator and the
   // stream-ordered pool (cuda) replay the same one.
-  struct Op {
-    enum Kind { alloc, free, note, forward_end, step_begin, step_end } kind;
-    std::size_t slot = 0;  // alloc, free: which allocation
-    std::uint64_t bytes = 0;
-    const char* what = "";
-  };
+  using Op = memory::AllocOp;
   std::vector<Op> ops;
   std::size_t slots = 0;
   {
@@ -608,36 +604,6 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
     dev.set_memory_limit(point_limit);
     return r;
   };
-  // The same sequence through the device's stream-ordered pool (cudaMallocAsync's), capped at
-  // max_bytes (0: none): whether it runs, and what the pool reserved at its peak.
-  struct PoolRun {
-    bool ok = true;
-    int failed_step = -1;
-    std::uint64_t reserved_high = 0, used_high = 0;
-    std::string error, impl;
-  };
-  auto pool_run = [&](std::unique_ptr<StreamPool> pool) {
-    PoolRun r;
-    r.impl = pool->impl();
-    std::vector<void*> ptrs(slots, nullptr);
-    int step = -1;
-    try {
-      for (const Op& op : ops) {
-        if (op.kind == Op::alloc) ptrs[op.slot] = pool->malloc(std::size_t(op.bytes));
-        if (op.kind == Op::free) pool->free(std::exchange(ptrs[op.slot], nullptr));
-        if (op.kind == Op::step_begin) step = int(op.slot);
-      }
-    } catch (const OutOfMemory& ex) {
-      r.ok = false;
-      r.failed_step = step;
-      r.error = ex.what();
-      for (void*& q : ptrs)
-        if (q) pool->free(std::exchange(q, nullptr));
-    }
-    r.reserved_high = pool->reserved_high();
-    r.used_high = pool->used_high();
-    return r;
-  };
   // the peak need: the most requested bytes alive at once, from a run with room to spare
   const Run free_run = run(4 * estimate + (64u << 20), false);
   if (!free_run.ok) {
@@ -692,28 +658,13 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
                              {"error", below.error}};
   }
   // cuda: cudaMallocAsync's pool on the same sequence, unconstrained and capped at what the caching
-  // allocator needed
-  if (auto pool = dev.make_stream_pool(0)) {
-    ctx_.progress("memory: the same steps through the stream-ordered pool");
-    const PoolRun free_pool = pool_run(std::move(pool));
-    json a{{"impl", free_pool.impl}, {"ran", free_pool.ok}};
-    if (free_pool.ok) {
-      a["reserved_high_bytes"] = free_pool.reserved_high;
-      a["used_high_bytes"] = free_pool.used_high;
-      p.add({"async_pool_overhead_pct", 100.0 * (double(free_pool.reserved_high) / double(peak_need) - 1.0), "%",
-             Direction::lower, std::nullopt,
-             "the stream-ordered pool's reserved bytes at its peak (cudaMemPoolAttrReservedMemHigh), unconstrained, "
-             "above the steps' peak need: beside frag_overhead_pct"});
-      if (auto capped = dev.make_stream_pool(std::size_t(needed))) {
-        const PoolRun at = pool_run(std::move(capped));
-        a["at_caching_needed"] = json{{"capacity", needed}, {"ran", at.ok}, {"failed_step", at.failed_step},
-                                      {"error", at.error}, {"reserved_high_bytes", at.reserved_high}};
-      }
-    } else {
-      a["error"] = free_pool.error;
-    }
-    f["async_pool"] = a;
-  }
+  // allocator needed (scenarios/memory/pool_replay: the logic, tested on a pool of the test's own)
+  const auto make_pool = [&](std::size_t max_bytes) {
+    auto pool = dev.make_stream_pool(max_bytes);
+    if (pool && max_bytes == 0) ctx_.progress("memory: the same steps through the stream-ordered pool");
+    return pool;
+  };
+  if (auto a = memory::compare_stream_pool(make_pool, ops, slots, peak_need, needed, p)) f["async_pool"] = *a;
   p.add({"frag_overhead_pct", 100.0 * (double(needed) / double(peak_need) - 1.0), "%", Direction::lower,
          std::nullopt,
          "capacity the caching allocator needs to run the varying-length steps, above their peak need (bisection)"});

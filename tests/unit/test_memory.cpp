@@ -3,6 +3,8 @@
 // CI): a typed error naming the bytes, nothing leaked, the next smaller step
 // builds and runs.
 #include <chrono>
+#include <map>
+#include <memory>
 #include <set>
 #include <string>
 
@@ -12,6 +14,7 @@
 #include "harness/train_ops.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "scenarios/batch/decoder.hpp"
+#include "scenarios/memory/pool_replay.hpp"
 #include "scenarios/memory/search.hpp"
 
 namespace sb {
@@ -87,6 +90,141 @@ TEST(MemoryOom, AStepThatDoesNotFitIsATypedErrorAndLeavesNothingBehind) {
   for (float g : s.grad(0, 2)) norm += double(g) * g;
   EXPECT_GT(norm, 0);
   dev->set_memory_limit(0);
+}
+
+// A stream-ordered pool of the test's own, to run the cuda pool's comparison on a CPU: each block is
+// rounded up to 2 MiB (cudaMallocAsync maps its pool's memory in such pages), a freed block's pages are
+// kept and reused (a release threshold of "never"), and a pool capped at max_bytes refuses what would
+// take its pages past it. What it holds is counted, so a test can see every block went back.
+class PagedPool : public StreamPool {
+ public:
+  static constexpr std::size_t kPage = 2u << 20;
+  PagedPool(std::size_t max_bytes, int* live_pools) : max_(max_bytes), live_pools_(live_pools) { ++*live_pools_; }
+  ~PagedPool() override { --*live_pools_; }
+  void* malloc(std::size_t bytes) override {
+    const std::size_t pages = (bytes + kPage - 1) / kPage * kPage;
+    if (used_ + pages > reserved_) {
+      if (max_ && used_ + pages > max_)
+        throw OutOfMemory("test pool: " + std::to_string(bytes) + " bytes past its cap of " + std::to_string(max_));
+      reserved_ = used_ + pages;
+    }
+    used_ += pages;
+    reserved_high_ = std::max(reserved_high_, reserved_);
+    used_high_ = std::max(used_high_, used_);
+    void* p = reinterpret_cast<void*>(++next_);
+    held_[p] = pages;
+    return p;
+  }
+  void free(void* p) override {
+    used_ -= held_.at(p);
+    held_.erase(p);
+  }
+  std::size_t reserved_high() const override { return reserved_high_; }
+  std::size_t used_high() const override { return used_high_; }
+  std::string impl() const override { return "test pool (2 MiB pages)"; }
+  std::size_t held() const { return held_.size(); }
+
+ private:
+  std::size_t max_, used_ = 0, reserved_ = 0, reserved_high_ = 0, used_high_ = 0;
+  std::uintptr_t next_ = 0;
+  std::map<void*, std::size_t> held_;
+  int* live_pools_;
+};
+
+// A sequence of the probe's shape: a state block held throughout, then steps whose activations are
+// allocated in the forward and freed in the backward, the second step's larger.
+std::vector<memory::AllocOp> two_steps(std::size_t& slots) {
+  using Op = memory::AllocOp;
+  std::vector<Op> ops;
+  slots = 0;
+  auto get = [&](std::uint64_t b) {
+    ops.push_back({Op::alloc, slots, b, "x"});
+    return slots++;
+  };
+  const std::size_t state = get(5u << 20);  // 5 MiB: 3 pages
+  for (int step = 0; step < 2; ++step) {
+    ops.push_back({Op::step_begin, std::size_t(step)});
+    const std::uint64_t unit = step == 0 ? (1u << 20) : (3u << 20);  // 1 MiB (1 page) or 3 MiB (2 pages)
+    std::vector<std::size_t> acts{get(unit), get(unit), get(unit)};
+    for (std::size_t a : acts) ops.push_back({Op::free, a});
+    ops.push_back({Op::step_end, std::size_t(step)});
+  }
+  ops.push_back({Op::free, state});
+  return ops;
+}
+
+// The cuda pool's comparison (memory scenario, fragmentation probe), on the test's pool: the
+// unconstrained run's reserved high-water mark over the peak need is the metric; capped at what the
+// caching allocator needed, a too-small cap fails at the step that asked, and every block goes back.
+TEST(StreamPoolComparison, ReplaysTheStepsUnconstrainedThenCapped) {
+  std::size_t slots = 0;
+  const auto ops = two_steps(slots);
+  // the peak need, as the caching replay measures it: the state and the second step's activations
+  const std::uint64_t peak_need = (5u << 20) + 3 * (3u << 20);  // 14 MiB
+  // pages at the peak: 3 (state) + 3 x 2 (step 2) = 9 pages = 18 MiB
+  const std::size_t pool_peak = 9 * PagedPool::kPage;
+  int live = 0;
+  std::vector<std::size_t> caps;
+  std::vector<std::size_t> left;  // blocks each pool still held when the replay returned
+  auto make = [&](std::size_t cap) -> std::unique_ptr<StreamPool> {
+    caps.push_back(cap);
+    return std::make_unique<PagedPool>(cap, &live);
+  };
+  Point p;
+  // capped at 16 MiB (as if the caching allocator had needed that): 8 pages, one short of step 2's peak
+  const auto a = memory::compare_stream_pool(make, ops, slots, peak_need, 8 * PagedPool::kPage, p);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(caps, (std::vector<std::size_t>{0, 8 * PagedPool::kPage}));
+  EXPECT_EQ(live, 0) << "a pool outlived its run";
+  EXPECT_TRUE((*a)["ran"].get<bool>());
+  EXPECT_EQ((*a)["impl"], "test pool (2 MiB pages)");
+  EXPECT_EQ((*a)["reserved_high_bytes"].get<std::size_t>(), pool_peak);
+  EXPECT_EQ((*a)["used_high_bytes"].get<std::size_t>(), pool_peak);
+  const Metric* m = p.metric("async_pool_overhead_pct");
+  ASSERT_NE(m, nullptr);
+  EXPECT_NEAR(m->value, 100.0 * (18.0 / 14.0 - 1.0), 1e-9);
+  EXPECT_EQ(m->direction, Direction::lower);
+  const auto& at = (*a)["at_caching_needed"];
+  EXPECT_FALSE(at["ran"].get<bool>());
+  EXPECT_EQ(at["failed_step"].get<int>(), 1);  // step 0 fits in 8 pages, step 1's third block does not
+  EXPECT_NE(at["error"].get<std::string>().find("past its cap"), std::string::npos) << at.dump();
+  EXPECT_EQ(at["capacity"].get<std::size_t>(), 8 * PagedPool::kPage);
+
+  // the replay itself frees what it held when the pool refuses, and a cap that fits runs
+  PagedPool tight(8 * PagedPool::kPage, &live);
+  const memory::PoolRun r = memory::replay_on_pool(tight, ops, slots);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(tight.held(), 0u) << "blocks left in the pool after the failed run";
+  PagedPool roomy(9 * PagedPool::kPage, &live);
+  const memory::PoolRun ok = memory::replay_on_pool(roomy, ops, slots);
+  EXPECT_TRUE(ok.ok) << ok.error;
+  EXPECT_EQ(ok.failed_step, -1);
+  EXPECT_EQ(roomy.held(), 0u);
+}
+
+// No pool (every device but cuda): no comparison and no metric; an unconstrained pool that fails
+// (a device out of memory) says where, with no overhead figure and no capped run.
+TEST(StreamPoolComparison, NoPoolNoFigureAndAFailedRunSaysWhere) {
+  std::size_t slots = 0;
+  const auto ops = two_steps(slots);
+  Point p;
+  EXPECT_FALSE(memory::compare_stream_pool([](std::size_t) { return std::unique_ptr<StreamPool>(); }, ops, slots,
+                                           14u << 20, 16u << 20, p)
+                   .has_value());
+  EXPECT_EQ(p.metric("async_pool_overhead_pct"), nullptr);
+  int live = 0, made = 0;
+  auto tiny = [&](std::size_t) -> std::unique_ptr<StreamPool> {
+    ++made;
+    return std::make_unique<PagedPool>(4 * PagedPool::kPage, &live);  // the state and a step 0 block only
+  };
+  const auto a = memory::compare_stream_pool(tiny, ops, slots, 14u << 20, 16u << 20, p);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(made, 1) << "a capped run after the unconstrained one failed";
+  EXPECT_FALSE((*a)["ran"].get<bool>());
+  EXPECT_EQ((*a)["failed_step"].get<int>(), 0);
+  EXPECT_FALSE(a->contains("at_caching_needed"));
+  EXPECT_EQ(p.metric("async_pool_overhead_pct"), nullptr);
+  EXPECT_EQ(live, 0);
 }
 
 }  // namespace
