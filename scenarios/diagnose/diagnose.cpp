@@ -1306,12 +1306,20 @@ class Diagnosis {
     }
     bool peak_measured = false, peak_datasheet = false;  // what the MFU figures divide by, between them
     json peak_now, peak_after;                           // the dtype and TFLOP/s each loop MFU is over
+    // Model FLOPs per token, PaLM's definition (its appendix B; nanoGPT's estimate_mfu): 6N for the
+    // weights' forward and backward plus 12 L H Q T for attention's scores and values (H Q = hidden,
+    // T = the sequence), N the measured layers' 2 x 12 x hidden^2 parameters (Q, K, V, O and a 4x MLP:
+    // the decoder step's). Embeddings and the LM head are not in the measured step, so not counted.
+    const double h = double(shape_.hidden), layers = 2.0;
+    const double flops_per_token = 6.0 * layers * 12.0 * h * h + 12.0 * layers * h * double(shape_.seq);
+    const std::string mfu_what =
+        fmt::format("{} model FLOPs per token (6N + 12 L H Q T, PaLM's: N = 2 layers x 12 x {}^2, T = {})",
+                    format_number(flops_per_token), shape_.hidden, shape_.seq);
     if (tokens_per_s_ > 0) {
       if (auto peak = mfu_peak(opt_.cfg.bf16 ? DType::bf16 : opt_.cfg.fp16 ? DType::fp16 : DType::fp32)) {
-        const double params = 2.0 * 12.0 * double(shape_.hidden) * double(shape_.hidden);
         (peak->measured ? peak_measured : peak_datasheet) = true;
-        p.add({"mfu_pct", 100.0 * 6.0 * params * tokens_per_s_ / 1e12 / peak->tflops, "%", Direction::higher,
-               std::nullopt, fmt::format("their step: 6 x parameters x tokens/s over {} TFLOP/s ({})",
+        p.add({"mfu_pct", 100.0 * flops_per_token * tokens_per_s_ / 1e12 / peak->tflops, "%", Direction::higher,
+               std::nullopt, fmt::format("their step: {} x tokens/s over {} TFLOP/s ({})", mfu_what,
                                          format_number(peak->tflops), peak->source)});
       }
       // the loop's, in real tokens (model FLOPs count useful tokens only), before and after the fixes, each
@@ -1321,24 +1329,21 @@ class Diagnosis {
       for (const Applied& x : applied_)
         for (const auto& [k, v] : x.change)
           if (k == "dtype") after_dt = v == "bf16" ? DType::bf16 : v == "fp16" ? DType::fp16 : DType::fp32;
-      const double params = 2.0 * 12.0 * double(shape_.hidden) * double(shape_.hidden);
       if (loop_now_ > 0)
         if (auto peak = mfu_peak(now_dt)) {
           (peak->measured ? peak_measured : peak_datasheet) = true;
           peak_now = json{{"dtype", to_string(now_dt)}, {"tflops", peak->tflops}};
-          p.add({"mfu_now_pct", 100.0 * 6.0 * params * loop_now_ / 1e12 / peak->tflops, "%", Direction::higher,
-                 std::nullopt, fmt::format("their loop as configured: 6 x parameters x real tokens/s over {} TFLOP/s "
-                                           "({}, {})",
-                                           format_number(peak->tflops), to_string(now_dt), peak->source)});
+          p.add({"mfu_now_pct", 100.0 * flops_per_token * loop_now_ / 1e12 / peak->tflops, "%", Direction::higher,
+                 std::nullopt, fmt::format("their loop as configured: {} x real tokens/s over {} TFLOP/s ({}, {})",
+                                           mfu_what, format_number(peak->tflops), to_string(now_dt), peak->source)});
         }
       if (loop_after_ > 0)
         if (auto peak = mfu_peak(after_dt)) {
           (peak->measured ? peak_measured : peak_datasheet) = true;
           peak_after = json{{"dtype", to_string(after_dt)}, {"tflops", peak->tflops}};
-          p.add({"mfu_after_pct", 100.0 * 6.0 * params * loop_after_ / 1e12 / peak->tflops, "%", Direction::higher,
-                 std::nullopt, fmt::format("their loop with every line: 6 x parameters x real tokens/s over {} "
-                                           "TFLOP/s ({}, {})",
-                                           format_number(peak->tflops), to_string(after_dt), peak->source)});
+          p.add({"mfu_after_pct", 100.0 * flops_per_token * loop_after_ / 1e12 / peak->tflops, "%", Direction::higher,
+                 std::nullopt, fmt::format("their loop with every line: {} x real tokens/s over {} TFLOP/s ({}, {})",
+                                           mfu_what, format_number(peak->tflops), to_string(after_dt), peak->source)});
         }
     }
     p.info = json{{"fixes", found_.size()},
@@ -1348,6 +1353,7 @@ class Diagnosis {
                   {"not_applied", outside}};
     if (p.metric("mfu_pct") || p.metric("mfu_now_pct") || p.metric("mfu_after_pct"))
       p.info["mfu_over"] = peak_measured && peak_datasheet ? "mixed" : peak_measured ? "measured" : "datasheet";
+    if (p.metric("mfu_pct") || p.metric("mfu_now_pct")) p.info["mfu_flops_per_token"] = flops_per_token;
     if (!peak_now.is_null()) p.info["mfu_peak_now"] = peak_now;
     if (!peak_after.is_null()) p.info["mfu_peak_after"] = peak_after;
     if (!peak_runs_.empty()) p.info["mfu_ceiling_runs"] = peak_runs_;

@@ -248,7 +248,12 @@ def main():
             runs = sm["info"].get("mfu_ceiling_runs", {})
             check(sm["info"].get("mfu_over") == "measured" and "fp32" in runs and
                   "not a datasheet peak" in p.stdout and "MFU:" in p.stdout, f"MFU: {sm['info']} {p.stdout[-400:]}")
-            h = doc["meta"]["diagnose"]["measured_shape"]["hidden"]
+            # PaLM's model FLOPs per token (nanoGPT's estimate_mfu): 6N + 12 L H Q T, N = 2 x 12 x hidden^2
+            shape = doc["meta"]["diagnose"]["measured_shape"]
+            h, t = shape["hidden"], shape["seq_len"]
+            fpt = 6 * 2 * 12 * h * h + 12 * 2 * h * t
+            check(abs(sm["info"].get("mfu_flops_per_token", -1) - fpt) < 1e-6 * fpt,
+                  f"FLOPs per token {sm['info'].get('mfu_flops_per_token')}, want {fpt}")
             # the dtype the loop ran in with every line: the dtype line's ("bf16: true", or fp16 on a device
             # with fp16 and no bf16), else fp32
             after = "fp32"
@@ -258,7 +263,7 @@ def main():
             for key, tps, dt in (("mfu_now_pct", s["tokens_per_s_now"]["value"], "fp32"),
                                  ("mfu_after_pct", s["tokens_per_s_after_estimate"]["value"], after)):
                 ceiling = runs[dt]["points"][0]["metrics"]["tflops"] if dt in runs else 0
-                want = 100 * 6 * 2 * 12 * h * h * tps / 1e12 / ceiling if ceiling else -1
+                want = 100 * fpt * tps / 1e12 / ceiling if ceiling else -1
                 check(key in s and abs(s[key]["value"] - want) < 1e-6 * max(1, want) and "measured in this run" in
                       s[key]["note"], f"{key}: {s.get(key)}, want {want} over {dt}'s {ceiling} TFLOP/s")
             # the loop as configured: their loader (inline, pageable), their padding, fp32, eager attention

@@ -291,16 +291,20 @@ TEST(Findings, PublishedDiagnoseReportsAreRankedAndJudgedByTheirOwnFigures) {
             << f.at("summary").get<std::string>();
       }
     }
-    // the MFU before and after (since 2026-12-04): 6 x the measured layers' parameters (2 x 12 x hidden^2)
-    // x the loop's real tokens/s over the rate the report names for that figure's dtype
+    // the MFU before and after (since 2026-12-04): PaLM's model FLOPs per token (6N + 12 L H Q T, N the
+    // measured layers' 2 x 12 x hidden^2 parameters, T the sequence) x the loop's real tokens/s over the
+    // rate the report names for that figure's dtype
     for (const json& pt : rec.doc.at("points")) {
       if (pt.at("params").value("check", "") != "summary" || !pt.at("info").contains("mfu_peak_now")) continue;
       ++mfu_reports;
-      const double h = rec.doc.at("meta").at("diagnose").at("measured_shape").at("hidden").get<double>();
+      const json& shape = rec.doc.at("meta").at("diagnose").at("measured_shape");
+      const double h = shape.at("hidden").get<double>(), t = shape.at("seq_len").get<double>();
+      const double fpt = 6.0 * 2.0 * 12.0 * h * h + 12.0 * 2.0 * h * t;
+      EXPECT_NEAR(pt.at("info").at("mfu_flops_per_token").get<double>(), fpt, 1e-9 * fpt);
       const json& m = pt.at("metrics");
       for (const auto& [pct, tps, peak] : {std::tuple{"mfu_now_pct", "tokens_per_s_now", "mfu_peak_now"},
                                            std::tuple{"mfu_after_pct", "tokens_per_s_after_estimate", "mfu_peak_after"}}) {
-        const double want = 100.0 * 6.0 * 2.0 * 12.0 * h * h * m.at(tps).at("value").get<double>() / 1e12 /
+        const double want = 100.0 * fpt * m.at(tps).at("value").get<double>() / 1e12 /
                             pt.at("info").at(peak).at("tflops").get<double>();
         EXPECT_NEAR(m.at(pct).at("value").get<double>(), want, 1e-9 * want) << pct;
       }
