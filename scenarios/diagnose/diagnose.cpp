@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"           // UsageError
+#include "harness/host_load.hpp"        // read_cpu_ticks, host_load: what else ran while a check measured
 #include "harness/host_memory.hpp"      // read_host_memory: a cpu device's capacity
 #include "harness/printer.hpp"          // format_number
 #include "harness/runner.hpp"           // run_scenario
@@ -97,13 +98,20 @@ class Diagnosis {
                                          &Diagnosis::padding, &Diagnosis::attention, &Diagnosis::batch,
                                          &Diagnosis::memory, &Diagnosis::applied}) {
       const auto from = clk::now();
+      const CpuTicks ticks = read_cpu_ticks();
+      const std::size_t found_before = found_.size();
       Point p = (this->*check)();
       if (!p.info.is_object()) p.info = json::object();
       p.info["wall_s"] = std::chrono::duration<double>(clk::now() - from).count();
+      judge_host_load(p, ticks, found_before);
       res.points.push_back(std::move(p));
     }
     res.points.push_back(summary());
     res.meta["diagnose"]["wall_s"] = std::chrono::duration<double>(clk::now() - t0_).count();
+    if (const auto load = host_load(run_ticks_, read_cpu_ticks()))
+      res.meta["diagnose"]["host_cpu"] = json{{"other_pct", load->other_pct}, {"steal_pct", load->steal_pct},
+                                              {"window_s", load->window_s}};
+    if (!busy_checks_.empty()) res.meta["diagnose"]["busy_checks"] = busy_checks_;
     // findings, ranked by what their loop showed (confirmed first), then by measured gain
     std::stable_sort(found_.begin(), found_.end(), [](const Finding& a, const Finding& b) {
       const int ra = verdict_rank(a), rb = verdict_rank(b);
@@ -121,6 +129,39 @@ class Diagnosis {
   }
 
  private:
+  // What else the machine ran while a check measured (/proc/stat over the check's whole wall: a --quick
+  // point is too short for the runner's own reading, which needs 0.1 s). With a second diagnose on the
+  // other vCPU, fp32 and bf16 GEMMs read 0.017 TFLOP/s alike (0.35 and 2.2 alone) and the report said
+  // "bf16 is not faster than fp32 on this device" without a word of the other process. A check over the
+  // runner's thresholds (other processes 25%, steal 10%) carries a warning, its findings a caveat, and
+  // the report names it.
+  CpuTicks run_ticks_ = read_cpu_ticks();
+  json busy_checks_ = json::array();
+  void judge_host_load(Point& p, const CpuTicks& before, std::size_t found_before) {
+    const auto load = host_load(before, read_cpu_ticks());
+    if (!load) return;
+    p.info["host_cpu"] = json{{"other_pct", load->other_pct}, {"steal_pct", load->steal_pct},
+                              {"window_s", load->window_s}};
+    if (load->other_pct < kOtherWarnPct && load->steal_pct < kStealWarnPct) return;
+    const std::string name = p.params.value("check", std::string());
+    const std::string w = fmt::format(
+        "while this check ran, {}: its figures may be wrong; run diagnose again on a quiet machine",
+        load->other_pct >= kOtherWarnPct
+            ? fmt::format("other processes took {:.0f}% of this machine's CPUs{}", load->other_pct,
+                          load->steal_pct >= kStealWarnPct
+                              ? fmt::format(" and the hypervisor {:.0f}% of them (steal)", load->steal_pct)
+                              : "")
+            : fmt::format("the hypervisor took {:.0f}% of this machine's CPUs (steal)", load->steal_pct));
+    p.info["warning"] = p.info.contains("warning") && p.info["warning"].is_string()
+                            ? p.info["warning"].get<std::string>() + "; " + w
+                            : w;
+    busy_checks_.push_back(json{{"check", name}, {"other_pct", load->other_pct}, {"steal_pct", load->steal_pct}});
+    for (std::size_t i = found_before; i < found_.size(); ++i) {
+      json& e = found_[i].evidence;
+      e["caveat"] = e.contains("caveat") && e["caveat"].is_string() ? e["caveat"].get<std::string>() + "; " + w : w;
+    }
+  }
+
   // Runs a scenario with assignments; the command line that reproduces it.
   Sub sub(const std::string& scenario, std::vector<std::string> assigns) {
     const Scenario* sc = find_scenario(scenario);
@@ -1525,6 +1566,13 @@ std::string format_report(const Result& r) {
     o << "  SIMULATED device: every figure below is modelled, not measured\n";
   if (dm.contains("measured_shape") && dm["measured_shape"].value("reduced", false))
     o << "  measured at a reduced shape: " << dm["measured_shape"].value("note", std::string()) << "\n";
+  if (dm.contains("busy_checks") && dm["busy_checks"].is_array() && !dm["busy_checks"].empty()) {
+    std::vector<std::string> names;
+    for (const auto& b : dm["busy_checks"]) names.push_back(b.value("check", std::string()));
+    o << fmt::format("  WARNING: the machine was not quiet: other processes or the hypervisor took a share of its "
+                     "CPUs during {} of the checks ({}); their figures may be wrong, and each says so below\n",
+                     names.size(), fmt::join(names, ", "));
+  }
   o << "\nchecks, in the standard order:\n";
   const bool simulated = r.simulated();
   for (const Point& p : r.points) {
@@ -1558,6 +1606,8 @@ std::string format_report(const Result& r) {
                 ? fmt::format("; every line together: {:.2f}x on their training loop", p.metric("step_gain_together")->value)
                 : "");
     o << "\n";
+    if (!from_trace && p.info.is_object() && p.info.contains("warning") && p.info["warning"].is_string())
+      o << std::string(24, ' ') << "WARNING: " << p.info["warning"].get<std::string>() << "\n";
   }
   if (!from_trace && dm.contains("wall_s") && dm["wall_s"].is_number()) {
     double checks = 0, applied = 0;
@@ -1571,6 +1621,8 @@ std::string format_report(const Result& r) {
   int i = 0;
   for (const Finding& f : r.findings) {
     o << fmt::format("  {}. [{}] {}\n", ++i, f.cause, f.summary);
+    if (f.evidence.contains("caveat") && f.evidence["caveat"].is_string())
+      o << "     caveat: " << f.evidence["caveat"].get<std::string>() << "\n";
     if (f.evidence.contains("command")) o << "     reproduce: " << f.evidence["command"].get<std::string>() << "\n";
     if (f.evidence.contains("explore")) o << "     explore: " << f.evidence["explore"].get<std::string>() << "\n";
   }

@@ -203,6 +203,8 @@ std::string format_html(const Result& r) {
       o << fmt::format(" &mdash; {:.2f}x {}", *f.speedup,
                        from_trace ? "estimated" : simulated ? "modelled" : "measured");
     o << "<br>" << esc(f.summary);
+    if (f.evidence.contains("caveat") && f.evidence["caveat"].is_string())
+      o << "<br><span class='error'>Caveat: " << esc(f.evidence["caveat"].get<std::string>()) << "</span>";
     if (f.evidence.contains("config_line") && !f.evidence["config_line"].get<std::string>().empty())
       o << "<br>Change: <code>" << esc(f.evidence["config_line"].get<std::string>()) << "</code>";
     if (f.evidence.contains("command"))
@@ -260,6 +262,8 @@ std::string format_html(const Result& r) {
       o << bars(p.metric("capacity_gib")->value, p.metric("footprint_gib")->value, "GiB", "capacity", "needs")
         << "<br><span class='note'>the device's capacity and the modelled footprint; "
         << esc(p.info.value("note", std::string())) << "</span>";
+    if (!from_trace && p.info.is_object() && p.info.contains("warning") && p.info["warning"].is_string())
+      o << "<br><span class='error'>" << esc(p.info["warning"].get<std::string>()) << "</span>";
     o << "</td></tr>\n";
   }
   o << "</table>\n";

@@ -311,9 +311,29 @@ def main():
                 check(by["applied"]["status"] == "ok", f"none: applied {by['applied']['status']}")
                 print(f"none: the batch knee named at {gain:.2f}x")
 
-        # on a simulated H100: every check runs (eager attention is modelled), every figure is labelled
-        p, doc = diagnose(exe, tmp, "sim", ["--config", os.path.join(data, "all_causes.yml"), "--budget", "30"],
-                          device="sim:h100")
+        # on a simulated H100: every check runs (eager attention is modelled), every figure is labelled. A
+        # process burns half the machine's CPUs meanwhile: each check it overlapped says so (a second diagnose
+        # on the other vCPU made fp32 and bf16 read alike, and the report had said nothing)
+        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                   for _ in range(max(1, (os.cpu_count() or 2) // 2))]
+        try:
+            p, doc = diagnose(exe, tmp, "sim", ["--config", os.path.join(data, "all_causes.yml"), "--budget", "30"],
+                              device="sim:h100")
+        finally:
+            for b in burners:
+                b.kill()
+                b.wait()
+        if doc:
+            busy = doc["meta"]["diagnose"].get("busy_checks", [])
+            check(busy and all(b["other_pct"] >= 25 or b["steal_pct"] >= 10 for b in busy),
+                  f"sim with a burner: busy checks {busy}, host {doc['meta']['diagnose'].get('host_cpu')}")
+            check("WARNING: the machine was not quiet" in p.stdout and
+                  "WARNING: while this check ran, other processes took" in p.stdout,
+                  f"sim with a burner: no warning in {p.stdout[:1500]}")
+            names = {b["check"] for b in busy}
+            for f in doc["findings"]:
+                if f["evidence"].get("check") in names and f["evidence"].get("check") != "applied":
+                    check("other processes took" in f["evidence"].get("caveat", ""), f"no caveat: {f}")
         if doc:
             by = {q["params"]["check"]: q for q in doc["points"]}
             for c in ("utilization", "dtype", "padding", "attention", "batch", "applied"):
