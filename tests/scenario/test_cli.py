@@ -451,13 +451,16 @@ with tempfile.TemporaryDirectory() as tmp:
 # Other work on the machine while a point runs is recorded and warned of (a compiler beside a run made
 # every GEMM read 7.95 ms, with 0.3% noise and no word): one busy process more than the machine has
 # CPUs takes well over a quarter of the CPU time it gets (3 on a 2-CPU machine; on 16, 3 would be
-# 19%, under the 25% warning).
+# 19%, under the 25% warning). 200 trials at least: the runner reads /proc/stat over the point, and a
+# --quick point whose 3 trials settled at once ran under the 0.1 s (20 ticks) that reading needs, and
+# was left unjudged (host_cpu {}, seen once on a 2-vCPU Xeon, 2026-12-04).
 with tempfile.TemporaryDirectory() as tmp:
     spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range((os.cpu_count() or 2) + 1)]
     try:
         out = os.path.join(tmp, "busy.json")
-        p = subprocess.run([EXE, "run", "precision", "--quick", "-p", "size=512", "-p", "dtype=fp32", "--json", out],
+        p = subprocess.run([EXE, "run", "precision", "--quick", "-p", "size=512", "-p", "dtype=fp32", "-p", "trials=200",
+                            "--json", out],
                            capture_output=True, text=True, timeout=120)
     finally:
         for x in spin:
