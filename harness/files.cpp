@@ -116,6 +116,9 @@ void refuse_clobbering(const std::vector<NamedPath>& outputs, const std::vector<
 
 namespace {
 
+// The length a UTF-8 lead byte announces (1 for ASCII and for a byte that leads nothing).
+std::size_t utf8_length(unsigned char c) { return c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1; }
+
 std::string escape_text(std::string_view s, bool lines) {
   std::string out;
   out.reserve(s.size());
@@ -130,7 +133,7 @@ std::string escape_text(std::string_view s, bool lines) {
     // a whole valid sequence is kept, but for the C1 controls (U+0080-U+009F: U+009B is CSI to some
     // terminals, U+0085 a line break) and the line and paragraph separators (U+2028, U+2029), which are
     // escaped byte by byte; else this byte is escaped and the next one looked at
-    const std::size_t n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    const std::size_t n = utf8_length(c);
     const std::string_view seq = s.substr(i, std::min(n, s.size() - i));
     const bool control = (n == 2 && c == 0xC2 && seq.size() == 2 && static_cast<unsigned char>(seq[1]) < 0xA0) ||
                          seq == "\xE2\x80\xA8" || seq == "\xE2\x80\xA9";
@@ -156,11 +159,7 @@ std::string quoted_text(std::string_view s, std::size_t max_bytes) {
   std::size_t n = max_bytes;
   std::size_t lead = n;
   while (lead > 0 && n - lead < 3 && (static_cast<unsigned char>(s[lead]) & 0xC0) == 0x80) --lead;
-  if (lead < n) {
-    const auto c = static_cast<unsigned char>(s[lead]);
-    const std::size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-    if (len > 1 && lead + len > n) n = lead;
-  }
+  if (lead < n && utf8_length(static_cast<unsigned char>(s[lead])) > n - lead) n = lead;
   return escape_text(s.substr(0, n), false) + "...";
 }
 

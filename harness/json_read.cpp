@@ -46,7 +46,6 @@ std::string shorten(std::string s) {
   return s;
 }
 
-
 }  // namespace
 
 json parse_json_text(std::string_view text, const std::string& file) {

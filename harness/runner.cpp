@@ -33,12 +33,13 @@ void finish_findings(Result& r, const Scenario& sc, bool simulated) {
   }
 }
 
-namespace {
-void add_warning(Point& p, const std::string& w) {
-  const std::string had =
-      p.info.contains("warning") && p.info["warning"].is_string() ? p.info["warning"].get<std::string>() + "; " : "";
-  p.info["warning"] = had + w;
+void append_text(nlohmann::ordered_json& obj, const char* key, const std::string& text) {
+  obj[key] = obj.contains(key) && obj[key].is_string() ? obj[key].get<std::string>() + "; " + text : text;
 }
+
+void add_warning(Point& p, const std::string& w) { append_text(p.info, "warning", w); }
+
+namespace {
 
 // A point whose trials never settled (the budget or the trial cap ended them far above --noise: 46% and
 // 487% were seen with a short --budget) is flagged, not passed off as ok: the table's noise column is the

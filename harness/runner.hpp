@@ -33,6 +33,12 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
 // device is simulated.
 void finish_findings(Result& r, const Scenario& sc, bool simulated);
 
+// `text` appended to the string at obj[key] ("; " between), or set there: a point's warning, a
+// finding's caveat. obj must be an object (or null: it becomes one).
+void append_text(nlohmann::ordered_json& obj, const char* key, const std::string& text);
+// append_text(p.info, "warning", w): what the table prints under a point's row.
+void add_warning(Point& p, const std::string& w);
+
 int run_exit_code(const Result& r);
 
 }  // namespace sb

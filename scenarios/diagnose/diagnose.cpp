@@ -152,14 +152,9 @@ class Diagnosis {
                               ? fmt::format(" and the hypervisor {:.0f}% of them (steal)", load->steal_pct)
                               : "")
             : fmt::format("the hypervisor took {:.0f}% of this machine's CPUs (steal)", load->steal_pct));
-    p.info["warning"] = p.info.contains("warning") && p.info["warning"].is_string()
-                            ? p.info["warning"].get<std::string>() + "; " + w
-                            : w;
+    add_warning(p, w);
     busy_checks_.push_back(json{{"check", name}, {"other_pct", load->other_pct}, {"steal_pct", load->steal_pct}});
-    for (std::size_t i = found_before; i < found_.size(); ++i) {
-      json& e = found_[i].evidence;
-      e["caveat"] = e.contains("caveat") && e["caveat"].is_string() ? e["caveat"].get<std::string>() + "; " + w : w;
-    }
+    for (std::size_t i = found_before; i < found_.size(); ++i) append_text(found_[i].evidence, "caveat", w);
   }
 
   // Runs a scenario with assignments; the command line that reproduces it.
@@ -1345,8 +1340,6 @@ class Diagnosis {
       p.add({"tokens_per_s_after_estimate", tokens_per_s_ * gain, "tokens/s", Direction::higher, std::nullopt,
              found_.empty() ? "the same: no line to apply" : "estimated: the claimed gains multiplied, as if independent"});
     }
-    bool peak_measured = false, peak_datasheet = false;  // what the MFU figures divide by, between them
-    json peak_now, peak_after;                           // the dtype and TFLOP/s each loop MFU is over
     // Model FLOPs per token, PaLM's definition (its appendix B; nanoGPT's estimate_mfu): 6N for the
     // weights' forward and backward plus 12 L H Q T for attention's scores and values (H Q = hidden,
     // T = the sequence), N the measured layers' 2 x 12 x hidden^2 parameters (Q, K, V, O and a 4x MLP:
@@ -1356,47 +1349,43 @@ class Diagnosis {
     const std::string mfu_what =
         fmt::format("{} model FLOPs per token (6N + 12 L H Q T, PaLM's: N = 2 layers x 12 x {}^2, T = {})",
                     format_number(flops_per_token), shape_.hidden, shape_.seq);
+    // their dtype, and the one the loop ran in with every line (the dtype line's, where it applied)
+    const DType now_dt = opt_.cfg.bf16 ? DType::bf16 : opt_.cfg.fp16 ? DType::fp16 : DType::fp32;
+    DType after_dt = now_dt;
+    for (const Applied& x : applied_)
+      for (const auto& [k, v] : x.change)
+        if (k == "dtype") after_dt = v == "bf16" ? DType::bf16 : v == "fp16" ? DType::fp16 : DType::fp32;
+    // One MFU figure: real (or, for the step, computed) tokens/s x FLOPs per token over the rate of the dtype
+    // it ran in; the rates used say what the line is over, and each loop figure's is kept beside it.
+    bool peak_measured = false, peak_datasheet = false;
+    json peak_of = json::object();  // figure -> {dtype, tflops}
+    auto add_mfu = [&](const char* name, double tps, DType dt, const char* what, const char* tokens) {
+      if (tps <= 0) return;
+      const auto peak = mfu_peak(dt);
+      if (!peak) return;
+      (peak->measured ? peak_measured : peak_datasheet) = true;
+      peak_of[name] = json{{"dtype", to_string(dt)}, {"tflops", peak->tflops}};
+      p.add({name, 100.0 * flops_per_token * tps / 1e12 / peak->tflops, "%", Direction::higher, std::nullopt,
+             fmt::format("{}: {} x {} over {} TFLOP/s ({}, {})", what, mfu_what, tokens, format_number(peak->tflops),
+                         to_string(dt), peak->source)});
+    };
     if (tokens_per_s_ > 0) {
-      if (auto peak = mfu_peak(opt_.cfg.bf16 ? DType::bf16 : opt_.cfg.fp16 ? DType::fp16 : DType::fp32)) {
-        (peak->measured ? peak_measured : peak_datasheet) = true;
-        p.add({"mfu_pct", 100.0 * flops_per_token * tokens_per_s_ / 1e12 / peak->tflops, "%", Direction::higher,
-               std::nullopt, fmt::format("their step: {} x tokens/s over {} TFLOP/s ({})", mfu_what,
-                                         format_number(peak->tflops), peak->source)});
-      }
+      add_mfu("mfu_pct", tokens_per_s_, now_dt, "their step", "tokens/s");
       // the loop's, in real tokens (model FLOPs count useful tokens only), before and after the fixes, each
       // over the peak of the dtype it ran in
-      const DType now_dt = opt_.cfg.bf16 ? DType::bf16 : opt_.cfg.fp16 ? DType::fp16 : DType::fp32;
-      DType after_dt = now_dt;
-      for (const Applied& x : applied_)
-        for (const auto& [k, v] : x.change)
-          if (k == "dtype") after_dt = v == "bf16" ? DType::bf16 : v == "fp16" ? DType::fp16 : DType::fp32;
-      if (loop_now_ > 0)
-        if (auto peak = mfu_peak(now_dt)) {
-          (peak->measured ? peak_measured : peak_datasheet) = true;
-          peak_now = json{{"dtype", to_string(now_dt)}, {"tflops", peak->tflops}};
-          p.add({"mfu_now_pct", 100.0 * flops_per_token * loop_now_ / 1e12 / peak->tflops, "%", Direction::higher,
-                 std::nullopt, fmt::format("their loop as configured: {} x real tokens/s over {} TFLOP/s ({}, {})",
-                                           mfu_what, format_number(peak->tflops), to_string(now_dt), peak->source)});
-        }
-      if (loop_after_ > 0)
-        if (auto peak = mfu_peak(after_dt)) {
-          (peak->measured ? peak_measured : peak_datasheet) = true;
-          peak_after = json{{"dtype", to_string(after_dt)}, {"tflops", peak->tflops}};
-          p.add({"mfu_after_pct", 100.0 * flops_per_token * loop_after_ / 1e12 / peak->tflops, "%", Direction::higher,
-                 std::nullopt, fmt::format("their loop with every line: {} x real tokens/s over {} TFLOP/s ({}, {})",
-                                           mfu_what, format_number(peak->tflops), to_string(after_dt), peak->source)});
-        }
+      add_mfu("mfu_now_pct", loop_now_, now_dt, "their loop as configured", "real tokens/s");
+      add_mfu("mfu_after_pct", loop_after_, after_dt, "their loop with every line", "real tokens/s");
     }
     p.info = json{{"fixes", found_.size()},
                   {"combined_gain", gain},
                   {"combined_gain_measured", together_.has_value()},
                   {"applied_on_the_loop", in_loop},
                   {"not_applied", outside}};
-    if (p.metric("mfu_pct") || p.metric("mfu_now_pct") || p.metric("mfu_after_pct"))
+    if (!peak_of.empty())
       p.info["mfu_over"] = peak_measured && peak_datasheet ? "mixed" : peak_measured ? "measured" : "datasheet";
-    if (p.metric("mfu_pct") || p.metric("mfu_now_pct")) p.info["mfu_flops_per_token"] = flops_per_token;
-    if (!peak_now.is_null()) p.info["mfu_peak_now"] = peak_now;
-    if (!peak_after.is_null()) p.info["mfu_peak_after"] = peak_after;
+    if (!peak_of.empty()) p.info["mfu_flops_per_token"] = flops_per_token;
+    if (peak_of.contains("mfu_now_pct")) p.info["mfu_peak_now"] = peak_of["mfu_now_pct"];
+    if (peak_of.contains("mfu_after_pct")) p.info["mfu_peak_after"] = peak_of["mfu_after_pct"];
     if (!peak_runs_.empty()) p.info["mfu_ceiling_runs"] = peak_runs_;
     if (!peak_failed_.empty()) p.info["mfu_ceiling_failed"] = peak_failed_;
     if (found_.empty()) p.info["no_line_to_apply"] = true;
