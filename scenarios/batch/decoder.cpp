@@ -13,11 +13,11 @@
 
 namespace sb::batch {
 
-std::int64_t DecoderStep::in_of(int w) const { return w == 3 ? 4 * cfg_.d_model : cfg_.d_model; }
+std::int64_t DecoderStep::in_of(int w) const { return w == 3 ? cfg_.ff() : cfg_.d_model; }
 std::int64_t DecoderStep::out_of(int w) const {
   switch (w) {
     case 0: return 3 * cfg_.d_model;
-    case 2: return 4 * cfg_.d_model;
+    case 2: return cfg_.ff();
     default: return cfg_.d_model;
   }
 }
@@ -51,6 +51,13 @@ ParamSpec heads_param(std::string cpu_default, std::string gpu_default) {
                    .help = "attention heads", .min = 1, .max = 1024, .gpu_default = std::move(gpu_default)};
 }
 
+ParamSpec d_ff_param() {
+  return ParamSpec{.name = "d_ff", .type = ParamType::integer, .default_value = "0",
+                   .help = "the MLP's width (W1's outputs, W2's inputs); 0: 4 x d_model. A gated (SwiGLU) MLP of "
+                           "intermediate size I has the FLOPs and weights of this one at d_ff = 1.5 I",
+                   .unit = "features", .min = 0, .max = 262144};
+}
+
 ParamSpec layers_param(std::string cpu_default, std::string gpu_default) {
   return ParamSpec{.name = "layers", .type = ParamType::integer, .default_value = std::move(cpu_default),
                    .help = "decoder layers", .min = 1, .max = 256, .gpu_default = std::move(gpu_default)};
@@ -82,6 +89,7 @@ DecoderConfig decoder_config(const ParamSet& ps, const Device& dev) {
   cfg.seq = ps.get_int("seq_len");
   cfg.d_model = ps.get_int("d_model");
   cfg.heads = ps.get_int("heads");
+  if (ps.has("d_ff")) cfg.d_ff = ps.get_int("d_ff");
   cfg.layers = int(ps.get_int("layers"));
   cfg.dtype = ps.get_choice("dtype", kDTypeNames);
   if (cfg.dtype != DType::fp32 && cfg.dtype != DType::bf16 && cfg.dtype != DType::fp16)
@@ -97,7 +105,7 @@ DecoderConfig decoder_config(const ParamSet& ps, const Device& dev) {
 }
 
 void DecoderStep::alloc_acts(Acts& a, const std::string& n) {
-  const std::int64_t T = tokens(), d = cfg_.d_model;
+  const std::int64_t T = tokens(), d = cfg_.d_model, f = cfg_.ff();
   const DType t = cfg_.dtype;
   a.u1 = ops_.alloc(T * d, t, n + " norm1");
   a.r1 = ops_.alloc(T, DType::fp32, n + " norm1 1/rms");
@@ -107,8 +115,8 @@ void DecoderStep::alloc_acts(Acts& a, const std::string& n) {
   a.xm = ops_.alloc(T * d, t, n + " x + attention");
   a.u2 = ops_.alloc(T * d, t, n + " norm2");
   a.r2 = ops_.alloc(T, DType::fp32, n + " norm2 1/rms");
-  a.hp = ops_.alloc(T * 4 * d, t, n + " mlp pre-activation");
-  a.h = ops_.alloc(T * 4 * d, t, n + " mlp activation");
+  a.hp = ops_.alloc(T * f, t, n + " mlp pre-activation");
+  a.h = ops_.alloc(T * f, t, n + " mlp activation");
   a.y = ops_.alloc(T * d, t, n + " mlp output");
 }
 
@@ -122,11 +130,12 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
     : dev_(dev), ops_(ops), cfg_(cfg), before_submit_(std::move(before_submit)), share_(share) {
   if (cfg.d_model % cfg.heads != 0)
     throw UsageError(fmt::format("d_model {} is not a multiple of heads {}", cfg.d_model, cfg.heads));
-  if (share && (share->cfg_.d_model != cfg.d_model || share->cfg_.heads != cfg.heads ||
+  if (cfg.d_ff < 0) throw UsageError(fmt::format("d_ff {} is negative", cfg.d_ff));
+  if (share && (share->cfg_.d_model != cfg.d_model || share->cfg_.ff() != cfg.ff() || share->cfg_.heads != cfg.heads ||
                 share->cfg_.layers != cfg.layers || share->cfg_.dtype != cfg.dtype))
-    throw UsageError("a decoder step can share the parameters of a step of the same model only (d_model, heads, "
-                     "layers, dtype)");
-  const std::int64_t T = tokens(), d = cfg.d_model;
+    throw UsageError("a decoder step can share the parameters of a step of the same model only (d_model, d_ff, "
+                     "heads, layers, dtype)");
+  const std::int64_t T = tokens(), d = cfg.d_model, f = cfg.ff();
   const DType t = cfg.dtype;
   const int nl = cfg.layers;
   ls_.resize(std::size_t(nl));
@@ -196,8 +205,8 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
   measured(measured_.attention);
   bg_.dxm = ops.alloc(T * d, t, "d(x + attention)");
   bg_.du2 = ops.alloc(T * d, t, "d norm2");
-  bg_.dhp = ops.alloc(T * 4 * d, t, "d mlp pre-activation");
-  bg_.dh = ops.alloc(T * 4 * d, t, "d mlp activation");
+  bg_.dhp = ops.alloc(T * f, t, "d mlp pre-activation");
+  bg_.dh = ops.alloc(T * f, t, "d mlp activation");
   bg_.datt = ops.alloc(T * d, t, "d attention output");
   bg_.dqkv = ops.alloc(T * 3 * d, t, "d qkv (stand-in)");
   bg_.du1 = ops.alloc(T * d, t, "d norm1");
@@ -217,13 +226,13 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
 }
 
 std::vector<GemmCall> step_gemms(const DecoderConfig& cfg) {
-  const std::int64_t T = cfg.micro_batch * cfg.seq, d = cfg.d_model;
+  const std::int64_t T = cfg.micro_batch * cfg.seq, d = cfg.d_model, f = cfg.ff();
   return {
       // forward (and the recompute): qkv, o-proj, W1, W2
-      {false, true, T, 3 * d, d}, {false, true, T, d, d}, {false, true, T, 4 * d, d}, {false, true, T, d, 4 * d},
+      {false, true, T, 3 * d, d}, {false, true, T, d, d}, {false, true, T, f, d}, {false, true, T, d, f},
       // backward: dW2, dh, dW1, du2, dWo, datt, dWqkv, du1
-      {true, false, d, 4 * d, T, true}, {false, false, T, 4 * d, d}, {true, false, 4 * d, d, T, true},
-      {false, false, T, d, 4 * d}, {true, false, d, d, T, true}, {false, false, T, d, d},
+      {true, false, d, f, T, true}, {false, false, T, f, d}, {true, false, f, d, T, true},
+      {false, false, T, d, f}, {true, false, d, d, T, true}, {false, false, T, d, d},
       {true, false, 3 * d, d, T, true}, {false, false, T, d, 3 * d},
   };
 }
@@ -238,23 +247,24 @@ std::size_t step_gemm_workspace(TrainOps& ops, const DecoderConfig& cfg) {
 MemoryParts predict_footprint(const DecoderConfig& cfg, OptKind opt, std::uint64_t granule,
                               std::uint64_t attention_op_bytes, std::uint64_t gemm_workspace_bytes) {
   const std::uint64_t g = std::max<std::uint64_t>(granule, 1);
-  const auto T = std::uint64_t(cfg.micro_batch * cfg.seq), d = std::uint64_t(cfg.d_model);
+  const auto T = std::uint64_t(cfg.micro_batch * cfg.seq), d = std::uint64_t(cfg.d_model),
+             f = std::uint64_t(cfg.ff());
   const auto e = std::uint64_t(storage_bytes(cfg.dtype));
   const auto L = std::uint64_t(cfg.layers);
   auto r = [g](std::uint64_t bytes) { return (bytes + g - 1) / g * g; };
-  const std::uint64_t p[4] = {d * 3 * d, d * d, d * 4 * d, 4 * d * d};  // Wqkv, Wo, W1, W2
+  const std::uint64_t p[4] = {d * 3 * d, d * d, d * f, f * d};  // Wqkv, Wo, W1, W2
   MemoryParts m;
   for (std::uint64_t n : p) {
     m.weights += L * (r(4 * n) + (cfg.dtype != DType::fp32 ? r(e * n) : 0));
     m.gradients += L * r(4 * n);
     if (opt == OptKind::adamw) m.optimizer += L * 2 * r(4 * n);
   }
-  // u1, att, o, xm, u2, y: T x d; qkv: T x 3d; hp, h: T x 4d; r1, r2: T fp32
-  const std::uint64_t acts = 6 * r(e * T * d) + r(e * T * 3 * d) + 2 * r(e * T * 4 * d) + 2 * r(4 * T);
+  // u1, att, o, xm, u2, y: T x d; qkv: T x 3d; hp, h: T x d_ff; r1, r2: T fp32
+  const std::uint64_t acts = 6 * r(e * T * d) + r(e * T * 3 * d) + 2 * r(e * T * f) + 2 * r(4 * T);
   m.activations = L * r(e * T * d) + (cfg.checkpointing ? 1 : L) * acts + r(e * T * d);  // inputs, sets, output
   m.attention = (cfg.checkpointing ? 1 : L) * attention_op_bytes;
-  // dxm, du2, datt, du1, dx x2, dout: T x d; dhp, dh: T x 4d; dqkv: T x 3d; targets fp32; the loss
-  m.backward = 7 * r(e * T * d) + 2 * r(e * T * 4 * d) + r(e * T * 3 * d) + r(4 * T * d) + r(4);
+  // dxm, du2, datt, du1, dx x2, dout: T x d; dhp, dh: T x d_ff; dqkv: T x 3d; targets fp32; the loss
+  m.backward = 7 * r(e * T * d) + 2 * r(e * T * f) + r(e * T * 3 * d) + r(4 * T * d) + r(4);
   m.workspace = gemm_workspace_bytes ? r(gemm_workspace_bytes) : 0;
   return m;
 }
@@ -297,7 +307,7 @@ std::size_t DecoderStep::graph_nodes() const {
 // backward (the next input is kept, the recompute stops at the MLP output).
 void DecoderStep::forward_layer(std::vector<std::function<void()>>& run, Layer* L, DTensor* next,
                                 const std::function<void(int, bool)>& attention, int l) {
-  const std::int64_t T = tokens(), d = cfg_.d_model;
+  const std::int64_t T = tokens(), d = cfg_.d_model, f = cfg_.ff();
   Acts* A = L->a;
   run.push_back([this, L, A, T, d] { op().rmsnorm(L->x, A->u1, A->r1, T, d, 1e-6f); });
   run.push_back([this, L, A, T, d] { op().gemm(false, true, T, 3 * d, d, 1.0f, A->u1, wuse(*L, 0), 0.0f, A->qkv); });
@@ -305,9 +315,9 @@ void DecoderStep::forward_layer(std::vector<std::function<void()>>& run, Layer* 
   run.push_back([this, L, A, T, d] { op().gemm(false, true, T, d, d, 1.0f, A->att, wuse(*L, 1), 0.0f, A->o); });
   run.push_back([this, L, A, T, d] { op().bias_act(A->o, nullptr, Act::none, &L->x, A->xm, T, d); });
   run.push_back([this, A, T, d] { op().rmsnorm(A->xm, A->u2, A->r2, T, d, 1e-6f); });
-  run.push_back([this, L, A, T, d] { op().gemm(false, true, T, 4 * d, d, 1.0f, A->u2, wuse(*L, 2), 0.0f, A->hp); });
-  run.push_back([this, A, T, d] { op().bias_act(A->hp, nullptr, Act::gelu, nullptr, A->h, T, 4 * d); });
-  run.push_back([this, L, A, T, d] { op().gemm(false, true, T, d, 4 * d, 1.0f, A->h, wuse(*L, 3), 0.0f, A->y); });
+  run.push_back([this, L, A, T, d, f] { op().gemm(false, true, T, f, d, 1.0f, A->u2, wuse(*L, 2), 0.0f, A->hp); });
+  run.push_back([this, A, T, f] { op().bias_act(A->hp, nullptr, Act::gelu, nullptr, A->h, T, f); });
+  run.push_back([this, L, A, T, d, f] { op().gemm(false, true, T, d, f, 1.0f, A->h, wuse(*L, 3), 0.0f, A->y); });
   if (next) run.push_back([this, A, T, d, next] { op().bias_act(A->y, nullptr, Act::none, &A->xm, *next, T, d); });
 }
 
@@ -316,7 +326,7 @@ void DecoderStep::forward_layer(std::vector<std::function<void()>>& run, Layer* 
 void DecoderStep::build_pieces(float loss_mult) {
   pieces_.clear();
   pieces_mult_ = loss_mult;
-  const std::int64_t T = tokens(), d = cfg_.d_model;
+  const std::int64_t T = tokens(), d = cfg_.d_model, f = cfg_.ff();
   const int nl = cfg_.layers;
   std::vector<std::function<void()>> run;
   auto flush = [&] {
@@ -354,11 +364,11 @@ void DecoderStep::build_pieces(float loss_mult) {
     const DTensor* dnext = l + 1 < nl ? &dx_[std::size_t(l + 1) % 2] : &dout_;
     DTensor* dx = &dx_[std::size_t(l) % 2];
     // MLP: y = h W2^T; h = gelu(hp); hp = u2 W1^T; u2 = rmsnorm(xm); residual
-    run.push_back([this, L, A, T, d, dnext] { op().gemm(true, false, d, 4 * d, T, 1.0f, *dnext, A->h, 1.0f, L->g[3]); });
-    run.push_back([this, L, G, T, d, dnext] { op().gemm(false, false, T, 4 * d, d, 1.0f, *dnext, wuse(*L, 3), 0.0f, G->dh); });
-    run.push_back([this, A, G, T, d] { op().act_backward(G->dh, A->hp, Act::gelu, G->dhp, T * 4 * d); });
-    run.push_back([this, L, A, G, T, d] { op().gemm(true, false, 4 * d, d, T, 1.0f, G->dhp, A->u2, 1.0f, L->g[2]); });
-    run.push_back([this, L, G, T, d] { op().gemm(false, false, T, d, 4 * d, 1.0f, G->dhp, wuse(*L, 2), 0.0f, G->du2); });
+    run.push_back([this, L, A, T, d, f, dnext] { op().gemm(true, false, d, f, T, 1.0f, *dnext, A->h, 1.0f, L->g[3]); });
+    run.push_back([this, L, G, T, d, f, dnext] { op().gemm(false, false, T, f, d, 1.0f, *dnext, wuse(*L, 3), 0.0f, G->dh); });
+    run.push_back([this, A, G, T, f] { op().act_backward(G->dh, A->hp, Act::gelu, G->dhp, T * f); });
+    run.push_back([this, L, A, G, T, d, f] { op().gemm(true, false, f, d, T, 1.0f, G->dhp, A->u2, 1.0f, L->g[2]); });
+    run.push_back([this, L, G, T, d, f] { op().gemm(false, false, T, d, f, 1.0f, G->dhp, wuse(*L, 2), 0.0f, G->du2); });
     run.push_back([this, A, G, T, d] { op().rmsnorm_backward(G->du2, A->u2, A->r2, G->dxm, T, d); });
     run.push_back([this, G, T, d, dnext] { op().bias_act(G->dxm, nullptr, Act::none, dnext, G->dxm, T, d); });
     // attention block: o = att Wo^T; the attention's own backward; qkv = u1 Wqkv^T

@@ -3,6 +3,9 @@
 // Llama-style blocks are):
 //   u1 = rmsnorm(x); qkv = u1 Wqkv^T; a = attention(q, k, v) (causal);
 //   x' = x + a Wo^T; u2 = rmsnorm(x'); h = gelu(u2 W1^T); x'' = x' + h W2^T
+// with W1 d_ff x d_model and W2 d_model x d_ff (d_ff 4 x d_model unless
+// given: a gated MLP of intermediate size I, Llama's SwiGLU, has the FLOPs
+// and weights of this one at d_ff = 1.5 I, which is how diagnose runs one)
 // then an MSE loss on the last x, the backward of all of it, and the
 // optimizer (AdamW or SGD over fp32 masters, or none) once per
 // accumulation window. Gradients accumulate in fp32 (beta = 1, zeroed before
@@ -42,6 +45,8 @@ namespace sb::batch {
 
 struct DecoderConfig {
   std::int64_t micro_batch = 1, seq = 64, d_model = 64, heads = 4;
+  std::int64_t d_ff = 0;  // the MLP's width; 0: 4 x d_model
+  std::int64_t ff() const { return d_ff > 0 ? d_ff : 4 * d_model; }
   int layers = 2;
   DType dtype = DType::fp32;
   AttnImpl attention = AttnImpl::flash;
@@ -98,7 +103,7 @@ enum class OptKind { adamw, sgd, none };
 void spin_for(double us);
 
 // The step's shape from a scenario's parameters (micro_batch, seq_len,
-// d_model, heads, layers, dtype; the batch and memory scenarios share them)
+// d_model, d_ff where declared, heads, layers, dtype; the batch and memory scenarios share them)
 // and the fused attention this device has (flash, else cuDNN). UsageError
 // for a dtype the step cannot train in; UnsupportedError without a fused
 // attention for the dtype.
@@ -111,6 +116,7 @@ void validate_decoder_shape(const ParamSet& ps);
 // declare them, each with its own defaults (gpu_default "": the cpu's).
 ParamSpec d_model_param(std::string cpu_default, std::string gpu_default);
 ParamSpec heads_param(std::string cpu_default, std::string gpu_default);
+ParamSpec d_ff_param();  // default 0: 4 x d_model
 ParamSpec layers_param(std::string cpu_default, std::string gpu_default = "");
 ParamSpec dtype_param(std::string help);  // fp32 on cpu, bf16 on a GPU
 ParamSpec attn_param();

@@ -38,7 +38,7 @@ constexpr std::string_view kDefault = "default";
 // Every key of TrainConfig, in the order sources and to_json list them.
 constexpr std::string_view kKeys[] = {
     "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads", "model.num_key_value_heads",
-    "model.intermediate_size", "model.vocab_size", "micro_batch_size", "gradient_accumulation_steps",
+    "model.intermediate_size", "model.gated_mlp", "model.vocab_size", "micro_batch_size", "gradient_accumulation_steps",
     "sequence_len", "sample_packing", "pad_to_sequence_len", "bf16", "fp16", "tf32",
     "flash_attention", "sdp_attention", "dataloader_num_workers", "dataloader_pin_memory",
     "dataloader_prefetch_factor", "gradient_checkpointing", "lengths"};
@@ -51,6 +51,7 @@ json values_of(const TrainConfig& c) {
   v["model.num_attention_heads"] = c.model.num_attention_heads;
   v["model.num_key_value_heads"] = c.model.kv_heads();
   v["model.intermediate_size"] = c.model.intermediate_size;
+  v["model.gated_mlp"] = c.model.gated_mlp;
   v["model.vocab_size"] = c.model.vocab_size;
   v["micro_batch_size"] = c.micro_batch_size;
   v["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
@@ -324,6 +325,7 @@ bool YamlReader::read_key(const std::string& key, int line, const YNode& v) {
       {"sample_packing", &cfg_.sample_packing}, {"pad_to_sequence_len", &cfg_.pad_to_sequence_len},
       {"fp16", &cfg_.fp16}, {"flash_attention", &cfg_.flash_attention},
       {"sdp_attention", &cfg_.sdp_attention}, {"dataloader_pin_memory", &cfg_.dataloader_pin_memory},
+      {"gated_mlp", &cfg_.model.gated_mlp},
   };
   const std::string name = sources_name(key);
   if (name.empty()) return false;
@@ -623,6 +625,33 @@ void apply_model_config(TrainConfig& cfg, const std::string& config_json_path) {
                                       source_of(out, "model.num_key_value_heads")));
       out.model.num_key_value_heads = 0;
       out.sources["model.num_key_value_heads"] = Source{path};
+    }
+    // The MLP's kind from the model's family: the two-matrix MLPs by name, every other family with an
+    // intermediate_size gated (Llama, Mistral, Qwen, Gemma, Phi-3, OLMo, DeepSeek, ...).
+    static constexpr std::string_view kPlain[] = {"gpt2",  "gpt_neox", "gpt_bigcode", "gptj",  "gpt_neo",
+                                                  "bert",  "roberta",  "opt",         "bloom", "falcon",
+                                                  "mpt",   "phi",      "starcoder2",  "codegen"};
+    const auto mt = root.find("model_type");
+    const auto mt_inner = from.find("model_type");
+    const auto& type_ref = mt_inner && mt_inner->raw().is_string() ? mt_inner : mt;
+    if (type_ref && type_ref->raw().is_string()) {
+      const std::string type = type_ref->raw().get<std::string>();
+      bool plain = false;
+      for (const auto n : kPlain) plain = plain || type == n;
+      const std::string before = source_of(out, "model.gated_mlp");
+      if (!plain != out.model.gated_mlp && before != kDefault)
+        out.notes.push_back(fmt::format("{}: model_type {} sets gated_mlp {}, replacing {} from {}", path,
+                                        quoted_text(type, 40), !plain, out.model.gated_mlp, before));
+      out.model.gated_mlp = !plain;
+      out.sources["model.gated_mlp"] = Source{path};
+      // gated is the default (and Llama's): said only where the family's MLP is the plain one
+      if (plain)
+        out.notes.push_back(fmt::format("{}: model_type {}: a plain MLP (up and down, two hidden x {} matrices, not "
+                                        "a gated one's three)",
+                                        path, quoted_text(type, 40), out.model.intermediate_size));
+    } else {
+      out.notes.push_back(fmt::format("{}: no model_type; gated_mlp {} ({}) kept", path, out.model.gated_mlp,
+                                      source_of(out, "model.gated_mlp")));
     }
   });
   cfg = std::move(out);

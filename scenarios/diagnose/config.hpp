@@ -33,6 +33,13 @@ struct ModelDims {
   // divisor of num_attention_heads; 0 = as many as the attention heads.
   std::int64_t num_key_value_heads = 0;
   std::int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
+  // The MLP: gated (Llama's SwiGLU and its kin: gate, up and down, three
+  // hidden x intermediate matrices) or plain (GPT-2, GPT-NeoX, BERT: up and
+  // down, two). From a config.json's model_type, or the YAML key gated_mlp;
+  // gated by default, as the Llama family the default config is.
+  bool gated_mlp = true;
+  // the measured step's MLP width: the plain MLP with the FLOPs and weights of this one
+  std::int64_t step_ffn() const { return gated_mlp ? intermediate_size * 3 / 2 : intermediate_size; }
 };
 
 struct TrainConfig {
@@ -100,7 +107,10 @@ TrainConfig default_config();
 // is read from there, noted). A missing or null key keeps the current value
 // (noted); a value replacing a different one from the YAML is noted.
 // num_key_value_heads is read and noted when it differs from the heads
-// (grouped-query attention). A wrong type, a value out of range, heads not
+// (grouped-query attention). model_type sets gated_mlp: plain for the
+// families whose MLP has two matrices (gpt2, gpt_neox, gpt_bigcode, gptj,
+// gpt_neo, bert, roberta, opt, bloom, falcon, mpt, phi, starcoder2, codegen),
+// gated for any other; without model_type gated_mlp is kept (noted). A wrong type, a value out of range, heads not
 // dividing hidden_size or kv heads not dividing heads: UsageError
 // "FILE: KEY: ...". On an error cfg is unchanged.
 void apply_model_config(TrainConfig& cfg, const std::string& config_json_path);

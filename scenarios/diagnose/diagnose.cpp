@@ -87,6 +87,8 @@ class Diagnosis {
                                                         {"seq_len", shape_.seq},
                                                         {"hidden", shape_.hidden},
                                                         {"intermediate", shape_.intermediate},
+                                                        {"gated_mlp", shape_.gated},
+                                                        {"d_ff", shape_.ffn},
                                                         {"heads", shape_.heads},
                                                         {"layers", 2},
                                                         {"reduced", shape_.reduced},
@@ -332,7 +334,7 @@ class Diagnosis {
 
   std::vector<std::string> shape_params(bool with_batch) const {
     std::vector<std::string> a{fmt::format("seq_len={}", shape_.seq), fmt::format("d_model={}", shape_.hidden),
-                               fmt::format("heads={}", shape_.heads), "layers=2",
+                               fmt::format("d_ff={}", shape_.ffn), fmt::format("heads={}", shape_.heads), "layers=2",
                                fmt::format("dtype={}", dtype_name(opt_.cfg)), "attn=" + user_attn()};
     if (with_batch) a.push_back(fmt::format("micro_batch={}", shape_.micro_batch));
     return a;
@@ -526,8 +528,9 @@ class Diagnosis {
     const std::string attn = ctx_.device.info().kind == DeviceKind::cuda ? "cudnn" : "flash";
     const Paired pr = paired("packing",
                              {"lengths=" + lengths, fmt::format("max_len={}", seq),
-                              fmt::format("d_model={}", shape_.hidden), fmt::format("heads={}", shape_.heads),
-                              fmt::format("dtype={}", dtype_name(c)), fmt::format("rows={}", shape_.micro_batch),
+                              fmt::format("d_model={}", shape_.hidden), fmt::format("d_ff={}", shape_.ffn),
+                              fmt::format("heads={}", shape_.heads), fmt::format("dtype={}", dtype_name(c)),
+                              fmt::format("rows={}", shape_.micro_batch),
                               "attn=" + attn, fmt::format("sequences={}", opt_.quick ? 256 : 1024)},
                              "strategy", base, "pack-bfd", "real_tokens_per_s", false);
     const Sub& s = pr.s;
@@ -763,6 +766,7 @@ class Diagnosis {
     d.micro_batch = c.micro_batch_size;
     d.seq = c.sequence_len;
     d.d_model = c.model.hidden_size;
+    d.d_ff = c.model.step_ffn();
     d.heads = c.model.num_attention_heads;
     d.layers = int(c.model.num_hidden_layers);
     d.dtype = c.bf16 ? DType::bf16 : c.fp16 ? DType::fp16 : DType::fp32;
@@ -823,9 +827,9 @@ class Diagnosis {
                         json{{"check", "memory"},
                              {"config_line", line},
                              {"explore", fmt::format("stallbench run memory --device {} -p micro_batch={} -p seq_len={} "
-                                                     "-p d_model={} -p heads={} -p layers={} -p dtype={} -p "
+                                                     "-p d_model={} -p d_ff={} -p heads={} -p layers={} -p dtype={} -p "
                                                      "mem_limit_gb={:.3g}",
-                                                     ctx_.device.info().id, d.micro_batch, d.seq, d.d_model, d.heads,
+                                                     ctx_.device.info().id, d.micro_batch, d.seq, d.d_model, d.d_ff, d.heads,
                                                      d.layers, to_string(d.dtype),
                                                      ctx_.device.info().kind == DeviceKind::cpu ? double(capacity) / 1e9
                                                                                                 : 0.0)},
@@ -841,6 +845,7 @@ class Diagnosis {
     std::map<std::string, std::string> m{
         {"seq_len", std::to_string(shape_.seq)},
         {"d_model", std::to_string(shape_.hidden)},
+        {"d_ff", std::to_string(shape_.ffn)},
         {"heads", std::to_string(shape_.heads)},
         {"layers", "2"},
         {"grad_accum", std::to_string(loop_grad_accum(c.gradient_accumulation_steps))},
@@ -1342,13 +1347,14 @@ class Diagnosis {
     }
     // Model FLOPs per token, PaLM's definition (its appendix B; nanoGPT's estimate_mfu): 6N for the
     // weights' forward and backward plus 12 L H Q T for attention's scores and values (H Q = hidden,
-    // T = the sequence), N the measured layers' 2 x 12 x hidden^2 parameters (Q, K, V, O and a 4x MLP:
-    // the decoder step's). Embeddings and the LM head are not in the measured step, so not counted.
-    const double h = double(shape_.hidden), layers = 2.0;
-    const double flops_per_token = 6.0 * layers * 12.0 * h * h + 12.0 * layers * h * double(shape_.seq);
-    const std::string mfu_what =
-        fmt::format("{} model FLOPs per token (6N + 12 L H Q T, PaLM's: N = 2 layers x 12 x {}^2, T = {})",
-                    format_number(flops_per_token), shape_.hidden, shape_.seq);
+    // T = the sequence), N the measured layers' 2 x (4 hidden^2 + 2 hidden d_ff) parameters (Q, K, V, O and
+    // the MLP's two matrices, d_ff wide: the decoder step's, a gated MLP's FLOPs at 1.5 its intermediate size).
+    // Embeddings and the LM head are not in the measured step, so not counted.
+    const double h = double(shape_.hidden), ff = double(shape_.ffn), layers = 2.0;
+    const double flops_per_token = 6.0 * layers * (4.0 * h * h + 2.0 * h * ff) + 12.0 * layers * h * double(shape_.seq);
+    const std::string mfu_what = fmt::format(
+        "{} model FLOPs per token (6N + 12 L H Q T, PaLM's: N = 2 layers x (4 x {}^2 + 2 x {} x {}), T = {})",
+        format_number(flops_per_token), shape_.hidden, shape_.hidden, shape_.ffn, shape_.seq);
     // their dtype, and the one the loop ran in with every line (the dtype line's, where it applied)
     const DType now_dt = opt_.cfg.bf16 ? DType::bf16 : opt_.cfg.fp16 ? DType::fp16 : DType::fp32;
     DType after_dt = now_dt;
@@ -1447,12 +1453,15 @@ FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::Dec
   const std::uint64_t vh = 2 * std::uint64_t(model.vocab_size) * std::uint64_t(d.d_model);
   const std::uint64_t embed = vh * (4 + (d.dtype != DType::fp32 ? e : 0) + 4 + 8);
   const std::uint64_t logits = 2 * std::uint64_t(d.micro_batch * d.seq) * std::uint64_t(model.vocab_size) * 4;
-  // The decoder's layer holds 12 hidden^2 weights: Q, K, V, O (4) and an MLP of two hidden x 4 hidden
-  // matrices (8). A Llama-family layer's K and V are hidden x (K/V heads x head size), a share r of the
-  // Q's (grouped-query attention), and its MLP is three hidden x intermediate (SwiGLU: gate, up, down):
-  // the weight-bound parts are scaled to 2 + 2r + 3 intermediate / hidden. The activations keep the
-  // decoder's (its K and V outputs in full: an overcount of 2 (1 - r) hidden per token and layer).
-  const double w_scale = (2.0 + 2.0 * r + 3.0 * double(model.intermediate_size) / double(d.d_model)) / 12.0;
+  // The decoder's layer holds 4 hidden^2 + 2 hidden d_ff weights: Q, K, V, O and an MLP of two hidden x
+  // d_ff matrices. The model's K and V are hidden x (K/V heads x head size), a share r of the Q's
+  // (grouped-query attention), and its MLP is three hidden x intermediate (gated: gate, up, down) or two
+  // (plain): the weight-bound parts are scaled to that. The activations keep the decoder's (its K and V
+  // outputs in full: an overcount of 2 (1 - r) hidden per token and layer; a gated MLP's 1.5 intermediate
+  // pre-activation and activation, where SwiGLU keeps gate, up and their product: about its 3).
+  const double hd = double(d.d_model), mlp_mats = model.gated_mlp ? 3.0 : 2.0;
+  const double w_scale = ((2.0 + 2.0 * r) * hd * hd + mlp_mats * hd * double(model.intermediate_size)) /
+                         (4.0 * hd * hd + 2.0 * hd * double(d.ff()));
   FullDepthFootprint out;
   const auto w = std::uint64_t(double(m.weights) * w_scale), g = std::uint64_t(double(m.gradients) * w_scale),
              o = std::uint64_t(double(m.optimizer) * w_scale);
@@ -1460,7 +1469,8 @@ FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::Dec
   out.parts = json{{"weights", w},         {"gradients", g},      {"optimizer", o},
                    {"activations", m.activations}, {"attention", m.attention}, {"backward", m.backward},
                    {"embedding_and_head", embed},  {"logits", logits}};
-  out.parameters = std::uint64_t(double(12 * d.d_model * d.d_model * d.layers) * w_scale) + vh;
+  out.parameters =
+      std::uint64_t(double((4 * d.d_model * d.d_model + 2 * d.d_model * d.ff()) * d.layers) * w_scale) + vh;
   return out;
 }
 
@@ -1470,7 +1480,15 @@ MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev) {
   s.seq = cfg.sequence_len;
   s.hidden = cfg.model.hidden_size;
   s.intermediate = cfg.model.intermediate_size;
+  s.gated = cfg.model.gated_mlp;
+  s.ffn = cfg.model.step_ffn();
   s.heads = cfg.model.num_attention_heads;
+  // the MLP as the step runs it: a gated one as two matrices of 1.5 its intermediate size
+  auto mlp_note = [&] {
+    return s.gated ? fmt::format("; a gated MLP (3 x hidden x {}) run as two hidden x {} matrices, the same FLOPs",
+                                 s.intermediate, s.ffn)
+                   : fmt::format("; a plain MLP (2 x hidden x {})", s.intermediate);
+  };
   if (dev.kind == DeviceKind::cpu) {
     // a CPU cannot run a 7B layer in the budget: hidden to at most 256 (the heads' count kept when it
     // divides, else 4), the intermediate size in the model's ratio, sequence length to at most 256
@@ -1480,16 +1498,19 @@ MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev) {
     const std::int64_t inter = std::max<std::int64_t>(h, s.intermediate * h / std::max<std::int64_t>(1, s.hidden));
     const std::int64_t seq = std::min<std::int64_t>(s.seq, 256);
     s.reduced = h != s.hidden || seq != s.seq || heads != s.heads;
-    s.note = fmt::format("hidden {} -> {}, intermediate {} -> {}, heads {} -> {}, sequence {} -> {}, 2 layers: a CPU "
-                         "cannot run the full shape in the budget",
-                         s.hidden, h, s.intermediate, inter, s.heads, heads, s.seq, seq);
+    s.note = s.reduced ? fmt::format("hidden {} -> {}, intermediate {} -> {}, heads {} -> {}, sequence {} -> {}, 2 "
+                                     "layers: a CPU cannot run the full shape in the budget",
+                                     s.hidden, h, s.intermediate, inter, s.heads, heads, s.seq, seq)
+                       : "the config's own shape, 2 layers";
     s.hidden = h;
     s.intermediate = inter;
+    s.ffn = s.gated ? inter * 3 / 2 : inter;
     s.heads = heads;
     s.seq = seq;
   } else {
     s.note = "the config's own shape, 2 layers";
   }
+  s.note += mlp_note();
   return s;
 }
 
@@ -1553,8 +1574,9 @@ std::string format_report(const Result& r) {
   }
   if (r.meta.value("/device/simulated"_json_pointer, false))
     o << "  SIMULATED device: every figure below is modelled, not measured\n";
-  if (dm.contains("measured_shape") && dm["measured_shape"].value("reduced", false))
-    o << "  measured at a reduced shape: " << dm["measured_shape"].value("note", std::string()) << "\n";
+  if (dm.contains("measured_shape"))
+    o << (dm["measured_shape"].value("reduced", false) ? "  measured at a reduced shape: " : "  shape: ")
+      << dm["measured_shape"].value("note", std::string()) << "\n";
   if (dm.contains("busy_checks") && dm["busy_checks"].is_array() && !dm["busy_checks"].empty()) {
     std::vector<std::string> names;
     for (const auto& b : dm["busy_checks"]) names.push_back(b.value("check", std::string()));

@@ -56,6 +56,9 @@ struct Options {
 // The shape the checks run at on this device (reduced on a CPU).
 struct MeasuredShape {
   std::int64_t micro_batch = 1, seq = 2048, hidden = 4096, intermediate = 11008, heads = 32;
+  // the step's MLP width (batch::DecoderConfig::d_ff): the model's (ModelDims::step_ffn) at this hidden
+  std::int64_t ffn = 16512;
+  bool gated = true;
   bool reduced = false;
   std::string note;
 };

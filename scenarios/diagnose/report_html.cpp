@@ -168,9 +168,10 @@ std::string format_html(const Result& r) {
     o << fmt::format("<p>The diagnosis took {:.0f} s.</p>\n", dm["wall_s"].get<double>());
   if (simulated)
     o << "<p class='sim'>Simulated device: every figure below is modelled, not measured.</p>\n";
-  if (dm.contains("measured_shape") && dm["measured_shape"].value("reduced", false))
-    o << "<p class='note'>Measured at a reduced shape: " << esc(dm["measured_shape"].value("note", std::string()))
-      << "</p>\n";
+  if (dm.contains("measured_shape"))
+    o << "<p class='note'>"
+      << (dm["measured_shape"].value("reduced", false) ? "Measured at a reduced shape: " : "Shape: ")
+      << esc(dm["measured_shape"].value("note", std::string())) << "</p>\n";
 
   const bool from_trace = dm.value("source", std::string()) == "trace";
   if (from_trace) {

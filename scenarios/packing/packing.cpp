@@ -7,8 +7,8 @@
 // runs one transformer layer, forward and backward, over the computed tokens
 // of a sample of the batches:
 //   projections and MLP: 4 GEMMs per layer, M = computed tokens,
-//     QKV [M, 3d, d], out [M, d, d], up [M, 4d, d], down [M, d, 4d];
-//     forward FLOPs 2*M*12*d^2; the backward's two GEMMs per forward GEMM are
+//     QKV [M, 3d, d], out [M, d, d], up [M, f, d], down [M, d, f] (f =
+//     d_ff, 4d unless given); forward FLOPs 2*M*(4d^2 + 2df); the backward's two GEMMs per forward GEMM are
 //     timed as two more GEMMs of the same shape (same FLOPs);
 //   attention per sequence: padded rows attend within the row (dense, the
 //     padding computed); packed rows use varlen attention over the segment
@@ -44,9 +44,9 @@ namespace pk = packing;
 // Forward+backward FLOPs of a GEMM: the forward and the two backward GEMMs.
 constexpr double kGemmFwdBwdFactor = 3;
 
-// The layer's four GEMMs over m tokens: QKV, the output projection, the MLP's up and down.
-std::array<GemmShape, 4> layer_gemms(std::int64_t m, std::int64_t d) {
-  return {GemmShape{m, 3 * d, d}, GemmShape{m, d, d}, GemmShape{m, 4 * d, d}, GemmShape{m, d, 4 * d}};
+// The layer's four GEMMs over m tokens: QKV, the output projection, the MLP's up and down (f wide).
+std::array<GemmShape, 4> layer_gemms(std::int64_t m, std::int64_t d, std::int64_t f) {
+  return {GemmShape{m, 3 * d, d}, GemmShape{m, d, d}, GemmShape{m, f, d}, GemmShape{m, d, f}};
 }
 
 // The layer's attention before its rows are laid out (prepare sets batch, seq and cu_seqlens).
@@ -77,7 +77,7 @@ struct Settings {
   pk::Strategy strategy = pk::Strategy::pad_max;
   pk::Overflow overflow = pk::Overflow::split;
   std::int32_t max_len = 0, rows_per_batch = 0, window = 0;
-  std::int64_t d_model = 0, heads = 0, sequences = 0, batches = 0;
+  std::int64_t d_model = 0, d_ff = 0, heads = 0, sequences = 0, batches = 0;
   DType dtype = DType::fp32;
   AttnImpl attn = AttnImpl::naive;
   std::string lengths;
@@ -91,6 +91,7 @@ struct Settings {
     st.rows_per_batch = std::int32_t(ps.get_int("rows"));
     st.window = std::int32_t(ps.get_int("window"));
     st.d_model = ps.get_int("d_model");
+    st.d_ff = ps.get_int("d_ff") > 0 ? ps.get_int("d_ff") : 4 * st.d_model;
     st.heads = ps.get_int("heads");
     st.sequences = ps.get_int("sequences");
     st.batches = ps.get_int("batches");
@@ -114,7 +115,7 @@ class PackingRun : public ScenarioRun {
     const auto overflow = st.overflow;
     const auto max_len = st.max_len;
     const auto rows_per_batch = st.rows_per_batch;
-    const std::int64_t d = st.d_model, heads = st.heads;
+    const std::int64_t d = st.d_model, f = st.d_ff, heads = st.heads;
     const DType dt = st.dtype;
     const AttnImpl attn_impl = st.attn;
     if (auto why = dev.attention_unsupported(attn_impl, dt)) throw UnsupportedError(*why);
@@ -151,7 +152,7 @@ class PackingRun : public ScenarioRun {
     // epoch's mix of short and long sequences (evenly spaced batches of pad-longest's random
     // order held 787 tokens of a mean-450 dataset in 4 batches; pack-bfd's rows come longest
     // first).
-    const std::vector<Cost> costs = batch_flops(plan, rows_per_batch, d, heads, is_packed(strategy));
+    const std::vector<Cost> costs = batch_flops(plan, rows_per_batch, d, f, heads, is_packed(strategy));
     const std::int64_t sample = std::min<std::int64_t>(st.batches, n_batches);
     std::vector<std::int64_t> by_cost(std::size_t(n_batches), 0);
     for (std::int64_t b = 0; b < n_batches; ++b) by_cost[std::size_t(b)] = b;
@@ -166,7 +167,7 @@ class PackingRun : public ScenarioRun {
     std::vector<BatchWork> work;
     ctx_.progress(fmt::format("packing {}: preparing {} batches", to_string(strategy), sample));
     for (const std::int64_t b : chosen)
-      work.push_back(prepare(dev, plan, b * rows_per_batch, std::min(n_rows, (b + 1) * rows_per_batch), d, heads,
+      work.push_back(prepare(dev, plan, b * rows_per_batch, std::min(n_rows, (b + 1) * rows_per_batch), d, f, heads,
                              dt, attn_impl));
     std::int64_t real = 0, computed = 0;
     double gemm_flops = 0, attn_flops = 0;
@@ -255,7 +256,8 @@ class PackingRun : public ScenarioRun {
                   {"epoch_gemm_flops", all_gemm},
                   {"cross_contamination", plan.cross_contamination},
                   {"attention", std::string(to_string(attn_impl)) + (is_packed(strategy) ? " varlen" : " dense")},
-                  {"layer", fmt::format("d_model {}, {} heads, MLP 4d, {}", d, heads, to_string(dt))}};
+                  {"layer", fmt::format("d_model {}, {} heads, MLP {} wide{}, {}", d, heads, f, f == 4 * d ? " (4d)" : "",
+                                         to_string(dt))}};
     p.info["gemm_timing"] = measurement_info(mg);
     p.info["attention_timing"] = measurement_info(ma);
     if (plan.packed)  // pack-hist: rows as pack shapes with repeat counts
@@ -340,10 +342,10 @@ class PackingRun : public ScenarioRun {
   struct Cost {
     double gemm = 0, attn = 0;
   };
-  static std::vector<Cost> batch_flops(const pk::Plan& plan, std::int64_t rows_per_batch, std::int64_t d,
+  static std::vector<Cost> batch_flops(const pk::Plan& plan, std::int64_t rows_per_batch, std::int64_t d, std::int64_t f,
                                        std::int64_t heads, bool packed) {
     double gemm = 0;  // per computed token
-    for (const GemmShape& g : layer_gemms(1, d)) gemm += kGemmFwdBwdFactor * g.flops();
+    for (const GemmShape& g : layer_gemms(1, d, f)) gemm += kGemmFwdBwdFactor * g.flops();
     AttnShape one = layer_attention(d, heads);  // one sequence of a given length
     const auto attn = [&one](double len) {
       one.seq = std::int64_t(len);
@@ -386,7 +388,7 @@ class PackingRun : public ScenarioRun {
 
   // Rows [r0, r1) of the plan as one batch of device work.
   BatchWork prepare(Device& dev, const pk::Plan& plan, std::int64_t r0, std::int64_t r1, std::int64_t d,
-                    std::int64_t heads, DType dt, AttnImpl impl) {
+                    std::int64_t f, std::int64_t heads, DType dt, AttnImpl impl) {
     BatchWork w;
     AttnShape a = layer_attention(d, heads);
     std::vector<pk::Row> rows;  // copies; pack-hist makes them here, on demand
@@ -416,7 +418,7 @@ class PackingRun : public ScenarioRun {
       a.seq = plan.computed(r0);
     }
     const std::int64_t m = w.computed;
-    for (const GemmShape& g : layer_gemms(m, d)) w.gemms.push_back(dev.make_gemm(g, dt, 5));
+    for (const GemmShape& g : layer_gemms(m, d, f)) w.gemms.push_back(dev.make_gemm(g, dt, 5));
     w.attn = dev.make_attention(a, impl, dt, 6);
     return w;
   }
@@ -495,6 +497,10 @@ const Scenario packing_scenario{
         ParamSpec{.name = "d_model", .type = ParamType::integer, .default_value = "128",
                   .help = "the layer's hidden size", .unit = "elements", .min = 16, .max = 65536,
                   .gpu_default = "2048"},
+        ParamSpec{.name = "d_ff", .type = ParamType::integer, .default_value = "0",
+                  .help = "the layer's MLP width (up's outputs, down's inputs); 0: 4 x d_model. A gated (SwiGLU) "
+                          "MLP of intermediate size I has the FLOPs of this one at d_ff = 1.5 I",
+                  .unit = "elements", .min = 0, .max = 262144},
         ParamSpec{.name = "heads", .type = ParamType::integer, .default_value = "2", .help = "attention heads",
                   .unit = "heads", .min = 1, .max = 1024, .gpu_default = "16"},
         ParamSpec{.name = "dtype", .type = ParamType::choice, .default_value = "fp32", .help = "element type",

@@ -82,15 +82,16 @@ double host_loss(const std::vector<std::vector<double>>& w1, const std::vector<s
       double ss = 0;
       for (std::int64_t j = 0; j < d; ++j) ss += x[std::size_t(r * d + j)] * x[std::size_t(r * d + j)];
       const double rs = 1 / std::sqrt(ss / double(d) + 1e-6);
-      std::vector<double> h(std::size_t(4 * d));
-      for (std::int64_t o = 0; o < 4 * d; ++o) {
+      const auto ff = std::int64_t(w1[l].size()) / d;  // the MLP's width
+      std::vector<double> h(static_cast<std::size_t>(ff), 0.0);
+      for (std::int64_t o = 0; o < ff; ++o) {
         double z = 0;
         for (std::int64_t i = 0; i < d; ++i) z += x[std::size_t(r * d + i)] * rs * w1[l][std::size_t(o * d + i)];
         h[std::size_t(o)] = 0.5 * z * (1 + std::tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)));
       }
       for (std::int64_t o = 0; o < d; ++o) {
         double y = 0;
-        for (std::int64_t i = 0; i < 4 * d; ++i) y += h[std::size_t(i)] * w2[l][std::size_t(o * 4 * d + i)];
+        for (std::int64_t i = 0; i < ff; ++i) y += h[std::size_t(i)] * w2[l][std::size_t(o * ff + i)];
         x[std::size_t(r * d + o)] += y;
       }
     }
@@ -100,13 +101,21 @@ double host_loss(const std::vector<std::vector<double>>& w1, const std::vector<s
   return s / double(x.size());
 }
 
-TEST(BatchDecoder, AccumulatedGradientsMatchAnFp64ReferenceOfTheBigBatch) {
+// At the default MLP width (4 x d_model) and at d_ff = 24 (1.5 x d_model: how diagnose runs a gated MLP of
+// intermediate size 16), every W1 and W2 entry's gradient against central differences in double.
+class DecoderWidth : public ::testing::TestWithParam<std::int64_t> {};
+INSTANTIATE_TEST_SUITE_P(BatchDecoder, DecoderWidth, ::testing::Values(0, 24));
+
+TEST_P(DecoderWidth, AccumulatedGradientsMatchAnFp64ReferenceOfTheBigBatch) {
   auto dev = make_cpu_backend().open(0);
   auto ops = dev->make_train_ops();
   const int accum = 3;
   const std::int64_t d = 16, per = 8 * d, tokens = 8 * accum;
   const auto x = data(per * accum, 15, 1.0f), t = data(per * accum, 16, 0.5f);
-  DecoderStep small(*dev, *ops, tiny(1), 9, [] {});
+  DecoderConfig cfg = tiny(1);
+  cfg.d_ff = GetParam();
+  DecoderStep small(*dev, *ops, cfg, 9, [] {});
+  ASSERT_EQ(small.parameters(), 2 * (4 * d * d + 2 * d * cfg.ff()));
   small.zero_grad();
   for (int i = 0; i < accum; ++i) {
     small.set_input(std::span<const float>(x).subspan(std::size_t(i * per), std::size_t(per)),
@@ -116,6 +125,7 @@ TEST(BatchDecoder, AccumulatedGradientsMatchAnFp64ReferenceOfTheBigBatch) {
   std::vector<std::vector<double>> w1, w2;
   for (int l = 0; l < 2; ++l) {
     const auto a = small.weight(l, 2), b = small.weight(l, 3);
+    ASSERT_EQ(std::int64_t(a.size()), cfg.ff() * d);
     w1.emplace_back(a.begin(), a.end());
     w2.emplace_back(b.begin(), b.end());
   }
@@ -227,6 +237,16 @@ TEST(BatchDecoder, FootprintModelIsTheExactByteCount) {
   ck.checkpointing = true;
   EXPECT_EQ(batch::predict_footprint(ck, batch::OptKind::adamw, 64, 1000, 0).activations, 1024u + 8832u + 512u);
   EXPECT_EQ(batch::predict_footprint(tiny(1), batch::OptKind::sgd, 64, 0, 0).optimizer, 0u);
+  // d_ff = 24 (not 4 x 16): W1 and W2 384 values each (24 x 16), so 7,168 B of fp32 parameters a layer;
+  // hp, h, dhp and dh 768 B each (8 x 24 fp32); a set 8,832 - 2 x 2048 + 2 x 768 = 6,272
+  DecoderConfig narrow = tiny(1);
+  narrow.d_ff = 24;
+  const batch::MemoryParts n = batch::predict_footprint(narrow, batch::OptKind::adamw, 64, 1000, 70);
+  EXPECT_EQ(n.weights, 2u * 7168u);
+  EXPECT_EQ(n.gradients, 2u * 7168u);
+  EXPECT_EQ(n.optimizer, 4u * 7168u);
+  EXPECT_EQ(n.activations, 1024u + 2 * 6272u + 512u);
+  EXPECT_EQ(n.backward, 3584u + 2 * 768u + 1536u + 512u + 64u);
 
   // and the allocator agrees, part by part, on a real step (fp32 and bf16, with and without checkpointing)
   auto dev = make_cpu_backend().open(0);
@@ -237,6 +257,7 @@ TEST(BatchDecoder, FootprintModelIsTheExactByteCount) {
       c.dtype = t;
       c.checkpointing = ckpt;
       c.layers = 3;
+      c.d_ff = t == DType::bf16 ? 40 : 0;  // a width of its own: the model follows it
       auto fresh = dev->make_train_ops();  // its GEMM workspace starts empty
       DecoderStep s(*dev, *fresh, c, 7, [] {});
       s.zero_grad();

@@ -100,8 +100,8 @@ class TempDir {
 
 const char* const kAllKeys[] = {
     "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads", "model.num_key_value_heads",
-    "model.intermediate_size", "model.vocab_size", "micro_batch_size", "gradient_accumulation_steps",
-    "sequence_len", "sample_packing", "pad_to_sequence_len", "bf16", "fp16", "tf32",
+    "model.intermediate_size", "model.gated_mlp", "model.vocab_size", "micro_batch_size",
+    "gradient_accumulation_steps", "sequence_len", "sample_packing", "pad_to_sequence_len", "bf16", "fp16", "tf32",
     "flash_attention", "sdp_attention", "dataloader_num_workers", "dataloader_pin_memory",
     "dataloader_prefetch_factor", "gradient_checkpointing", "lengths"};
 
@@ -482,6 +482,55 @@ TEST(DiagnoseConfig, Llama3ConfigJsonIsGroupedQueryAttention) {
   EXPECT_TRUE(has_note(c, "4x smaller"));
 }
 
+// The MLP's kind: gated (SwiGLU: three hidden x intermediate matrices) for the Llama family and its kin,
+// plain (two) for GPT-NeoX and the other two-matrix families, from model_type; the measured step runs a
+// two-matrix MLP of the same FLOPs and weights (1.5 x intermediate wide when gated).
+TEST(DiagnoseConfig, TheMlpKindComesFromModelType) {
+  TrainConfig d = default_config();
+  EXPECT_TRUE(d.model.gated_mlp);  // Llama 2 7B's
+  EXPECT_EQ(d.model.step_ffn(), 11008 * 3 / 2);
+
+  TrainConfig l2 = default_config();
+  apply_model_config(l2, data("llama2_7b_config.json"));
+  EXPECT_TRUE(l2.model.gated_mlp);
+  EXPECT_EQ(l2.sources.at("model.gated_mlp").where, data("llama2_7b_config.json"));
+
+  const std::string pythia = data("pythia_1b_config.json");
+  TrainConfig py = default_config();
+  apply_model_config(py, pythia);
+  EXPECT_FALSE(py.model.gated_mlp);
+  EXPECT_EQ(py.model.step_ffn(), 8192);  // its own intermediate size: up and down
+  EXPECT_EQ(py.sources.at("model.gated_mlp").where, pythia);
+  EXPECT_TRUE(has_note(py, pythia + ": model_type gpt_neox: a plain MLP (up and down, two hidden x 8192"));
+  EXPECT_EQ(to_json(py)["model"]["gated_mlp"]["value"], false);
+
+  TrainConfig qw = default_config();
+  apply_model_config(qw, data("qwen2_7b_config.json"));
+  EXPECT_TRUE(qw.model.gated_mlp);
+  EXPECT_EQ(qw.model.step_ffn(), 28416);  // 1.5 x 18944: 7.9x the hidden size, where the old step ran 4x
+  EXPECT_EQ(qw.model.kv_heads(), 4);
+
+  // The YAML key, with its line; a config.json's model_type replaces it, and says so.
+  TempDir dir("mlp");
+  const std::string yml = dir.write("m.yml", "micro_batch_size: 2\ngated_mlp: false\n");
+  TrainConfig y = read_axolotl_yaml(yml);
+  EXPECT_FALSE(y.model.gated_mlp);
+  EXPECT_EQ(y.sources.at("model.gated_mlp").where, yml + ":2");
+  apply_model_config(y, data("llama2_7b_config.json"));
+  EXPECT_TRUE(y.model.gated_mlp);
+  EXPECT_TRUE(has_note(y, "model_type llama sets gated_mlp true, replacing false from " + yml + ":2"));
+  // A bad value names the key and its line.
+  const std::string bad = usage_error([&] { (void)read_axolotl_yaml(dir.write("b.yml", "\ngated_mlp: swiglu\n")); });
+  EXPECT_TRUE(contains(bad, ":2: gated_mlp: expected")) << bad;
+  // A config.json without model_type keeps what was there, and says so.
+  TrainConfig n = read_axolotl_yaml(yml);
+  const std::string no_type = dir.write("config.json", R"({"hidden_size": 512, "num_hidden_layers": 4,
+      "num_attention_heads": 8, "intermediate_size": 2048, "vocab_size": 1000})");
+  apply_model_config(n, no_type);
+  EXPECT_FALSE(n.model.gated_mlp);
+  EXPECT_TRUE(has_note(n, no_type + ": no model_type; gated_mlp false (" + yml + ":2) kept"));
+}
+
 TEST(DiagnoseConfig, KeyValueHeadsFromTheYamlUntilAConfigJsonWithoutThem) {
   TempDir dir("kv");
   const std::string yml = dir.write("kv.yml", "num_attention_heads: 32\nnum_key_value_heads: 8\n");
@@ -706,6 +755,30 @@ TEST(DiagnoseFootprint, ParametersAreThePublishedModelsWithGroupedQueryAttention
   const auto fm = sb::diagnose::full_depth_footprint(mha.model, full_depth(mha));
   EXPECT_NEAR(double(fm.parameters) / 1e9, 8.835, 0.001);
   EXPECT_GT(fm.total, f3.total);
+}
+
+// Beyond Llama: a plain MLP (Pythia 1B, GPT-NeoX: 1.0118 billion published, biases and norms included) and
+// a wide gated one (Qwen2 7B: 7.6156 billion, 4 K/V heads of 28). The step's d_ff does not move the
+// count: the footprint scales its weight-bound parts to the model's own layer at any d_ff.
+TEST(DiagnoseFootprint, ParametersOfAPlainAndAWideGatedMlp) {
+  TrainConfig py = default_config();
+  apply_model_config(py, data("pythia_1b_config.json"));
+  auto dp = full_depth(py);
+  EXPECT_NEAR(double(sb::diagnose::full_depth_footprint(py.model, dp).parameters) / 1e9, 1.0118, 0.001);
+  dp.d_ff = py.model.step_ffn();
+  EXPECT_NEAR(double(sb::diagnose::full_depth_footprint(py.model, dp).parameters) / 1e9, 1.0118, 0.001);
+
+  TrainConfig qw = default_config();
+  apply_model_config(qw, data("qwen2_7b_config.json"));
+  auto dq = full_depth(qw);
+  dq.d_ff = qw.model.step_ffn();
+  const auto fq = sb::diagnose::full_depth_footprint(qw.model, dq);
+  EXPECT_NEAR(double(fq.parameters) / 1e9, 7.6156, 0.001);
+  // at d_ff = 1.5 intermediate the step's MLP holds the model's MLP weights exactly: only K and V scale
+  const double h = 3584, kv_share = 4.0 / 28.0;
+  const double layer_step = 4 * h * h + 2 * h * double(dq.d_ff), layer_model = (2 + 2 * kv_share) * h * h + 3 * h * 18944;
+  const std::uint64_t predicted_w = sb::batch::predict_footprint(dq, sb::batch::OptKind::adamw, 1, 0, 0).weights;
+  EXPECT_NEAR(fq.parts["weights"].get<double>() / double(predicted_w), layer_model / layer_step, 1e-6);
 }
 
 // What limits the user's micro batch (diagnose's batch check), read from real

@@ -292,14 +292,16 @@ TEST(Findings, PublishedDiagnoseReportsAreRankedAndJudgedByTheirOwnFigures) {
       }
     }
     // the MFU before and after (since 2026-12-04): PaLM's model FLOPs per token (6N + 12 L H Q T, N the
-    // measured layers' 2 x 12 x hidden^2 parameters, T the sequence) x the loop's real tokens/s over the
-    // rate the report names for that figure's dtype
+    // measured layers' 2 x (4 hidden^2 + 2 hidden d_ff) parameters, T the sequence; a report from before
+    // d_ff ran a 4 x hidden MLP) x the loop's real tokens/s over the rate the report names for that
+    // figure's dtype
     for (const json& pt : rec.doc.at("points")) {
       if (pt.at("params").value("check", "") != "summary" || !pt.at("info").contains("mfu_peak_now")) continue;
       ++mfu_reports;
       const json& shape = rec.doc.at("meta").at("diagnose").at("measured_shape");
       const double h = shape.at("hidden").get<double>(), t = shape.at("seq_len").get<double>();
-      const double fpt = 6.0 * 2.0 * 12.0 * h * h + 12.0 * 2.0 * h * t;
+      const double ff = shape.value("d_ff", 4.0 * h);
+      const double fpt = 6.0 * 2.0 * (4.0 * h * h + 2.0 * h * ff) + 12.0 * 2.0 * h * t;
       EXPECT_NEAR(pt.at("info").at("mfu_flops_per_token").get<double>(), fpt, 1e-9 * fpt);
       const json& m = pt.at("metrics");
       for (const auto& [pct, tps, peak] : {std::tuple{"mfu_now_pct", "tokens_per_s_now", "mfu_peak_now"},
