@@ -284,6 +284,10 @@ class Device {
   // Devices that compute elsewhere (cuda, sim) use no host CPU for it:
   // they return an empty list.
   virtual std::vector<int> reserve_host_cpus(int /*threads*/) { return {}; }
+  // Of the CPUs the last reserve_host_cpus returned, those another stallbench
+  // process had claimed for its compute first (cpu: CpuClaims): figures timed
+  // on them contend with that process. Empty where none (or none used).
+  virtual std::vector<int> shared_host_cpus() const { return {}; }
 
   // Throws OutOfMemory when the allocation fails.
   virtual Buffer allocate(std::size_t bytes, MemKind kind) = 0;

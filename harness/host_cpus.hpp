@@ -8,6 +8,7 @@
 
 #include "harness/cpu_affinity.hpp"  // allowed_cpus
 #include "harness/device.hpp"        // Device::reserve_host_cpus
+#include "harness/result.hpp"        // Point
 
 namespace sb {
 
@@ -16,6 +17,7 @@ class HostCpuForHost {
   explicit HostCpuForHost(Device& dev) : dev_(dev) {
     const int ncpu = int(allowed_cpus().size());
     compute_ = dev_.reserve_host_cpus(ncpu > 1 ? ncpu - 1 : 0);
+    shared_ = dev_.shared_host_cpus();
   }
   // Never throws: a stream that hung keeps its pinning (the run is ending).
   ~HostCpuForHost() {
@@ -28,10 +30,14 @@ class HostCpuForHost {
   HostCpuForHost& operator=(const HostCpuForHost&) = delete;
   // The CPUs the device's compute runs on now (empty where it uses none).
   const std::vector<int>& compute_cpus() const { return compute_; }
+  // Those of them another stallbench process computes on too (Device::shared_host_cpus).
+  const std::vector<int>& shared_cpus() const { return shared_; }
+  // info.compute_cpus; where shared, info.compute_cpus_shared and a warning on the point.
+  void record(Point& p) const;
 
  private:
   Device& dev_;
-  std::vector<int> compute_;
+  std::vector<int> compute_, shared_;
 };
 
 }  // namespace sb

@@ -289,11 +289,17 @@ class CpuDevice : public Device {
   // Pins the compute thread, and the OpenMP team it starts (libgomp's team
   // threads are the compute thread's own and inherit its mask when created;
   // a team of one is the thread alone), to the first `threads` allowed CPUs.
+  // Fewer than all: claimed across processes (CpuClaims), so that a second
+  // stallbench process computes on other CPUs where there are any.
   std::vector<int> reserve_host_cpus(int threads) override {
-    std::vector<int> cpus = allowed_cpus_;
-    if (threads > 0 && std::size_t(threads) < cpus.size()) cpus.resize(std::size_t(threads));
     // After a hang the stream is stuck behind the running item: leave it.
-    if (ledger_->keeps_freed_blocks()) return cpus;
+    if (ledger_->keeps_freed_blocks()) return pinned_;
+    std::vector<int> cpus = allowed_cpus_;
+    if (threads > 0 && std::size_t(threads) < cpus.size())
+      cpus = claims_.claim(allowed_cpus_, std::size_t(threads));
+    else
+      claims_.release();
+    pinned_ = cpus;
     const int team = int(cpus.size());
     cs_.set_team(team);  // what primitives made from now are made for (omp_team.hpp)
     cs_.enqueue("pin the compute thread", [cpus, team] {
@@ -308,6 +314,8 @@ class CpuDevice : public Device {
     return cpus;
   }
 
+  std::vector<int> shared_host_cpus() const override { return claims_.contended(); }
+
   void on_stream_hang() {
     ledger_->keep_freed_blocks();
     cs_.abandon_queued();
@@ -318,6 +326,8 @@ class CpuDevice : public Device {
   mutable dnnl::engine eng_;
   std::shared_ptr<cpu::MemLedger> ledger_ = std::make_shared<cpu::MemLedger>("cpu");
   std::vector<int> allowed_cpus_ = allowed_cpus();  // the process's, before any pinning
+  CpuClaims claims_;                                // the compute's CPUs while it has fewer than all
+  std::vector<int> pinned_ = allowed_cpus_;         // what the compute runs on now
   Buffer flush_buf_;       // timing=cold's eviction buffer, made on first use
   cpu::StreamTrace trace_;
   cpu::ComputeStream cs_;  // last: its thread stops before the engine goes and the buffers

@@ -250,8 +250,8 @@ class BatchRun : public ScenarioRun {
                   {"parameters", step.parameters()},
                   {"tokens_per_micro_step", step.tokens()},
                   {"trials", trials},
-                  {"compute_cpus", host_cpu.compute_cpus()},
                   {"impl", ops->impl()}});
+    host_cpu.record(p);
     if (!bare.note.empty()) p.info["gemm_bare"] = bare.note;
     if (!with_bare) p.info["gemm_bare"] = json{{"skipped", "bare=off"}};
     if (global > 0) {

@@ -305,12 +305,12 @@ class NumericsRun : public ScenarioRun {
                   {"impl", ops->impl()},
                   {"gemm_impl", ops->gemm_impl(spec.model.dtype)},
                   {"wall_step_ms", r.wall_step_ms},
-                  {"compute_cpus", host_cpu.compute_cpus()},
                   {"check_ms", r.check_ms},
                   {"locate_ms", r.locate_ms},
                   {"layers", layers},
                   {"loss_curve", thin(r.loss)},
                   {"grad_norm_curve", thin(r.grad_norm)}};
+    host_cpu.record(p);
     if (r.first_nonfinite.step >= 0)
       p.info["first_nonfinite"] = json{{"step", r.first_nonfinite.step}, {"layer", r.first_nonfinite.layer},
                                        {"tensor", r.first_nonfinite.where}};

@@ -340,7 +340,7 @@ class TrainRun : public ScenarioRun {
     Point p = train::derive(rec);
     p.info["padded_lengths"] = json(std::vector<std::int64_t>(needed.begin(), needed.end()));
     p.info["loader_cpus"] = loader_cpus;
-    p.info["compute_cpus"] = host_cpu.compute_cpus();
+    host_cpu.record(p);
     p.info["util_source"] = sampler.source();
     p.info["submissions"] = timed_subs;
     p.info["attention"] = std::string(to_string(base.attention));

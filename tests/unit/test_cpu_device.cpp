@@ -19,7 +19,7 @@
 
 #include "fake_device.hpp"
 #include "harness/errors.hpp"
-#include "harness/cpu_affinity.hpp"  // allowed_cpus
+#include "harness/cpu_affinity.hpp"  // allowed_cpus, CpuClaims
 #include "harness/gemm_check.hpp"
 #include "harness/host_cpus.hpp"  // HostCpuForHost
 #include "harness/train_ops.hpp"
@@ -253,6 +253,78 @@ std::map<long, long long> thread_cpu_ns() {
 // this test passes without the fix, and fails without it under
 // ONEDNN_MAX_CPU_ISA=AVX2 (two threads at 124 ms): meson's test_cpu_team_avx2
 // runs it so, and sees the defect on any x86 CPU.
+// Claims across processes: flock on one file per CPU. flock treats two open()s of one file as two
+// owners even in one process, so one process shows what two would. The CPU numbers need not exist: a
+// claim is a lock file.
+TEST(CpuClaims, ASecondClaimantTakesOtherCpusThenSharesAndSaysWhich) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("sb_claims_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  {
+    CpuClaims a(dir.string()), b(dir.string()), c(dir.string()), d(dir.string());
+    EXPECT_EQ(a.claim({0, 1, 2, 3}, 2), (std::vector<int>{0, 1}));
+    EXPECT_TRUE(a.contended().empty());
+    EXPECT_EQ(b.claim({0, 1, 2, 3}, 2), (std::vector<int>{2, 3}));  // not both on the first ones
+    EXPECT_TRUE(b.contended().empty());
+    EXPECT_EQ(c.claim({0, 1, 2, 3}, 3), (std::vector<int>{0, 1, 2}));  // none free: shared, and listed
+    EXPECT_EQ(c.contended(), (std::vector<int>{0, 1, 2}));
+    // a partly free set (a's 0 and 1 released; b holds 2 and 3): the free one, then the first held one
+    // in the order given, shared
+    a.release();
+    EXPECT_EQ(d.claim({3, 1, 2}, 2), (std::vector<int>{1, 3}));
+    EXPECT_EQ(d.contended(), (std::vector<int>{3}));
+    // a claim again drops the last one first: b's 2 and 3 come free for another (d holds only 1: a
+    // shared CPU is not locked)
+    EXPECT_EQ(b.claim({0, 1, 2, 3}, 1), (std::vector<int>{0}));
+    EXPECT_EQ(a.claim({1, 2, 3}, 1), (std::vector<int>{2}));
+    EXPECT_TRUE(a.contended().empty());
+  }
+  // a lock directory that does not exist: every CPU counts as free (no claim anyone could see)
+  CpuClaims none((dir / "missing").string());
+  EXPECT_EQ(none.claim({0, 1}, 1), (std::vector<int>{0}));
+  EXPECT_TRUE(none.contended().empty());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// Two cpu devices (two stallbench processes, as a parallel `meson test` runs them) keeping a CPU for
+// the host each: their compute goes to different CPUs, not both to the first one. A third shares, and
+// its point says so.
+TEST(CpuClaims, TwoDevicesComputeOnDifferentCpus) {
+  if (allowed_cpus().size() < 2) GTEST_SKIP() << "one CPU: nothing to split";
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("sb_claims_dev_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  ASSERT_EQ(::setenv("STALLBENCH_LOCK_DIR", dir.c_str(), 1), 0);
+  {
+    auto d1 = cpu(), d2 = cpu();
+    const HostCpuForHost h1(*d1), h2(*d2);
+    const std::size_t n = allowed_cpus().size() - 1;
+    ASSERT_EQ(h1.compute_cpus().size(), n);
+    ASSERT_EQ(h2.compute_cpus().size(), n);
+    EXPECT_TRUE(h1.shared_cpus().empty());
+    if (allowed_cpus().size() == 2) {
+      EXPECT_NE(h1.compute_cpus(), h2.compute_cpus());
+      EXPECT_TRUE(h2.shared_cpus().empty());
+      auto d3 = cpu();
+      const HostCpuForHost h3(*d3);
+      EXPECT_EQ(h3.shared_cpus().size(), 1u);
+      Point p;
+      h3.record(p);
+      EXPECT_EQ(p.info.at("compute_cpus_shared"), nlohmann::ordered_json(h3.shared_cpus()));
+      EXPECT_NE(p.info.value("warning", std::string()).find("another stallbench process computes on CPU(s)"),
+                std::string::npos)
+          << p.info.dump();
+    }
+    Point q;
+    h1.record(q);
+    EXPECT_EQ(q.info.at("compute_cpus"), nlohmann::ordered_json(h1.compute_cpus()));
+    EXPECT_FALSE(q.info.contains("compute_cpus_shared"));
+    EXPECT_FALSE(q.info.contains("warning"));
+  }
+  ::unsetenv("STALLBENCH_LOCK_DIR");
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
 TEST(CpuTrainOps, GemmsRunOnTheComputeThreadsTeamAloneWhenTheHostKeepsACpu) {
   if (allowed_cpus().size() < 2) GTEST_SKIP() << "one CPU: none to keep for the host, so no team to exceed";
   auto dev = cpu();
