@@ -631,11 +631,11 @@ void apply_model_config(TrainConfig& cfg, const std::string& config_json_path) {
     static constexpr std::string_view kPlain[] = {"gpt2",  "gpt_neox", "gpt_bigcode", "gptj",  "gpt_neo",
                                                   "bert",  "roberta",  "opt",         "bloom", "falcon",
                                                   "mpt",   "phi",      "starcoder2",  "codegen"};
-    const auto mt = root.find("model_type");
+    // a multimodal config's text_config names its language model's family; else the top level's
     const auto mt_inner = from.find("model_type");
-    const auto& type_ref = mt_inner && mt_inner->raw().is_string() ? mt_inner : mt;
-    if (type_ref && type_ref->raw().is_string()) {
-      const std::string type = type_ref->raw().get<std::string>();
+    const auto type_ref = given(mt_inner) ? mt_inner : root.find("model_type");
+    if (given(type_ref)) {
+      const std::string type = type_ref->str();  // a number or a list: "FILE: model_type: expected a string"
       bool plain = false;
       for (const auto n : kPlain) plain = plain || type == n;
       const std::string before = source_of(out, "model.gated_mlp");

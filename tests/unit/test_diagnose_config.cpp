@@ -529,6 +529,18 @@ TEST(DiagnoseConfig, TheMlpKindComesFromModelType) {
   apply_model_config(n, no_type);
   EXPECT_FALSE(n.model.gated_mlp);
   EXPECT_TRUE(has_note(n, no_type + ": no model_type; gated_mlp false (" + yml + ":2) kept"));
+  // model_type that is not a string: a broken config.json, exit 2 naming the key; cfg unchanged
+  const std::string num_type = dir.write("num.json", R"({"hidden_size": 768, "model_type": 5})");
+  const std::string e = usage_error([&] { apply_model_config(n, num_type); });
+  EXPECT_TRUE(contains(e, "model_type")) << e;
+  EXPECT_EQ(n.model.hidden_size, 512);
+  EXPECT_FALSE(n.model.gated_mlp);
+  // a multimodal config: its text_config's family, not the wrapper's
+  TrainConfig mm = default_config();
+  apply_model_config(mm, dir.write("mm.json", R"({"model_type": "llava", "text_config": {"model_type": "gpt_neox",
+      "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8, "intermediate_size": 4096,
+      "vocab_size": 1000}})"));
+  EXPECT_FALSE(mm.model.gated_mlp);
 }
 
 TEST(DiagnoseConfig, KeyValueHeadsFromTheYamlUntilAConfigJsonWithoutThem) {
