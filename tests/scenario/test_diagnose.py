@@ -182,6 +182,19 @@ def main():
                 if check(theirs in pts and len(fix) == 1, f"{c}: the evidence's points {pts}"):
                     want = (pts[theirs] / fix[0]) if c == "attention" else (fix[0] / pts[theirs])
                     check(abs(want - g) < 1e-9 * want, f"{c}: the evidence's points give {want}, the gain {g}")
+            # the loader's gain too (workers 0 pageable against 2 pinned, the second round in the other order),
+            # each round a third of the scenario's steps; the quoted points are the median round's
+            lq = by["loader"]
+            if lq["status"] == "ok":
+                rounds, g = lq["info"].get("rounds", []), lq["metrics"]["gain"]["value"]
+                check(len(rounds) == 3 and abs(sorted(rounds)[1] - g) < 1e-9, f"loader: gain {g}, rounds {rounds}")
+                pts = {(x["params"]["workers"], x["params"]["pin"]): x["metrics"]["samples_per_s"]
+                       for x in lq["info"]["sub"]["points"]}
+                if check((0, "pageable") in pts and (2, "pinned") in pts and
+                         all(x["params"]["steps"] == 10 for x in lq["info"]["sub"]["points"]),
+                         f"loader: the evidence's points {lq['info']['sub']['points']}"):
+                    want = pts[(2, "pinned")] / pts[(0, "pageable")]
+                    check(abs(want - g) < 1e-9 * want, f"loader: the evidence's points give {want}, the gain {g}")
             # the batch knee's gain is the median of its sweeps' paired gains; the sweeps skip the bare GEMMs
             bq = by["batch"]
             if bq["status"] == "ok":
