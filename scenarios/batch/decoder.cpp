@@ -16,7 +16,7 @@ namespace sb::batch {
 std::int64_t DecoderStep::in_of(int w) const { return w == 3 ? cfg_.ff() : cfg_.d_model; }
 std::int64_t DecoderStep::out_of(int w) const {
   switch (w) {
-    case 0: return 3 * cfg_.d_model;
+    case 0: return cfg_.qkv_out();
     case 2: return cfg_.ff();
     default: return cfg_.d_model;
   }
@@ -38,6 +38,13 @@ void validate_decoder_shape(const ParamSet& ps) {
   if (ps.get_int("d_model") % ps.get_int("heads") != 0)
     throw UsageError(fmt::format("d_model={} is not a multiple of heads={}", ps.get_int("d_model"),
                                  ps.get_int("heads")));
+  if (ps.has("kv_heads")) {
+    const std::int64_t kv = ps.get_int("kv_heads"), h = ps.get_int("heads");
+    if (kv > h || (kv > 0 && h % kv != 0))
+      throw UsageError(fmt::format("kv_heads={} does not divide heads={}: each K/V head serves a whole group of "
+                                   "query heads (0: one per head)",
+                                   kv, h));
+  }
 }
 
 ParamSpec d_model_param(std::string cpu_default, std::string gpu_default) {
@@ -56,6 +63,13 @@ ParamSpec d_ff_param() {
                    .help = "the MLP's width (W1's outputs, W2's inputs); 0: 4 x d_model. A gated (SwiGLU) MLP of "
                            "intermediate size I has the FLOPs and weights of this one at d_ff = 1.5 I",
                    .unit = "features", .min = 0, .max = 262144};
+}
+
+ParamSpec kv_heads_param() {
+  return ParamSpec{.name = "kv_heads", .type = ParamType::integer, .default_value = "0",
+                   .help = "K/V heads (grouped-query attention: num_key_value_heads), a divisor of heads; 0: heads. "
+                           "K and V project to kv_heads x head_dim; the attention itself runs at every query head",
+                   .unit = "heads", .min = 0, .max = 1024};
 }
 
 ParamSpec layers_param(std::string cpu_default, std::string gpu_default) {
@@ -90,6 +104,7 @@ DecoderConfig decoder_config(const ParamSet& ps, const Device& dev) {
   cfg.d_model = ps.get_int("d_model");
   cfg.heads = ps.get_int("heads");
   if (ps.has("d_ff")) cfg.d_ff = ps.get_int("d_ff");
+  if (ps.has("kv_heads")) cfg.kv_heads = ps.get_int("kv_heads");
   cfg.layers = int(ps.get_int("layers"));
   cfg.dtype = ps.get_choice("dtype", kDTypeNames);
   if (cfg.dtype != DType::fp32 && cfg.dtype != DType::bf16 && cfg.dtype != DType::fp16)
@@ -109,7 +124,7 @@ void DecoderStep::alloc_acts(Acts& a, const std::string& n) {
   const DType t = cfg_.dtype;
   a.u1 = ops_.alloc(T * d, t, n + " norm1");
   a.r1 = ops_.alloc(T, DType::fp32, n + " norm1 1/rms");
-  a.qkv = ops_.alloc(T * 3 * d, t, n + " qkv");
+  a.qkv = ops_.alloc(T * cfg_.qkv_out(), t, n + " qkv");
   a.att = ops_.alloc(T * d, t, n + " attention output (stand-in)");
   a.o = ops_.alloc(T * d, t, n + " o-proj");
   a.xm = ops_.alloc(T * d, t, n + " x + attention");
@@ -131,10 +146,12 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
   if (cfg.d_model % cfg.heads != 0)
     throw UsageError(fmt::format("d_model {} is not a multiple of heads {}", cfg.d_model, cfg.heads));
   if (cfg.d_ff < 0) throw UsageError(fmt::format("d_ff {} is negative", cfg.d_ff));
+  if (cfg.kv_heads < 0 || cfg.kv() > cfg.heads || cfg.heads % cfg.kv() != 0)
+    throw UsageError(fmt::format("kv_heads {} does not divide heads {}", cfg.kv_heads, cfg.heads));
   if (share && (share->cfg_.d_model != cfg.d_model || share->cfg_.ff() != cfg.ff() || share->cfg_.heads != cfg.heads ||
-                share->cfg_.layers != cfg.layers || share->cfg_.dtype != cfg.dtype))
+                share->cfg_.kv() != cfg.kv() || share->cfg_.layers != cfg.layers || share->cfg_.dtype != cfg.dtype))
     throw UsageError("a decoder step can share the parameters of a step of the same model only (d_model, d_ff, "
-                     "heads, layers, dtype)");
+                     "heads, kv_heads, layers, dtype)");
   const std::int64_t T = tokens(), d = cfg.d_model, f = cfg.ff();
   const DType t = cfg.dtype;
   const int nl = cfg.layers;
@@ -208,7 +225,7 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
   bg_.dhp = ops.alloc(T * f, t, "d mlp pre-activation");
   bg_.dh = ops.alloc(T * f, t, "d mlp activation");
   bg_.datt = ops.alloc(T * d, t, "d attention output");
-  bg_.dqkv = ops.alloc(T * 3 * d, t, "d qkv (stand-in)");
+  bg_.dqkv = ops.alloc(T * cfg.qkv_out(), t, "d qkv (stand-in)");
   bg_.du1 = ops.alloc(T * d, t, "d norm1");
   for (int i = 0; i < 2; ++i) dx_[i] = ops.alloc(T * d, t, fmt::format("d layer input ({})", i));
   target_ = ops.alloc(T * d, DType::fp32, "targets");
@@ -226,14 +243,14 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
 }
 
 std::vector<GemmCall> step_gemms(const DecoderConfig& cfg) {
-  const std::int64_t T = cfg.micro_batch * cfg.seq, d = cfg.d_model, f = cfg.ff();
+  const std::int64_t T = cfg.micro_batch * cfg.seq, d = cfg.d_model, f = cfg.ff(), q = cfg.qkv_out();
   return {
       // forward (and the recompute): qkv, o-proj, W1, W2
-      {false, true, T, 3 * d, d}, {false, true, T, d, d}, {false, true, T, f, d}, {false, true, T, d, f},
+      {false, true, T, q, d}, {false, true, T, d, d}, {false, true, T, f, d}, {false, true, T, d, f},
       // backward: dW2, dh, dW1, du2, dWo, datt, dWqkv, du1
       {true, false, d, f, T, true}, {false, false, T, f, d}, {true, false, f, d, T, true},
       {false, false, T, d, f}, {true, false, d, d, T, true}, {false, false, T, d, d},
-      {true, false, 3 * d, d, T, true}, {false, false, T, d, 3 * d},
+      {true, false, q, d, T, true}, {false, false, T, d, q},
   };
 }
 
@@ -248,23 +265,24 @@ MemoryParts predict_footprint(const DecoderConfig& cfg, OptKind opt, std::uint64
                               std::uint64_t attention_op_bytes, std::uint64_t gemm_workspace_bytes) {
   const std::uint64_t g = std::max<std::uint64_t>(granule, 1);
   const auto T = std::uint64_t(cfg.micro_batch * cfg.seq), d = std::uint64_t(cfg.d_model),
-             f = std::uint64_t(cfg.ff());
+             f = std::uint64_t(cfg.ff()), q = std::uint64_t(cfg.qkv_out());
   const auto e = std::uint64_t(storage_bytes(cfg.dtype));
   const auto L = std::uint64_t(cfg.layers);
   auto r = [g](std::uint64_t bytes) { return (bytes + g - 1) / g * g; };
-  const std::uint64_t p[4] = {d * 3 * d, d * d, d * f, f * d};  // Wqkv, Wo, W1, W2
+  const std::uint64_t p[4] = {d * q, d * d, d * f, f * d};  // Wqkv (d + 2 kv head_dim outputs), Wo, W1, W2
   MemoryParts m;
   for (std::uint64_t n : p) {
     m.weights += L * (r(4 * n) + (cfg.dtype != DType::fp32 ? r(e * n) : 0));
     m.gradients += L * r(4 * n);
     if (opt == OptKind::adamw) m.optimizer += L * 2 * r(4 * n);
   }
-  // u1, att, o, xm, u2, y: T x d; qkv: T x 3d; hp, h: T x d_ff; r1, r2: T fp32
-  const std::uint64_t acts = 6 * r(e * T * d) + r(e * T * 3 * d) + 2 * r(e * T * f) + 2 * r(4 * T);
+  // u1, att, o, xm, u2, y: T x d; qkv: T x (d + 2 kv head_dim); hp, h: T x d_ff; r1, r2: T fp32
+  const std::uint64_t acts = 6 * r(e * T * d) + r(e * T * q) + 2 * r(e * T * f) + 2 * r(4 * T);
   m.activations = L * r(e * T * d) + (cfg.checkpointing ? 1 : L) * acts + r(e * T * d);  // inputs, sets, output
   m.attention = (cfg.checkpointing ? 1 : L) * attention_op_bytes;
-  // dxm, du2, datt, du1, dx x2, dout: T x d; dhp, dh: T x d_ff; dqkv: T x 3d; targets fp32; the loss
-  m.backward = 7 * r(e * T * d) + 2 * r(e * T * f) + r(e * T * 3 * d) + r(4 * T * d) + r(4);
+  // dxm, du2, datt, du1, dx x2, dout: T x d; dhp, dh: T x d_ff; dqkv: T x (d + 2 kv head_dim); targets fp32;
+  // the loss
+  m.backward = 7 * r(e * T * d) + 2 * r(e * T * f) + r(e * T * q) + r(4 * T * d) + r(4);
   m.workspace = gemm_workspace_bytes ? r(gemm_workspace_bytes) : 0;
   return m;
 }
@@ -310,7 +328,8 @@ void DecoderStep::forward_layer(std::vector<std::function<void()>>& run, Layer* 
   const std::int64_t T = tokens(), d = cfg_.d_model, f = cfg_.ff();
   Acts* A = L->a;
   run.push_back([this, L, A, T, d] { op().rmsnorm(L->x, A->u1, A->r1, T, d, 1e-6f); });
-  run.push_back([this, L, A, T, d] { op().gemm(false, true, T, 3 * d, d, 1.0f, A->u1, wuse(*L, 0), 0.0f, A->qkv); });
+  const std::int64_t q = cfg_.qkv_out();
+  run.push_back([this, L, A, T, d, q] { op().gemm(false, true, T, q, d, 1.0f, A->u1, wuse(*L, 0), 0.0f, A->qkv); });
   attention(l, false);
   run.push_back([this, L, A, T, d] { op().gemm(false, true, T, d, d, 1.0f, A->att, wuse(*L, 1), 0.0f, A->o); });
   run.push_back([this, L, A, T, d] { op().bias_act(A->o, nullptr, Act::none, &L->x, A->xm, T, d); });
@@ -375,8 +394,9 @@ void DecoderStep::build_pieces(float loss_mult) {
     run.push_back([this, L, A, G, T, d] { op().gemm(true, false, d, d, T, 1.0f, G->dxm, A->att, 1.0f, L->g[1]); });
     run.push_back([this, L, G, T, d] { op().gemm(false, false, T, d, d, 1.0f, G->dxm, wuse(*L, 1), 0.0f, G->datt); });
     attention(l, true);
-    run.push_back([this, L, A, G, T, d] { op().gemm(true, false, 3 * d, d, T, 1.0f, G->dqkv, A->u1, 1.0f, L->g[0]); });
-    run.push_back([this, L, G, T, d] { op().gemm(false, false, T, d, 3 * d, 1.0f, G->dqkv, wuse(*L, 0), 0.0f, G->du1); });
+    const std::int64_t q = cfg_.qkv_out();
+    run.push_back([this, L, A, G, T, d, q] { op().gemm(true, false, q, d, T, 1.0f, G->dqkv, A->u1, 1.0f, L->g[0]); });
+    run.push_back([this, L, G, T, d, q] { op().gemm(false, false, T, d, q, 1.0f, G->dqkv, wuse(*L, 0), 0.0f, G->du1); });
     run.push_back([this, A, G, T, d, dx] { op().rmsnorm_backward(G->du1, A->u1, A->r1, *dx, T, d); });
     run.push_back([this, G, T, d, dx] { op().bias_act(*dx, nullptr, Act::none, &G->dxm, *dx, T, d); });
   }

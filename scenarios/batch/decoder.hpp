@@ -2,6 +2,8 @@
 // a device's TrainOps and AttentionOp. Per layer (pre-norm, no biases, as
 // Llama-style blocks are):
 //   u1 = rmsnorm(x); qkv = u1 Wqkv^T; a = attention(q, k, v) (causal);
+// with Wqkv (d_model + 2 kv_heads head_dim) x d_model: K and V at the model's
+// K/V heads (grouped-query attention; kv_heads = heads unless given),
 //   x' = x + a Wo^T; u2 = rmsnorm(x'); h = gelu(u2 W1^T); x'' = x' + h W2^T
 // with W1 d_ff x d_model and W2 d_model x d_ff (d_ff 4 x d_model unless
 // given: a gated MLP of intermediate size I, Llama's SwiGLU, has the FLOPs
@@ -23,7 +25,10 @@
 // Attention runs as the device's own op (flash on cpu, cuDNN SDPA on cuda)
 // on its own Q, K, V buffers: its time is real, its values are not wired
 // into the projections (a stand-in tensor takes its place), so the
-// gradients of Wqkv are zero and those of Wo see a zero input. Every GEMM,
+// gradients of Wqkv are zero and those of Wo see a zero input. It runs at
+// the query heads (its FLOPs are theirs; K and V inside it at every head,
+// as an eager step's repeat_kv expands them): with grouped-query attention
+// only the projections and their activations shrink. Every GEMM,
 // norm, activation and the optimizer do the real work on real data.
 //
 // Every submission (a TrainOps call, an attention call, a graph replay)
@@ -47,6 +52,10 @@ struct DecoderConfig {
   std::int64_t micro_batch = 1, seq = 64, d_model = 64, heads = 4;
   std::int64_t d_ff = 0;  // the MLP's width; 0: 4 x d_model
   std::int64_t ff() const { return d_ff > 0 ? d_ff : 4 * d_model; }
+  std::int64_t kv_heads = 0;  // K/V heads (grouped-query attention); 0: heads
+  std::int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  // Wqkv's outputs: Q at every head, K and V at kv heads, head_dim = d_model / heads each
+  std::int64_t qkv_out() const { return d_model + 2 * kv() * (d_model / heads); }
   int layers = 2;
   DType dtype = DType::fp32;
   AttnImpl attention = AttnImpl::flash;
@@ -103,13 +112,13 @@ enum class OptKind { adamw, sgd, none };
 void spin_for(double us);
 
 // The step's shape from a scenario's parameters (micro_batch, seq_len,
-// d_model, d_ff where declared, heads, layers, dtype; the batch and memory scenarios share them)
+// d_model, d_ff and kv_heads where declared, heads, layers, dtype; the batch and memory scenarios share them)
 // and the fused attention this device has (flash, else cuDNN). UsageError
 // for a dtype the step cannot train in; UnsupportedError without a fused
 // attention for the dtype.
 DecoderConfig decoder_config(const ParamSet& ps, const Device& dev);
 // A scenario's validate for the step's shape: UsageError (exit 2 before any point runs) when
-// heads does not divide d_model.
+// heads does not divide d_model, or kv_heads (where declared) does not divide heads.
 void validate_decoder_shape(const ParamSet& ps);
 
 // The step's parameters as the scenarios that build it (batch, memory, train)
@@ -117,6 +126,7 @@ void validate_decoder_shape(const ParamSet& ps);
 ParamSpec d_model_param(std::string cpu_default, std::string gpu_default);
 ParamSpec heads_param(std::string cpu_default, std::string gpu_default);
 ParamSpec d_ff_param();  // default 0: 4 x d_model
+ParamSpec kv_heads_param();  // default 0: heads (multi-head attention)
 ParamSpec layers_param(std::string cpu_default, std::string gpu_default = "");
 ParamSpec dtype_param(std::string help);  // fp32 on cpu, bf16 on a GPU
 ParamSpec attn_param();

@@ -90,6 +90,7 @@ class Diagnosis {
                                                         {"gated_mlp", shape_.gated},
                                                         {"d_ff", shape_.ffn},
                                                         {"heads", shape_.heads},
+                                                        {"kv_heads", shape_.kv_heads},
                                                         {"layers", 2},
                                                         {"reduced", shape_.reduced},
                                                         {"note", shape_.note}}}};
@@ -334,7 +335,8 @@ class Diagnosis {
 
   std::vector<std::string> shape_params(bool with_batch) const {
     std::vector<std::string> a{fmt::format("seq_len={}", shape_.seq), fmt::format("d_model={}", shape_.hidden),
-                               fmt::format("d_ff={}", shape_.ffn), fmt::format("heads={}", shape_.heads), "layers=2",
+                               fmt::format("d_ff={}", shape_.ffn), fmt::format("heads={}", shape_.heads),
+                               fmt::format("kv_heads={}", shape_.kv_heads), "layers=2",
                                fmt::format("dtype={}", dtype_name(opt_.cfg)), "attn=" + user_attn()};
     if (with_batch) a.push_back(fmt::format("micro_batch={}", shape_.micro_batch));
     return a;
@@ -568,8 +570,8 @@ class Diagnosis {
     const Paired pr = paired("packing",
                              {"lengths=" + lengths, fmt::format("max_len={}", seq),
                               fmt::format("d_model={}", shape_.hidden), fmt::format("d_ff={}", shape_.ffn),
-                              fmt::format("heads={}", shape_.heads), fmt::format("dtype={}", dtype_name(c)),
-                              fmt::format("rows={}", shape_.micro_batch),
+                              fmt::format("heads={}", shape_.heads), fmt::format("kv_heads={}", shape_.kv_heads),
+                              fmt::format("dtype={}", dtype_name(c)), fmt::format("rows={}", shape_.micro_batch),
                               "attn=" + attn, fmt::format("sequences={}", opt_.quick ? 256 : 1024)},
                              "strategy", base, "pack-bfd", "real_tokens_per_s", false);
     const Sub& s = pr.s;
@@ -807,6 +809,7 @@ class Diagnosis {
     d.d_model = c.model.hidden_size;
     d.d_ff = c.model.step_ffn();
     d.heads = c.model.num_attention_heads;
+    d.kv_heads = c.model.kv_heads();
     d.layers = int(c.model.num_hidden_layers);
     d.dtype = c.bf16 ? DType::bf16 : c.fp16 ? DType::fp16 : DType::fp32;
     d.checkpointing = c.gradient_checkpointing;
@@ -866,9 +869,10 @@ class Diagnosis {
                         json{{"check", "memory"},
                              {"config_line", line},
                              {"explore", fmt::format("stallbench run memory --device {} -p micro_batch={} -p seq_len={} "
-                                                     "-p d_model={} -p d_ff={} -p heads={} -p layers={} -p dtype={} -p "
-                                                     "mem_limit_gb={:.3g}",
+                                                     "-p d_model={} -p d_ff={} -p heads={} -p kv_heads={} -p layers={} "
+                                                     "-p dtype={} -p mem_limit_gb={:.3g}",
                                                      ctx_.device.info().id, d.micro_batch, d.seq, d.d_model, d.d_ff, d.heads,
+                                                     d.kv(),
                                                      d.layers, to_string(d.dtype),
                                                      ctx_.device.info().kind == DeviceKind::cpu ? double(capacity) / 1e9
                                                                                                 : 0.0)},
@@ -886,6 +890,7 @@ class Diagnosis {
         {"d_model", std::to_string(shape_.hidden)},
         {"d_ff", std::to_string(shape_.ffn)},
         {"heads", std::to_string(shape_.heads)},
+        {"kv_heads", std::to_string(shape_.kv_heads)},
         {"layers", "2"},
         {"grad_accum", std::to_string(loop_grad_accum(c.gradient_accumulation_steps))},
         {"dtype", dtype_name(c)},
@@ -1386,14 +1391,22 @@ class Diagnosis {
     }
     // Model FLOPs per token, PaLM's definition (its appendix B; nanoGPT's estimate_mfu): 6N for the
     // weights' forward and backward plus 12 L H Q T for attention's scores and values (H Q = hidden,
-    // T = the sequence), N the measured layers' 2 x (4 hidden^2 + 2 hidden d_ff) parameters (Q, K, V, O and
-    // the MLP's two matrices, d_ff wide: the decoder step's, a gated MLP's FLOPs at 1.5 its intermediate size).
-    // Embeddings and the LM head are not in the measured step, so not counted.
+    // T = the sequence), N the measured layers' 2 x (hidden (hidden + 2 kv) + hidden^2 + 2 hidden d_ff)
+    // parameters (Q; K and V at the K/V heads, kv = their heads x head size; O; the MLP's two matrices,
+    // d_ff wide: the decoder step's, a gated MLP's FLOPs at 1.5 its intermediate size). Embeddings and the
+    // LM head are not in the measured step, so not counted.
     const double h = double(shape_.hidden), ff = double(shape_.ffn), layers = 2.0;
-    const double flops_per_token = 6.0 * layers * (4.0 * h * h + 2.0 * h * ff) + 12.0 * layers * h * double(shape_.seq);
-    const std::string mfu_what = fmt::format(
-        "{} model FLOPs per token (6N + 12 L H Q T, PaLM's: N = 2 layers x (4 x {}^2 + 2 x {} x {}), T = {})",
-        format_number(flops_per_token), shape_.hidden, shape_.hidden, shape_.ffn, shape_.seq);
+    const double kvw = double(shape_.kv_heads) * h / double(std::max<std::int64_t>(1, shape_.heads));
+    const double flops_per_token =
+        6.0 * layers * (h * (h + 2.0 * kvw) + h * h + 2.0 * h * ff) + 12.0 * layers * h * double(shape_.seq);
+    const std::string mfu_what =
+        kvw == h ? fmt::format("{} model FLOPs per token (6N + 12 L H Q T, PaLM's: N = 2 layers x (4 x {}^2 + 2 x {} "
+                               "x {}), T = {})",
+                               format_number(flops_per_token), shape_.hidden, shape_.hidden, shape_.ffn, shape_.seq)
+                 : fmt::format("{} model FLOPs per token (6N + 12 L H Q T, PaLM's: N = 2 layers x ({} x ({} + 2 x {}) "
+                               "+ {}^2 + 2 x {} x {}), K and V at {} of {} heads, T = {})",
+                               format_number(flops_per_token), shape_.hidden, shape_.hidden, kvw, shape_.hidden,
+                               shape_.hidden, shape_.ffn, shape_.kv_heads, shape_.heads, shape_.seq);
     // their dtype, and the one the loop ran in with every line (the dtype line's, where it applied)
     const DType now_dt = opt_.cfg.bf16 ? DType::bf16 : opt_.cfg.fp16 ? DType::fp16 : DType::fp32;
     DType after_dt = now_dt;
@@ -1492,15 +1505,16 @@ FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::Dec
   const std::uint64_t vh = 2 * std::uint64_t(model.vocab_size) * std::uint64_t(d.d_model);
   const std::uint64_t embed = vh * (4 + (d.dtype != DType::fp32 ? e : 0) + 4 + 8);
   const std::uint64_t logits = 2 * std::uint64_t(d.micro_batch * d.seq) * std::uint64_t(model.vocab_size) * 4;
-  // The decoder's layer holds 4 hidden^2 + 2 hidden d_ff weights: Q, K, V, O and an MLP of two hidden x
-  // d_ff matrices. The model's K and V are hidden x (K/V heads x head size), a share r of the Q's
-  // (grouped-query attention), and its MLP is three hidden x intermediate (gated: gate, up, down) or two
-  // (plain): the weight-bound parts are scaled to that. The activations keep the decoder's (its K and V
-  // outputs in full: an overcount of 2 (1 - r) hidden per token and layer; a gated MLP's 1.5 intermediate
-  // pre-activation and activation, where SwiGLU keeps gate, up and their product: about its 3).
+  // The decoder's layer holds hidden x (hidden + 2 kv_heads head_dim) + hidden^2 + 2 hidden d_ff weights:
+  // Q, K and V (K and V at its kv_heads), O and an MLP of two hidden x d_ff matrices. The model's K and V
+  // are hidden x (K/V heads x head size), a share r of the Q's (grouped-query attention), and its MLP is
+  // three hidden x intermediate (gated: gate, up, down) or two (plain): the weight-bound parts are scaled
+  // to that (1 where d is the model's layer: kv_heads its, d_ff 1.5 a gated intermediate). The
+  // activations keep the decoder's (a gated MLP's 1.5 intermediate pre-activation and activation, where
+  // SwiGLU keeps gate, up and their product: about its 3).
   const double hd = double(d.d_model), mlp_mats = model.gated_mlp ? 3.0 : 2.0;
-  const double w_scale = ((2.0 + 2.0 * r) * hd * hd + mlp_mats * hd * double(model.intermediate_size)) /
-                         (4.0 * hd * hd + 2.0 * hd * double(d.ff()));
+  const double step_layer = double(d.d_model * d.qkv_out() + d.d_model * d.d_model + 2 * d.d_model * d.ff());
+  const double w_scale = ((2.0 + 2.0 * r) * hd * hd + mlp_mats * hd * double(model.intermediate_size)) / step_layer;
   FullDepthFootprint out;
   const auto w = std::uint64_t(double(m.weights) * w_scale), g = std::uint64_t(double(m.gradients) * w_scale),
              o = std::uint64_t(double(m.optimizer) * w_scale);
@@ -1508,8 +1522,7 @@ FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::Dec
   out.parts = json{{"weights", w},         {"gradients", g},      {"optimizer", o},
                    {"activations", m.activations}, {"attention", m.attention}, {"backward", m.backward},
                    {"embedding_and_head", embed},  {"logits", logits}};
-  out.parameters =
-      std::uint64_t(double((4 * d.d_model * d.d_model + 2 * d.d_model * d.ff()) * d.layers) * w_scale) + vh;
+  out.parameters = std::uint64_t(step_layer * double(d.layers) * w_scale) + vh;
   return out;
 }
 
@@ -1522,6 +1535,7 @@ MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev) {
   s.gated = cfg.model.gated_mlp;
   s.ffn = cfg.model.step_ffn();
   s.heads = cfg.model.num_attention_heads;
+  s.kv_heads = cfg.model.kv_heads();
   // the MLP as the step runs it: a gated one as two matrices of 1.5 its intermediate size
   auto mlp_note = [&] {
     return s.gated ? fmt::format("; a gated MLP (3 x hidden x {}) run as two hidden x {} matrices, the same FLOPs",
@@ -1536,11 +1550,17 @@ MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev) {
     while (heads > 1 && h % heads) --heads;
     const std::int64_t inter = std::max<std::int64_t>(h, s.intermediate * h / std::max<std::int64_t>(1, s.hidden));
     const std::int64_t seq = std::min<std::int64_t>(s.seq, 256);
+    // the K/V heads in the model's share of the heads (grouped-query attention), at least one, a divisor
+    std::int64_t kv = std::max<std::int64_t>(1, heads * s.kv_heads / std::max<std::int64_t>(1, s.heads));
+    while (kv > 1 && heads % kv) --kv;
     s.reduced = h != s.hidden || seq != s.seq || heads != s.heads;
-    s.note = s.reduced ? fmt::format("hidden {} -> {}, intermediate {} -> {}, heads {} -> {}, sequence {} -> {}, 2 "
+    const std::string kv_note =
+        s.kv_heads != s.heads ? fmt::format(", K/V heads {} -> {}", s.kv_heads, kv) : std::string();
+    s.note = s.reduced ? fmt::format("hidden {} -> {}, intermediate {} -> {}, heads {} -> {}{}, sequence {} -> {}, 2 "
                                      "layers: a CPU cannot run the full shape in the budget",
-                                     s.hidden, h, s.intermediate, inter, s.heads, heads, s.seq, seq)
+                                     s.hidden, h, s.intermediate, inter, s.heads, heads, kv_note, s.seq, seq)
                        : "the config's own shape, 2 layers";
+    s.kv_heads = kv;
     s.hidden = h;
     s.intermediate = inter;
     s.ffn = s.gated ? inter * 3 / 2 : inter;

@@ -56,6 +56,7 @@ struct Options {
 // The shape the checks run at on this device (reduced on a CPU).
 struct MeasuredShape {
   std::int64_t micro_batch = 1, seq = 2048, hidden = 4096, intermediate = 11008, heads = 32;
+  std::int64_t kv_heads = 32;  // K/V heads (grouped-query attention): the model's share of the heads kept
   // the step's MLP width (batch::DecoderConfig::d_ff): the model's (ModelDims::step_ffn) at this hidden
   std::int64_t ffn = 16512;
   bool gated = true;

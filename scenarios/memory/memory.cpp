@@ -469,7 +469,8 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
   ctx_.progress("memory: fragmentation under a caching allocator");
   const std::uint64_t e = std::uint64_t(storage_bytes(cfg.dtype)), d = std::uint64_t(cfg.d_model),
                       ff = std::uint64_t(cfg.ff());
-  const std::uint64_t per_token[] = {e * d, 4, e * 3 * d, e * d, e * d, e * d, e * d, 4, e * ff, e * ff, e * d};
+  const std::uint64_t q = std::uint64_t(cfg.qkv_out());
+  const std::uint64_t per_token[] = {e * d, 4, e * q, e * d, e * d, e * d, e * d, 4, e * ff, e * ff, e * d};
   const auto max_len = std::int32_t(ps.get_int("frag_seq_len"));
   const int steps = int(ps.get_int("frag_steps"));
   const packing::LengthSpec spec = packing::parse_lengths(ps.get_str("lengths"));
@@ -519,7 +520,7 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
       std::optional<std::size_t> dx;
       for (int l = cfg.layers - 1; l >= 0; --l) {
         std::vector<std::size_t> grads;
-        for (std::uint64_t b : {e * ff, e * ff, e * d, e * d, e * d, e * 3 * d, e * d})
+        for (std::uint64_t b : {e * ff, e * ff, e * d, e * d, e * d, e * q, e * d})
           grads.push_back(get(b * tokens, "activation gradient"));
         const std::size_t next_dx = get(e * d * tokens, "input gradient");
         ops.push_back({Op::note});
@@ -700,6 +701,7 @@ const Scenario memory_scenario{
         batch::d_model_param("64", "2048"),
         batch::heads_param("4", "16"),
         batch::d_ff_param(),
+        batch::kv_heads_param(),
         batch::layers_param("4", "8"),
         batch::dtype_param("compute dtype (fp32 masters, gradients and AdamW state)"),
         ParamSpec{.name = "max_micro_batch", .type = ParamType::integer, .default_value = "4096",

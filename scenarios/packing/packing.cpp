@@ -7,8 +7,9 @@
 // runs one transformer layer, forward and backward, over the computed tokens
 // of a sample of the batches:
 //   projections and MLP: 4 GEMMs per layer, M = computed tokens,
-//     QKV [M, 3d, d], out [M, d, d], up [M, f, d], down [M, d, f] (f =
-//     d_ff, 4d unless given); forward FLOPs 2*M*(4d^2 + 2df); the backward's two GEMMs per forward GEMM are
+//     QKV [M, q, d] (q = d + 2 kv_heads head_dim: 3d unless kv_heads is
+//     given), out [M, d, d], up [M, f, d], down [M, d, f] (f = d_ff, 4d
+//     unless given); forward FLOPs 2*M*(qd + d^2 + 2df); the backward's two GEMMs per forward GEMM are
 //     timed as two more GEMMs of the same shape (same FLOPs);
 //   attention per sequence: padded rows attend within the row (dense, the
 //     padding computed); packed rows use varlen attention over the segment
@@ -44,9 +45,10 @@ namespace pk = packing;
 // Forward+backward FLOPs of a GEMM: the forward and the two backward GEMMs.
 constexpr double kGemmFwdBwdFactor = 3;
 
-// The layer's four GEMMs over m tokens: QKV, the output projection, the MLP's up and down (f wide).
-std::array<GemmShape, 4> layer_gemms(std::int64_t m, std::int64_t d, std::int64_t f) {
-  return {GemmShape{m, 3 * d, d}, GemmShape{m, d, d}, GemmShape{m, f, d}, GemmShape{m, d, f}};
+// The layer's four GEMMs over m tokens: QKV (q outputs: K and V at the K/V heads), the output projection,
+// the MLP's up and down (f wide).
+std::array<GemmShape, 4> layer_gemms(std::int64_t m, std::int64_t d, std::int64_t f, std::int64_t q) {
+  return {GemmShape{m, q, d}, GemmShape{m, d, d}, GemmShape{m, f, d}, GemmShape{m, d, f}};
 }
 
 // The layer's attention before its rows are laid out (prepare sets batch, seq and cu_seqlens).
@@ -77,7 +79,9 @@ struct Settings {
   pk::Strategy strategy = pk::Strategy::pad_max;
   pk::Overflow overflow = pk::Overflow::split;
   std::int32_t max_len = 0, rows_per_batch = 0, window = 0;
-  std::int64_t d_model = 0, d_ff = 0, heads = 0, sequences = 0, batches = 0;
+  std::int64_t d_model = 0, d_ff = 0, heads = 0, kv_heads = 0, sequences = 0, batches = 0;
+  // QKV's outputs: Q at every head, K and V at the K/V heads
+  std::int64_t qkv_out() const { return d_model + 2 * (kv_heads > 0 ? kv_heads : heads) * (d_model / heads); }
   DType dtype = DType::fp32;
   AttnImpl attn = AttnImpl::naive;
   std::string lengths;
@@ -93,6 +97,7 @@ struct Settings {
     st.d_model = ps.get_int("d_model");
     st.d_ff = ps.get_int("d_ff") > 0 ? ps.get_int("d_ff") : 4 * st.d_model;
     st.heads = ps.get_int("heads");
+    st.kv_heads = ps.get_int("kv_heads");
     st.sequences = ps.get_int("sequences");
     st.batches = ps.get_int("batches");
     st.dtype = ps.get_choice("dtype", kDTypeNames);
@@ -115,7 +120,7 @@ class PackingRun : public ScenarioRun {
     const auto overflow = st.overflow;
     const auto max_len = st.max_len;
     const auto rows_per_batch = st.rows_per_batch;
-    const std::int64_t d = st.d_model, f = st.d_ff, heads = st.heads;
+    const std::int64_t d = st.d_model, f = st.d_ff, heads = st.heads, q = st.qkv_out();
     const DType dt = st.dtype;
     const AttnImpl attn_impl = st.attn;
     if (auto why = dev.attention_unsupported(attn_impl, dt)) throw UnsupportedError(*why);
@@ -152,7 +157,7 @@ class PackingRun : public ScenarioRun {
     // epoch's mix of short and long sequences (evenly spaced batches of pad-longest's random
     // order held 787 tokens of a mean-450 dataset in 4 batches; pack-bfd's rows come longest
     // first).
-    const std::vector<Cost> costs = batch_flops(plan, rows_per_batch, d, f, heads, is_packed(strategy));
+    const std::vector<Cost> costs = batch_flops(plan, rows_per_batch, d, f, q, heads, is_packed(strategy));
     const std::int64_t sample = std::min<std::int64_t>(st.batches, n_batches);
     std::vector<std::int64_t> by_cost(std::size_t(n_batches), 0);
     for (std::int64_t b = 0; b < n_batches; ++b) by_cost[std::size_t(b)] = b;
@@ -167,8 +172,8 @@ class PackingRun : public ScenarioRun {
     std::vector<BatchWork> work;
     ctx_.progress(fmt::format("packing {}: preparing {} batches", to_string(strategy), sample));
     for (const std::int64_t b : chosen)
-      work.push_back(prepare(dev, plan, b * rows_per_batch, std::min(n_rows, (b + 1) * rows_per_batch), d, f, heads,
-                             dt, attn_impl));
+      work.push_back(prepare(dev, plan, b * rows_per_batch, std::min(n_rows, (b + 1) * rows_per_batch), d, f, q,
+                             heads, dt, attn_impl));
     std::int64_t real = 0, computed = 0;
     double gemm_flops = 0, attn_flops = 0;
     for (const auto& w : work) {
@@ -256,8 +261,9 @@ class PackingRun : public ScenarioRun {
                   {"epoch_gemm_flops", all_gemm},
                   {"cross_contamination", plan.cross_contamination},
                   {"attention", std::string(to_string(attn_impl)) + (is_packed(strategy) ? " varlen" : " dense")},
-                  {"layer", fmt::format("d_model {}, {} heads, MLP {} wide{}, {}", d, heads, f, f == 4 * d ? " (4d)" : "",
-                                         to_string(dt))}};
+                  {"layer", fmt::format("d_model {}, {} heads{}, MLP {} wide{}, {}", d, heads,
+                                         q != 3 * d ? fmt::format(" (K/V at {})", (q - d) / 2 / (d / heads)) : "", f,
+                                         f == 4 * d ? " (4d)" : "", to_string(dt))}};
     p.info["gemm_timing"] = measurement_info(mg);
     p.info["attention_timing"] = measurement_info(ma);
     if (plan.packed)  // pack-hist: rows as pack shapes with repeat counts
@@ -343,9 +349,9 @@ class PackingRun : public ScenarioRun {
     double gemm = 0, attn = 0;
   };
   static std::vector<Cost> batch_flops(const pk::Plan& plan, std::int64_t rows_per_batch, std::int64_t d, std::int64_t f,
-                                       std::int64_t heads, bool packed) {
+                                       std::int64_t q, std::int64_t heads, bool packed) {
     double gemm = 0;  // per computed token
-    for (const GemmShape& g : layer_gemms(1, d, f)) gemm += kGemmFwdBwdFactor * g.flops();
+    for (const GemmShape& g : layer_gemms(1, d, f, q)) gemm += kGemmFwdBwdFactor * g.flops();
     AttnShape one = layer_attention(d, heads);  // one sequence of a given length
     const auto attn = [&one](double len) {
       one.seq = std::int64_t(len);
@@ -388,7 +394,7 @@ class PackingRun : public ScenarioRun {
 
   // Rows [r0, r1) of the plan as one batch of device work.
   BatchWork prepare(Device& dev, const pk::Plan& plan, std::int64_t r0, std::int64_t r1, std::int64_t d,
-                    std::int64_t f, std::int64_t heads, DType dt, AttnImpl impl) {
+                    std::int64_t f, std::int64_t q, std::int64_t heads, DType dt, AttnImpl impl) {
     BatchWork w;
     AttnShape a = layer_attention(d, heads);
     std::vector<pk::Row> rows;  // copies; pack-hist makes them here, on demand
@@ -418,7 +424,7 @@ class PackingRun : public ScenarioRun {
       a.seq = plan.computed(r0);
     }
     const std::int64_t m = w.computed;
-    for (const GemmShape& g : layer_gemms(m, d, f)) w.gemms.push_back(dev.make_gemm(g, dt, 5));
+    for (const GemmShape& g : layer_gemms(m, d, f, q)) w.gemms.push_back(dev.make_gemm(g, dt, 5));
     w.attn = dev.make_attention(a, impl, dt, 6);
     return w;
   }
@@ -455,6 +461,10 @@ void validate_packing_point(const ParamSet& ps, const RunContext&) {
   const Settings st = Settings::from(ps);
   if (st.d_model % st.heads != 0)
     throw UsageError(fmt::format("d_model {} is not a multiple of heads {}", st.d_model, st.heads));
+  if (st.kv_heads > st.heads || (st.kv_heads > 0 && st.heads % st.kv_heads != 0))
+    throw UsageError(fmt::format("kv_heads={} does not divide heads={}: each K/V head serves a whole group of query "
+                                 "heads (0: one per head)",
+                                 st.kv_heads, st.heads));
   if (!st.lengths_from_file() && st.sequences == 0)
     throw UsageError(fmt::format("sequences=0 means every length of a file; lengths={} generates lengths, so give "
                                  "sequences >= 1",
@@ -503,6 +513,10 @@ const Scenario packing_scenario{
                   .unit = "elements", .min = 0, .max = 262144},
         ParamSpec{.name = "heads", .type = ParamType::integer, .default_value = "2", .help = "attention heads",
                   .unit = "heads", .min = 1, .max = 1024, .gpu_default = "16"},
+        ParamSpec{.name = "kv_heads", .type = ParamType::integer, .default_value = "0",
+                  .help = "K/V heads (grouped-query attention), a divisor of heads; 0: heads. QKV projects K and V "
+                          "to kv_heads x head_dim; the attention runs at every query head",
+                  .unit = "heads", .min = 0, .max = 1024},
         ParamSpec{.name = "dtype", .type = ParamType::choice, .default_value = "fp32", .help = "element type",
                   .choices = kDTypeNames.names({DType::fp32, DType::bf16, DType::fp16}), .gpu_default = "bf16"},
         ParamSpec{.name = "attn", .type = ParamType::choice, .default_value = "flash",

@@ -445,6 +445,7 @@ const Scenario train_scenario{
         batch::d_model_param("64", "1024"),
         batch::heads_param("2", "16"),
         batch::d_ff_param(),
+        batch::kv_heads_param(),
         batch::layers_param("2"),
         batch::dtype_param("compute dtype (autocast; fp32 masters and gradients)"),
         batch::attn_param(),

@@ -261,14 +261,15 @@ def main():
             runs = sm["info"].get("mfu_ceiling_runs", {})
             check(sm["info"].get("mfu_over") == "measured" and "fp32" in runs and
                   "not a datasheet peak" in p.stdout and "MFU:" in p.stdout, f"MFU: {sm['info']} {p.stdout[-400:]}")
-            # PaLM's model FLOPs per token (nanoGPT's estimate_mfu): 6N + 12 L H Q T, N = 2 x (4 hidden^2 +
-            # 2 hidden d_ff); the step's MLP is a gated one's FLOPs: 1.5 x the intermediate size, in the
+            # PaLM's model FLOPs per token (nanoGPT's estimate_mfu): 6N + 12 L H Q T, N = 2 x (hidden (hidden
+            # + 2 kv) + hidden^2 + 2 hidden d_ff), kv the K/V heads' share of hidden; the step's MLP is a gated one's FLOPs: 1.5 x the intermediate size, in the
             # ratio the CPU's reduced hidden keeps
             shape = doc["meta"]["diagnose"]["measured_shape"]
             h, t, ff = shape["hidden"], shape["seq_len"], shape["d_ff"]
             check(shape["gated_mlp"] and ff == shape["intermediate"] * 3 // 2,
                   f"the step's MLP: {shape}")
-            fpt = 6 * 2 * (4 * h * h + 2 * h * ff) + 12 * 2 * h * t
+            kv = h * shape["kv_heads"] / shape["heads"]
+            fpt = 6 * 2 * (h * (h + 2 * kv) + h * h + 2 * h * ff) + 12 * 2 * h * t
             check(abs(sm["info"].get("mfu_flops_per_token", -1) - fpt) < 1e-6 * fpt,
                   f"FLOPs per token {sm['info'].get('mfu_flops_per_token')}, want {fpt}")
             # the dtype the loop ran in with every line: the dtype line's ("bf16: true", or fp16 on a device

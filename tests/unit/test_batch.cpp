@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "harness/errors.hpp"
 #include "harness/random.hpp"
 #include "harness/train_ops.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
@@ -214,6 +215,27 @@ TEST(BatchDecoder, CheckpointingRecomputesTheSameGradientsInLessMemory) {
   EXPECT_GT(ckpt.last_submissions(), subs_plain);
 }
 
+// K/V heads must divide the heads (each serves a whole group); a step sharing another's parameters must
+// have its K/V width too.
+TEST(BatchDecoder, KvHeadsDivideTheHeads) {
+  auto dev = make_cpu_backend().open(0);
+  auto ops = dev->make_train_ops();
+  DecoderConfig c = tiny(1);
+  c.heads = 4;
+  c.kv_heads = 3;
+  EXPECT_THROW((void)DecoderStep(*dev, *ops, c, 1, [] {}), UsageError);
+  c.kv_heads = 8;
+  EXPECT_THROW((void)DecoderStep(*dev, *ops, c, 1, [] {}), UsageError);
+  c.kv_heads = 2;
+  DecoderStep owner(*dev, *ops, c, 1, [] {});
+  EXPECT_EQ(owner.parameters(), 2 * (16 * (16 + 2 * 2 * 4) + 16 * 16 + 2 * 16 * 64));
+  DecoderConfig mha = c;
+  mha.kv_heads = 0;
+  EXPECT_THROW((void)DecoderStep(*dev, *ops, mha, 1, [] {}, &owner), UsageError);
+  DecoderStep sharer(*dev, *ops, c, 1, [] {}, &owner);
+  EXPECT_EQ(sharer.parameters(), owner.parameters());
+}
+
 TEST(BatchDecoder, FootprintModelIsTheExactByteCount) {
   // tiny(1): T = 8 tokens, d = 16, 2 layers, fp32, every buffer rounded to
   // the cpu allocator's 64 bytes. Counted by hand:
@@ -247,6 +269,18 @@ TEST(BatchDecoder, FootprintModelIsTheExactByteCount) {
   EXPECT_EQ(n.optimizer, 4u * 7168u);
   EXPECT_EQ(n.activations, 1024u + 2 * 6272u + 512u);
   EXPECT_EQ(n.backward, 3584u + 2 * 768u + 1536u + 512u + 64u);
+  // grouped-query attention, 1 K/V head of 2 (head_dim 8): Wqkv 32 x 16 (Q 16, K 8, V 8), 512 values, so
+  // 2,816 values = 11,264 B a layer; qkv and dqkv 8 x 32 fp32 = 1,024 B; a set 8,832 - 1,536 + 1,024 = 8,320
+  DecoderConfig gqa = tiny(1);
+  gqa.kv_heads = 1;
+  EXPECT_EQ(gqa.qkv_out(), 32);
+  const batch::MemoryParts g = batch::predict_footprint(gqa, batch::OptKind::adamw, 64, 1000, 70);
+  EXPECT_EQ(g.weights, 2u * 11264u);
+  EXPECT_EQ(g.gradients, 2u * 11264u);
+  EXPECT_EQ(g.optimizer, 4u * 11264u);
+  EXPECT_EQ(g.activations, 1024u + 2 * 8320u + 512u);
+  EXPECT_EQ(g.backward, 3584u + 4096u + 1024u + 512u + 64u);
+  EXPECT_EQ(batch::step_gemms(gqa).front().n, 32);  // the QKV projection's outputs
 
   // and the allocator agrees, part by part, on a real step (fp32 and bf16, with and without checkpointing)
   auto dev = make_cpu_backend().open(0);
@@ -258,6 +292,7 @@ TEST(BatchDecoder, FootprintModelIsTheExactByteCount) {
       c.checkpointing = ckpt;
       c.layers = 3;
       c.d_ff = t == DType::bf16 ? 40 : 0;  // a width of its own: the model follows it
+      c.kv_heads = ckpt ? 1 : 0;           // and K/V at 1 head of 2 (grouped-query attention)
       auto fresh = dev->make_train_ops();  // its GEMM workspace starts empty
       DecoderStep s(*dev, *fresh, c, 7, [] {});
       s.zero_grad();

@@ -791,6 +791,50 @@ TEST(DiagnoseFootprint, ParametersOfAPlainAndAWideGatedMlp) {
   const double layer_step = 4 * h * h + 2 * h * double(dq.d_ff), layer_model = (2 + 2 * kv_share) * h * h + 3 * h * 18944;
   const std::uint64_t predicted_w = sb::batch::predict_footprint(dq, sb::batch::OptKind::adamw, 1, 0, 0).weights;
   EXPECT_NEAR(fq.parts["weights"].get<double>() / double(predicted_w), layer_model / layer_step, 1e-6);
+
+  // With K and V at the model's 4 K/V heads as well (the memory check's step), the step's layer is the
+  // model's: the scale is 1, the weights are the step's own, and the count does not move.
+  dq.kv_heads = qw.model.kv_heads();
+  ASSERT_EQ(dq.qkv_out(), 3584 + 2 * 4 * 128);
+  const auto fk = sb::diagnose::full_depth_footprint(qw.model, dq);
+  EXPECT_NEAR(double(fk.parameters) / 1e9, 7.6156, 0.001);
+  const std::uint64_t predicted_kv = sb::batch::predict_footprint(dq, sb::batch::OptKind::adamw, 1, 0, 0).weights;
+  EXPECT_NEAR(fk.parts["weights"].get<double>() / double(predicted_kv), 1.0, 1e-9);
+  EXPECT_LT(predicted_kv, predicted_w);  // K and V at 4 of 28 heads: fewer weights than in full
+}
+
+// The shape a CPU runs the checks at keeps the model's grouped-query attention: its share of K/V heads
+// (at least one, a divisor of the reduced heads), and the note says so. A GPU runs the model's own.
+TEST(DiagnoseShape, TheReducedShapeKeepsTheKvHeadsShare) {
+  sb::DeviceInfo cpu;
+  cpu.kind = sb::DeviceKind::cpu;
+  TrainConfig l3 = default_config();
+  apply_model_config(l3, data("llama3_8b_config.json"));  // 32 heads, 8 K/V heads, hidden 4096
+  const MeasuredShape s3 = measured_shape(l3, cpu);
+  EXPECT_EQ(s3.hidden, 256);
+  EXPECT_EQ(s3.heads, 8);
+  EXPECT_EQ(s3.kv_heads, 2);  // a quarter, as the model's
+  EXPECT_NE(s3.note.find("K/V heads 8 -> 2"), std::string::npos) << s3.note;
+
+  TrainConfig qw = default_config();
+  apply_model_config(qw, data("qwen2_7b_config.json"));  // 28 heads, 4 K/V heads: 1/7
+  const MeasuredShape sq = measured_shape(qw, cpu);
+  EXPECT_EQ(sq.heads, 8);
+  EXPECT_EQ(sq.kv_heads, 1);  // 8/7 rounds down to one, which divides 8
+  EXPECT_EQ(sq.heads % sq.kv_heads, 0);
+
+  TrainConfig l2 = default_config();
+  apply_model_config(l2, data("llama2_7b_config.json"));  // multi-head: K/V at every head, no note
+  const MeasuredShape s2 = measured_shape(l2, cpu);
+  EXPECT_EQ(s2.kv_heads, s2.heads);
+  EXPECT_EQ(s2.note.find("K/V"), std::string::npos) << s2.note;
+
+  sb::DeviceInfo gpu;
+  gpu.kind = sb::DeviceKind::cuda;
+  const MeasuredShape g3 = measured_shape(l3, gpu);
+  EXPECT_EQ(g3.heads, 32);
+  EXPECT_EQ(g3.kv_heads, 8);
+  EXPECT_FALSE(g3.reduced);
 }
 
 // What limits the user's micro batch (diagnose's batch check), read from real

@@ -301,7 +301,9 @@ TEST(Findings, PublishedDiagnoseReportsAreRankedAndJudgedByTheirOwnFigures) {
       const json& shape = rec.doc.at("meta").at("diagnose").at("measured_shape");
       const double h = shape.at("hidden").get<double>(), t = shape.at("seq_len").get<double>();
       const double ff = shape.value("d_ff", 4.0 * h);
-      const double fpt = 6.0 * 2.0 * (4.0 * h * h + 2.0 * h * ff) + 12.0 * 2.0 * h * t;
+      // K and V at the K/V heads' share of the hidden size (older reports: every head)
+      const double kv = h * shape.value("kv_heads", shape.at("heads").get<double>()) / shape.at("heads").get<double>();
+      const double fpt = 6.0 * 2.0 * (h * (h + 2.0 * kv) + h * h + 2.0 * h * ff) + 12.0 * 2.0 * h * t;
       EXPECT_NEAR(pt.at("info").at("mfu_flops_per_token").get<double>(), fpt, 1e-9 * fpt);
       const json& m = pt.at("metrics");
       for (const auto& [pct, tps, peak] : {std::tuple{"mfu_now_pct", "tokens_per_s_now", "mfu_peak_now"},
