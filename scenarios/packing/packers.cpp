@@ -92,13 +92,16 @@ std::vector<Segment> make_pieces(const std::vector<std::int32_t>& lengths, std::
 
 // Consecutive groups of rows_per_batch pieces, each row padded to the longest
 // of its group (pad-longest; bucket after sorting its windows). O(n).
-void pad_batches(const std::vector<Segment>& pieces, std::int32_t rows_per_batch, Plan& p) {
+void pad_batches(const std::vector<Segment>& pieces, std::int32_t rows_per_batch, std::int32_t multiple, Plan& p) {
   p.rows.resize(pieces.size());
   p.row_computed.resize(pieces.size());
   for (std::size_t b = 0; b < pieces.size(); b += std::size_t(rows_per_batch)) {
     const std::size_t e = std::min(pieces.size(), b + std::size_t(rows_per_batch));
     std::int32_t longest = 0;
     for (std::size_t i = b; i < e; ++i) longest = std::max(longest, pieces[i].length);
+    if (multiple > 1)  // the collator's pad_to_multiple_of, at most max_len (as train's pad-longest)
+      longest = std::int32_t(std::min<std::int64_t>(
+          p.max_len, std::max<std::int64_t>(multiple, (std::int64_t(longest) + multiple - 1) / multiple * multiple)));
     for (std::size_t i = b; i < e; ++i) {
       p.rows[i] = Row{{pieces[i]}, pieces[i].length};
       p.row_computed[i] = longest;
@@ -514,8 +517,9 @@ std::int32_t Plan::computed(std::int64_t r) const {
 }
 
 Plan plan(const std::vector<std::int32_t>& lengths, Strategy strategy, std::int32_t max_len,
-          std::int32_t rows_per_batch, std::int32_t bucket_window, Overflow overflow) {
+          std::int32_t rows_per_batch, std::int32_t bucket_window, Overflow overflow, std::int32_t pad_multiple) {
   if (max_len < 1) throw UsageError(fmt::format("max_len must be >= 1, got {}", max_len));
+  if (pad_multiple < 1) throw UsageError(fmt::format("pad_multiple must be >= 1, got {}", pad_multiple));
   if (rows_per_batch < 1) throw UsageError(fmt::format("rows_per_batch must be >= 1, got {}", rows_per_batch));
   if (bucket_window < 1) throw UsageError(fmt::format("bucket_window must be >= 1, got {}", bucket_window));
   for (std::size_t i = 0; i < lengths.size(); ++i)
@@ -549,11 +553,11 @@ Plan plan(const std::vector<std::int32_t>& lengths, Strategy strategy, std::int3
           std::stable_sort(pieces.begin() + std::ptrdiff_t(w),
                            pieces.begin() + std::ptrdiff_t(std::min(pieces.size(), w + window)),
                            [](const Segment& a, const Segment& b) { return a.length > b.length; });
-        pad_batches(pieces, rows_per_batch, p);
+        pad_batches(pieces, rows_per_batch, pad_multiple, p);
         break;
       }
       case Strategy::pad_longest:  // O(n)
-        pad_batches(pieces, rows_per_batch, p);
+        pad_batches(pieces, rows_per_batch, pad_multiple, p);
         break;
       case Strategy::pack_ffd:  // O(n + max_len + n log rows)
       case Strategy::pack_bfd: {  // O(n + max_len + n log64 max_len)

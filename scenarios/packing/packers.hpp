@@ -93,10 +93,13 @@ struct Plan {
 //                (pack_counts below); rows made on demand.               O(n + max_len + moves)
 //   concat       all tokens back to back in input order, cut every
 //                max_len; the last row is padded.                        O(n)
-// Throws sb::UsageError when max_len, rows_per_batch or bucket_window < 1, or
-// a length is negative.
+// pad_multiple: pad-longest's and bucket's batch length rounded up to a
+// multiple of it, at most max_len (a collator's pad_to_multiple_of: Axolotl's
+// trainer sets 64; 1 pads to the longest exactly).
+// Throws sb::UsageError when max_len, rows_per_batch, bucket_window or
+// pad_multiple < 1, or a length is negative.
 Plan plan(const std::vector<std::int32_t>& lengths, Strategy strategy, std::int32_t max_len,
-          std::int32_t rows_per_batch, std::int32_t bucket_window, Overflow overflow);
+          std::int32_t rows_per_batch, std::int32_t bucket_window, Overflow overflow, std::int32_t pad_multiple = 1);
 
 // pack-hist straight from a histogram, never expanding it: 16M sequences
 // cost about what their distinct lengths cost. Sequence i of the result is

@@ -78,7 +78,7 @@ struct BatchWork {
 struct Settings {
   pk::Strategy strategy = pk::Strategy::pad_max;
   pk::Overflow overflow = pk::Overflow::split;
-  std::int32_t max_len = 0, rows_per_batch = 0, window = 0;
+  std::int32_t max_len = 0, rows_per_batch = 0, window = 0, pad_multiple = 1;
   std::int64_t d_model = 0, d_ff = 0, heads = 0, kv_heads = 0, sequences = 0, batches = 0;
   // QKV's outputs: Q at every head, K and V at the K/V heads
   std::int64_t qkv_out() const { return d_model + 2 * (kv_heads > 0 ? kv_heads : heads) * (d_model / heads); }
@@ -94,6 +94,7 @@ struct Settings {
     st.max_len = std::int32_t(ps.get_int("max_len"));
     st.rows_per_batch = std::int32_t(ps.get_int("rows"));
     st.window = std::int32_t(ps.get_int("window"));
+    st.pad_multiple = std::int32_t(ps.get_int("pad_multiple"));
     st.d_model = ps.get_int("d_model");
     st.d_ff = ps.get_int("d_ff") > 0 ? ps.get_int("d_ff") : 4 * st.d_model;
     st.heads = ps.get_int("heads");
@@ -144,7 +145,7 @@ class PackingRun : public ScenarioRun {
                                                         to_string(strategy), lengths.size()));
     const pk::Plan plan =
         counts ? pk::plan_histogram(*counts, max_len, overflow)
-               : pk::plan(lengths, strategy, max_len, rows_per_batch, st.window, overflow);
+               : pk::plan(lengths, strategy, max_len, rows_per_batch, st.window, overflow, st.pad_multiple);
     if (plan.real_tokens == 0)  // e.g. a length distribution wholly over max_len with overflow=drop
       throw MismatchError(fmt::format("no token is left to measure: all {} sequences were dropped (longer than "
                                       "max_len={} with overflow=drop)",
@@ -260,6 +261,7 @@ class PackingRun : public ScenarioRun {
                   {"timed_gemm_flops", gemm_flops},
                   {"epoch_gemm_flops", all_gemm},
                   {"cross_contamination", plan.cross_contamination},
+                  {"pad_multiple", st.pad_multiple},
                   {"attention", std::string(to_string(attn_impl)) + (is_packed(strategy) ? " varlen" : " dense")},
                   {"layer", fmt::format("d_model {}, {} heads{}, MLP {} wide{}, {}", d, heads,
                                          q != 3 * d ? fmt::format(" (K/V at {})", (q - d) / 2 / (d / heads)) : "", f,
@@ -502,6 +504,10 @@ const Scenario packing_scenario{
                   .unit = "rows", .min = 1, .max = 4096},
         ParamSpec{.name = "window", .type = ParamType::integer, .default_value = "8",
                   .help = "bucket: sort within this many batches", .unit = "batches", .min = 1, .max = 1 << 20},
+        ParamSpec{.name = "pad_multiple", .type = ParamType::integer, .default_value = "1",
+                  .help = "pad-longest and bucket: each batch's length rounded up to this, at most max_len (the "
+                          "collator's pad_to_multiple_of; Axolotl's trainer sets 64, the train scenario's default)",
+                  .unit = "tokens", .min = 1, .max = 1 << 20},
         ParamSpec{.name = "overflow", .type = ParamType::choice, .default_value = "split",
                   .help = "sequences longer than max_len are split or dropped", .choices = packing::kOverflowNames.names()},
         ParamSpec{.name = "d_model", .type = ParamType::integer, .default_value = "128",

@@ -115,6 +115,19 @@ TEST(Packing, SmallCasesAreExact) {
   const Plan pl = plan(lengths, Strategy::pad_longest, 10, 2, 1, Overflow::split);
   EXPECT_EQ(pl.computed_tokens, 6 * 2 + 4 * 2 + 2);  // batches {6,5} {4,3} {2}
   EXPECT_EQ(pl.row_len, 0);
+  // a collator's pad_to_multiple_of: each batch's longest rounded up, at most max_len (train's pad-longest)
+  const std::vector<std::int32_t> mixed{10, 70, 5, 3, 65, 1};  // max_len 100, 2 rows a batch
+  const Plan m1 = plan(mixed, Strategy::pad_longest, 100, 2, 1, Overflow::split, 1);
+  EXPECT_EQ(m1.computed_tokens, 2 * 70 + 2 * 5 + 2 * 65);
+  const Plan m64 = plan(mixed, Strategy::pad_longest, 100, 2, 1, Overflow::split, 64);
+  EXPECT_EQ(m64.computed_tokens, 2 * 100 + 2 * 64 + 2 * 100);  // 70 -> 128 capped at 100; 5 -> 64; 65 -> 100
+  EXPECT_EQ(m64.real_tokens, m1.real_tokens);
+  EXPECT_GT(m64.padding_fraction(), m1.padding_fraction());
+  const Plan b64 = plan(mixed, Strategy::bucket, 100, 2, 3, Overflow::split, 64);  // sorted: {70,65} {10,5} {3,1}
+  EXPECT_EQ(b64.computed_tokens, 2 * 100 + 2 * 64 + 2 * 64);
+  const Plan pm = plan(mixed, Strategy::pad_max, 100, 2, 1, Overflow::split, 64);  // pad-max: max_len already
+  EXPECT_EQ(pm.computed_tokens, 6 * 100);
+  EXPECT_THROW(plan(mixed, Strategy::pad_longest, 100, 2, 1, Overflow::split, 0), sb::UsageError);
   const Plan cat = plan(lengths, Strategy::concat, 10, 1, 1, Overflow::split);
   ASSERT_EQ(cat.rows.size(), 2u);
   EXPECT_EQ(cat.split_sequences, 1);  // the 5 straddles the first row's end
