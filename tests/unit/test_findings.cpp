@@ -231,7 +231,7 @@ TEST(Findings, AttentionMemoryRatioKeepsATenthUnderTenX) {
 // the others are fixed; on both sides: unsteady; else no gain), `holds` from its repeat (within
 // 15%), its speedup is its gain alone, and the list is ordered by verdict, then by that gain.
 TEST(Findings, PublishedDiagnoseReportsAreRankedAndJudgedByTheirOwnFigures) {
-  int reports = 0, shape_notes = 0, mfu_reports = 0;
+  int reports = 0, shape_notes = 0, mfu_reports = 0, padding_notes = 0;
   for (const auto& rec : recorded_results()) {
     if (rec.doc.value("scenario", "") != "diagnose") continue;
     SCOPED_TRACE(rec.file);
@@ -247,10 +247,31 @@ TEST(Findings, PublishedDiagnoseReportsAreRankedAndJudgedByTheirOwnFigures) {
       ADD_FAILURE() << "unknown verdict " << v;
       return 4;
     };
+    // the applied check's first-pass runs of their loop, by name ("theirs", "batch", ...)
+    json runs = json::object();
+    for (const json& pt : rec.doc.at("points"))
+      if (pt.at("params").value("check", "") == "applied" && pt.at("info").contains("runs")) runs = pt["info"]["runs"];
+    auto padding_of = [&runs](const char* name) {
+      return runs.at(name).at("points").at(0).at("metrics").at("padding_pct").get<double>();
+    };
     for (std::size_t i = 0; i < fs.size(); ++i) {
       const json& f = fs[i];
       const json& e = f.at("evidence");
       EXPECT_FALSE(f.value("cause", "").empty());
+      // the batch line's note on their loop's padding (since 2026-12-04) quotes the loop's own runs: theirs
+      // and the line's, the line's at least 5 points more
+      if (e.contains("loop_padding_pct")) {
+        ++padding_notes;
+        const double now = e["loop_padding_pct"].at("theirs").get<double>(),
+                     with = e["loop_padding_pct"].at("with_line").get<double>();
+        EXPECT_DOUBLE_EQ(now, padding_of("theirs"));
+        EXPECT_DOUBLE_EQ(with, padding_of("batch"));
+        EXPECT_GE(with, now + 5.0);
+        EXPECT_NE(f.at("summary").get<std::string>().find(
+                      fmt::format("on their loop padding is {:.1f}% of the computed tokens", with)),
+                  std::string::npos)
+            << f.at("summary").get<std::string>();
+      }
       if (i > 0) {
         const json& prev = fs[i - 1];
         const int ra = rank(prev), rb = rank(f);
@@ -292,7 +313,7 @@ TEST(Findings, PublishedDiagnoseReportsAreRankedAndJudgedByTheirOwnFigures) {
       }
     }
     // the MFU before and after (since 2026-12-04): PaLM's model FLOPs per token (6N + 12 L H Q T, N the
-    // measured layers' 2 x (4 hidden^2 + 2 hidden d_ff) parameters, T the sequence; a report from before
+    // measured layers' 2 x (hidden (hidden + 2 kv) + hidden^2 + 2 hidden d_ff) parameters, T the sequence; a report from before
     // d_ff ran a 4 x hidden MLP) x the loop's real tokens/s over the rate the report names for that
     // figure's dtype
     for (const json& pt : rec.doc.at("points")) {
@@ -317,6 +338,7 @@ TEST(Findings, PublishedDiagnoseReportsAreRankedAndJudgedByTheirOwnFigures) {
   EXPECT_GE(reports, 1) << "no published diagnose report";
   EXPECT_GE(shape_notes, 1) << "no published report whose part ran at a longer sequence than its loop";
   EXPECT_GE(mfu_reports, 2) << "no published reports with MFU over a measured and a datasheet rate";
+  EXPECT_GE(padding_notes, 1) << "no published report whose batch line padded their loop more";
 }
 
 }  // namespace
