@@ -342,8 +342,7 @@ class Diagnosis {
   // 0.7 s a run (72 runs at the default budget) against 0.26 s for 16's 16. At 16 the default config's
   // loop pads 11% at micro batch 1 (5.6% at 8, 38% at 64).
   std::int64_t loop_pad_multiple() const {
-    if (!opt_.lengths_path.empty() || long_seq() <= shape_.seq) return kPadMultiple;
-    return std::max<std::int64_t>(16, kPadMultiple * shape_.seq / long_seq());
+    return diagnose::loop_pad_multiple(kPadMultiple, !opt_.lengths_path.empty(), long_seq(), shape_.seq);
   }
 
   // The attention their step runs: eager unless the config turns a fused one on.
@@ -1250,9 +1249,9 @@ class Diagnosis {
     if (opt_.cfg.sample_packing || opt_.cfg.pad_to_sequence_len || !now || !with || *with < *now + 5.0) return {};
     f.evidence["loop_padding_pct"] = json{{"theirs", *now}, {"with_line", *with}};
     return fmt::format("; on their loop padding is {:.1f}% of the computed tokens at micro batch {} against {:.1f}% "
-                       "at theirs (each batch padded to its longest, rounded up to {}{}): with sample_packing: true "
-                       "a larger micro batch pads nothing",
-                       *with, micro_batch, *now, loop_pad_multiple(),
+                       "at their {} (each batch padded to its longest, rounded up to {}{}): with sample_packing: true "
+                       "a larger micro batch pads no more (packed rows pad only each row's tail)",
+                       *with, micro_batch, *now, shape_.micro_batch, loop_pad_multiple(),
                        loop_pad_multiple() != kPadMultiple
                            ? fmt::format(": the collator's {}, scaled as the loop's lengths are", kPadMultiple)
                            : std::string());
@@ -1572,6 +1571,12 @@ FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::Dec
   return out;
 }
 
+std::int64_t loop_pad_multiple(std::int64_t multiple, bool lengths_from_file, std::int64_t part_seq,
+                               std::int64_t loop_seq) {
+  if (lengths_from_file || part_seq <= loop_seq) return multiple;
+  return std::min(multiple, std::max<std::int64_t>(16, multiple * loop_seq / part_seq));
+}
+
 MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev) {
   MeasuredShape s;
   s.micro_batch = cfg.micro_batch_size;
@@ -1601,7 +1606,7 @@ MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev) {
     while (kv > 1 && heads % kv) --kv;
     s.reduced = h != s.hidden || seq != s.seq || heads != s.heads;
     const std::string kv_note =
-        s.kv_heads != s.heads ? fmt::format(", K/V heads {} -> {}", s.kv_heads, kv) : std::string();
+        s.kv_heads != s.heads && kv != s.kv_heads ? fmt::format(", K/V heads {} -> {}", s.kv_heads, kv) : std::string();
     s.note = s.reduced ? fmt::format("hidden {} -> {}, intermediate {} -> {}, heads {} -> {}{}, sequence {} -> {}, 2 "
                                      "layers: a CPU cannot run the full shape in the budget",
                                      s.hidden, h, s.intermediate, inter, s.heads, heads, kv_note, s.seq, seq)

@@ -65,6 +65,13 @@ struct MeasuredShape {
 };
 MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev);
 
+// The pad_to_multiple_of their loop pads at (the train scenario's pad_multiple): the collator's `multiple`
+// where the loop reads their lengths (a file) or runs the padding check's sequence; where generated lengths
+// are drawn at a reduced sequence (loop_seq of part_seq), the multiple scaled as they are, at least 16
+// (each padded length is a decoder step warmed once a run) and at most `multiple`.
+std::int64_t loop_pad_multiple(std::int64_t multiple, bool lengths_from_file, std::int64_t part_seq,
+                               std::int64_t loop_seq);
+
 // The memory check's model: full fine-tuning with AdamW at full depth, the
 // decoder step's footprint (batch::predict_footprint at d) with its weight-
 // bound parts scaled to the model's layer (a SwiGLU MLP of intermediate_size,

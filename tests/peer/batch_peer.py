@@ -74,10 +74,17 @@ class Decoder:
     def __init__(self, args, seed=11):
         d, g = args.d_model, torch.Generator().manual_seed(seed)
         self.args = args
+        # stallbench's decoder step: Wqkv projects Q at every head and K, V at kv_heads (grouped-query
+        # attention), the MLP d_ff wide (4 d unless given)
+        f = args.d_ff or 4 * d
+        self.kv = args.kv_heads or args.heads
+        if args.heads % self.kv:
+            raise SystemExit(f"--kv-heads {self.kv} does not divide --heads {args.heads}")
+        q_out = d + 2 * self.kv * (d // args.heads)
         self.layers = []
         for _ in range(args.layers):
             ws = [torch.empty(o, i).uniform_(-1, 1, generator=g).mul_(i ** -0.5).requires_grad_(True)
-                  for o, i in ((3 * d, d), (d, d), (4 * d, d), (d, 4 * d))]
+                  for o, i in ((q_out, d), (d, d), (f, d), (d, f))]
             self.layers.append(ws)
         self.params = [w for ws in self.layers for w in ws]
 
@@ -86,7 +93,11 @@ class Decoder:
         H = self.args.heads
         for wqkv, wo, w1, w2 in self.layers:
             qkv = F.linear(rmsnorm(x), wqkv)
-            q, k, v = (t.view(B, S, H, d // H).transpose(1, 2) for t in qkv.split(d, dim=-1))
+            hd, kv = d // H, self.kv
+            q, k, v = qkv.split([d, kv * hd, kv * hd], dim=-1)
+            q = q.view(B, S, H, hd).transpose(1, 2)
+            # repeat_kv, as an eager Llama step does: each K/V head serves H / kv query heads
+            k, v = (t.view(B, S, kv, hd).transpose(1, 2).repeat_interleave(H // kv, dim=1) for t in (k, v))
             if attn == "fused":
                 a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
@@ -128,6 +139,7 @@ def framework_cost(args, dtype, attn):
     CPU runs on the thread that computes and so adds to every micro step. Median of 200, in ms."""
     class Tiny:
         seq, d_model, heads, layers = 8, 16, args.heads if 16 % args.heads == 0 else 4, args.layers
+        d_ff, kv_heads = 0, 0
     model = Decoder(Tiny)
     x, y = torch.rand(1, Tiny.seq, Tiny.d_model), torch.rand(1, Tiny.seq, Tiny.d_model)
 
@@ -153,6 +165,7 @@ def time_stallbench(args, dtype, attn, sizes):
                "-p", "micro_batch=" + ",".join(map(str, sizes)), "-p", "grad_accum=1",
                "-p", f"global_batch={args.global_batch}", "-p", f"seq_len={args.seq}",
                "-p", f"d_model={args.d_model}", "-p", f"heads={args.heads}", "-p", f"layers={args.layers}",
+               "-p", f"kv_heads={args.kv_heads}", "-p", f"d_ff={args.d_ff}",
                "-p", f"dtype={dtype}", "-p", f"attn={attn}", "-p", f"trials={args.reps}"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         if r.returncode != 0 or not os.path.exists(path):
@@ -177,6 +190,8 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=0, help="K/V heads (grouped-query attention); 0: --heads")
+    ap.add_argument("--d-ff", type=int, default=0, help="the MLP's width; 0: 4 x --d-model")
     ap.add_argument("--layers", type=int, default=2)
     add_run_arguments(ap)
     args = ap.parse_args()
@@ -282,6 +297,7 @@ def main():
                         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()},
             "stallbench": {k: meta.get(k) for k in ("version", "git_sha", "device") if k in meta},
             "shape": {"seq_len": args.seq, "d_model": args.d_model, "heads": args.heads, "layers": args.layers,
+                      "kv_heads": args.kv_heads or args.heads, "d_ff": args.d_ff or 4 * args.d_model,
                       "global_batch": args.global_batch, "optimizer": "AdamW"},
             "rows": rows,
             "framework": framework,

@@ -363,6 +363,10 @@ with tempfile.TemporaryDirectory() as tmp:
 expect(["run", "packing", "--quick", "-p", "lengths=fixed:100", "-p", "max_len=8", "-p", "overflow=drop"], 2,
        ["drops every sequence"])
 expect(["run", "packing", "--quick", "-p", "d_model=100", "-p", "heads=3"], 2, ["d_model 100 is not a multiple of heads 3"])
+# grouped-query attention: K/V heads that do not divide the heads, in each scenario that declares them
+for sc in ("packing", "batch", "memory", "train"):
+    expect(["run", sc, "--quick", "-p", "heads=4", "-p", "kv_heads=3"], 2, ["kv_heads=3 does not divide heads=4"])
+expect(["run", "packing", "--quick", "-p", "pad_multiple=0"], 2, ["pad_multiple"])
 
 # Malformed fields (issue #24): a field of the wrong type, missing, or out of range is exit 2 naming the
 # file and the field's JSON path, never a raw [json.exception...] with exit 1.

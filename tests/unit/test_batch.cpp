@@ -3,11 +3,16 @@
 // the big batch's), and graphs replay the same arithmetic as eager.
 #include <chrono>
 #include <cmath>
+#include <optional>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include <gtest/gtest.h>
 
 #include "harness/errors.hpp"
+#include "harness/params.hpp"
 #include "harness/random.hpp"
 #include "harness/train_ops.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
@@ -234,6 +239,31 @@ TEST(BatchDecoder, KvHeadsDivideTheHeads) {
   EXPECT_THROW((void)DecoderStep(*dev, *ops, mha, 1, [] {}, &owner), UsageError);
   DecoderStep sharer(*dev, *ops, c, 1, [] {}, &owner);
   EXPECT_EQ(sharer.parameters(), owner.parameters());
+}
+
+// The scenarios' validate (exit 2 before any point runs): kv_heads where declared must divide heads; 0 is
+// one per head; without the parameter (a scenario that does not declare it) nothing is checked.
+TEST(BatchDecoder, ValidateRefusesKvHeadsThatDoNotDivideTheHeads) {
+  auto shape = [](std::int64_t heads, std::optional<std::int64_t> kv) {
+    ParamSet ps;
+    ps.set("d_model", std::int64_t(64));
+    ps.set("heads", heads);
+    if (kv) ps.set("kv_heads", *kv);
+    return ps;
+  };
+  EXPECT_NO_THROW(batch::validate_decoder_shape(shape(4, std::nullopt)));
+  EXPECT_NO_THROW(batch::validate_decoder_shape(shape(4, 0)));
+  EXPECT_NO_THROW(batch::validate_decoder_shape(shape(4, 1)));
+  EXPECT_NO_THROW(batch::validate_decoder_shape(shape(4, 4)));
+  for (std::int64_t kv : {3, 8}) {
+    try {
+      batch::validate_decoder_shape(shape(4, kv));
+      ADD_FAILURE() << "kv_heads " << kv << " of 4 heads was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("kv_heads={} does not divide heads=4", kv)), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(BatchDecoder, FootprintModelIsTheExactByteCount) {

@@ -797,10 +797,25 @@ TEST(DiagnoseFootprint, ParametersOfAPlainAndAWideGatedMlp) {
   dq.kv_heads = qw.model.kv_heads();
   ASSERT_EQ(dq.qkv_out(), 3584 + 2 * 4 * 128);
   const auto fk = sb::diagnose::full_depth_footprint(qw.model, dq);
-  EXPECT_NEAR(double(fk.parameters) / 1e9, 7.6156, 0.001);
+  EXPECT_NEAR(double(fk.parameters) / 1e9, 7.6156, 0.001);  // the published count (biases and norms in it)
+  // exactly: 28 layers of Q, K and V at 4 x 128, O, and three 3584 x 18944 matrices, with the
+  // embedding and the LM head (152,064 x 3584 each)
+  const double exact = 28.0 * (3584.0 * (3584 + 2 * 512) + 3584.0 * 3584 + 3 * 3584.0 * 18944) + 2 * 152064.0 * 3584;
+  EXPECT_NEAR(double(fk.parameters), exact, 2.0);
   const std::uint64_t predicted_kv = sb::batch::predict_footprint(dq, sb::batch::OptKind::adamw, 1, 0, 0).weights;
   EXPECT_NEAR(fk.parts["weights"].get<double>() / double(predicted_kv), 1.0, 1e-9);
   EXPECT_LT(predicted_kv, predicted_w);  // K and V at 4 of 28 heads: fewer weights than in full
+}
+
+// The multiple their loop pads at: the collator's 64 where the loop runs the check's sequence or reads
+// a lengths file; scaled with generated lengths drawn at a reduced sequence, at least 16, at most 64.
+TEST(DiagnoseShape, TheLoopsPadMultipleScalesWithGeneratedLengthsOnly) {
+  EXPECT_EQ(loop_pad_multiple(64, false, 256, 256), 64);    // all_causes.yml: 256 both
+  EXPECT_EQ(loop_pad_multiple(64, false, 2048, 2048), 64);  // a GPU: the config's own sequence
+  EXPECT_EQ(loop_pad_multiple(64, true, 2048, 256), 64);    // --lengths: their own lengths
+  EXPECT_EQ(loop_pad_multiple(64, false, 2048, 256), 16);   // 8 scaled, held at 16
+  EXPECT_EQ(loop_pad_multiple(64, false, 512, 256), 32);
+  EXPECT_EQ(loop_pad_multiple(8, false, 2048, 256), 8);     // never above the collator's own
 }
 
 // The shape a CPU runs the checks at keeps the model's grouped-query attention: its share of K/V heads
@@ -828,6 +843,17 @@ TEST(DiagnoseShape, TheReducedShapeKeepsTheKvHeadsShare) {
   const MeasuredShape s2 = measured_shape(l2, cpu);
   EXPECT_EQ(s2.kv_heads, s2.heads);
   EXPECT_EQ(s2.note.find("K/V"), std::string::npos) << s2.note;
+
+  // a small GQA model whose heads are kept: only the sequence is reduced, and the note has no K/V line
+  TrainConfig small = l3;
+  small.model.hidden_size = 256;
+  small.model.num_attention_heads = 8;
+  small.model.num_key_value_heads = 2;
+  small.model.intermediate_size = 688;
+  const MeasuredShape ss = measured_shape(small, cpu);
+  EXPECT_EQ(ss.heads, 8);
+  EXPECT_EQ(ss.kv_heads, 2);
+  EXPECT_EQ(ss.note.find("K/V"), std::string::npos) << ss.note;
 
   sb::DeviceInfo gpu;
   gpu.kind = sb::DeviceKind::cuda;
