@@ -2,6 +2,7 @@
 
 #include <fcntl.h>     // open
 #include <sys/file.h>  // flock
+#include <sys/stat.h>  // fstat, S_ISREG
 #include <unistd.h>    // close
 
 #include <algorithm>  // std::find, std::sort
@@ -53,9 +54,15 @@ std::vector<int> CpuClaims::claim(const std::vector<int>& allowed, std::size_t n
   for (int c : allowed) {
     if (out.size() >= n) break;
     const std::string path = dir_ + "/stallbench-cpu" + std::to_string(c) + ".lock";
-    // O_RDONLY is enough for flock, so a file another user made (mode 0644) still serves
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
-    if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    // O_RDONLY is enough for flock, so a file another user made (mode 0644) still serves. O_NONBLOCK:
+    // a FIFO someone left at the path must not block the open (it is then no lock: not a regular file).
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
+    if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat st {};
+    if (fd >= 0 && (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+      (void)::close(fd);
+      fd = -1;
+    }
     if (fd < 0) {  // no lock to take: not a claim anyone else can see either
       out.push_back(c);
       continue;
@@ -67,7 +74,11 @@ std::vector<int> CpuClaims::claim(const std::vector<int>& allowed, std::size_t n
       fds_.push_back(fd);
       out.push_back(c);
     } else {
+      // EWOULDBLOCK: another process holds it. Anything else (ENOLCK, EINVAL: a file system without
+      // flock, as some NFS and FUSE mounts) is no lock to take, not a contended CPU.
+      const bool held = errno == EWOULDBLOCK;
       (void)::close(fd);
+      if (!held) out.push_back(c);
     }
   }
   // too few free: share the claimed ones, in order

@@ -408,8 +408,8 @@ class Diagnosis {
     // their step's time. The four runs at 50 ms took 11.2 s with --quick, at 20 ms 4.5 s, 2-vCPU Xeon.)
     const double step_ms = std::clamp(step_ms_ > 0 ? step_ms_ : 20.0, 1.0, opt_.quick ? 20.0 : 50.0);
     const int theirs = std::min(64, c.dataloader_num_workers);
-    // kRounds rounds of a third of the steps (the scenario's 60, 20 with --quick: the wall of one run), the
-    // second in the other order; the gain is the median of the rounds' own paired gains, the figures the
+    // kRounds rounds of 20 steps each (10 with --quick): a third of the scenario's own 60, half of its 20 with
+    // --quick (the wall of one run at the default, 1.5x it with --quick); the second round in the other order; the gain is the median of the rounds' own paired gains, the figures the
     // median round's. One run of four points read the modelled loader at 1.10x (all_causes.yml, a 2-vCPU
     // Xeon, 2026-12-05): its first point's step took 34.8 ms of the 30.5 asked and the other three 27.0-27.6,
     // and workers=0 with pinned memory, the third point, gained as much as 2 workers did.
@@ -456,7 +456,8 @@ class Diagnosis {
                                  "delivers half of what the step consumes): a model of a collating, tokenizing "
                                  "loader, not a measurement of yours"}};
     if (got.size() < std::size_t(kRounds)) {
-      p.info["sub"] = compact(failed.r.points.empty() ? got.front().second : failed);
+      // the round that failed, or where it has no point to show, the last that completed
+      p.info["sub"] = compact(failed.r.points.empty() && !got.empty() ? got.back().second : failed);
       p.info["rounds"] = rounds;
       p.status = Status::error;
       p.reason = fmt::format("the loader runs did not complete (round {} of {})", got.size() + 1, kRounds);

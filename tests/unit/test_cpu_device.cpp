@@ -1,6 +1,7 @@
 // The cpu device (oneDNN) and the correctness check every GEMM passes before
 // it is timed. No timing assertions: this machine is noisy.
 #include <sys/resource.h>  // getrusage(RUSAGE_THREAD)
+#include <sys/stat.h>      // mkfifo
 
 #include <algorithm>
 #include <atomic>
@@ -277,6 +278,17 @@ TEST(CpuClaims, ASecondClaimantTakesOtherCpusThenSharesAndSaysWhich) {
     EXPECT_EQ(b.claim({0, 1, 2, 3}, 1), (std::vector<int>{0}));
     EXPECT_EQ(a.claim({1, 2, 3}, 1), (std::vector<int>{2}));
     EXPECT_TRUE(a.contended().empty());
+  }
+  // a FIFO or a directory at a CPU's lock path (another user's, made on purpose or not): opened without
+  // blocking, and no lock, so that CPU counts as free and unclaimed, not as held by another process
+  ASSERT_EQ(::mkfifo((dir / "stallbench-cpu7.lock").c_str(), 0600), 0);
+  std::filesystem::create_directories(dir / "stallbench-cpu8.lock");
+  {
+    CpuClaims f(dir.string()), g(dir.string());
+    EXPECT_EQ(f.claim({7, 8}, 2), (std::vector<int>{7, 8}));
+    EXPECT_TRUE(f.contended().empty());
+    EXPECT_EQ(g.claim({7, 8}, 2), (std::vector<int>{7, 8}));  // nobody holds them
+    EXPECT_TRUE(g.contended().empty());
   }
   // a lock directory that does not exist: every CPU counts as free (no claim anyone could see)
   CpuClaims none((dir / "missing").string());
