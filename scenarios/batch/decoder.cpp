@@ -119,26 +119,36 @@ DecoderConfig decoder_config(const ParamSet& ps, const Device& dev) {
   return cfg;
 }
 
-void DecoderStep::alloc_acts(Acts& a, const std::string& n) {
-  const std::int64_t T = tokens(), d = cfg_.d_model, f = cfg_.ff();
-  const DType t = cfg_.dtype;
-  a.u1 = ops_.alloc(T * d, t, n + " norm1");
-  a.r1 = ops_.alloc(T, DType::fp32, n + " norm1 1/rms");
-  a.qkv = ops_.alloc(T * cfg_.qkv_out(), t, n + " qkv");
-  a.att = ops_.alloc(T * d, t, n + " attention output (stand-in)");
-  a.o = ops_.alloc(T * d, t, n + " o-proj");
-  a.xm = ops_.alloc(T * d, t, n + " x + attention");
-  a.u2 = ops_.alloc(T * d, t, n + " norm2");
-  a.r2 = ops_.alloc(T, DType::fp32, n + " norm2 1/rms");
-  a.hp = ops_.alloc(T * f, t, n + " mlp pre-activation");
-  a.h = ops_.alloc(T * f, t, n + " mlp activation");
-  a.y = ops_.alloc(T * d, t, n + " mlp output");
-}
-
 namespace {
 // A non-owning view of a tensor another step owns.
 DTensor view_of(const DTensor& t) { return DTensor{Buffer(t.data(), t.buf.bytes(), t.buf.kind(), {}), t.dtype, t.numel}; }
 }  // namespace
+
+// A non-owning view of the first numel elements of a tensor another step owns (numel at most its own).
+DTensor DecoderStep::prefix_of(const DTensor& t, std::int64_t numel) {
+  if (numel > t.numel) throw std::logic_error("a decoder step borrows a buffer smaller than it needs");
+  return DTensor{Buffer(t.data(), t.buf.bytes(), t.buf.kind(), {}), t.dtype, numel};
+}
+
+void DecoderStep::alloc_acts(Acts& a, const std::string& n, const Acts* from) {
+  const std::int64_t T = tokens(), d = cfg_.d_model, f = cfg_.ff();
+  const DType t = cfg_.dtype;
+  auto get = [&](DTensor Acts::*m, std::int64_t numel, DType dt, const std::string& what) {
+    return from ? prefix_of(from->*m, numel) : ops_.alloc(numel, dt, n + " " + what);
+  };
+  a.u1 = get(&Acts::u1, T * d, t, "norm1");
+  a.r1 = get(&Acts::r1, T, DType::fp32, "norm1 1/rms");
+  a.qkv = get(&Acts::qkv, T * cfg_.qkv_out(), t, "qkv");
+  a.att = get(&Acts::att, T * d, t, "attention output (stand-in)");
+  a.o = get(&Acts::o, T * d, t, "o-proj");
+  a.xm = get(&Acts::xm, T * d, t, "x + attention");
+  a.u2 = get(&Acts::u2, T * d, t, "norm2");
+  a.r2 = get(&Acts::r2, T, DType::fp32, "norm2 1/rms");
+  a.hp = get(&Acts::hp, T * f, t, "mlp pre-activation");
+  a.h = get(&Acts::h, T * f, t, "mlp activation");
+  a.y = get(&Acts::y, T * d, t, "mlp output");
+}
+
 
 DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, std::uint64_t seed,
                          std::function<void()> before_submit, DecoderStep* share)
@@ -200,15 +210,27 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
       ls_[std::size_t(l)].g[w] =
           ops.alloc(in_of(w) * out_of(w), DType::fp32, fmt::format("layer {} {} grad (fp32)", l, names[w]));
   measured(measured_.gradients);
+  // A step that shares another's parameters runs only while that one does not (one micro step at a
+  // time), so it also takes that step's activation and gradient buffers where they hold as many tokens
+  // (the train scenario's longest padded length owns them): a framework's caching allocator reuses one
+  // set of memory for each length's step, where a set per length held the sum of them all (2 layers of
+  // a 43008-wide MLP with eager attention at 32 padded lengths ran out of an H100's 80 GB, simulated).
+  // The attention ops stay each step's own: their buffers follow their shape.
+  const DecoderStep* lend =
+      share && share->tokens() >= T && share->cfg_.checkpointing == cfg.checkpointing ? share : nullptr;
+  auto take = [&](const DTensor* theirs, std::int64_t numel, DType dt, const std::string& what) {
+    return theirs ? prefix_of(*theirs, numel) : ops.alloc(numel, dt, what);
+  };
   for (int l = 0; l < nl; ++l) {
     Layer& L = ls_[std::size_t(l)];
     const std::string n = fmt::format("layer {}", l);
-    L.x = ops.alloc(T * d, t, n + " input");
-    if (!cfg.checkpointing) alloc_acts(L.own, n);
+    const Layer* S = lend ? &lend->ls_[std::size_t(l)] : nullptr;
+    L.x = take(S ? &S->x : nullptr, T * d, t, n + " input");
+    if (!cfg.checkpointing) alloc_acts(L.own, n, S ? &S->own : nullptr);
     L.a = cfg.checkpointing ? &shared_acts_ : &L.own;
   }
-  if (cfg.checkpointing) alloc_acts(shared_acts_, "checkpointed layers' (recomputed)");
-  out_ = ops.alloc(T * d, t, "stack output");
+  if (cfg.checkpointing) alloc_acts(shared_acts_, "checkpointed layers' (recomputed)", lend ? &lend->shared_acts_ : nullptr);
+  out_ = take(lend ? &lend->out_ : nullptr, T * d, t, "stack output");
   measured(measured_.activations);
   AttnShape as;
   as.batch = cfg.micro_batch;
@@ -220,17 +242,19 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
     attn_.push_back(dev.make_attention(as, cfg.attention, t, seed + 99 + std::uint64_t(l)));
   for (int l = 0; l < nl; ++l) ls_[std::size_t(l)].attn = attn_[cfg.checkpointing ? 0 : std::size_t(l)].get();
   measured(measured_.attention);
-  bg_.dxm = ops.alloc(T * d, t, "d(x + attention)");
-  bg_.du2 = ops.alloc(T * d, t, "d norm2");
-  bg_.dhp = ops.alloc(T * f, t, "d mlp pre-activation");
-  bg_.dh = ops.alloc(T * f, t, "d mlp activation");
-  bg_.datt = ops.alloc(T * d, t, "d attention output");
-  bg_.dqkv = ops.alloc(T * cfg.qkv_out(), t, "d qkv (stand-in)");
-  bg_.du1 = ops.alloc(T * d, t, "d norm1");
-  for (int i = 0; i < 2; ++i) dx_[i] = ops.alloc(T * d, t, fmt::format("d layer input ({})", i));
-  target_ = ops.alloc(T * d, DType::fp32, "targets");
-  loss_ = ops.alloc(1, DType::fp32, "loss");
-  dout_ = ops.alloc(T * d, t, "d output");
+  const Grads* G = lend ? &lend->bg_ : nullptr;
+  bg_.dxm = take(G ? &G->dxm : nullptr, T * d, t, "d(x + attention)");
+  bg_.du2 = take(G ? &G->du2 : nullptr, T * d, t, "d norm2");
+  bg_.dhp = take(G ? &G->dhp : nullptr, T * f, t, "d mlp pre-activation");
+  bg_.dh = take(G ? &G->dh : nullptr, T * f, t, "d mlp activation");
+  bg_.datt = take(G ? &G->datt : nullptr, T * d, t, "d attention output");
+  bg_.dqkv = take(G ? &G->dqkv : nullptr, T * cfg.qkv_out(), t, "d qkv (stand-in)");
+  bg_.du1 = take(G ? &G->du1 : nullptr, T * d, t, "d norm1");
+  for (int i = 0; i < 2; ++i)
+    dx_[i] = take(lend ? &lend->dx_[i] : nullptr, T * d, t, fmt::format("d layer input ({})", i));
+  target_ = take(lend ? &lend->target_ : nullptr, T * d, DType::fp32, "targets");
+  loss_ = take(lend ? &lend->loss_ : nullptr, 1, DType::fp32, "loss");
+  dout_ = take(lend ? &lend->dout_ : nullptr, T * d, t, "d output");
   measured(measured_.backward);
   ops.reserve_gemm_workspace(step_gemm_workspace(ops, cfg));
   measured(measured_.workspace);

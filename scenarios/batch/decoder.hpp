@@ -148,7 +148,10 @@ class DecoderStep {
   // another shape (micro_batch, seq): this one trains *its* weights, compute
   // copies, gradients and AdamW moments (non-owning views, nothing
   // allocated for them), as one model runs batches of different padded
-  // lengths. `share` must outlive this step. UsageError when the models differ.
+  // lengths; where `share` holds at least as many tokens (and checkpoints
+  // alike), its activation and gradient buffers too (their first rows: the
+  // two never run at once). `share` must outlive this step. UsageError when
+  // the models differ.
   DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, std::uint64_t seed,
               std::function<void()> before_submit, DecoderStep* share = nullptr);
   const DecoderConfig& config() const { return cfg_; }
@@ -199,7 +202,9 @@ class DecoderStep {
   struct Grads {
     DTensor dxm, du2, dhp, dh, datt, dqkv, du1;  // one set for every layer
   };
-  void alloc_acts(Acts& a, const std::string& n);
+  // a's tensors, allocated, or views of the first tokens() rows of from's (a step it shares with)
+  void alloc_acts(Acts& a, const std::string& n, const Acts* from = nullptr);
+  static DTensor prefix_of(const DTensor& t, std::int64_t numel);
   void forward_layer(std::vector<std::function<void()>>& run, Layer* L, DTensor* next,
                      const std::function<void(int, bool)>& attention, int l);
   struct Piece {

@@ -38,8 +38,29 @@ struct ModelDims {
   // down, two). From a config.json's model_type, or the YAML key gated_mlp;
   // gated by default, as the Llama family the default config is.
   bool gated_mlp = true;
-  // the measured step's MLP width: the plain MLP with the FLOPs and weights of this one
-  std::int64_t step_ffn() const { return gated_mlp ? intermediate_size * 3 / 2 : intermediate_size; }
+  // Whether the LM head is the embedding's matrix (tie_word_embeddings; from a config.json, its
+  // family's Hugging Face default where the file leaves it out: GPT-2, OPT, BLOOM, Falcon, MPT and
+  // Gemma tie, Llama, Qwen2, GPT-NeoX and GPT-J do not). false: two vocab x hidden matrices.
+  bool tie_word_embeddings = false;
+  // A mixture of experts (Mixtral, Qwen-MoE, OLMoE, PhiMoE): num_experts MLPs of moe_intermediate_size
+  // each (0: intermediate_size, as Mixtral's config.json gives it), num_experts_per_tok of them run for
+  // each token, and a shared expert of shared_expert_intermediate_size run for every token beside them
+  // (0: none). num_experts 0: a dense MLP.
+  std::int64_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0,
+               shared_expert_intermediate_size = 0;
+  bool moe() const { return num_experts > 0; }
+  std::int64_t expert_intermediate() const { return moe_intermediate_size > 0 ? moe_intermediate_size : intermediate_size; }
+  // The MLP width one token runs through: intermediate_size, or its routed experts' and the shared one's
+  std::int64_t active_intermediate() const {
+    return moe() ? num_experts_per_tok * expert_intermediate() + shared_expert_intermediate_size : intermediate_size;
+  }
+  // The MLP width whose weights a layer holds: every expert's and the shared one's
+  std::int64_t weight_intermediate() const {
+    return moe() ? num_experts * expert_intermediate() + shared_expert_intermediate_size : intermediate_size;
+  }
+  // the measured step's MLP width: the plain MLP with the FLOPs of this one for a token (and, dense, its
+  // weights)
+  std::int64_t step_ffn() const { return gated_mlp ? active_intermediate() * 3 / 2 : active_intermediate(); }
 };
 
 struct TrainConfig {
@@ -70,6 +91,7 @@ inline constexpr std::int64_t kMaxHidden = std::int64_t(1) << 20;        // hidd
 inline constexpr std::int64_t kMaxLayers = std::int64_t(1) << 16;
 inline constexpr std::int64_t kMaxIntermediate = std::int64_t(1) << 22;
 inline constexpr std::int64_t kMaxVocab = std::int64_t(1) << 24;
+inline constexpr std::int64_t kMaxExperts = std::int64_t(1) << 12;  // num_experts, num_experts_per_tok
 inline constexpr int kMaxWorkers = 1024;         // dataloader_num_workers, dataloader_prefetch_factor
 inline constexpr std::int64_t kMaxLengths = 10'000'000;  // read_lengths: sequences in all
 

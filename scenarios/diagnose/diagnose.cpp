@@ -847,8 +847,12 @@ class Diagnosis {
       cap_source = bound ? "the host memory available (" + bound->what + ")" : "unknown";
     }
     p.add({"footprint_gib", double(full.total) / double(1ull << 30), "GiB", Direction::lower, std::nullopt,
-           "modelled: the decoder stack at full depth (SwiGLU MLP) with the embedding and LM head, full fine-tuning, "
-           "AdamW"});
+           fmt::format("modelled: the decoder stack at full depth ({}) with the embedding and LM head{}, full "
+                       "fine-tuning, AdamW",
+                       c.model.moe()       ? fmt::format("a mixture of {} experts, every one's weights", c.model.num_experts)
+                       : c.model.gated_mlp ? std::string("a gated MLP")
+                                           : std::string("a plain MLP"),
+                       c.model.tie_word_embeddings ? " (tied)" : "")});
     p.add({"capacity_gib", double(capacity) / double(1ull << 30), "GiB", Direction::higher, std::nullopt, cap_source});
     p.info = json{{"parts", full.parts},
                   {"parameters", full.parameters},
@@ -1546,27 +1550,36 @@ FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::Dec
   const std::uint64_t attn_op = std::uint64_t((4.0 + 4.0 * r) * double(d.micro_batch * d.seq * d.d_model)) * e +
                                 std::uint64_t(d.micro_batch * d.heads * d.seq) * 4;
   const batch::MemoryParts m = batch::predict_footprint(d, batch::OptKind::adamw, 1, attn_op, 0);
-  // embedding + LM head: 2 x vocab x hidden weights (master, copy, grad, m, v); the logits and their
-  // gradient in fp32
-  const std::uint64_t vh = 2 * std::uint64_t(model.vocab_size) * std::uint64_t(d.d_model);
+  // embedding + LM head: vocab x hidden weights each, one matrix where the head is tied to the embedding
+  // (master, copy, grad, m, v); the logits and their gradient in fp32
+  const std::uint64_t vh = (model.tie_word_embeddings ? 1 : 2) * std::uint64_t(model.vocab_size) * std::uint64_t(d.d_model);
   const std::uint64_t embed = vh * (4 + (d.dtype != DType::fp32 ? e : 0) + 4 + 8);
   const std::uint64_t logits = 2 * std::uint64_t(d.micro_batch * d.seq) * std::uint64_t(model.vocab_size) * 4;
   // The decoder's layer holds hidden x (hidden + 2 kv_heads head_dim) + hidden^2 + 2 hidden d_ff weights:
   // Q, K and V (K and V at its kv_heads), O and an MLP of two hidden x d_ff matrices. The model's K and V
   // are hidden x (K/V heads x head size), a share r of the Q's (grouped-query attention), and its MLP is
-  // three hidden x intermediate (gated: gate, up, down) or two (plain): the weight-bound parts are scaled
-  // to that (1 where d is the model's layer: kv_heads its, d_ff 1.5 a gated intermediate). The
-  // activations keep the decoder's (a gated MLP's 1.5 intermediate pre-activation and activation, where
-  // SwiGLU keeps gate, up and their product: about its 3).
+  // three hidden x intermediate (gated: gate, up, down) or two (plain), every expert's of a mixture of
+  // experts with its router (hidden x experts): the weight-bound parts are scaled to that (1 where d is
+  // the model's dense layer: kv_heads its, d_ff 1.5 a gated intermediate). The activations are the
+  // decoder's at a token's MLP width, and a gated MLP's one more: eager SwiGLU keeps gate, its SiLU, up
+  // and their product, 4 x intermediate a token, where the step's two matrices keep their pre-activation
+  // and activation at 1.5 x, 3 x intermediate.
   const double hd = double(d.d_model), mlp_mats = model.gated_mlp ? 3.0 : 2.0;
   const double step_layer = double(d.d_model * d.qkv_out() + d.d_model * d.d_model + 2 * d.d_model * d.ff());
-  const double w_scale = ((2.0 + 2.0 * r) * hd * hd + mlp_mats * hd * double(model.intermediate_size)) / step_layer;
+  const double model_layer = (2.0 + 2.0 * r) * hd * hd + mlp_mats * hd * double(model.weight_intermediate()) +
+                             (model.moe() ? hd * double(model.num_experts) : 0.0);
+  const double w_scale = model_layer / step_layer;
   FullDepthFootprint out;
   const auto w = std::uint64_t(double(m.weights) * w_scale), g = std::uint64_t(double(m.gradients) * w_scale),
              o = std::uint64_t(double(m.optimizer) * w_scale);
-  out.total = w + g + o + m.activations + m.attention + m.backward + embed + logits;
+  const std::uint64_t gate_extra =
+      model.gated_mlp ? (d.checkpointing ? 1 : std::uint64_t(d.layers)) * std::uint64_t(d.micro_batch * d.seq) *
+                            std::uint64_t(d.ff() * 2 / 3) * e
+                      : 0;
+  const std::uint64_t acts = m.activations + gate_extra;
+  out.total = w + g + o + acts + m.attention + m.backward + embed + logits;
   out.parts = json{{"weights", w},         {"gradients", g},      {"optimizer", o},
-                   {"activations", m.activations}, {"attention", m.attention}, {"backward", m.backward},
+                   {"activations", acts}, {"attention", m.attention}, {"backward", m.backward},
                    {"embedding_and_head", embed},  {"logits", logits}};
   out.parameters = std::uint64_t(step_layer * double(d.layers) * w_scale) + vh;
   return out;
@@ -1583,16 +1596,24 @@ MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev) {
   s.micro_batch = cfg.micro_batch_size;
   s.seq = cfg.sequence_len;
   s.hidden = cfg.model.hidden_size;
-  s.intermediate = cfg.model.intermediate_size;
+  s.intermediate = cfg.model.active_intermediate();  // a mixture of experts: the width a token runs through
   s.gated = cfg.model.gated_mlp;
   s.ffn = cfg.model.step_ffn();
   s.heads = cfg.model.num_attention_heads;
   s.kv_heads = cfg.model.kv_heads();
   // the MLP as the step runs it: a gated one as two matrices of 1.5 its intermediate size
   auto mlp_note = [&] {
-    return s.gated ? fmt::format("; a gated MLP (3 x hidden x {}) run as two hidden x {} matrices, the same FLOPs",
-                                 s.intermediate, s.ffn)
-                   : fmt::format("; a plain MLP (2 x hidden x {})", s.intermediate);
+    const auto& m = cfg.model;
+    const std::string experts =
+        m.moe() ? fmt::format(" (a mixture of experts: the {} of {} experts of {} a token runs{})", m.num_experts_per_tok,
+                              m.num_experts, m.expert_intermediate(),
+                              m.shared_expert_intermediate_size > 0
+                                  ? fmt::format(" and the shared one of {}", m.shared_expert_intermediate_size)
+                                  : std::string())
+                : std::string();
+    return s.gated ? fmt::format("; a gated MLP (3 x hidden x {}{}) run as two hidden x {} matrices, the same FLOPs",
+                                 s.intermediate, experts, s.ffn)
+                   : fmt::format("; a plain MLP (2 x hidden x {}{})", s.intermediate, experts);
   };
   if (dev.kind == DeviceKind::cpu) {
     // a CPU cannot run a 7B layer in the budget: hidden to at most 256 (the heads' count kept when it
@@ -1605,7 +1626,7 @@ MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev) {
     // the K/V heads in the model's share of the heads (grouped-query attention), at least one, a divisor
     std::int64_t kv = std::max<std::int64_t>(1, heads * s.kv_heads / std::max<std::int64_t>(1, s.heads));
     while (kv > 1 && heads % kv) --kv;
-    s.reduced = h != s.hidden || seq != s.seq || heads != s.heads;
+    s.reduced = h != s.hidden || seq != s.seq || heads != s.heads || inter != s.intermediate;
     const std::string kv_note =
         s.kv_heads != s.heads && kv != s.kv_heads ? fmt::format(", K/V heads {} -> {}", s.kv_heads, kv) : std::string();
     s.note = s.reduced ? fmt::format("hidden {} -> {}, intermediate {} -> {}, heads {} -> {}{}, sequence {} -> {}, 2 "

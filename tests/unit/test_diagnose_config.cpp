@@ -100,7 +100,9 @@ class TempDir {
 
 const char* const kAllKeys[] = {
     "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads", "model.num_key_value_heads",
-    "model.intermediate_size", "model.gated_mlp", "model.vocab_size", "micro_batch_size",
+    "model.intermediate_size", "model.gated_mlp", "model.vocab_size", "model.tie_word_embeddings",
+    "model.num_experts", "model.num_experts_per_tok", "model.moe_intermediate_size",
+    "model.shared_expert_intermediate_size", "micro_batch_size",
     "gradient_accumulation_steps", "sequence_len", "sample_packing", "pad_to_sequence_len", "bf16", "fp16", "tf32",
     "flash_attention", "sdp_attention", "dataloader_num_workers", "dataloader_pin_memory",
     "dataloader_prefetch_factor", "gradient_checkpointing", "lengths"};
@@ -168,8 +170,10 @@ TEST(DiagnoseConfig, ReadsEveryKeyOfAnAxolotlLoraConfigWithItsLine) {
   // Every key's source is its line in the file; lengths (not a YAML key) is the default.
   ASSERT_EQ(c.sources.size(), std::size(kAllKeys));
   for (const std::string k : kAllKeys) {
-    if (k == "lengths") {
-      EXPECT_EQ(c.sources.at(k).where, "default");
+    // lengths is not a YAML key; TinyLlama is no mixture of experts
+    if (k == "lengths" || k == "model.num_experts" || k == "model.num_experts_per_tok" ||
+        k == "model.moe_intermediate_size" || k == "model.shared_expert_intermediate_size") {
+      EXPECT_EQ(c.sources.at(k).where, "default") << k;
       continue;
     }
     const std::string yaml_key = starts_with(k, "model.") ? k.substr(6) : k;
@@ -609,10 +613,10 @@ TEST(DiagnoseConfig, ConfigJsonErrorsNameTheKeyAndLeaveTheConfig) {
 }
 
 TEST(DiagnoseConfig, ConfigJsonMissingKeysAreKeptAndNoted) {
-  TempDir dir("gpt2");
-  // GPT-2 names its dims n_embd, n_layer, n_head: only vocab_size matches.
+  TempDir dir("partial");
+  // A Llama-family file with only some dims (another family's names are not read for Llama's)
   const std::string p = dir.write("config.json",
-      R"({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+      R"({"model_type": "llama", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
           "num_attention_heads": null})");
   TrainConfig c = default_config();
   apply_model_config(c, p);
@@ -805,6 +809,231 @@ TEST(DiagnoseFootprint, ParametersOfAPlainAndAWideGatedMlp) {
   const std::uint64_t predicted_kv = sb::batch::predict_footprint(dq, sb::batch::OptKind::adamw, 1, 0, 0).weights;
   EXPECT_NEAR(fk.parts["weights"].get<double>() / double(predicted_kv), 1.0, 1e-9);
   EXPECT_LT(predicted_kv, predicted_w);  // K and V at 4 of 28 heads: fewer weights than in full
+}
+
+// Families that name their dims their own way, read as their Hugging Face config classes read them
+// (attribute_map, the MLP's width when the file leaves it out, multi-query attention, a tied LM head).
+// Each count is exact for the matrices the model holds (no biases, norms or learned positions) and
+// beside the published count, which has those too.
+TEST(DiagnoseConfig, FamilyNamesAreReadAsTheirConfigClassesReadThem) {
+  // GPT-2 (124M): n_embd, n_layer, n_head; n_inner absent: 4 x n_embd; the head tied to the embedding
+  TrainConfig g = default_config();
+  const std::string gp = data("gpt2_config.json");
+  apply_model_config(g, gp);
+  EXPECT_EQ(g.model.hidden_size, 768);
+  EXPECT_EQ(g.model.num_hidden_layers, 12);
+  EXPECT_EQ(g.model.num_attention_heads, 12);
+  EXPECT_EQ(g.model.intermediate_size, 3072);
+  EXPECT_FALSE(g.model.gated_mlp);
+  EXPECT_TRUE(g.model.tie_word_embeddings);
+  EXPECT_EQ(g.model.kv_heads(), 12);
+  EXPECT_EQ(g.sources.at("model.hidden_size").where, gp + " (n_embd)");
+  EXPECT_TRUE(has_note(g, gp + ": hidden_size 768 read from n_embd (gpt2's name for it)"));
+  EXPECT_TRUE(has_note(g, "no intermediate_size; 3072 for model_type gpt2: 4 x hidden"));
+  EXPECT_FALSE(has_note(g, "no hidden_size"));
+  auto dg = full_depth(g);
+  dg.d_ff = g.model.step_ffn();
+  const auto fg = sb::diagnose::full_depth_footprint(g.model, dg);
+  EXPECT_NEAR(double(fg.parameters), 12.0 * (768.0 * 2304 + 768.0 * 768 + 2 * 768.0 * 3072) + 50257.0 * 768, 2.0);
+  EXPECT_NEAR(double(fg.parameters) / 124439808.0, 1.0, 0.008);  // published: biases, norms, 1024 positions
+
+  // Falcon 7B: multi_query (true by default in FalconConfig): one K/V head for 71; ffn 4 x hidden; tied
+  TrainConfig f = default_config();
+  const std::string fp = data("falcon_7b_config.json");
+  apply_model_config(f, fp);
+  EXPECT_EQ(f.model.hidden_size, 4544);
+  EXPECT_EQ(f.model.num_attention_heads, 71);
+  EXPECT_EQ(f.model.kv_heads(), 1);
+  EXPECT_EQ(f.model.intermediate_size, 4 * 4544);
+  EXPECT_TRUE(f.model.tie_word_embeddings);
+  EXPECT_TRUE(has_note(f, "1 K/V head(s) for 71 attention heads (multi_query): multi-query attention"));
+  auto df = full_depth(f);
+  df.d_ff = f.model.step_ffn();
+  df.kv_heads = f.model.kv_heads();
+  const auto ff = sb::diagnose::full_depth_footprint(f.model, df);
+  EXPECT_NEAR(double(ff.parameters), 32.0 * (4544.0 * (4544 + 2 * 64) + 4544.0 * 4544 + 2 * 4544.0 * 18176) +
+                                         65024.0 * 4544, 4.0);
+  EXPECT_NEAR(double(ff.parameters) / 6921720704.0, 1.0, 0.0001);  // published (norms: 299,904 more)
+  // without multi_query in the file: FalconConfig's default, true; with it false: a K/V head per head
+  TempDir dir("families");
+  TrainConfig f2 = default_config();
+  apply_model_config(f2, dir.write("f2.json", R"({"model_type": "falcon", "hidden_size": 2048,
+      "num_hidden_layers": 24, "num_attention_heads": 32, "vocab_size": 50304})"));
+  EXPECT_EQ(f2.model.kv_heads(), 1);
+  EXPECT_TRUE(has_note(f2, "(multi_query, true by default)"));
+  TrainConfig f3 = default_config();
+  apply_model_config(f3, dir.write("f3.json", R"({"model_type": "falcon", "hidden_size": 2048, "multi_query": false,
+      "num_hidden_layers": 24, "num_attention_heads": 32, "vocab_size": 50304})"));
+  EXPECT_EQ(f3.model.kv_heads(), 32);
+  // the new decoder architecture (Falcon 40B): num_kv_heads, and the old RefinedWeb names
+  TrainConfig f4 = default_config();
+  apply_model_config(f4, dir.write("f4.json", R"({"model_type": "falcon", "hidden_size": 8192,
+      "new_decoder_architecture": true, "num_kv_heads": 8, "num_hidden_layers": 60, "num_attention_heads": 128,
+      "vocab_size": 65024})"));
+  EXPECT_EQ(f4.model.kv_heads(), 8);
+  TrainConfig f5 = default_config();
+  apply_model_config(f5, dir.write("f5.json", R"({"model_type": "RefinedWeb", "hidden_size": 8192, "n_head": 128,
+      "n_head_kv": 8, "n_layer": 60, "vocab_size": 65024})"));
+  EXPECT_EQ(f5.model.num_attention_heads, 128);
+  EXPECT_EQ(f5.model.num_hidden_layers, 60);
+  EXPECT_EQ(f5.model.kv_heads(), 8);
+  const std::string bad_kv = dir.write("f6.json", R"({"model_type": "falcon", "hidden_size": 8192,
+      "new_decoder_architecture": true, "num_kv_heads": 7, "num_hidden_layers": 60, "num_attention_heads": 128})");
+  TrainConfig f6 = default_config();
+  EXPECT_TRUE(starts_with(usage_error([&] { apply_model_config(f6, bad_kv); }),
+                          bad_kv + ": num_kv_heads: expected a divisor of num_attention_heads 128, got 7"));
+
+  // MPT 7B: d_model, n_layers, n_heads, expansion_ratio; multi-head attention in attn_config; tied
+  TrainConfig m = default_config();
+  apply_model_config(m, data("mpt_7b_config.json"));
+  EXPECT_EQ(m.model.hidden_size, 4096);
+  EXPECT_EQ(m.model.num_hidden_layers, 32);
+  EXPECT_EQ(m.model.num_attention_heads, 32);
+  EXPECT_EQ(m.model.intermediate_size, 4 * 4096);
+  EXPECT_EQ(m.model.kv_heads(), 32);
+  EXPECT_TRUE(m.model.tie_word_embeddings);
+  EXPECT_TRUE(has_note(m, "expansion_ratio 4 x hidden"));
+  auto dm = full_depth(m);
+  dm.d_ff = m.model.step_ffn();
+  EXPECT_NEAR(double(sb::diagnose::full_depth_footprint(m.model, dm).parameters) / 6649286656.0, 1.0, 0.0001);
+  TrainConfig mq = default_config();
+  apply_model_config(mq, dir.write("mq.json", R"({"model_type": "mpt", "d_model": 2048, "n_layers": 24,
+      "n_heads": 16, "expansion_ratio": 8, "attn_config": {"attn_type": "grouped_query_attention", "kv_n_heads": 4},
+      "vocab_size": 50432})"));
+  EXPECT_EQ(mq.model.intermediate_size, 8 * 2048);
+  EXPECT_EQ(mq.model.kv_heads(), 4);
+
+  // BLOOM 560M: n_layer, n_head (BloomConfig's attribute_map), 4 x hidden, tied; n_embed as old files name it
+  TrainConfig b = default_config();
+  apply_model_config(b, data("bloom_560m_config.json"));
+  EXPECT_EQ(b.model.num_hidden_layers, 24);
+  EXPECT_EQ(b.model.num_attention_heads, 16);
+  EXPECT_EQ(b.model.intermediate_size, 4096);
+  auto db = full_depth(b);
+  db.d_ff = b.model.step_ffn();
+  EXPECT_NEAR(double(sb::diagnose::full_depth_footprint(b.model, db).parameters) / 559214592.0, 1.0, 0.001);
+  TrainConfig b2 = default_config();
+  apply_model_config(b2, dir.write("b2.json", R"({"model_type": "bloom", "n_embed": 1024, "n_layer": 24,
+      "num_attention_heads": 16, "vocab_size": 250880})"));
+  EXPECT_EQ(b2.model.hidden_size, 1024);
+
+  // OPT: ffn_dim; GPT-BigCode: multi_query, true by default; GPT-J: n_inner null, untied by its class
+  TrainConfig o = default_config();
+  apply_model_config(o, dir.write("opt.json", R"({"model_type": "opt", "hidden_size": 4096, "ffn_dim": 16384,
+      "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 50272})"));
+  EXPECT_EQ(o.model.intermediate_size, 16384);
+  EXPECT_TRUE(o.model.tie_word_embeddings);
+  EXPECT_EQ(o.sources.at("model.intermediate_size").where, dir.path("opt.json") + " (ffn_dim)");
+  TrainConfig sc = default_config();
+  apply_model_config(sc, dir.write("sc.json", R"({"model_type": "gpt_bigcode", "n_embd": 6144, "n_layer": 40,
+      "n_head": 48, "n_inner": 24576, "vocab_size": 49152})"));
+  EXPECT_EQ(sc.model.kv_heads(), 1);
+  EXPECT_EQ(sc.model.intermediate_size, 24576);
+  TrainConfig j = default_config();
+  apply_model_config(j, dir.write("gptj.json", R"({"model_type": "gptj", "n_embd": 4096, "n_layer": 28,
+      "n_head": 16, "n_inner": null, "vocab_size": 50400})"));
+  EXPECT_EQ(j.model.intermediate_size, 16384);
+  EXPECT_FALSE(j.model.tie_word_embeddings);
+
+  // A Llama-family file says nothing of tying: Llama's class default, untied, without a note; an unknown
+  // family keeps the value it had and says so; the file's own key wins over any default
+  TrainConfig u = default_config();
+  apply_model_config(u, dir.write("u.json", R"({"model_type": "newfamily", "hidden_size": 1024,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "intermediate_size": 2816, "vocab_size": 1000})"));
+  EXPECT_FALSE(u.model.tie_word_embeddings);
+  EXPECT_TRUE(has_note(u, "no tie_word_embeddings; false (default) kept"));
+  TrainConfig t = default_config();
+  apply_model_config(t, dir.write("t.json", R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2,
+      "tie_word_embeddings": false, "vocab_size": 1000})"));
+  EXPECT_FALSE(t.model.tie_word_embeddings);
+}
+
+// A mixture of experts: the step runs a token's width (the routed experts' and the shared one's), the
+// memory check holds every expert's weights and the routers.
+TEST(DiagnoseConfig, AMixtureOfExpertsRunsATokensWidthAndHoldsEveryExpert) {
+  TrainConfig x = default_config();
+  const std::string xp = data("mixtral_8x7b_config.json");
+  apply_model_config(x, xp);
+  EXPECT_TRUE(x.model.moe());
+  EXPECT_EQ(x.model.num_experts, 8);
+  EXPECT_EQ(x.model.num_experts_per_tok, 2);
+  EXPECT_EQ(x.model.active_intermediate(), 2 * 14336);
+  EXPECT_EQ(x.model.weight_intermediate(), 8 * 14336);
+  EXPECT_EQ(x.model.step_ffn(), 3 * 14336);  // two hidden x 1.5 x (2 x 14336): a token's gated MLP FLOPs
+  EXPECT_EQ(x.sources.at("model.num_experts").where, xp + " (num_local_experts)");
+  EXPECT_TRUE(has_note(x, "a mixture of experts: 2 of 8 experts of 14336 each run for a token"));
+  auto dx = full_depth(x);
+  dx.d_ff = x.model.step_ffn();
+  dx.kv_heads = x.model.kv_heads();
+  const auto fx = sb::diagnose::full_depth_footprint(x.model, dx);
+  const double layer = 4096.0 * (4096 + 2 * 1024) + 4096.0 * 4096 + 3 * 4096.0 * 8 * 14336 + 4096.0 * 8;
+  EXPECT_NEAR(double(fx.parameters), 32 * layer + 2 * 32000.0 * 4096, 64.0);
+  EXPECT_NEAR(double(fx.parameters) / 46702792704.0, 1.0, 0.0001);  // published 46.7 billion (norms in it)
+
+  // Qwen-MoE's own names: num_experts, moe_intermediate_size, a shared expert
+  TempDir dir("moe");
+  TrainConfig q = default_config();
+  apply_model_config(q, dir.write("q.json", R"({"model_type": "qwen2_moe", "hidden_size": 2048,
+      "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 5632,
+      "moe_intermediate_size": 1408, "num_experts": 60, "num_experts_per_tok": 4,
+      "shared_expert_intermediate_size": 5632, "vocab_size": 151936, "tie_word_embeddings": false})"));
+  EXPECT_EQ(q.model.active_intermediate(), 4 * 1408 + 5632);
+  EXPECT_EQ(q.model.weight_intermediate(), 60 * 1408 + 5632);
+  auto dq = full_depth(q);
+  dq.d_ff = q.model.step_ffn();
+  EXPECT_NEAR(double(sb::diagnose::full_depth_footprint(q.model, dq).parameters) / 14.3e9, 1.0, 0.01);
+
+  // a config.json with experts and no count per token, one with more per token than experts: exit 2
+  const std::string no_k = dir.write("nok.json", R"({"model_type": "mixtral", "num_local_experts": 8})");
+  TrainConfig a = default_config();
+  EXPECT_TRUE(starts_with(usage_error([&] { apply_model_config(a, no_k); }),
+                          no_k + ": num_local_experts: given without num_experts_per_tok"));
+  const std::string too_many = dir.write("many.json", R"({"model_type": "mixtral", "num_local_experts": 8,
+      "num_experts_per_tok": 9})");
+  EXPECT_TRUE(starts_with(usage_error([&] { apply_model_config(a, too_many); }), too_many + ": num_experts_per_tok:"));
+  // a dense config.json after a YAML's experts: dense, said so
+  TrainConfig y = parse_axolotl_yaml_text("num_experts: 8\nnum_experts_per_tok: 2\nhidden_size: 512\n", "m.yml");
+  EXPECT_TRUE(y.model.moe());
+  apply_model_config(y, data("llama2_7b_config.json"));
+  EXPECT_FALSE(y.model.moe());
+  EXPECT_TRUE(has_note(y, "no experts: a dense MLP, not the 8 experts of m.yml:1"));
+  // the YAML's keys need each other, and a count per token within the experts
+  EXPECT_TRUE(starts_with(usage_error([] { parse_axolotl_yaml_text("hidden_size: 512\nnum_experts: 8\n", "e.yml"); }),
+                          "e.yml:2: num_experts: given without num_experts_per_tok"));
+  EXPECT_TRUE(starts_with(
+      usage_error([] { parse_axolotl_yaml_text("num_experts: 4\nnum_experts_per_tok: 5\n", "k.yml"); }),
+      "k.yml:2: num_experts_per_tok: 5 is more than num_experts 4"));
+
+  // layers the step is not: refused with the way to a stand-in
+  const std::string ds = dir.write("ds.json", R"({"model_type": "deepseek_v3", "hidden_size": 7168,
+      "n_routed_experts": 256, "num_experts_per_tok": 8, "kv_lora_rank": 512})");
+  TrainConfig d = default_config();
+  const std::string e = usage_error([&] { apply_model_config(d, ds); });
+  EXPECT_TRUE(starts_with(e, ds + ": model_type deepseek_v3: multi-head latent attention")) << e;
+  EXPECT_NE(e.find("give the dims as keys of the training config"), std::string::npos) << e;
+}
+
+// The memory check's activations of a gated MLP: eager SwiGLU keeps four intermediate-wide tensors a
+// token (gate, its SiLU, up, their product), the step's two matrices three: one more per layer (one
+// in all with checkpointing, which keeps one layer's set); a plain MLP's are the step's own.
+TEST(DiagnoseFootprint, AGatedMlpKeepsOneMoreIntermediateWidthOfActivations) {
+  TrainConfig l2 = default_config();
+  apply_model_config(l2, data("llama2_7b_config.json"));
+  auto d = full_depth(l2);
+  d.d_ff = l2.model.step_ffn();
+  const std::uint64_t step = sb::batch::predict_footprint(d, sb::batch::OptKind::adamw, 1, 0, 0).activations;
+  const auto f = sb::diagnose::full_depth_footprint(l2.model, d);
+  EXPECT_EQ(f.parts["activations"].get<std::uint64_t>(), step + 32ull * 2048 * 11008 * 2);  // bf16
+  d.checkpointing = true;
+  const std::uint64_t step_ck = sb::batch::predict_footprint(d, sb::batch::OptKind::adamw, 1, 0, 0).activations;
+  EXPECT_EQ(sb::diagnose::full_depth_footprint(l2.model, d).parts["activations"].get<std::uint64_t>(),
+            step_ck + 2048ull * 11008 * 2);
+  TrainConfig py = default_config();
+  apply_model_config(py, data("pythia_1b_config.json"));
+  auto dp = full_depth(py);
+  dp.d_ff = py.model.step_ffn();
+  EXPECT_EQ(sb::diagnose::full_depth_footprint(py.model, dp).parts["activations"].get<std::uint64_t>(),
+            sb::batch::predict_footprint(dp, sb::batch::OptKind::adamw, 1, 0, 0).activations);
 }
 
 // The multiple their loop pads at: the collator's 64 where the loop runs the check's sequence or reads

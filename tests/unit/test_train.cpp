@@ -65,6 +65,42 @@ TEST(TrainShare, SharedStepTrainsTheOwnersParameters) {
   EXPECT_EQ(shared.weight(1, 2), after_owner);
 }
 
+// A shorter step borrows the longest's activation and gradient buffers (the two never run at once, as a
+// caching allocator reuses one step's memory for the next length's): it allocates only its attention
+// op, where a set per length held the sum of them all. A step with more tokens than the one it shares
+// with allocates its own.
+TEST(TrainShare, AShorterStepBorrowsTheLongestsActivations) {
+  auto dev = make_cpu_backend().open(0);
+  auto ops = dev->make_train_ops();
+  DecoderStep owner(*dev, *ops, shape(16), 7, [] {});
+  dev->synchronize(std::chrono::seconds(30));
+  ASSERT_GT(dev->memory_stats().in_use, 0u) << "the cpu device's ledger reads no memory in use";
+  const auto& own = owner.measured_memory();
+  ASSERT_GT(own.activations, 0u);
+  ASSERT_GT(own.backward, 0u);
+  const std::size_t before = dev->memory_stats().in_use;
+  DecoderStep shorter(*dev, *ops, shape(8), 7, [] {}, &owner);
+  dev->synchronize(std::chrono::seconds(30));
+  const auto& m = shorter.measured_memory();
+  EXPECT_EQ(m.weights + m.gradients + m.activations + m.backward, 0u);
+  EXPECT_GT(m.attention, 0u);  // its attention op follows its own shape
+  EXPECT_EQ(dev->memory_stats().in_use - before, m.attention + m.workspace);
+  // a longer step than the owner: its own buffers
+  DecoderStep longer(*dev, *ops, shape(32), 7, [] {}, &owner);
+  EXPECT_GT(longer.measured_memory().activations, own.activations);
+  EXPECT_GT(longer.measured_memory().backward, own.backward);
+  // and every one still computes: the borrowing step's gradients are an owning step's of its shape
+  DecoderStep alone(*dev, *ops, shape(8), 7, [] {});
+  owner.zero_grad();
+  alone.zero_grad();
+  owner.micro_step(1.0f);  // the owner's own run first, through the buffers the shorter one borrows
+  owner.zero_grad();
+  shorter.micro_step(1.0f);
+  alone.micro_step(1.0f);
+  dev->synchronize(std::chrono::seconds(30));
+  EXPECT_EQ(owner.grad(1, 2), alone.grad(1, 2));
+}
+
 TEST(TrainShare, OnlyTheSameModelShares) {
   auto dev = make_cpu_backend().open(0);
   auto ops = dev->make_train_ops();
