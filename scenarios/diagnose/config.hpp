@@ -132,9 +132,19 @@ TrainConfig default_config();
 // (grouped-query attention). model_type sets gated_mlp: plain for the
 // families whose MLP has two matrices (gpt2, gpt_neox, gpt_bigcode, gptj,
 // gpt_neo, bert, roberta, opt, bloom, falcon, mpt, phi, starcoder2, codegen),
-// gated for any other; without model_type gated_mlp is kept (noted). A wrong type, a value out of range, heads not
-// dividing hidden_size or kv heads not dividing heads: UsageError
-// "FILE: KEY: ...". On an error cfg is unchanged.
+// gated for any other; without model_type gated_mlp is kept (noted). A
+// family that names its dims its own way is read as its Hugging Face config
+// class reads it (GPT-2's n_embd, n_layer, n_head, n_inner; MPT's d_model,
+// n_layers, n_heads, expansion_ratio; BLOOM's n_embed; Falcon's n_layer,
+// n_head, ffn_hidden_size; OPT's ffn_dim), a plain MLP without a width is
+// 4 x hidden, multi-query attention from Falcon's, BigCode's and MPT's own
+// keys, tie_word_embeddings or the family's default, and a mixture of
+// experts from num_local_experts / num_experts, num_experts_per_tok,
+// moe_intermediate_size, shared_expert_intermediate_size. model_types whose
+// layer is not the step's (deepseek_v2/v3, dbrx, jamba, mamba, rwkv) are a
+// UsageError naming the keys for a stand-in. A wrong type, a value out of
+// range, heads not dividing hidden_size or kv heads not dividing heads:
+// UsageError "FILE: KEY: ...". On an error cfg is unchanged.
 void apply_model_config(TrainConfig& cfg, const std::string& config_json_path);
 
 // Dataset lengths (tokens) from a file, in the grammar of the packing

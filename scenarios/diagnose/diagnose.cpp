@@ -35,7 +35,8 @@ constexpr double kMinGain = 1.10;
 // the step; with workers, beside it.
 constexpr double kLoadShare = 0.5;
 // Their collator's pad_to_multiple_of without packing (Axolotl's trainer sets 64): the padding check and
-// their loop both pad each batch to its longest rounded up to it.
+// their loop both pad each batch to its longest rounded up to it (the loop at loop_pad_multiple's scaled
+// multiple where it draws generated lengths at a reduced sequence).
 constexpr int kPadMultiple = 64;
 // Rounds of the applied check's runs in each of its two passes: a pass's gain
 // for a line is the median of its rounds' gains (see applied()).

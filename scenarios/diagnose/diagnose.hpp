@@ -74,8 +74,10 @@ std::int64_t loop_pad_multiple(std::int64_t multiple, bool lengths_from_file, st
 
 // The memory check's model: full fine-tuning with AdamW at full depth, the
 // decoder step's footprint (batch::predict_footprint at d) with its weight-
-// bound parts scaled to the model's layer (a SwiGLU MLP of intermediate_size,
-// K and V at num_key_value_heads), the embedding and LM head, and the logits.
+// bound parts scaled to the model's layer (a gated or plain MLP of
+// intermediate_size, every expert's and the routers for a mixture of experts,
+// K and V at num_key_value_heads), the embedding and LM head (one matrix when
+// tied), the logits, and eager SwiGLU's fourth intermediate-wide activation.
 // Not measured.
 struct FullDepthFootprint {
   std::uint64_t total = 0;  // bytes
