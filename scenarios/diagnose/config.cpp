@@ -605,7 +605,7 @@ DimAliases aliases_of(std::string_view type) {
 constexpr std::string_view kPlain[] = {"gpt2", "gpt_neox", "gpt_bigcode", "gptj",       "gpt_neo",
                                        "bert", "roberta",  "opt",         "bloom",      "falcon",
                                        "mpt",  "phi",      "starcoder2",  "codegen",    "RefinedWeb",
-                                       "RefinedWebModel"};
+                                       "RefinedWebModel", "nemotron", "persimmon"};  // the last two: squared ReLU
 // Families whose Hugging Face config class ties the LM head to the embedding unless told otherwise, and
 // those that do not: the reading of a config.json that leaves tie_word_embeddings out.
 constexpr std::string_view kTiedByDefault[] = {"gpt2", "gpt_bigcode", "gpt_neo", "opt", "bloom",
@@ -634,8 +634,11 @@ bool listed(const std::string_view (&names)[N], std::string_view type) {
 }  // namespace
 
 void apply_model_config(TrainConfig& cfg, const std::string& config_json_path) {
-  const std::string& path = config_json_path;
-  const json doc = parse_json_text(read_regular_file(path, "model config"), path);
+  apply_model_config_text(cfg, read_regular_file(config_json_path, "model config"), config_json_path);
+}
+
+void apply_model_config_text(TrainConfig& cfg, const std::string& text, const std::string& path) {
+  const json doc = parse_json_text(text, path);
   TrainConfig out = cfg;
   reading_file(path, [&] {
     JsonRef root(doc, path);

@@ -146,6 +146,9 @@ TrainConfig default_config();
 // range, heads not dividing hidden_size or kv heads not dividing heads:
 // UsageError "FILE: KEY: ...". On an error cfg is unchanged.
 void apply_model_config(TrainConfig& cfg, const std::string& config_json_path);
+// What apply_model_config does with the file's contents, once read (the fuzz
+// target calls it on bytes in memory); `path` names the file in messages.
+void apply_model_config_text(TrainConfig& cfg, const std::string& text, const std::string& path);
 
 // Dataset lengths (tokens) from a file, in the grammar of the packing
 // scenario's @FILE (scenarios/packing/lengths.hpp, whose parser this uses):

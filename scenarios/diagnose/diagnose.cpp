@@ -878,13 +878,17 @@ class Diagnosis {
       const bool adapter = std::any_of(c.unknown_keys.begin(), c.unknown_keys.end(),
                                        [](const std::string& k) { return k.rfind("adapter", 0) == 0; });
       found_.push_back({"memory pressure and out-of-memory recovery",
-                        fmt::format("memory: the config needs about {} of {} ({}){}{} -> {}",
+                        fmt::format("memory: the config needs about {} of {} ({}){}{}{} -> {}",
                                     format_bytes(double(full.total)),
                                     // in GB too: the explore line's mem_limit_gb is in GB
                                     fmt::format("{} ({:.3g} GB)", format_bytes(double(capacity)), double(capacity) / 1e9),
                                     cap_source,
                                     adapter ? "; the config names an adapter: this full fine-tuning model overstates it"
                                             : "",
+                                    c.model.moe() ? fmt::format("; every one of the {} experts' weights is in it (the "
+                                                                "explore line's dense step holds a token's {} of them)",
+                                                                c.model.num_experts, c.model.num_experts_per_tok)
+                                                  : std::string(),
                                     with_ck.total <= capacity
                                         ? fmt::format("; with checkpointing about {}", format_bytes(double(with_ck.total)))
                                         : "",

@@ -102,8 +102,11 @@ def analyze(d):
 
 # Open MPI refuses a count or dtype mismatch itself (MPI_ERR_TRUNCATE, or a crash on a
 # float/double mix): exit 5, dumps written all the same. The other kinds hang until the
-# watchdog ends the job: exit 4.
-LIBRARY_REFUSES = {"count": 5, "dtype": 5}
+# watchdog ends the job: exit 4. On a float/double mix a rank may also die of SIGSEGV inside
+# the library's reduction (a double message reduced into a float buffer) before the rank that
+# saw the error calls MPI_Abort(5): mpirun then exits 139 for the signal (4 ranks, 2026-12-05,
+# once in two suite runs here; rank 1 "exited on signal 11", every dump written and analyzed).
+LIBRARY_REFUSES = {"count": (5,), "dtype": (5, 128 + 11)}
 
 
 def hang_case(tmp, n, kind, step=3, culprit=None):
@@ -115,8 +118,8 @@ def hang_case(tmp, n, kind, step=3, culprit=None):
             "-p", f"dump_dir={d}", "-p", "delay_ms=20000", "--json", out]
     p, wall = mpirun(n, args)
     tag = f"[{n} ranks, {spec}]"
-    want_rc = LIBRARY_REFUSES.get(kind, 4)
-    check(p.returncode == want_rc, f"{tag} exit code {p.returncode} == {want_rc}", p.stderr[-1500:])
+    want_rc = LIBRARY_REFUSES.get(kind, (4,))
+    check(p.returncode in want_rc, f"{tag} exit code {p.returncode} in {want_rc}", p.stderr[-1500:])
     bound = TIMEOUT_S + GRACE_S + 4
     check(wall < bound, f"{tag} the job ended in {wall:.1f} s (bound {bound:.1f} s)")
     for r in range(n):
