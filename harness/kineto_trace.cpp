@@ -33,7 +33,7 @@ bool on_device(KinetoTrace::Kind k) {
 }  // namespace
 
 KinetoTrace::Kind range_kind(const std::string& name) {
-  if (name.rfind("enumerate(DataLoader)#", 0) == 0 || name.rfind("aten::", 0) == 0) return KinetoTrace::Kind::cpu_op;
+  if (name.rfind("aten::", 0) == 0) return KinetoTrace::Kind::cpu_op;
   return KinetoTrace::Kind::user_annotation;
 }
 

@@ -101,9 +101,10 @@ class KinetoTrace {
   int compute_major_ = 0;
 };
 
-// The category PyTorch gives a host range of this name: "ProfilerStep#N"
-// and other annotations are user_annotation; "enumerate(DataLoader)#..." and
-// "aten::..." are cpu_op.
+// The category PyTorch gives a host range of this name: "ProfilerStep#N",
+// "enumerate(DataLoader)#..." (the DataLoader's Python record_function, a
+// USER_SCOPE range) and other annotations are user_annotation; "aten::..."
+// are cpu_op.
 KinetoTrace::Kind range_kind(const std::string& name);
 
 }  // namespace sb

@@ -69,6 +69,13 @@ bool launch_call(std::string_view n) {
 
 }  // namespace
 
+const StreamIdle* busiest_stream(const std::vector<StreamIdle>& idle, std::int64_t device) {
+  const StreamIdle* best = nullptr;
+  for (const auto& s : idle)
+    if (s.device == device && (!best || s.busy_us > best->busy_us)) best = &s;
+  return best;
+}
+
 KernelType kernel_type(const std::string& name) {
   const std::string_view n(name);
   auto starts = [&](std::string_view p) { return n.substr(0, p.size()) == p; };
@@ -80,27 +87,42 @@ KernelType kernel_type(const std::string& name) {
 
 std::string gemm_dtype(const std::string& name) {
   const std::string n = lower(name);
-  // cuBLAS / CUTLASS / cuDNN kernel names on NVIDIA GPUs
-  const bool gemm = contains(n, "gemm") || contains(n, "gemv") || contains(n, "nvjet") || contains(n, "cudnn") ||
-                    contains(n, "cutlass") || contains(n, "xmma") || contains(n, "cijk_");
+  // cuBLAS / CUTLASS / cuDNN kernel names on NVIDIA GPUs, Tensile's (Cijk_) on AMD. cuDNN's own
+  // kernels count where they are its convolutions (implicit GEMM, Winograd, its sgemm-like scudnn),
+  // not its batch norm or layout transforms (cudnn::bn_bw_1C11_kernel_new, nchwToNhwcKernel: 31 of the
+  // 58 ms read as "GEMM" in nccl_parser_config's A100 trace); FBGEMM's embedding, permute and
+  // quantize kernels are no GEMMs either (44 of 79 ms in timeline_analysis's).
+  const bool not_gemm = contains(n, "bn_fw") || contains(n, "bn_bw") || contains(n, "batch_norm") ||
+                        contains(n, "batchnorm") || contains(n, "nchwtonhwc") || contains(n, "nhwctonchw") ||
+                        contains(n, "split_embedding") || (contains(n, "fbgemm") && !contains(n, "cutlass"));
+  const bool cudnn_math = contains(n, "cudnn") && (contains(n, "scudnn") || contains(n, "hcudnn") ||
+                                                   contains(n, "convolve") || contains(n, "wgrad") ||
+                                                   contains(n, "dgrad") || contains(n, "fprop") ||
+                                                   contains(n, "winograd") || contains(n, "gemm"));
+  const bool gemm = !not_gemm && (contains(n, "gemm") || contains(n, "gemv") || contains(n, "nvjet") || cudnn_math ||
+                                  contains(n, "cutlass") || contains(n, "xmma") || contains(n, "cijk_"));
   if (!gemm) return "";
   if (contains(n, "e4m3") || contains(n, "e5m2") || contains(n, "fp8") || contains(n, "nvjet_q")) return "fp8";
-  if (contains(n, "tf32") || contains(n, "s1688gemm") || (contains(n, "s16816gemm") && !contains(n, "bf16")) ||
-      contains(n, "nvjet_tst") || contains(n, "nvjet_tss"))
-    return "tf32";
+  // The input type before the MMA shape: cuBLAS's ampere_fp16_s16816gemm_fp16_... and CUTLASS's
+  // tensorop_f16_s1688gemm_f16_... are fp16 inputs with an fp32 accumulator (the "s"), bf16 likewise;
+  // only an s1688/s16816 GEMM with no 16-bit input named is TF32 (fp32 inputs on tensor cores).
   if (contains(n, "bf16") || contains(n, "bfloat16") || contains(n, "_bbs_") || contains(n, "_bss_") ||
       contains(n, "nvjet_bsb") || contains(n, "nvjet_bss"))
     return "bf16";
   if (contains(n, "h884") || contains(n, "h1688") || contains(n, "h16816") || contains(n, "f16f16") ||
-      contains(n, "fp16") || contains(n, "__half") || contains(n, "_hhs_") || contains(n, "_hss_") ||
-      contains(n, "nvjet_hs") || contains(n, "nvjet_hh") || contains(n, "hcudnn") || contains(n, "h884cudnn"))
+      contains(n, "fp16") || contains(n, "_f16_") || contains(n, "tensorop_f16") || contains(n, "__half") ||
+      contains(n, "c10::half") || contains(n, "_hhs_") || contains(n, "_hss_") || contains(n, "nvjet_hs") ||
+      contains(n, "nvjet_hh") || contains(n, "hcudnn") || contains(n, "h884cudnn"))
     return "f16";
+  if (contains(n, "tf32") || contains(n, "s1688gemm") || contains(n, "s16816gemm") || contains(n, "nvjet_tst") ||
+      contains(n, "nvjet_tss"))
+    return "tf32";
   if (contains(n, "dgemm") || contains(n, "_db_") || contains(n, "double")) return "f64";
   if (contains(n, "i8i8") || contains(n, "imma") || contains(n, "int8")) return "i8";
   if (contains(n, "sgemm") || contains(n, "scudnn") || contains(n, "fp32") || contains(n, "f32f32_f32") || contains(n, "_sb_") ||
       contains(n, "nvjet_sss") || contains(n, "gemv2t_kernel_val<int, int, float") ||
       contains(n, "gemvx::kernel<int, int, float") || (contains(n, "gemmsn") && contains(n, "float")) ||
-      contains(n, "<float, float") || contains(n, "cutlass_80_simt_sgemm"))
+      contains(n, "<float, float") || contains(n, "cutlass_80_simt_sgemm") || (cudnn_math && contains(n, "<float,")))
     return "f32";
   return "unknown";
 }
@@ -210,14 +232,21 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
   }
   for (std::size_t i = 0; i < n; ++i) {  // the steps and what is in them: every event, not HTA's filter
     const Event& e = t.events[i];
-    if (e.cat == Cat::cpu_op) {
-      ++a.cpu_ops;
+    // The DataLoader's __next__ is a Python record_function (USER_SCOPE): user_annotation in a trace
+    // PyTorch writes, cpu_op in older ones; the TensorBoard plugin's _parse_step takes either, and
+    // DataPipes' `enumerate(DataPipe)#` too.
+    if (e.cat == Cat::cpu_op || e.cat == Cat::user_annotation) {
       const std::string& nm = t.name(e);
-      if (nm.rfind("enumerate(DataLoader)#", 0) == 0 && contains(nm, "__next__")) {
+      if ((nm.rfind("enumerate(DataLoader)#", 0) == 0 || nm.rfind("enumerate(DataPipe)#", 0) == 0) &&
+          contains(nm, "__next__")) {
         loader_ops.push_back(i);
         if (contains(nm, "_MultiProcessingDataLoaderIter")) a.steps.loader_iter = "multi";
         else if (contains(nm, "_SingleProcessDataLoaderIter") && a.steps.loader_iter.empty()) a.steps.loader_iter = "single";
       }
+    }
+    if (e.cat == Cat::cpu_op) {
+      ++a.cpu_ops;
+      const std::string& nm = t.name(e);
       if (nm.rfind("aten::_scaled_dot_product", 0) == 0 || nm.rfind("aten::_flash_attention", 0) == 0 ||
           nm.rfind("aten::_efficient_attention", 0) == 0 || nm.rfind("aten::_cudnn_attention", 0) == 0) {
         if (std::find(a.families.sdpa_ops.begin(), a.families.sdpa_ops.end(), nm) == a.families.sdpa_ops.end())
@@ -273,6 +302,8 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
     si.device = key.first;
     si.stream = key.second;
     si.events = std::int64_t(idx.size());
+    for (std::size_t i : idx)
+      if (info(t.events[i]).type == KernelType::computation) si.busy_us += te[i] - ts[i];
     for (std::size_t k = 1; k < idx.size(); ++k) {
       const std::size_t i = idx[k];
       const double prev_end = te[idx[k - 1]];
@@ -316,8 +347,9 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
 
   // ---- copies ----
   std::pair<std::int64_t, double> rated_pageable{0, 0}, rated_pinned{0, 0};  // bytes, µs of copies with a size
-  for (const Event& e : t.events) {
-    if (e.cat != Cat::gpu_memcpy) continue;
+  for (std::size_t i = 0; i < n; ++i) {  // HTA's filtered set, as the windows the shares divide by
+    const Event& e = t.events[i];
+    if (!kept[i] || e.cat != Cat::gpu_memcpy) continue;
     if (e.copy == CopyKind::htod) {
       ++a.copies.htod_count;
       a.copies.htod_us += e.dur;

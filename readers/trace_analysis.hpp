@@ -72,7 +72,12 @@ struct StreamIdle {
   std::int64_t device = 0, stream = 0;
   std::int64_t events = 0;
   double idle_us = 0, host_wait_us = 0, kernel_wait_us = 0, other_us = 0;
+  double busy_us = 0;  // its computation kernels' time (not HTA's: which stream computes the most)
 };
+// The stream of `device` whose computation kernels took the most time (its compute stream, not NCCL's or a
+// copy stream's; HTA reports each stream's idle time alone, and a side stream's long gaps are not the
+// device's), or nullptr without a stream.
+const StreamIdle* busiest_stream(const std::vector<StreamIdle>& idle, std::int64_t device);
 
 struct LaunchStats {
   std::int64_t pairs = 0;
