@@ -84,6 +84,7 @@ void copy_kind(std::string_view name, Event& e) {
   else if (name.find("HtoH") != std::string_view::npos) e.copy = CopyKind::htoh;
   else e.copy = CopyKind::other;
   e.pageable = name.find("Pageable") != std::string_view::npos;
+  e.pinned = name.find("Pinned") != std::string_view::npos;
 }
 
 // Where the bytes come from: a gzip stream (zlib reads a plain file as it is) or memory.
@@ -400,6 +401,15 @@ class Reader {
     double d = 0;
     if (!v.get_double().get(d)) {
       out = std::int64_t(d);
+      return true;
+    }
+    // a decimal string ("stream": "7"), which HTA reads with int() as well
+    std::string_view sv;
+    if (!v.get_string().get(sv) && !sv.empty() && sv.size() <= 18 &&
+        sv.find_first_not_of("0123456789") == std::string_view::npos) {
+      std::int64_t x = 0;
+      for (const char ch : sv) x = x * 10 + (ch - '0');
+      out = x;
       return true;
     }
     return false;

@@ -60,7 +60,8 @@ struct Event {
   std::uint32_t name = 0;  // index into Trace::names
   Cat cat = Cat::other;
   CopyKind copy = CopyKind::none;
-  bool pageable = false;  // a copy from or to pageable host memory
+  bool pageable = false;  // a copy from or to pageable host memory ("Pageable" in its name)
+  bool pinned = false;    // from or to pinned host memory ("Pinned"; ROCm's "Host -> Device" says neither)
   bool is_gpu() const { return cat == Cat::kernel || cat == Cat::gpu_memcpy || cat == Cat::gpu_memset; }
   double end() const { return ts + dur; }
 };

@@ -346,7 +346,8 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
   }
 
   // ---- copies ----
-  std::pair<std::int64_t, double> rated_pageable{0, 0}, rated_pinned{0, 0};  // bytes, µs of copies with a size
+  // bytes and µs of the copies whose size the trace gives, by the host memory their name says
+  std::pair<std::int64_t, double> rated_pageable{0, 0}, rated_pinned{0, 0}, rated_unnamed{0, 0};
   for (std::size_t i = 0; i < n; ++i) {  // HTA's filtered set, as the windows the shares divide by
     const Event& e = t.events[i];
     if (!kept[i] || e.cat != Cat::gpu_memcpy) continue;
@@ -358,8 +359,14 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
         a.copies.htod_pageable_us += e.dur;
       }
       if (e.bytes >= 0) {  // the rates count only copies whose size the trace gives
-        (e.pageable ? rated_pageable : rated_pinned).first += e.bytes;
-        (e.pageable ? rated_pageable : rated_pinned).second += e.dur;
+        // a copy named neither (ROCm's "Memcpy HtoD (Host -> Device)") counts in the overall rate only
+        if (e.pageable || e.pinned) {
+          (e.pageable ? rated_pageable : rated_pinned).first += e.bytes;
+          (e.pageable ? rated_pageable : rated_pinned).second += e.dur;
+        } else {
+          rated_unnamed.first += e.bytes;
+          rated_unnamed.second += e.dur;
+        }
         a.copies.htod_bytes += e.bytes;
         if (e.pageable) a.copies.htod_pageable_bytes += e.bytes;
       }
@@ -372,7 +379,8 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
   auto gbps = [](std::pair<std::int64_t, double> r) { return r.second > 0 && r.first > 0 ? double(r.first) / (r.second * 1e3) : 0.0; };
   a.copies.htod_pageable_gbps = gbps(rated_pageable);
   a.copies.htod_pinned_gbps = gbps(rated_pinned);
-  a.copies.htod_gbps = gbps({rated_pageable.first + rated_pinned.first, rated_pageable.second + rated_pinned.second});
+  a.copies.htod_gbps = gbps({rated_pageable.first + rated_pinned.first + rated_unnamed.first,
+                             rated_pageable.second + rated_pinned.second + rated_unnamed.second});
 
   // ---- steps and the DataLoader inside them ----
   {

@@ -173,10 +173,14 @@ Point dtype(Ctx& c) {
   for (const auto& [k, v] : f.gemm_us_by_dtype) by[k] = v;
   p.info["gemm_us_by_dtype"] = by;
   const double s32 = f32 / std::max(window, 1e-9), s_tf = tf32 / std::max(window, 1e-9);
-  if (s32 + s_tf >= 0.05 && (f32 + tf32) >= 0.5 * f.gemm_us) {
-    int major = 0;
-    if (!c.t.device_properties.empty() && c.t.device_properties[0].is_object())
-      major = c.t.device_properties[0].value("computeMajor", 0);
+  int major = 0;  // 0: the trace does not say
+  if (!c.t.device_properties.empty() && c.t.device_properties[0].is_object())
+    major = c.t.device_properties[0].value("computeMajor", 0);
+  if (major > 0 && major < 7 && s32 + s_tf >= 0.05 && (f32 + tf32) >= 0.5 * f.gemm_us)
+    // Before Volta there are no Tensor Cores and no bf16 (the TensorBoard plugin's rule asks for compute 7.0+)
+    p.info["note"] = fmt::format("compute {}.x has no Tensor Cores and no bf16: a lower precision is no fix to "
+                                 "name here", major);
+  else if (s32 + s_tf >= 0.05 && (f32 + tf32) >= 0.5 * f.gemm_us) {
     const std::string line = major == 7 ? "fp16: true  # this GPU (compute 7.x) has no bf16; with loss scaling"
                                         : "bf16: true";
     const double gain = 1.0 / (1.0 - s32 - s_tf + s32 / kF32ToBf16 + s_tf / kTf32ToBf16);

@@ -106,4 +106,29 @@ TEST(TraceIdle, TheBusiestComputeStreamSpeaksForTheDevice) {
   EXPECT_EQ(busiest_stream(a.idle, 1), nullptr);
 }
 
+// Fields as other writers give them: a stream id as a decimal string (HTA reads it with int()), and
+// ROCm's host-to-device copies, whose name says neither pinned nor pageable: counted in the overall
+// rate only, not as pinned.
+TEST(TraceFields, AStreamAsAStringAndACopyThatNamesNoHostMemory) {
+  const std::string text = R"JSON({"traceEvents": [
+    {"ph": "X", "cat": "kernel", "name": "volta_sgemm_64x64_nt", "pid": 0, "tid": 7, "ts": 0, "dur": 100,
+     "args": {"stream": "7", "device": 0, "correlation": 1}},
+    {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Host -> Device)", "pid": 0, "tid": 7, "ts": 100,
+     "dur": 10, "args": {"stream": 7, "device": 0, "bytes": 100000, "correlation": 2}},
+    {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "pid": 0, "tid": 7, "ts": 120,
+     "dur": 10, "args": {"stream": 7, "device": 0, "bytes": 200000, "correlation": 3}},
+    {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 7, "ts": 140,
+     "dur": 10, "args": {"stream": 7, "device": 0, "bytes": 50000, "correlation": 4}}
+  ]})JSON";
+  const auto a = analyze(parse_kineto(text));
+  ASSERT_EQ(a.gpu_events, 4);  // the kernel with stream "7" is a GPU event on stream 7
+  ASSERT_EQ(a.idle.size(), 1u);
+  EXPECT_EQ(a.idle[0].stream, 7);
+  EXPECT_EQ(a.copies.htod_count, 3);
+  EXPECT_EQ(a.copies.htod_pageable_count, 1);
+  EXPECT_DOUBLE_EQ(a.copies.htod_pinned_gbps, 20.0);   // 200,000 B in 10 us, the named pinned copy alone
+  EXPECT_DOUBLE_EQ(a.copies.htod_pageable_gbps, 5.0);  // 50,000 B in 10 us
+  EXPECT_DOUBLE_EQ(a.copies.htod_gbps, 350000.0 / 30e3);
+}
+
 }  // namespace
