@@ -304,20 +304,26 @@ std::string describe(const TorchFrEntry& e) {
 
 int state_rank(const TorchFrEntry& e) { return torch_fr_done(e) ? 2 : e.state == "started" ? 1 : 0; }
 
-// How an op's sizes relate to its group's size n: all-gather's output numel
-// is n x its input's, reduce-scatter's input n x its output's.
-enum class SizeRule : std::uint8_t { none, gather, scatter };
+// How an op's sizes relate across a group (fr_trace's Op.match and dtype_mismatch): all-gather's output
+// is n inputs, reduce-scatter's input n outputs; all-to-all's sizes are each rank's own (an uneven split,
+// a mixture of experts' token dispatch, is legal: only the totals must agree); gather's output and scatter's
+// input exist on the root alone; broadcast's input dtypes are not compared.
+enum class SizeRule : std::uint8_t { none, gather, scatter, all_to_all, rooted_gather, rooted_scatter, broadcast };
 SizeRule size_rule(std::string_view profiling_name) {
   const std::string_view op = op_name(profiling_name);
   if (op.find("all_gather") != std::string::npos || op == "_allgather_base") return SizeRule::gather;
   if (op.find("reduce_scatter") != std::string::npos) return SizeRule::scatter;
+  if (op.find("all_to_all") != std::string::npos || op.find("alltoall") != std::string::npos) return SizeRule::all_to_all;
+  if (op == "gather") return SizeRule::rooted_gather;
+  if (op == "scatter") return SizeRule::rooted_scatter;
+  if (op == "broadcast" || op == "_broadcast_oop") return SizeRule::broadcast;
   return SizeRule::none;
 }
 
 // false when an entry's own sizes contradict its group of n ranks.
 bool sizes_fit_group(SizeRule rule, const std::vector<std::vector<std::int64_t>>& in_sizes,
                      const std::vector<std::vector<std::int64_t>>& out_sizes, std::size_t n) {
-  if (rule == SizeRule::none || in_sizes.empty() || out_sizes.empty()) return true;
+  if ((rule != SizeRule::gather && rule != SizeRule::scatter) || in_sizes.empty() || out_sizes.empty()) return true;
   __int128 in = 0, out = 0;
   for (const auto& d : in_sizes) in += numel(d);
   for (const auto& d : out_sizes) out += numel(d);
@@ -359,12 +365,13 @@ std::vector<std::string> read_frames(const V& entry) {
 enum Field : std::uint8_t {
   kRecordId, kProcessGroup, kPgId, kCollectiveSeqId, kP2pSeqId, kOpId, kProfilingName, kTimeCreatedNs,
   kInputSizes, kInputDtypes, kOutputSizes, kOutputDtypes, kState, kTimeStartedNs, kTimeCompletedNs, kRetired,
-  kTimeoutMs, kIsP2p, kDurationMs, kFieldCount
+  kTimeoutMs, kIsP2p, kDurationMs, kSeqId, kFieldCount
 };
 constexpr std::string_view kFieldNames[kFieldCount] = {
     "record_id", "process_group", "pg_id", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
     "time_created_ns", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "state",
-    "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "timeout_ms", "is_p2p", "duration_ms"};
+    "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "timeout_ms", "is_p2p", "duration_ms",
+    "seq_id"};  // the last: format 1.x (PyTorch 2.2-2.3) named the collective's seq seq_id
 
 // An entry's fields by name: the JSON form's members looked up by name.
 class JsonFields {
@@ -431,7 +438,13 @@ TorchFrDump torch_fr_from(const V& root, const std::string& path, int rank, Make
     } else if (auto pid = f.find(kPgId)) {
       x.pg_name = std::to_string(int_or_zero(*pid));
     }
-    x.collective_seq_id = int_or_zero(f.at(kCollectiveSeqId));
+    // collective_seq_id, or seq_id in a format 1.x dump (without either, every entry would read as seq 0
+    // and one call per rank would be analysed: fr_trace refuses such a dump, and so does this)
+    if (auto cs = f.find(kCollectiveSeqId)) x.collective_seq_id = int_or_zero(*cs);
+    else if (auto sq = f.find(kSeqId)) x.collective_seq_id = int_or_zero(*sq);
+    else
+      throw UsageError(fmt::format("{}: entry {} has neither collective_seq_id nor seq_id: not a Flight Recorder "
+                                   "dump this reader knows (format {})", path, i, d.version));
     if (auto p = f.find(kP2pSeqId)) x.p2p_seq_id = int_or_zero(*p);
     if (auto p = f.find(kOpId)) x.op_id = int_or_zero(*p);
     {
@@ -767,9 +780,33 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
       } else if (auto c = minority([](const Row& a, const Row& b) { return a.op == b.op; }); !c.empty()) {
         kind = DivergenceKind::op;
         culprits = c;
-      } else if (auto c = minority([](const Row& a, const Row& b) { return same_value(a.in, b.in); }); !c.empty()) {
+      } else if (auto c = minority([](const Row& a, const Row& b) {
+                   // fr_trace: inputs unless scatter (non-roots pass none), outputs unless gather; all-to-all's
+                   // sizes are each rank's own
+                   const SizeRule rule = a.rule;
+                   if (rule == SizeRule::all_to_all) return true;
+                   return (rule == SizeRule::rooted_scatter || same_value(a.in, b.in)) &&
+                          (rule == SizeRule::rooted_gather || same_value(a.out, b.out));
+                 });
+                 !c.empty()) {
         kind = DivergenceKind::count;
         culprits = c;
+      } else if (std::vector<int> bad; [&] {
+                   // all-to-all: what the group sends is what it receives (fr_trace's check_size_alltoall)
+                   const Row& first = *at_seq[std::size_t(present.front())];
+                   if (first.rule != SizeRule::all_to_all || present.size() != members.size()) return false;
+                   __int128 sent = 0, received = 0;
+                   for (int m : present) {
+                     const Row& x = *at_seq[std::size_t(m)];
+                     for (const auto& d : *x.in) sent += numel(d);
+                     for (const auto& d : *x.out) received += numel(d);
+                   }
+                   if (sent == received) return false;
+                   bad = present;
+                   return true;
+                 }()) {
+        kind = DivergenceKind::count;
+        culprits = bad;
       } else if (std::vector<int> bad; [&] {
                    for (int m : present) {
                      const Row& x = *at_seq[std::size_t(m)];
@@ -780,7 +817,15 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
         kind = DivergenceKind::count;
         culprits = bad;
       } else if (auto c = minority([](const Row& a, const Row& b) {
-                   return same_value(a.din, b.din) && same_value(a.dout, b.dout);
+                   // fr_trace's dtype_mismatch: input dtypes unless scatter, gather or broadcast, output dtypes
+                   // unless scatter, each only where both sides have tensors
+                   const SizeRule rule = a.rule;
+                   const bool in_ok = rule == SizeRule::rooted_scatter || rule == SizeRule::rooted_gather ||
+                                      rule == SizeRule::broadcast || a.in->empty() || b.in->empty() ||
+                                      same_value(a.din, b.din);
+                   const bool out_ok = rule == SizeRule::rooted_scatter || a.out->empty() || b.out->empty() ||
+                                       same_value(a.dout, b.dout);
+                   return in_ok && out_ok;
                  });
                  !c.empty()) {
         kind = DivergenceKind::dtype;
@@ -859,6 +904,26 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
           {DivergenceKind::dtype, "COLLECTIVE_DTYPE_MISMATCH"},
           {DivergenceKind::state, "COLLECTIVE_STATE_MISMATCH"}};
       r.torch_match_state = kMatch.at(kind);
+      if (kind == DivergenceKind::state) {
+        // fr_trace compares the `state` strings alone; stallbench also reads `retired` and a later
+        // completed call (gloo records every entry as scheduled)
+        bool same_strings = true;
+        for (int m : present)
+          same_strings = same_strings && at_seq[std::size_t(m)]->e->state == at_seq[std::size_t(present.front())]->e->state;
+        if (same_strings)
+          r.torch_match_state = "FULLY_MATCHED at this seq (every rank's state reads " +
+                                at_seq[std::size_t(present.front())]->e->state +
+                                "; fr_trace compares that string alone, not retired or a later completed call)";
+      }
+      // The last call every rank completed comes before the divergence (a retired entry is done for
+      // stallbench, and gloo retires a call that timed out: the divergent call itself read as completed).
+      if (auto it = all_done_by_pg.find(pg); it != all_done_by_pg.end() && it->second.first >= seq) {
+        it->second.first = seq - 1 >= lo ? seq - 1 : -1;  // every earlier seq matched on every rank
+        it->second.second.clear();
+        if (it->second.first >= 0)
+          if (const SeqList* cl = coll_of(present.front()))
+            if (const Row* x = find_seq(*cl, it->second.first)) it->second.second = describe(*x->e);
+      }
       const char* what = kind == DivergenceKind::missing ? "never joined"
                          : kind == DivergenceKind::op    ? "issued a different collective"
                          : kind == DivergenceKind::count ? "issued different sizes"

@@ -428,6 +428,94 @@ TEST(TorchFrAnalysis, EntryOrderAndRepeatedSeqs) {
   EXPECT_EQ(rep.culprits, std::vector<int>{2});
 }
 
+// The ops whose sizes differ by rank in a healthy job, as fr_trace's Op.match reads them: an uneven
+// all-to-all (a mixture of experts' token dispatch: only the group's totals must agree), gather's output
+// and scatter's input (the root's alone), broadcast's input dtypes. And an output that differs is a size
+// mismatch (only inputs were compared).
+TEST(TorchFrAnalysis, SizesThatDifferByRankInAHealthyJob) {
+  auto two = [](TorchFrEntry a, TorchFrEntry b) {
+    return analyze_torch_fr({dump(0, 2, {entry(1, "all_reduce", 16), a}), dump(1, 2, {entry(1, "all_reduce", 16), b})});
+  };
+  auto sized = [](const std::string& op, std::vector<std::vector<std::int64_t>> in,
+                  std::vector<std::vector<std::int64_t>> out) {
+    TorchFrEntry e = entry(2, op, 1);
+    e.input_sizes = std::move(in);
+    e.output_sizes = std::move(out);
+    e.input_dtypes = std::vector<std::string>(e.input_sizes.get().size(), "Float");
+    e.output_dtypes = std::vector<std::string>(e.output_sizes.get().size(), "Float");
+    return e;
+  };
+  // all-to-all: rank 0 sends 5 rows and receives 7, rank 1 sends 7 and receives 5
+  EXPECT_EQ(two(sized("all_to_all", {{5, 16}}, {{7, 16}}), sized("all_to_all", {{7, 16}}, {{5, 16}})).kind,
+            DivergenceKind::none);
+  // ... but a group that sends more than it receives has a wrong size somewhere
+  const HangReport a2a = two(sized("all_to_all", {{5, 16}}, {{7, 16}}), sized("all_to_all", {{8, 16}}, {{5, 16}}));
+  EXPECT_EQ(a2a.kind, DivergenceKind::count);
+  EXPECT_EQ(a2a.seq, 2);
+  // gather: the root's output, no output elsewhere; scatter: the root's input, none elsewhere
+  EXPECT_EQ(two(sized("gather", {{16}}, {{32}}), sized("gather", {{16}}, {})).kind, DivergenceKind::none);
+  EXPECT_EQ(two(sized("scatter", {{32}}, {{16}}), sized("scatter", {}, {{16}})).kind, DivergenceKind::none);
+  // a gather whose ranks send different sizes is still a size mismatch
+  EXPECT_EQ(two(sized("gather", {{16}}, {{32}}), sized("gather", {{8}}, {})).kind, DivergenceKind::count);
+  // broadcast: equal inputs, a different output on rank 1
+  const HangReport out = two(sized("broadcast", {{16}}, {{16}}), sized("broadcast", {{16}}, {{17}}));
+  EXPECT_EQ(out.kind, DivergenceKind::count);
+  EXPECT_EQ(out.culprits, std::vector<int>{1});  // a tie of two: the side that differs from the lowest rank
+}
+
+// The state verdict is stallbench's (a retired entry, or a later completed call, counts as done: gloo
+// records every entry as scheduled); the label of what fr_trace would say compares the state strings
+// alone, as fr_trace does. The last call every rank completed is before the divergence, even when the
+// divergent call was retired (gloo retires a call that timed out).
+TEST(TorchFrAnalysis, StateAsFrTraceReadsItAndTheLastCompletedCall) {
+  TorchFrEntry r0 = entry(2, "all_reduce", 16, "Float", "scheduled"), r1 = r0;
+  r0.retired = true;
+  const HangReport same_strings = analyze_torch_fr(
+      {dump(0, 2, {entry(1, "all_reduce", 16), r0}), dump(1, 2, {entry(1, "all_reduce", 16), r1})});
+  EXPECT_EQ(same_strings.kind, DivergenceKind::state);
+  EXPECT_EQ(same_strings.culprits, std::vector<int>{1});
+  EXPECT_EQ(same_strings.torch_match_state.rfind("FULLY_MATCHED at this seq", 0), 0u) << same_strings.torch_match_state;
+  const HangReport differ = analyze_torch_fr({dump(0, 2, {entry(1, "all_reduce", 16), entry(2, "all_reduce", 16)}),
+                                              dump(1, 2, {entry(1, "all_reduce", 16),
+                                                          entry(2, "all_reduce", 16, "Float", "started")})});
+  EXPECT_EQ(differ.kind, DivergenceKind::state);
+  EXPECT_EQ(differ.torch_match_state, "COLLECTIVE_STATE_MISMATCH");
+
+  TorchFrEntry a = entry(2, "all_reduce", 16, "Float", "scheduled"), g = entry(2, "all_gather", 16, "Float", "scheduled");
+  a.retired = g.retired = true;
+  const HangReport op = analyze_torch_fr({dump(0, 2, {entry(1, "broadcast", 8), a}), dump(1, 2, {entry(1, "broadcast", 8), g})});
+  EXPECT_EQ(op.kind, DivergenceKind::op);
+  EXPECT_EQ(op.seq, 2);
+  EXPECT_EQ(op.last_all_completed_seq, 1);  // not the divergent seq 2
+  EXPECT_NE(op.last_all_completed.find("broadcast"), std::string::npos) << op.last_all_completed;
+}
+
+// A format 1.x dump (PyTorch 2.2-2.3) names the seq seq_id: read as collective_seq_id. Without either,
+// every entry would read as seq 0: refused, naming the file.
+TEST(TorchFrRead, AnOlderDumpsSeqIdAndADumpWithoutOne) {
+  auto doc = [](const std::string& seq_key) {
+    nlohmann::ordered_json j = {{"version", "1.4"}, {"pg_config", nlohmann::ordered_json::object()}};
+    for (int k = 1; k <= 3; ++k) {
+      nlohmann::ordered_json e = {{"record_id", k}, {"pg_id", 0}, {"profiling_name", "nccl:all_reduce"},
+                                  {"time_created_ns", 1000 * k}, {"input_sizes", {{16}}}, {"input_dtypes", {"Float"}},
+                                  {"output_sizes", {{16}}}, {"output_dtypes", {"Float"}}, {"state", "completed"}};
+      if (!seq_key.empty()) e[seq_key] = k;
+      j["entries"].push_back(e);
+    }
+    return j;
+  };
+  const TorchFrDump d = torch_fr_from_json(doc("seq_id"), "rank_0.json", 0);
+  ASSERT_EQ(d.entries.size(), 3u);
+  EXPECT_EQ(d.entries[2].collective_seq_id, 3);
+  try {
+    (void)torch_fr_from_json(doc(""), "rank_1.json", 1);
+    FAIL() << "a dump without any seq was read";
+  } catch (const sb::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank_1.json: entry 0 has neither collective_seq_id nor seq_id"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(TorchFrAnalysis, RankComesFromTheFileName) {
   EXPECT_EQ(rank_from_file_name("/tmp/x/rank_12"), 12);
   EXPECT_EQ(rank_from_file_name("nccl_trace_rank_3.json"), 3);
