@@ -333,7 +333,9 @@ bool sizes_fit_group(SizeRule rule, const std::vector<std::vector<std::int64_t>>
 }  // namespace
 
 bool is_torch_fr_json(const json& j) {
-  return j.is_object() && j.contains("entries") && j.contains("version") && !j.contains("format");
+  // "entries" is absent from PyTorch's JSON when it is empty: its pg_config or pg_status then says what it is
+  return j.is_object() && j.contains("version") && !j.contains("format") &&
+         (j.contains("entries") || j.contains("pg_config") || j.contains("pg_status"));
 }
 
 int rank_from_file_name(const std::string& path) {
@@ -419,7 +421,11 @@ TorchFrDump torch_fr_from(const V& root, const std::string& path, int rank, Make
       grp.ranks = rank_list(g.at("ranks"));
       d.groups.push_back(std::move(grp));
     }
-  const V entries = root.at("entries");
+  // PyTorch's JSON writer leaves "entries" out when there are none (an onlyActive dump, a rank that hung
+  // before its first collective): a dump with no entries, not a file of another kind
+  const auto has_entries = root.find("entries");
+  if (!has_entries) return d;
+  const V entries = *has_entries;
   d.entries.reserve(entries.array().size());
   EntryValues ev;
   for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -671,7 +677,10 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     const std::string& desc = ranks_view.begin()->second.coll.empty()
                                   ? std::string()
                                   : ranks_view.begin()->second.coll.front().e->pg_desc;
-    if (members.empty() && (pg == "0" || desc == "default_pg" || group_ranks.size() <= 1)) members = world;
+    // A group pg_config does not list (gloo keys every group's config by "": a new_group's too) is the
+    // whole job only when it is the default group; another is the ranks whose entries name it, as a
+    // group of [0, 1] beside ranks 2 and 3 would otherwise read as "ranks 2, 3 never joined".
+    if (members.empty() && (pg == "0" || desc == "default_pg")) members = world;
     if (members.empty())
       for (const auto& [rank, v] : ranks_view) members.push_back(rank);
     std::vector<int> present;  // members with a dump

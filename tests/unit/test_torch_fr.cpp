@@ -516,6 +516,32 @@ TEST(TorchFrRead, AnOlderDumpsSeqIdAndADumpWithoutOne) {
   }
 }
 
+// A group pg_config does not list (gloo keys every group's config by "") is not the whole job: a healthy
+// new_group([0, 1]) beside ranks 2 and 3 read as "ranks 2, 3 never joined". And PyTorch's JSON writer
+// leaves "entries" out when there are none: a dump with no entries, not "no dump".
+TEST(TorchFrAnalysis, AnUnlistedSubgroupAndADumpWithoutEntries) {
+  std::vector<TorchFrDump> ds;
+  for (int r = 0; r < 4; ++r) {
+    std::vector<TorchFrEntry> es = {entry(1, "all_reduce", 16)};
+    if (r < 2) {
+      TorchFrEntry sub = entry(1, "broadcast", 8);
+      sub.pg_name = "1";
+      es.push_back(sub);
+    }
+    ds.push_back(dump(r, 4, es));
+  }
+  const HangReport rep = analyze_torch_fr(ds);
+  EXPECT_EQ(rep.kind, DivergenceKind::none) << rep.summary;
+
+  nlohmann::ordered_json j = {{"version", "2.10"},
+                              {"pg_config", {{"0", {{"name", "0"}, {"desc", "default_pg"}, {"ranks", "[0, 1]"}}}}},
+                              {"pg_status", {{"0", {{"last_enqueued_collective", -1}}}}}};
+  EXPECT_TRUE(is_torch_fr_json(j));
+  const TorchFrDump empty = torch_fr_from_json(j, "rank_1.json", 1);
+  EXPECT_TRUE(empty.entries.empty());
+  EXPECT_FALSE(is_torch_fr_json(nlohmann::ordered_json{{"version", "2.10"}}));  // nothing says it is a dump
+}
+
 TEST(TorchFrAnalysis, RankComesFromTheFileName) {
   EXPECT_EQ(rank_from_file_name("/tmp/x/rank_12"), 12);
   EXPECT_EQ(rank_from_file_name("nccl_trace_rank_3.json"), 3);
