@@ -626,12 +626,12 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     SeqList coll;
   };
   std::map<std::string, std::map<int, View>> pgs;
+  std::map<std::string, std::map<int, std::pair<std::int64_t, std::int64_t>>> last_by_pg;  // enqueued, completed
   std::unordered_map<std::string_view, std::uint32_t> op_ids;  // op names, numbered
   std::vector<SizeRule> op_rules;                              // by number
   for (const auto& [rank, d] : by_rank) {
     View* v = nullptr;
     const std::string* pg = nullptr;
-    std::int64_t enq = -1, done = -1;  // the rank's last enqueued and completed collective, any group
     for (const auto& e : d->entries) {
       if (!pg || e.pg_name != *pg) {  // a dump's entries mostly stay in one group
         // (room for every entry in the first group only: a reservation per
@@ -641,6 +641,9 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
         v = &pgs[e.pg_name][rank];
       }
       if (e.is_p2p) continue;
+      // the rank's last enqueued and completed collective in this group (groups count their seqs apart:
+      // a maximum over groups set a tensor-parallel group's seq 5000 beside a data-parallel group's 40)
+      auto& [enq, done] = last_by_pg[e.pg_name].try_emplace(rank, -1, -1).first->second;
       enq = std::max(enq, e.collective_seq_id);
       if (torch_fr_done(e)) done = std::max(done, e.collective_seq_id);
       const auto [op, fresh] = op_ids.try_emplace(op_name(e.profiling_name), std::uint32_t(op_ids.size()));
@@ -649,8 +652,8 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
                             &e.input_dtypes.get(), &e.output_dtypes.get(), e.time_created_ns, op->second,
                             std::uint8_t(state_rank(e)), op_rules[op->second]});
     }
-    r.last_enqueued[std::size_t(rank)] = enq;
-    r.last_completed[std::size_t(rank)] = done;
+    r.last_enqueued[std::size_t(rank)] = -1;  // a rank with a dump: -1 until its group's figures below
+    r.last_completed[std::size_t(rank)] = -1;
     if (!d->entries.empty()) r.where[std::size_t(rank)] = fmt::format("{} entries, last: {} ({})", d->entries.size(),
                                                                    d->entries.back().profiling_name, d->entries.back().state);
   }
@@ -664,7 +667,10 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
   std::vector<std::int64_t> max_done(n, std::numeric_limits<std::int64_t>::min());
   // Per group: the last collective every rank completed (seq, description).
   std::map<std::string, std::pair<std::int64_t, std::string>> all_done_by_pg;
-  // The first divergence in any group, in the order of checks.
+  // The first divergence in each group, in the order of checks; of those, the earliest made.
+  const HangReport base = r;
+  std::optional<HangReport> best;
+  std::int64_t best_at = std::numeric_limits<std::int64_t>::max(), diverged_at = best_at;
   for (const auto& pg_views : pgs) {
     // (not a structured binding: lambdas below capture these, which clang before 16 refuses)
     const std::string& pg = pg_views.first;
@@ -946,10 +952,24 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
                                                       : fmt::format("; no dump from rank{} {}",
                                                                     r.ranks_missing.size() == 1 ? "" : "s",
                                                                     rank_ranges(r.ranks_missing)));
+      // when its divergent call was made: the earliest creation of it on any rank that has it
+      for (int m : present)
+        if (const Row* x = at_seq[std::size_t(m)]) diverged_at = std::min(diverged_at, x->created);
       break;
     }
-    if (r.kind != DivergenceKind::none) break;
+    // Every group is checked, and the divergence reported is the one whose call was made first: a rank
+    // that skips a call in its subgroup ("2") and goes on to the world group blocks the others there
+    // later, and the groups' names ("0", "10", "2") say nothing of time.
+    if (r.kind != DivergenceKind::none) {
+      if (!best || diverged_at < best_at) {
+        best = r;
+        best_at = diverged_at;
+      }
+      r = base;
+      diverged_at = std::numeric_limits<std::int64_t>::max();
+    }
   }
+  if (best) r = std::move(*best);
 
   if (r.kind == DivergenceKind::none && !r.ranks_missing.empty()) {
     // The dumps present agree, but every one of them still waits in its
@@ -997,6 +1017,12 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
       r.last_all_completed = it->second.second;
       if (r.process_group.empty()) r.process_group = pg;
     }
+    // each rank's last enqueued and completed collective in that group
+    if (auto it = last_by_pg.find(pg); it != last_by_pg.end())
+      for (const auto& [rank, ed] : it->second) {
+        r.last_enqueued[std::size_t(rank)] = ed.first;
+        r.last_completed[std::size_t(rank)] = ed.second;
+      }
   }
   if (r.kind == DivergenceKind::none) {
     // Every rank issued the same calls: the slowest arrival at any seq (the

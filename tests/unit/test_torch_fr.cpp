@@ -542,6 +542,41 @@ TEST(TorchFrAnalysis, AnUnlistedSubgroupAndADumpWithoutEntries) {
   EXPECT_FALSE(is_torch_fr_json(nlohmann::ordered_json{{"version", "2.10"}}));  // nothing says it is a dump
 }
 
+// Several process groups: the divergence reported is the one made first, not the first group by name.
+// Rank 3 skips its call in subgroup "2" = [2, 3] and goes on to the world group's seq 2, where ranks 0
+// and 1 wait too, and rank 2 never arrives (it waits in group "2" for rank 3): the cause is rank 3's skip.
+// The rank table counts each rank's seqs in that group.
+TEST(TorchFrAnalysis, TheEarliestDivergenceOfSeveralGroups) {
+  std::vector<TorchFrDump> ds;
+  for (int r = 0; r < 4; ++r) {
+    std::vector<TorchFrEntry> es = {entry(1, "all_reduce", 16)};
+    TorchFrEntry sub = entry(1, "broadcast", 8, "Float", "started");
+    sub.time_created_ns = 2000000;
+    TorchFrEntry world2 = entry(2, "all_reduce", 16, "Float", "started");
+    world2.time_created_ns = 3000000;
+    if (r >= 2) {
+      sub.pg_name = "2";
+      if (r == 2) es.push_back(sub);  // rank 3 skips it
+    } else {
+      sub.pg_name = "1";
+      sub.state = "completed";
+      es.push_back(sub);
+    }
+    if (r != 2) es.push_back(world2);  // rank 2 is stuck in group "2"
+    TorchFrDump d = dump(r, 4, es);
+    d.groups.push_back({"1", "", {0, 1}});
+    d.groups.push_back({"2", "", {2, 3}});
+    ds.push_back(d);
+  }
+  const HangReport rep = analyze_torch_fr(ds);
+  EXPECT_EQ(rep.kind, DivergenceKind::missing);
+  EXPECT_EQ(rep.process_group, "2");
+  EXPECT_EQ(rep.seq, 1);
+  EXPECT_EQ(rep.culprits, std::vector<int>{3});
+  EXPECT_EQ(rep.last_enqueued[3], -1);  // rank 3 never issued a call in group "2" (its world seq 2 is not it)
+  EXPECT_EQ(rep.last_enqueued[2], 1);
+}
+
 TEST(TorchFrAnalysis, RankComesFromTheFileName) {
   EXPECT_EQ(rank_from_file_name("/tmp/x/rank_12"), 12);
   EXPECT_EQ(rank_from_file_name("nccl_trace_rank_3.json"), 3);
