@@ -6,6 +6,7 @@
 #include <filesystem>  // std::filesystem::path: the file name
 #include <map>        // std::map
 #include <memory>     // std::shared_ptr: what frames_of reads from
+#include <deque>      // std::deque
 #include <optional>   // std::optional
 #include <unordered_map>  // std::unordered_map: op names, numbered
 
@@ -560,13 +561,21 @@ struct Row {
 using SeqList = std::vector<Row>;
 
 // In seq order (a dump's ring is, nearly always, already), one entry a seq:
-// of entries with the same seq, the last in the dump's order.
-void settle(SeqList& v) {
+// of entries with the same seq, the last in the dump's order, except a
+// coalesced group (its ops, then the "coalesced" marker endCoalescing records
+// with no sizes, all at one seq): merge(first, last) makes its row from them.
+template <class Merge>
+void settle(SeqList& v, Merge merge) {
   auto by_seq = [](const Row& a, const Row& b) { return a.seq < b.seq; };
   if (!std::is_sorted(v.begin(), v.end(), by_seq)) std::stable_sort(v.begin(), v.end(), by_seq);
   std::size_t out = 0;
-  for (std::size_t i = 0; i < v.size(); ++i)
-    if (i + 1 == v.size() || v[i + 1].seq != v[i].seq) v[out++] = v[i];
+  for (std::size_t i = 0, j = 0; i < v.size(); i = j) {
+    for (j = i + 1; j < v.size() && v[j].seq == v[i].seq;) ++j;
+    const Row& last = v[j - 1];
+    v[out++] = j - i > 1 && op_name(last.e->profiling_name) == "coalesced" ? merge(v.begin() + std::ptrdiff_t(i),
+                                                                                  v.begin() + std::ptrdiff_t(j))
+                                                                            : last;
+  }
   v.resize(out);
 }
 
@@ -628,6 +637,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
   std::map<std::string, std::map<int, View>> pgs;
   std::map<std::string, std::map<int, std::pair<std::int64_t, std::int64_t>>> last_by_pg;  // enqueued, completed
   std::unordered_map<std::string_view, std::uint32_t> op_ids;  // op names, numbered
+  std::map<std::string, std::uint32_t> coalesced_ops;          // a coalesced group's ops, numbered after them
   std::vector<SizeRule> op_rules;                              // by number
   for (const auto& [rank, d] : by_rank) {
     View* v = nullptr;
@@ -657,8 +667,36 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     if (!d->entries.empty()) r.where[std::size_t(rank)] = fmt::format("{} entries, last: {} ({})", d->entries.size(),
                                                                    d->entries.back().profiling_name, d->entries.back().state);
   }
+  // A coalesced group's row: its ops' names, sizes and dtypes in order, compared as one call (fr_trace's
+  // match_coalesced_groups compares each op of the group); the marker's entry for its state and frames.
+  struct Merged {
+    std::vector<std::vector<std::int64_t>> in, out;
+    std::vector<std::string> din, dout;
+  };
+  std::deque<Merged> merged;  // stable addresses for the rows' pointers
+  auto merge = [&](SeqList::iterator first, SeqList::iterator last) {
+    Merged& m = merged.emplace_back();
+    std::string ops = "coalesced[";
+    for (auto it = first; it != last - 1; ++it) {
+      m.in.insert(m.in.end(), it->in->begin(), it->in->end());
+      m.out.insert(m.out.end(), it->out->begin(), it->out->end());
+      m.din.insert(m.din.end(), it->din->begin(), it->din->end());
+      m.dout.insert(m.dout.end(), it->dout->begin(), it->dout->end());
+      ops += std::string(it != first ? "," : "") + std::string(op_name(it->e->profiling_name));
+    }
+    ops += "]";
+    Row r = *(last - 1);
+    const auto [op, fresh] = coalesced_ops.try_emplace(ops, std::uint32_t(op_ids.size() + coalesced_ops.size()));
+    r.op = op->second;
+    r.in = &m.in;
+    r.out = &m.out;
+    r.din = &m.din;
+    r.dout = &m.dout;
+    r.rule = SizeRule::none;
+    return r;
+  };
   for (auto& [pg, ranks_view] : pgs)
-    for (auto& [rank, v] : ranks_view) settle(v.coll);
+    for (auto& [rank, v] : ranks_view) settle(v.coll, merge);
 
   // Each present rank's row at the seq being checked (null: none), by
   // rank, looked up once per seq: the checks below read it many times.

@@ -577,6 +577,29 @@ TEST(TorchFrAnalysis, TheEarliestDivergenceOfSeveralGroups) {
   EXPECT_EQ(rep.last_enqueued[2], 1);
 }
 
+// A coalesced group: its ops, then the "coalesced" marker (no sizes), all at one seq. The group is
+// compared op by op, as fr_trace's match_coalesced_groups does (only the marker was kept: every
+// coalesced group matched).
+TEST(TorchFrAnalysis, ACoalescedGroupIsComparedOpByOp) {
+  auto group = [](const std::string& second_dtype, bool both = true) {
+    std::vector<TorchFrEntry> es = {entry(1, "all_reduce", 16), entry(2, "all_reduce", 16)};
+    if (both) es.push_back(entry(2, "all_reduce", 8, second_dtype));
+    TorchFrEntry marker = entry(2, "coalesced", 0);
+    marker.input_sizes = {};
+    marker.output_sizes = {};
+    marker.input_dtypes = marker.output_dtypes = std::vector<std::string>{};
+    es.push_back(marker);
+    return es;
+  };
+  EXPECT_EQ(analyze_torch_fr({dump(0, 2, group("Float")), dump(1, 2, group("Float"))}).kind, DivergenceKind::none);
+  const HangReport dt = analyze_torch_fr({dump(0, 2, group("Float")), dump(1, 2, group("Double"))});
+  EXPECT_EQ(dt.kind, DivergenceKind::dtype);
+  EXPECT_EQ(dt.seq, 2);
+  const HangReport one = analyze_torch_fr({dump(0, 2, group("Float")), dump(1, 2, group("Float", false))});
+  EXPECT_EQ(one.kind, DivergenceKind::op);  // one op where the others coalesced two
+  EXPECT_EQ(one.seq, 2);
+}
+
 TEST(TorchFrAnalysis, RankComesFromTheFileName) {
   EXPECT_EQ(rank_from_file_name("/tmp/x/rank_12"), 12);
   EXPECT_EQ(rank_from_file_name("nccl_trace_rank_3.json"), 3);
