@@ -8,6 +8,7 @@
 #include <memory>     // std::shared_ptr: what frames_of reads from
 #include <deque>      // std::deque
 #include <optional>   // std::optional
+#include <set>        // std::set
 #include <unordered_map>  // std::unordered_map: op names, numbered
 
 #include <limits>     // std::numeric_limits
@@ -607,10 +608,28 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     by_rank[d.rank] = &d;
   }
   // The process groups and who is in them, from every dump's pg_config.
-  std::map<std::string, std::vector<int>> group_ranks;
+  // A name two dumps give different rank sets (torch's split_group: "5" is [0, 1] on ranks 0 and 1 and
+  // [2, 3] on ranks 2 and 3) is two groups: each rank's entries in it belong to the set that holds the
+  // rank, keyed "5 [2, 3]" (fr_trace keys groups by their uid and rank set too).
+  std::map<std::string, std::set<std::vector<int>>> sets_of;
   for (const auto& [rank, d] : by_rank)
     for (const auto& g : d->groups)
-      if (!group_ranks.count(g.name) || group_ranks[g.name].size() < g.ranks.size()) group_ranks[g.name] = g.ranks;
+      if (!g.ranks.empty()) sets_of[g.name].insert(g.ranks);
+  std::map<std::pair<int, std::string>, std::string> key_of_rank;  // (rank, name) -> group key, where split
+  for (const auto& [rank, d] : by_rank)
+    for (const auto& g : d->groups)
+      if (sets_of[g.name].size() > 1 && std::find(g.ranks.begin(), g.ranks.end(), rank) != g.ranks.end())
+        key_of_rank[{rank, g.name}] = fmt::format("{} [{}]", g.name, fmt::join(g.ranks, ", "));
+  auto group_key = [&](int rank, const std::string& name) -> const std::string& {
+    auto it = key_of_rank.find({rank, name});
+    return it == key_of_rank.end() ? name : it->second;
+  };
+  std::map<std::string, std::vector<int>> group_ranks;
+  for (const auto& [rank, d] : by_rank)
+    for (const auto& g : d->groups) {
+      const std::string& key = group_key(rank, g.name);
+      if (!group_ranks.count(key) || group_ranks[key].size() < g.ranks.size()) group_ranks[key] = g.ranks;
+    }
   // The job: the largest group (the default one), else the ranks seen.
   std::vector<int> world;
   for (const auto& [name, ranks] : group_ranks)
@@ -642,18 +661,21 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
   for (const auto& [rank, d] : by_rank) {
     View* v = nullptr;
     const std::string* pg = nullptr;
+    const std::string* pg_key = nullptr;  // its group's key (the name, or the name and ranks where split)
     for (const auto& e : d->entries) {
       if (!pg || e.pg_name != *pg) {  // a dump's entries mostly stay in one group
         // (room for every entry in the first group only: a reservation per
         // group would be entries x groups, which a damaged dump makes huge)
-        if (!pg) pgs[e.pg_name][rank].coll.reserve(d->entries.size());
+        const std::string& key = group_key(rank, e.pg_name);
+        if (!pg) pgs[key][rank].coll.reserve(d->entries.size());
         pg = &e.pg_name;
-        v = &pgs[e.pg_name][rank];
+        v = &pgs[key][rank];
+        pg_key = &key;
       }
       if (e.is_p2p) continue;
       // the rank's last enqueued and completed collective in this group (groups count their seqs apart:
       // a maximum over groups set a tensor-parallel group's seq 5000 beside a data-parallel group's 40)
-      auto& [enq, done] = last_by_pg[e.pg_name].try_emplace(rank, -1, -1).first->second;
+      auto& [enq, done] = last_by_pg[*pg_key].try_emplace(rank, -1, -1).first->second;
       enq = std::max(enq, e.collective_seq_id);
       if (torch_fr_done(e)) done = std::max(done, e.collective_seq_id);
       const auto [op, fresh] = op_ids.try_emplace(op_name(e.profiling_name), std::uint32_t(op_ids.size()));

@@ -600,6 +600,24 @@ TEST(TorchFrAnalysis, ACoalescedGroupIsComparedOpByOp) {
   EXPECT_EQ(one.seq, 2);
 }
 
+// torch's split_group: one name, two rank sets ("5" is [0, 1] on ranks 0 and 1, [2, 3] on ranks 2 and
+// 3): two groups. Rank 3 issues a broadcast where rank 2 issues the all-reduce: found in "5 [2, 3]" (the
+// groups were merged by name, the first set kept, and ranks 2 and 3 were no members of it: none found).
+TEST(TorchFrAnalysis, OneNameTwoRankSetsAreTwoGroups) {
+  std::vector<TorchFrDump> ds;
+  for (int r = 0; r < 4; ++r) {
+    TorchFrEntry sub = entry(1, r == 3 ? "broadcast" : "all_reduce", 16, "Float", "started");
+    sub.pg_name = "5";
+    TorchFrDump d = dump(r, 4, {entry(1, "all_reduce", 16), sub});
+    d.groups.push_back({"5", "", r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3}});
+    ds.push_back(d);
+  }
+  const HangReport rep = analyze_torch_fr(ds);
+  EXPECT_EQ(rep.kind, DivergenceKind::op);
+  EXPECT_EQ(rep.process_group, "5 [2, 3]");
+  EXPECT_EQ(rep.culprits, std::vector<int>{3});
+}
+
 TEST(TorchFrAnalysis, RankComesFromTheFileName) {
   EXPECT_EQ(rank_from_file_name("/tmp/x/rank_12"), 12);
   EXPECT_EQ(rank_from_file_name("nccl_trace_rank_3.json"), 3);
