@@ -319,7 +319,9 @@ class NumericsRun : public ScenarioRun {
       p.info["plateau"] = json{{"step", r.plateau_step},
                                {"est_steps_to_target", std::isfinite(r.est_steps_to_target)
                                                            ? json(r.est_steps_to_target)
-                                                           : json("never: the loss is not decreasing")}};
+                                                           : spec.target_loss <= 0
+                                                               ? json("none: no target loss is set (target=0)")
+                                                               : json("never: the loss is not decreasing")}};
     if (r.loss_nan_step >= 0) p.info["loss_nan_step"] = r.loss_nan_step;
     if (r.epoch_check_step >= 0) p.info["epoch_check_step"] = r.epoch_check_step;
     if (spec.loss_scaling) p.info["final_loss_scale"] = r.loss_scale.empty() ? 0.0 : r.loss_scale.back();

@@ -20,10 +20,15 @@ double median(std::vector<double> v) {
   return v[k];
 }
 
+// The mean of a window's finite values (a step skipped for a non-finite loss, as GradScaler or
+// skip_nonfinite skips it, is not the window's trend: with it in, one NaN blinded the plateau detector for
+// two windows); NaN when fewer than half are finite.
 double mean_of(const std::vector<double>& v, std::size_t from, std::size_t to) {
   double s = 0;
-  for (std::size_t i = from; i < to; ++i) s += v[i];
-  return s / double(to - from);
+  std::size_t n = 0;
+  for (std::size_t i = from; i < to; ++i)
+    if (std::isfinite(v[i])) s += v[i], ++n;
+  return 2 * n >= to - from && n > 0 ? s / double(n) : std::numeric_limits<double>::quiet_NaN();
 }
 
 // A box-Muller normal from two counter-based uniforms.
@@ -109,6 +114,8 @@ TrainRecord train(TrainOps& ops, Device& dev, const TrainSpec& spec, std::int64_
   bool weights_poisoned = false;
   const auto t0 = std::chrono::steady_clock::now();
   int s = 0;
+  bool have_initial = false;  // a finite loss seen: initial_loss holds the first
+  int initial_step = 0;
   for (; s < spec.max_steps; ++s) {
     if (s % 50 == 0) progress(s);
     mlp.set_batch(batch_of(data, s, data.x, xb), batch_of(data, s, data.y, yb));
@@ -124,7 +131,13 @@ TrainRecord train(TrainOps& ops, Device& dev, const TrainSpec& spec, std::int64_
     const double loss = lossv[0];
     rec.loss.push_back(loss);
     rec.loss_scale.push_back(scale);
-    if (s == 0) rec.initial_loss = loss;
+    // the first finite loss: the divergence test's reference (a NaN at step 0, injected and skipped,
+    // turned that test off for the rest of the run)
+    if (!have_initial && std::isfinite(loss)) {
+      rec.initial_loss = loss;
+      have_initial = true;
+      initial_step = s;
+    }
 
     // what the stats say
     bool grads_finite = true;
@@ -193,7 +206,7 @@ TrainRecord train(TrainOps& ops, Device& dev, const TrainSpec& spec, std::int64_
       ++s;
       break;
     }
-    if (std::isfinite(loss) && s > 0 && loss > 10.0 * rec.initial_loss) {
+    if (std::isfinite(loss) && have_initial && s > initial_step && loss > 10.0 * rec.initial_loss) {
       rec.outcome = "diverged";
       rec.diverged_step = rec.outcome_step = s;
       break;

@@ -47,12 +47,12 @@ struct TrainSpec {
   int patience = 10;             // evals
   double min_delta = 0.0;
   double label_noise = 0.0;      // std of noise added to regression targets
-  double target_scale = 1.0;
+  double target_scale = 1.0;     // regression targets' std (the teacher's output is normalised to it)
   // The loss is multiplied by this before the backward: 1/N when a trainer
   // divides it by N accumulated micro-batches (HF Trainer divides by
   // gradient_accumulation_steps), or a mean over N times more tokens. The
   // gradients are N times smaller; the update (Adam) is not.
-  double loss_mult = 1.0;     // regression targets' std (the teacher's output is normalised to it)
+  double loss_mult = 1.0;
   int dataset_batches = 16;
   std::uint64_t seed = 1;
 };

@@ -19,7 +19,8 @@
 // tokens; packing efficiency = real tokens / (rows * max_len). Effective
 // tokens/s counts real tokens only. The predicted speedup over pad-max is the
 // ratio of computed tokens per real token.
-#include <algorithm>  // std::min, std::max
+#include <algorithm>
+#include <limits>  // std::min, std::max
 #include <array>      // std::array
 #include <map>        // std::map
 #include <optional>   // std::optional
@@ -473,11 +474,19 @@ void validate_packing_point(const ParamSet& ps, const RunContext&) {
                                  st.lengths));
   if (!st.lengths_from_file() && st.overflow == pk::Overflow::drop) {
     const pk::LengthSpec spec = pk::parse_lengths(st.lengths);  // no file: cheap
-    if (spec.kind == pk::LengthSpec::Kind::fixed && spec.lo > st.max_len)
+    // fixed:N and uniform:LO,HI give no length under LO (lognormal can: its tail is both ways)
+    if ((spec.kind == pk::LengthSpec::Kind::fixed || spec.kind == pk::LengthSpec::Kind::uniform) &&
+        spec.lo > st.max_len)
       throw UsageError(fmt::format("lengths={} with max_len={} and overflow=drop drops every sequence: nothing would "
                                    "be measured (use overflow=split, or a larger max_len)",
                                    st.lengths, st.max_len));
   }
+  // A packed batch's cu_seqlens are int32 offsets (as flash-attention and cuDNN take them): rows x max_len
+  // tokens must fit, or the offsets overflow before any allocation could refuse the batch.
+  if (std::int64_t(st.rows_per_batch) * std::int64_t(st.max_len) > std::int64_t(std::numeric_limits<std::int32_t>::max()))
+    throw UsageError(fmt::format("rows={} x max_len={} is {} tokens a batch: over the 2^31 - 1 a varlen batch's int32 "
+                                 "cu_seqlens can index (make rows or max_len smaller)",
+                                 st.rows_per_batch, st.max_len, std::int64_t(st.rows_per_batch) * std::int64_t(st.max_len)));
 }
 
 extern const Scenario packing_scenario;

@@ -362,6 +362,11 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(["compare", bad, good], 2, ["schema_version 4294967297"])
 expect(["run", "packing", "--quick", "-p", "lengths=fixed:100", "-p", "max_len=8", "-p", "overflow=drop"], 2,
        ["drops every sequence"])
+# uniform lengths all over max_len drop every sequence too; a varlen batch's int32 cu_seqlens bound rows x max_len
+expect(["run", "packing", "--quick", "-p", "lengths=uniform:3000,4000", "-p", "max_len=2048", "-p", "overflow=drop"],
+       2, ["drops every sequence"])
+expect(["run", "packing", "--quick", "-p", "rows=2048", "-p", "max_len=1048576"], 2,
+       ["int32 cu_seqlens", "2147483648 tokens"])
 expect(["run", "packing", "--quick", "-p", "d_model=100", "-p", "heads=3"], 2, ["d_model 100 is not a multiple of heads 3"])
 # grouped-query attention: K/V heads that do not divide the heads, in each scenario that declares them
 for sc in ("packing", "batch", "memory", "train"):

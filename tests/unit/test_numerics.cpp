@@ -281,6 +281,32 @@ TEST(Detectors, InfInGradientIsLocatedAndPoisonsTheNextStep) {
   EXPECT_EQ(r2.steps, 30);
 }
 
+// A step skipped for a non-finite loss is not the loss's trend: the plateau detector fires where it
+// fires without it (a NaN in either window made the window's mean NaN and blinded the detector for two
+// windows), and the divergence test's reference is the first finite loss.
+TEST(Detectors, OneSkippedNanDoesNotBlindThePlateauDetector) {
+  auto dev = make_cpu_backend().open(0);
+  auto ops = dev->make_train_ops();
+  numerics::TrainSpec s = small_spec();
+  s.lr = 1e-9;  // no progress: a plateau from the first two windows
+  s.max_steps = 200;
+  s.plateau_window = 20;
+  const auto clean = numerics::train(*ops, *dev, s, 60000);
+  ASSERT_EQ(clean.outcome, "stalled");
+  ASSERT_EQ(clean.plateau_step, 39);
+  s.skip_nonfinite = true;
+  s.inject = {true, NAN, 25, 1, numerics::InjectInto::activation};
+  const auto r = numerics::train(*ops, *dev, s, 60000);
+  EXPECT_EQ(r.skipped_steps, 1);
+  EXPECT_EQ(r.outcome, "stalled");
+  EXPECT_EQ(r.plateau_step, 39);
+  // a NaN at step 0, skipped: the reference is step 1's loss, finite
+  s.inject = {true, NAN, 0, 1, numerics::InjectInto::activation};
+  const auto r0 = numerics::train(*ops, *dev, s, 60000);
+  EXPECT_TRUE(std::isfinite(r0.initial_loss));
+  EXPECT_EQ(r0.initial_loss, r0.loss[1]);
+}
+
 TEST(Detectors, GradScalerRulesHalveOnOverflowAndSkip) {
   auto dev = make_cpu_backend().open(0);
   auto ops = dev->make_train_ops();
