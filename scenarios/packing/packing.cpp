@@ -153,6 +153,12 @@ class PackingRun : public ScenarioRun {
                                       n_sequences, max_len));
     const std::int64_t n_rows = plan.row_count();
     const std::int64_t n_batches = (n_rows + rows_per_batch - 1) / rows_per_batch;
+    // The epoch's per-batch costs and their order below (32 B a batch), held in the budget as the plan
+    // is: a histogram's counts are never expanded, but a count of 2^34 is 2^32 batches of four rows.
+    const HostReservation batch_memory = reserve_host_memory(
+        std::uint64_t(n_batches) * 32, fmt::format("packing {}: the costs and order of the epoch's {} batches (32 B "
+                                                   "each)",
+                                                   to_string(strategy), n_batches));
 
     // A sample of batches is prepared and timed: the middle batch of each of `sample` equal
     // strata of the epoch's batches ordered by their FLOPs, so the few timed batches hold the

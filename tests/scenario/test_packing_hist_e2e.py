@@ -86,6 +86,21 @@ with tempfile.TemporaryDirectory() as tmp:
         check(pts["pack-hist"]["metrics"]["rows"]["value"] == pts["pack-bfd"]["metrics"]["rows"]["value"],
               "sampled: pack-hist and pack-bfd differ in rows")
 
+    # A count of 2^34 sequences (the parser takes up to 2^40) is 2^32 batches of four rows: the epoch's
+    # per-batch costs (32 B each, 128 GiB) are refused up front as oom, not a bad_alloc or a kill.
+    huge = os.path.join(tmp, "huge.csv")
+    with open(huge, "w") as f:
+        f.write("512,17179869184\n")
+    out = os.path.join(tmp, "huge.json")
+    p = subprocess.run([EXE, "run", "packing", "--device", "cpu", "--quick", "-p", f"lengths=@{huge}", "-p", "max_len=512",
+                        "-p", "rows=4", "-p", "strategy=pack-hist", "-p", "sequences=0", "--json", out],
+                       capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0, f"huge histogram: exit {p.returncode}: {p.stderr[-800:]}")
+    if check(os.path.exists(out), "huge histogram: no result written"):
+        pt = json.load(open(out))["points"][0]
+        check(pt["status"] == "oom" and "4294967296 batches" in pt.get("reason", ""),
+              f"huge histogram: {pt['status']} {pt.get('reason', '')}")
+
 if failures:
     print("\n".join("FAIL: " + f for f in failures))
     sys.exit(1)
