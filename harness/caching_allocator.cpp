@@ -133,8 +133,10 @@ CachingAllocator::Block CachingAllocator::malloc(std::size_t bytes, const std::s
           format_bytes(double(size)), what, format_bytes(double(s.reserved)), format_bytes(double(s.allocated)),
           format_bytes(double(unallocated)), format_bytes(double(s.largest_free_block)),
           format_bytes(double(seg_bytes)), why);
-      if (unallocated >= size)
-        msg += "; reserved but unallocated memory is large: this is fragmentation (PyTorch: "
+      // fragmentation only where the request's own pool holds the bytes free (a large request cannot use
+      // the small pool's 2 MiB segments, and the other way round)
+      if ((small ? s.small_pool_free : s.large_pool_free) >= size)
+        msg += "; reserved but unallocated memory in its pool is large: this is fragmentation (PyTorch: "
                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or max_split_size_mb)";
       throw OutOfMemory(msg);
     }
@@ -214,6 +216,8 @@ AllocatorStats CachingAllocator::stats() const {
   if (!small_free_.empty()) s.largest_free_block = small_free_.rbegin()->first;
   if (!large_free_.empty() && large_free_.rbegin()->first > s.largest_free_block)
     s.largest_free_block = large_free_.rbegin()->first;
+  for (const auto& [size, addr] : small_free_) s.small_pool_free += size;
+  for (const auto& [size, addr] : large_free_) s.large_pool_free += size;
   return s;
 }
 

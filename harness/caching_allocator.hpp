@@ -66,6 +66,8 @@ struct AllocatorStats {
   std::size_t peak_allocated = 0, peak_reserved = 0;
   std::size_t segments = 0, active_blocks = 0, free_blocks = 0;
   std::size_t largest_free_block = 0;  // over both pools
+  // reserved but unallocated, by pool: a request uses only its own pool's blocks (small: up to 1 MiB)
+  std::size_t small_pool_free = 0, large_pool_free = 0;
   std::uint64_t alloc_retries = 0;     // times the cache was released to retry the backing
   std::uint64_t ooms = 0;              // OutOfMemory thrown
 };

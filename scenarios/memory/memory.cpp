@@ -546,6 +546,7 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
     bool ok = true;
     int failed_step = -1;
     std::uint64_t request = 0, reserved = 0, allocated = 0, largest_free = 0, peak_alloc = 0, peak_res = 0;
+    std::uint64_t pool_free = 0;  // reserved but unallocated in the failed request's pool
     std::uint64_t peak_raw = 0;  // the most requested bytes alive at once
     std::string error;
     json series = json::array();
@@ -600,6 +601,7 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
         r.reserved = st.reserved;
         r.allocated = st.allocated;
         r.largest_free = st.largest_free_block;
+        r.pool_free = r.request <= CachingAllocator::kSmallSize ? st.small_pool_free : st.large_pool_free;
       }
     }
     dev.synchronize(ctx_.measure.sync_timeout);
@@ -647,15 +649,16 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
     const Run below = run(lo, false);
     if (!below.ok)
       f["just_below"] = json{{"capacity", lo},
-                             // fragmentation: the free bytes held would take the request, but no block of
-                             // them is large enough; otherwise the new segment's size is what did not fit
-                             {"kind", below.reserved - below.allocated >= below.request ? "fragmentation"
-                                                                                        : "segment granularity"},
+                             // fragmentation: the free bytes held in the request's own pool would take it,
+                             // but no block of them is large enough; otherwise the new segment's size is what
+                             // did not fit (a large request cannot use the small pool's free bytes)
+                             {"kind", below.pool_free >= below.request ? "fragmentation" : "segment granularity"},
                              {"failed_step", below.failed_step},
                              {"failed_request", below.request},
                              {"reserved", below.reserved},
                              {"allocated", below.allocated},
                              {"reserved_unallocated", below.reserved - below.allocated},
+                             {"reserved_unallocated_in_its_pool", below.pool_free},
                              {"largest_free_block", below.largest_free},
                              {"error", below.error}};
   }

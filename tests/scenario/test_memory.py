@@ -67,8 +67,10 @@ def main():
             jb = fr.get("just_below")
             if check(jb is not None, "no failure just below the capacity the pool needs"):
                 check(jb["capacity"] >= fr["peak_need_bytes"], f"just below {jb}")
-                # fragmentation exactly when the free bytes held would take the request
-                frag = jb["reserved_unallocated"] >= jb["failed_request"]
+                # fragmentation exactly when the free bytes held in the request's own pool would take it
+                # (a large request cannot use the small pool's blocks): never more than all the free bytes
+                check(jb["reserved_unallocated_in_its_pool"] <= jb["reserved_unallocated"], f"pool free {jb}")
+                frag = jb["reserved_unallocated_in_its_pool"] >= jb["failed_request"]
                 check(jb["kind"] == ("fragmentation" if frag else "segment granularity"), f"kind {jb}")
                 check(jb["reserved"] <= jb["capacity"] and jb["allocated"] <= jb["reserved"], f"accounts {jb}")
         check(any(f["summary"].startswith("caching allocator:") for f in doc["findings"]), "no allocator finding")

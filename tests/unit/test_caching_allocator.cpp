@@ -342,6 +342,29 @@ TEST(CachingAllocator, FragmentationHintWhenUnallocatedEqualsTheRequest) {
   for (int i : {0, 2, 4}) a.free(bs[i]);
 }
 
+// A large request cannot use the small pool's blocks: free bytes held there are no fragmentation of it.
+// A 512 B request takes a 2 MiB small segment; a 1.5 MiB request needs a 20 MiB large one, which a 21 MiB
+// backing refuses with about 2 MiB reserved but unallocated, every byte of it in the small pool: the
+// segment size is what did not fit (the hint said "this is fragmentation").
+TEST(CachingAllocator, FreeBytesInTheOtherPoolAreNoFragmentation) {
+  Backing back(21 * MiB);
+  CachingAllocator a(back.source());
+  const auto tiny = a.malloc(512, "a norm's output");
+  try {
+    a.malloc(3 * MiB / 2, "an activation");
+    FAIL() << "expected OutOfMemory";
+  } catch (const OutOfMemory& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("reserved but unallocated: 2.0 MiB"), std::string::npos) << m;
+    EXPECT_EQ(m.find("fragmentation"), std::string::npos) << m;
+  }
+  const AllocatorStats s = a.stats();
+  EXPECT_EQ(s.small_pool_free, 2 * MiB - 512);
+  EXPECT_EQ(s.large_pool_free, 0u);
+  a.free(tiny);
+  EXPECT_EQ(a.stats().small_pool_free, 2 * MiB);
+}
+
 TEST(CachingAllocator, RetryReleasesEntirelyFreeSegmentsAndSucceeds) {
   Backing back(60 * MiB);
   CachingAllocator a(back.source());
