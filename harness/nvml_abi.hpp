@@ -36,11 +36,52 @@ struct Utilization {  // nvmlUtilization_t
 struct Memory {  // nvmlMemory_t (v1): bytes
   unsigned long long total, free, used;
 };
-struct ProcessInfo {  // nvmlProcessInfo_t (= _v2_t), what ..._ComputeRunningProcesses_v3 fills
+// The compute process records, one per version of ..._ComputeRunningProcesses.
+// The caller allocates the array and the driver fills it, so a record size
+// that differs from the caller's shifts every record after the first (and
+// writes past the end of a full array): nvmlProcessInfo_t has had three
+// layouts under two function names (NVIDIA's nvidia-settings history of
+// nvml.h, as nvitop PRs #79 and #89 trace it):
+//   - nvmlDeviceGetComputeRunningProcesses (v1): nvmlProcessInfo_v1_t, 16 bytes;
+//   - _v2: nvmlProcessInfo_v2_t, 24 bytes (old drivers lack it: R430, pynvml#43);
+//   - _v3 (since R510): the v2 record, except drivers 535.43.02 through
+//     535.86.x, whose _v3 writes a 32-byte record (usedGpuCcProtectedMemory
+//     added without a version bump: NVIDIA/go-nvml#75, 535.54.03); 535.98
+//     removed _v3 and 535.104.05 brought it back with the 24-byte record.
+struct ProcessInfoV1 {  // nvmlProcessInfo_v1_t
   unsigned int pid;
   unsigned long long used_gpu_memory;  // bytes; NVML_VALUE_NOT_AVAILABLE (all ones) when hidden
-  unsigned int gpu_instance_id, compute_instance_id;
 };
+struct ProcessInfoV2 {  // nvmlProcessInfo_v2_t; what _v3 fills outside 535.43-535.86
+  unsigned int pid;
+  unsigned long long used_gpu_memory;
+  unsigned int gpu_instance_id, compute_instance_id;  // 0xFFFFFFFF without MIG
+};
+struct ProcessInfoV3Cc {  // what _v3 of drivers 535.43.02-535.86.x fills
+  unsigned int pid;
+  unsigned long long used_gpu_memory;
+  unsigned int gpu_instance_id, compute_instance_id;
+  unsigned long long used_gpu_cc_protected_memory;  // confidential computing
+};
+static_assert(sizeof(ProcessInfoV1) == 16 && sizeof(ProcessInfoV2) == 24 && sizeof(ProcessInfoV3Cc) == 32);
+// The largest record any driver writes: an array of N records is given N x this many bytes, so no
+// driver, whichever record it uses, can write past it.
+inline constexpr unsigned kProcessInfoMaxSize = sizeof(ProcessInfoV3Cc);
+
+// The record size of ..._ComputeRunningProcesses_v3 for a driver version as
+// nvmlSystemGetDriverVersion gives it ("535.54.03"): 32 for 535.43 through
+// 535.86, 24 for the others, 0 when the version does not parse (unknown).
+inline unsigned process_info_v3_size(const char* driver) {
+  auto number = [](const char*& p, unsigned& v) {  // up to 6 digits
+    const char* from = p;
+    for (v = 0; *p >= '0' && *p <= '9' && p - from < 6; ++p) v = v * 10 + unsigned(*p - '0');
+    return p > from;
+  };
+  const char* p = driver;
+  unsigned major = 0, minor = 0;
+  if (!p || !number(p, major) || *p++ != '.' || !number(p, minor)) return 0;
+  return major == 535 && minor >= 43 && minor <= 86 ? unsigned(sizeof(ProcessInfoV3Cc)) : unsigned(sizeof(ProcessInfoV2));
+}
 
 // nvmlClocksEventReasons (nvmlClocksThrottleReasons before driver 535): bits.
 inline constexpr unsigned long long kReasonGpuIdle = 0x1;
@@ -73,7 +114,9 @@ static_assert(sizeof(nvmlDevice_t) == sizeof(sb::nvml_abi::DeviceHandle));
 static_assert(sizeof(nvmlReturn_t) == sizeof(sb::nvml_abi::Return));
 static_assert(NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE == sb::nvml_abi::kDriverVersionSize);
 static_assert(sizeof(nvmlMemory_t) == sizeof(sb::nvml_abi::Memory));
-static_assert(sizeof(nvmlProcessInfo_t) == sizeof(sb::nvml_abi::ProcessInfo));
+// nvmlProcessInfo_t is not checked: it is the 32-byte record in the headers of 535.43-535.86.
+static_assert(sizeof(nvmlProcessInfo_v1_t) == sizeof(sb::nvml_abi::ProcessInfoV1));
+static_assert(sizeof(nvmlProcessInfo_v2_t) == sizeof(sb::nvml_abi::ProcessInfoV2));
 static_assert(nvmlClocksEventReasonSwPowerCap == sb::nvml_abi::kReasonSwPowerCap);
 static_assert(nvmlClocksEventReasonHwPowerBrakeSlowdown == sb::nvml_abi::kReasonHwPowerBrake);
 #endif

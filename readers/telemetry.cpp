@@ -6,7 +6,8 @@
 #include <algorithm>     // std::find, std::max
 #include <charconv>      // std::from_chars
 #include <cmath>         // std::isfinite
-#include <cstdlib>
+#include <cstdlib>       // std::llabs
+#include <deque>         // std::deque
 #include <map>           // std::map
 #include <set>           // std::set
 #include <system_error>  // std::errc
@@ -452,12 +453,92 @@ Plan smi_plan(const Builder& b, const std::vector<std::string_view>& fields, std
     found.push_back(k);
   }
   // Without an index, a log names its GPUs by bus id or uuid, or is of one GPU
-  // (rows that share a timestamp are then refused: several GPUs, unnamed).
+  // (refused when its rows show several: rows that share a timestamp, or
+  // refuse_unnamed_gpus's groups of rows a few ms apart).
   if (p.index_col < 0 && p.id_col < 0 && p.time_col < 0)
     b.fail(line, "no 'index' column and no timestamp: nothing tells the GPU of each row (record with "
                  "--query-gpu=timestamp,index,...); columns: " + snippet(fmt::format("{}", fmt::join(p.names, ", "))));
   choose(p, found);
   return p;
+}
+
+constexpr std::int64_t kHourUs = 3'600'000'000LL;
+
+// A row read as GPU 0 for want of an index: when, and its line.
+struct UnnamedRow {
+  std::int64_t at_us;
+  std::size_t line;
+};
+
+// nvidia-smi reads the GPUs of one reading one after another and stamps each
+// row on its own (11:27:05.177, .188, .192 for three GPUs), so a log of
+// several GPUs without index, bus id or uuid has rows that share no timestamp:
+// read as one GPU it alternates busy and idle GPUs and reads as spiky. Such a
+// log has row gaps of two kinds: a few ms inside a reading, the -l interval
+// between readings. It is refused when some split of the gaps (the longer at
+// least 4 times the shorter) cuts the rows into groups of one size K >= 2 (three
+// groups or more, three in four of that size) whose span is under half the gap
+// between them. A one-GPU log has one kind of gap (and pauses, which do not
+// cut it into groups of one size); rows of several GPUs spread evenly over the
+// interval cannot be told from one GPU's, and are read as one.
+void refuse_unnamed_gpus(const std::vector<UnnamedRow>& rows, Builder& b) {
+  if (rows.size() < 6) return;
+  std::vector<std::int64_t> gaps(rows.size() - 1);
+  for (std::size_t i = 0; i + 1 < rows.size(); ++i) gaps[i] = rows[i + 1].at_us - rows[i].at_us;
+  std::vector<std::int64_t> sorted = gaps;
+  std::sort(sorted.begin(), sorted.end());
+  const auto ms = [](std::int64_t us) { return std::max<std::int64_t>(us, 1000); };  // nvidia-smi prints ms
+  int splits = 0;
+  for (std::size_t j = 0; j + 1 < sorted.size() && splits < 8; ++j) {
+    if (ms(sorted[j + 1]) < 4 * ms(sorted[j])) continue;
+    ++splits;
+    const std::int64_t short_max = sorted[j];
+    // the groups: rows joined by gaps up to short_max
+    std::vector<std::size_t> starts{0};
+    std::vector<std::int64_t> long_gaps;
+    for (std::size_t i = 0; i < gaps.size(); ++i)
+      if (gaps[i] > short_max) {
+        starts.push_back(i + 1);
+        long_gaps.push_back(gaps[i]);
+      }
+    const std::size_t groups = starts.size();
+    if (groups < 3) continue;
+    std::map<std::size_t, std::size_t> by_size;
+    for (std::size_t g = 0; g < groups; ++g) ++by_size[(g + 1 < groups ? starts[g + 1] : rows.size()) - starts[g]];
+    const auto modal = std::max_element(by_size.begin(), by_size.end(),
+                                        [](const auto& x, const auto& y) { return x.second < y.second; });
+    const std::size_t k = modal->first;
+    if (k < 2 || 4 * modal->second < 3 * groups) continue;
+    std::vector<std::int64_t> spans;
+    std::size_t first = groups;  // the first group of size k, for the message
+    for (std::size_t g = 0; g < groups; ++g) {
+      const std::size_t end = g + 1 < groups ? starts[g + 1] : rows.size();
+      if (end - starts[g] != k) continue;
+      spans.push_back(rows[end - 1].at_us - rows[starts[g]].at_us);
+      if (first == groups) first = g;
+    }
+    std::nth_element(spans.begin(), spans.begin() + std::ptrdiff_t(spans.size() / 2), spans.end());
+    std::nth_element(long_gaps.begin(), long_gaps.begin() + std::ptrdiff_t(long_gaps.size() / 2), long_gaps.end());
+    const std::int64_t span = spans[spans.size() / 2], between = long_gaps[long_gaps.size() / 2];
+    if (2 * span >= between) continue;
+    std::string within;
+    for (std::size_t i = starts[first]; i + 1 < starts[first] + k && within.size() < 60; ++i)
+      within += fmt::format("{}{:.0f}", within.empty() ? "" : ", ", double(rows[i + 1].at_us - rows[i].at_us) / 1e3);
+    b.fail(rows[starts[first]].line,
+           fmt::format("no 'index' column, and the rows come in groups of {} a few ms apart (lines {} to {}: {} ms) "
+                       "every {:.3f} s: {} GPUs, one row each per reading, that nothing tells apart (read as one GPU, "
+                       "a busy and an idle one would look spiky); record with the index column: "
+                       "nvidia-smi --query-gpu=timestamp,index,...",
+                       k, rows[starts[first]].line, rows[starts[first] + k - 1].line, within,
+                       double(between + span) / 1e6, k));
+  }
+}
+
+// The median of a few values (a copy is sorted).
+std::int64_t median_of(const std::deque<std::int64_t>& xs) {
+  std::vector<std::int64_t> v(xs.begin(), xs.end());
+  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+  return v[v.size() / 2];
 }
 
 Recording parse_smi(Lines& lines, std::string_view first, Builder& b, double interval_ms, bool interval_defaulted) {
@@ -467,8 +548,14 @@ Recording parse_smi(Lines& lines, std::string_view first, Builder& b, double int
   bool have_t0 = false;
   std::int64_t t0 = 0, latest = 0;
   std::size_t latest_line = 0, held = 0;
-  std::int64_t dst_shift = 0, last_gap = -1;  // µs: a daylight-saving change taken out; the last row's step
+  std::int64_t dst_shift = 0;  // µs: the daylight-saving changes taken out
   std::int64_t held_most = 0;
+  // the log's regular interval: each GPU's last time, the last gaps between a
+  // GPU's rows, and the one the previous row made (-1: its GPU's first)
+  std::map<int, std::int64_t> last_at_of;
+  std::deque<std::int64_t> recent_gaps;
+  std::int64_t prev_row_gap = -1;
+  std::vector<UnnamedRow> unnamed;  // rows read as GPU 0 for want of an index
   // without a timestamp column: a reading ends when a GPU repeats
   std::set<int> tick_gpus;
   std::size_t tick = 0;
@@ -516,7 +603,8 @@ Recording parse_smi(Lines& lines, std::string_view first, Builder& b, double int
       last_ts = ts;
       last_ts_line = n;
       if (!single_noted) {
-        b.notes().push_back("no 'index' column: every row read as GPU 0 (one GPU: no two rows share a timestamp)");
+        b.notes().push_back("no 'index' column: every row read as GPU 0 (one GPU: no two rows share a timestamp, "
+                            "and the rows do not come in groups a few ms apart)");
         single_noted = true;
       }
     }
@@ -533,17 +621,27 @@ Recording parse_smi(Lines& lines, std::string_view first, Builder& b, double int
         first_row = true;
       }
       // nvidia-smi writes local time: a daylight-saving change steps the clock by
-      // an hour between two rows a few seconds apart. Taken out, with a note.
-      if (const std::int64_t jump = at - latest; std::llabs(std::llabs(jump) - 3'600'000'000LL) <= 60'000'000LL &&
-                                                 last_gap >= 0 && last_gap < 60'000'000LL) {
-        const std::int64_t shift = jump > 0 ? -3'600'000'000LL : 3'600'000'000LL;
-        dst_shift += shift;
-        at += shift;
-        b.notes().push_back(fmt::format("line {}: the clock {} by an hour (a daylight-saving change: nvidia-smi "
-                                        "writes local time); taken out",
-                                        n, jump > 0 ? "jumps forward" : "steps back"));
+      // an hour between two rows one interval apart. Taken out, with a note,
+      // when the step less an hour is the log's regular interval (the median of
+      // the last gaps between a GPU's rows), the step itself is not, and the
+      // previous row came at that interval too (the log ran regularly up to it):
+      // a -l 60 log's autumn step of -3540 s as well as a -lms 100 log's.
+      // Any other step back of more than a second is refused below.
+      if (const std::int64_t jump = at - latest;
+          !first_row && prev_row_gap >= 0 && !recent_gaps.empty() && std::llabs(jump) >= kHourUs / 2) {
+        const std::int64_t regular = median_of(recent_gaps);
+        const std::int64_t tol = std::max<std::int64_t>(60'000'000LL, regular / 2);
+        const std::int64_t less_hour = jump > 0 ? jump - kHourUs : jump + kHourUs;
+        if (std::llabs(less_hour - regular) <= tol && std::llabs(jump - regular) > tol &&
+            std::llabs(prev_row_gap - regular) <= tol) {
+          const std::int64_t shift = jump > 0 ? -kHourUs : kHourUs;
+          dst_shift += shift;
+          at += shift;
+          b.notes().push_back(fmt::format("line {}: the clock {} by an hour (a daylight-saving change: nvidia-smi "
+                                          "writes local time); taken out",
+                                          n, jump > 0 ? "jumps forward" : "steps back"));
+        }
       }
-      last_gap = first_row ? -1 : at - latest;
       if (at < latest - 1'000'000)
         b.fail(n, fmt::format("timestamp '{}' is {:.3f} s before line {}'s: the clock stepped back more than 1 s", snippet(ts),
                               double(latest - at) / 1e6, latest_line));
@@ -556,6 +654,15 @@ Recording parse_smi(Lines& lines, std::string_view first, Builder& b, double int
         latest_line = n;
       }
       s.t_s = double(at - t0) / 1e6;
+      if (const auto it = last_at_of.find(s.gpu); it != last_at_of.end()) {
+        prev_row_gap = at - it->second;
+        recent_gaps.push_back(prev_row_gap);
+        if (recent_gaps.size() > 63) recent_gaps.pop_front();
+      } else {
+        prev_row_gap = -1;
+      }
+      last_at_of[s.gpu] = at;
+      if (plan.index_col < 0 && plan.id_col < 0) unnamed.push_back({at, n});
     } else {
       if (interval_defaulted)
         b.fail(plan.line, "the header has no 'timestamp' column: give the sampling interval (nvidia-smi's -l or -lms value)");
@@ -581,6 +688,7 @@ Recording parse_smi(Lines& lines, std::string_view first, Builder& b, double int
     }
     b.add(s, plan, free_mib);
   }
+  refuse_unnamed_gpus(unnamed, b);
   if (have_t0 && !interval_defaulted)
     b.notes().push_back(fmt::format("the interval given ({} ms) is not used: the log has timestamps", interval_ms));
   if (!repeats.empty())

@@ -9,16 +9,24 @@
 //     in Recording::ignored. --format=csv,noheader is refused: without the
 //     header nothing says which value is which (the order is the user's
 //     --query-gpu list, which the file does not keep).
-//   - "index" is required (it is how the log names each GPU; several GPUs are
-//     interleaved, one row each per reading). pci.bus_id or uuid alone is refused.
+//   - "index" names each GPU (several GPUs are interleaved, one row each per
+//     reading). Without it, GPUs are numbered by pci.bus_id or uuid, in order
+//     of first appearance (a note says so); without those either, the log is
+//     read as one GPU, GPU 0 (a note says so), and refused when its rows show
+//     several: two rows sharing a timestamp, or rows in groups of a few ms
+//     apart once per interval (nvidia-smi stamps each GPU's row on its own).
+//     With no index, bus id, uuid nor timestamp it is refused.
 //   - values may carry the header's unit ("45 %", "1410 MHz") or not (nounits);
 //     "N/A" and any bracketed value ("[N/A]", "[Not Supported]",
 //     "[Insufficient Permissions]") leave the field empty.
 //   - "timestamp" is nvidia-smi's local wall clock, "YYYY/MM/DD HH:MM:SS.mmm";
 //     t_s is seconds from the first row. The wall clock can step back (NTP): a
 //     step back of up to 1 s is held at the latest earlier time (a note counts
-//     them), more than 1 s is refused. Without a timestamp column the caller
-//     must give the -l/-lms interval (a new reading starts when an index repeats).
+//     them), more than 1 s is refused, except a daylight-saving change: a step
+//     of an hour, back or forward, that less the hour is the log's regular
+//     interval (whatever its length, -lms 100 or -l 60), taken out with a note.
+//     Without a timestamp column the caller must give the -l/-lms interval (a
+//     new reading starts when an index repeats).
 //   - the header repeated mid-file (nvidia-smi restarted, appending to the
 //     same file) is accepted, even with other columns; the time simply jumps.
 //   - column names: nvidia-smi prints the long form (clocks.current.sm for a
@@ -58,8 +66,10 @@
 // Errors are UsageError (exit 2) naming FILE:LINE and what is wrong: a value
 // that is not a number, a row with the wrong number of values, a file in
 // neither format, an empty file, a header without rows, timestamps stepping
-// back more than 1 s, no index column, no header. Parsing is one pass over
-// the lines: time and memory grow with the file, nothing else.
+// back more than 1 s (other than a daylight-saving hour), several GPUs that no
+// column tells apart (no index, pci.bus_id or uuid), no index column and no
+// timestamp, no header. Parsing is one pass over the lines (then one over the
+// gaps of a log without index): time and memory grow with the file, nothing else.
 #pragma once
 
 #include <cstddef>      // std::size_t

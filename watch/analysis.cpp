@@ -1,6 +1,6 @@
 #include "watch/analysis.hpp"
 
-#include <algorithm>  // std::max
+#include <algorithm>  // std::max, std::sort, std::find
 #include <cmath>      // std::floor
 
 #include <fmt/format.h>  // fmt::format
@@ -17,19 +17,20 @@ constexpr double kClockLowFrac = 0.9;    // clocks below 90% of their max under 
 constexpr std::size_t kMaxSeries = 3600;  // points in the report's series (then 2 s, 4 s, ... each)
 constexpr std::size_t kMaxRuns = 2000;
 
-// The clock event reasons watch names, and what each points at: heat (cooling) or power (the limit).
-// hw_slowdown is NVML's HW slowdown: thermal or power-brake, reported as heat.
+// The clock event reasons watch names, and what each points at (analysis.hpp:
+// ThrottleCause). NVML's HW slowdown (0x8) is its own cause: temperature, the
+// power brake or a power draw too high, which the bit alone does not tell.
 struct ReasonName {
   unsigned long long bit;
   const char* name;
   ThrottleCause cause;
 };
 constexpr ReasonName kReasonNames[] = {
-    {nvml_abi::kReasonSwPowerCap, "sw_power_cap", ThrottleCause::power},
-    {nvml_abi::kReasonHwSlowdown, "hw_slowdown", ThrottleCause::heat},
+    {nvml_abi::kReasonSwPowerCap, "sw_power_cap", ThrottleCause::power_cap},
+    {nvml_abi::kReasonHwSlowdown, "hw_slowdown", ThrottleCause::hw_slowdown},
     {nvml_abi::kReasonSwThermal, "sw_thermal", ThrottleCause::heat},
     {nvml_abi::kReasonHwThermal, "hw_thermal", ThrottleCause::heat},
-    {nvml_abi::kReasonHwPowerBrake, "hw_power_brake", ThrottleCause::power}};
+    {nvml_abi::kReasonHwPowerBrake, "hw_power_brake", ThrottleCause::power_brake}};
 }  // namespace
 
 std::vector<std::string> throttle_reason_names(std::uint64_t bits) {
@@ -43,6 +44,42 @@ std::optional<ThrottleCause> throttle_reason_cause(const std::string& name) {
   for (const auto& r : kReasonNames)
     if (name == r.name) return r.cause;
   return std::nullopt;
+}
+
+std::vector<ThrottleCause> throttle_causes(std::uint64_t bits) {
+  // NVML sets HW slowdown with HW thermal (0x48) or HW power brake (0x88) when
+  // one of those is the reason: then that one is the cause, not all three.
+  if (bits & (nvml_abi::kReasonHwThermal | nvml_abi::kReasonHwPowerBrake)) bits &= ~nvml_abi::kReasonHwSlowdown;
+  std::vector<ThrottleCause> out;
+  for (const auto& r : kReasonNames)
+    if ((bits & r.bit) && std::find(out.begin(), out.end(), r.cause) == out.end()) out.push_back(r.cause);
+  return out;
+}
+
+std::string throttle_advice(const std::vector<ThrottleCause>& causes) {
+  std::vector<ThrottleCause> sorted = causes;
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  std::string out;
+  for (ThrottleCause c : sorted) {
+    out += out.empty() ? "" : "; ";
+    switch (c) {
+      case ThrottleCause::heat: out += "check cooling (a thermal slowdown: the GPU ran too hot)"; break;
+      case ThrottleCause::power_cap:
+        out += "check the power limit (a software power cap is a setting: nvidia-smi -pl)";
+        break;
+      case ThrottleCause::power_brake:
+        out += "check the power supply: the external power brake was asserted (HW power brake: the server's power "
+               "supply or its power management held the GPU back)";
+        break;
+      case ThrottleCause::hw_slowdown:
+        out += "HW slowdown, which NVML sets for a temperature too high, the external power brake asserted, or a "
+               "power draw too high (fast trigger protection), and briefly at a clock (PState) change: check cooling, "
+               "the power supply and the power draw against the limit";
+        break;
+    }
+  }
+  return out.empty() ? "check the clocks" : out;
 }
 
 Reading GpuTracker::read(const telemetry::Sample& s, bool proc_held) const {
@@ -74,7 +111,7 @@ void GpuTracker::merge_series() {  // halves the series' resolution
       const Bucket& o = series_[i + 1];
       m.util += o.util, m.n += o.n, m.sm_active += o.sm_active, m.n_sm += o.n_sm;
       m.power += o.power, m.n_power += o.n_power, m.clock += o.clock, m.n_clock += o.n_clock;
-      m.mem = std::max(m.mem, o.mem);
+      m.mem = std::max(m.mem, o.mem), m.n_mem += o.n_mem;
     }
     merged.push_back(m);
   }
@@ -101,6 +138,7 @@ bool GpuTracker::add(const telemetry::Sample& s_in, const std::vector<unsigned>*
     if (prev_throttled_) throttled_s_ += dt;
     if (prev_clocks_low_) clocks_low_s_ += dt;
     for (const auto& name : throttle_reason_names(prev_bits_)) reason_s_[name] += dt;
+    for (const ThrottleCause c : throttle_causes(prev_bits_)) cause_s_[c] += dt;
   }
   prev_loaded_ = r.has_util && r.util >= kLoadedUtil;
   prev_throttled_ = r.throttled;
@@ -138,7 +176,10 @@ bool GpuTracker::add(const telemetry::Sample& s_in, const std::vector<unsigned>*
     power_sum_ += *s.power_w;
     ++power_n_;
   }
-  if (s.mem_used_mib) mem_max_ = std::max(mem_max_, *s.mem_used_mib);
+  if (s.mem_used_mib) {
+    mem_max_ = std::max(mem_max_, *s.mem_used_mib);
+    ++mem_n_;
+  }
   const double rel = t - t_first_;
   // coarser buckets first when this sample lies far past the series' end
   while (rel / bucket_s_ >= double(2 * kMaxSeries)) merge_series();
@@ -161,7 +202,10 @@ bool GpuTracker::add(const telemetry::Sample& s_in, const std::vector<unsigned>*
     b.clock += *s.sm_clock_mhz;
     ++b.n_clock;
   }
-  if (s.mem_used_mib) b.mem = std::max(b.mem, *s.mem_used_mib);
+  if (s.mem_used_mib) {
+    b.mem = std::max(b.mem, *s.mem_used_mib);
+    ++b.n_mem;
+  }
   if (series_.size() > kMaxSeries) merge_series();
 
   // stuck: utilization 0 with memory held, for stuck_after_s
@@ -406,7 +450,8 @@ json GpuTracker::summary() const {
   if (sm_active_n_) j["mean_sm_active"] = sm_active_sum_ / sm_active_n_;
   if (tensor_n_) j["mean_tensor_active"] = tensor_sum_ / tensor_n_;
   if (power_n_) j["mean_power_w"] = power_sum_ / power_n_;
-  j["max_mem_used_mib"] = mem_max_;
+  // No memory reading (a dcgmi log without FBUSD): absent, not 0 MiB.
+  if (mem_n_) j["max_mem_used_mib"] = mem_max_;
   j["loaded_s"] = loaded_s_;
   j["throttled_s"] = throttled_s_;
   j["clocks_low_s"] = clocks_low_s_;
@@ -423,7 +468,7 @@ json GpuTracker::summary() const {
   json ser{{"bucket_s", bucket_s_}};
   json t = json::array(), u = json::array(), sm = json::array(), pw = json::array(), ck = json::array(),
        mem = json::array();
-  bool has_sm = false, has_pw = false, has_ck = false;
+  bool has_sm = false, has_pw = false, has_ck = false, has_mem = false;
   for (const Bucket& b : series_) {
     if (b.n == 0) continue;
     t.push_back(b.t0);
@@ -431,15 +476,15 @@ json GpuTracker::summary() const {
     sm.push_back(b.n_sm ? json(b.sm_active / b.n_sm) : json(nullptr));
     pw.push_back(b.n_power ? json(b.power / b.n_power) : json(nullptr));
     ck.push_back(b.n_clock ? json(b.clock / b.n_clock) : json(nullptr));
-    mem.push_back(b.mem);
-    has_sm |= b.n_sm > 0, has_pw |= b.n_power > 0, has_ck |= b.n_clock > 0;
+    mem.push_back(b.n_mem ? json(b.mem) : json(nullptr));
+    has_sm |= b.n_sm > 0, has_pw |= b.n_power > 0, has_ck |= b.n_clock > 0, has_mem |= b.n_mem > 0;
   }
   ser["t_s"] = t;
   ser["util_pct"] = u;
   if (has_sm) ser["sm_active"] = sm;
   if (has_pw) ser["power_w"] = pw;
   if (has_ck) ser["sm_clock_mhz"] = ck;
-  ser["mem_used_mib"] = mem;
+  if (has_mem) ser["mem_used_mib"] = mem;
   j["series"] = ser;
   return j;
 }

@@ -39,6 +39,13 @@ struct Reading {
   bool clocks_low = false;          // SM clock < 90% of its max with utilization >= 50%
 };
 
+// What a throttle reason points at: heat (cooling), a power cap (the power
+// limit), the power brake (the power supply asserted it), or NVML's HW
+// slowdown (0x8), which is set for any of a temperature too high, the external
+// power brake asserted, or a power draw too high (fast trigger protection), and
+// may show during a clock (PState) change: the bit alone does not say which.
+enum class ThrottleCause { heat, power_cap, power_brake, hw_slowdown };
+
 struct StuckEpisode {
   double start_s = 0, end_s = -1;  // end -1: still stuck when the watch ended
   double alarm_s = 0;              // when the alarm was raised (start + stuck_after)
@@ -92,10 +99,15 @@ class GpuTracker {
   double throttled_s() const { return throttled_s_; }
   double clocks_low_s() const { return clocks_low_s_; }
   const std::map<std::string, double>& throttle_reason_s() const { return reason_s_; }
+  const std::map<ThrottleCause, double>& throttle_cause_s() const { return cause_s_; }
   double mean_util() const { return util_n_ ? util_sum_ / util_n_ : 0; }
   // Samples with a utilization reading (a log of only N/A or [Not Supported] values has none).
   double util_samples() const { return util_n_; }
-  double max_mem_used_mib() const { return mem_max_; }
+  // Samples with a memory-used reading. None (a dcgmi log without FBUSD): memory
+  // is held only when NVML lists a process, which a log does not, so a log's
+  // stuck alarm cannot fire.
+  std::size_t mem_samples() const { return mem_n_; }
+  std::optional<double> max_mem_used_mib() const { return mem_n_ ? std::optional<double>(mem_max_) : std::nullopt; }
 
  private:
   struct Entry {
@@ -142,15 +154,17 @@ class GpuTracker {
   // throttling: seconds (each sample counts the time to the next)
   double throttled_s_ = 0, clocks_low_s_ = 0, loaded_s_ = 0;
   std::map<std::string, double> reason_s_;
+  std::map<ThrottleCause, double> cause_s_;
   bool prev_throttled_ = false, prev_clocks_low_ = false, prev_loaded_ = false;
   std::uint64_t prev_bits_ = 0;
   // means
   double util_sum_ = 0, util_n_ = 0, sm_active_sum_ = 0, sm_active_n_ = 0, tensor_sum_ = 0, tensor_n_ = 0;
   double mem_max_ = 0, power_sum_ = 0, power_n_ = 0;
+  std::size_t mem_n_ = 0;
   // the series at ~1 s per point
   struct Bucket {
     double t0 = 0, util = 0, sm_active = 0, power = 0, clock = 0, mem = 0;
-    int n = 0, n_sm = 0, n_power = 0, n_clock = 0;
+    int n = 0, n_sm = 0, n_power = 0, n_clock = 0, n_mem = 0;
   };
   std::vector<Bucket> series_;
   double bucket_s_ = 1;
@@ -158,8 +172,14 @@ class GpuTracker {
 
 // The names of the throttle reasons set in bits ("sw_power_cap", "hw_slowdown", ...).
 std::vector<std::string> throttle_reason_names(std::uint64_t bits);
-// What a reason throttle_reason_names gives points at: heat (cooling) or power (the limit).
-enum class ThrottleCause { heat, power };
+// What a throttle reason points at (ThrottleCause, above the tracker).
 std::optional<ThrottleCause> throttle_reason_cause(const std::string& name);
+// The causes of one sample's reasons: HW slowdown counts as its own cause only
+// when neither HW thermal (0x40: heat) nor HW power brake (0x80) beside it
+// says which it is.
+std::vector<ThrottleCause> throttle_causes(std::uint64_t bits);
+// What to check for the causes seen ("check the clocks" for none: the SM clock
+// was low without a reason).
+std::string throttle_advice(const std::vector<ThrottleCause>& causes);
 
 }  // namespace sb::watch

@@ -5,6 +5,7 @@
 #include <algorithm>  // std::min
 #include <array>      // std::array
 #include <chrono>     // std::chrono::steady_clock
+#include <cstring>    // std::memcpy
 
 #include <fmt/format.h>  // fmt::format
 
@@ -42,7 +43,12 @@ struct NvmlSession::Impl {
   Return (*pcie)(DeviceHandle, int, unsigned*) = nullptr;  // KB/s
   Return (*reasons)(DeviceHandle, unsigned long long*) = nullptr;
   Return (*temperature)(DeviceHandle, int, unsigned*) = nullptr;
-  Return (*processes)(DeviceHandle, unsigned*, ProcessInfo*) = nullptr;
+  // ..._ComputeRunningProcesses: an array of records whose size depends on the
+  // version (choose_process_query); void* as the caller allocates it in bytes.
+  using Processes = Return (*)(DeviceHandle, unsigned*, void*);
+  Processes processes_v1 = nullptr, processes_v2 = nullptr, processes_v3 = nullptr;
+  Processes processes = nullptr;  // the one chosen
+  ProcessQuery process_query;
 
   std::string err(Return r) const {
     const char* s = error_string ? error_string(r) : nullptr;
@@ -90,7 +96,9 @@ std::unique_ptr<NvmlSession> NvmlSession::open(std::string& why) {
   get("nvmlDeviceGetMemoryInfo", impl->memory, false);
   get("nvmlDeviceGetPcieThroughput", impl->pcie, false);
   get("nvmlDeviceGetTemperature", impl->temperature, false);
-  get("nvmlDeviceGetComputeRunningProcesses_v3", impl->processes, false);
+  get("nvmlDeviceGetComputeRunningProcesses", impl->processes_v1, false);
+  get("nvmlDeviceGetComputeRunningProcesses_v2", impl->processes_v2, false);
+  get("nvmlDeviceGetComputeRunningProcesses_v3", impl->processes_v3, false);
   // Renamed in driver 535; older drivers have only the old name.
   if (!get("nvmlDeviceGetCurrentClocksEventReasons", impl->reasons, false))
     get("nvmlDeviceGetCurrentClocksThrottleReasons", impl->reasons, false);
@@ -137,11 +145,25 @@ std::unique_ptr<NvmlSession> NvmlSession::open(std::string& why) {
   std::array<char, kDriverVersionSize> drv{};
   if (impl->driver_version && impl->driver_version(drv.data(), kDriverVersionSize) == kSuccess)
     s->driver_ = drv.data();
+  impl->process_query = choose_process_query(impl->processes_v1, impl->processes_v2, impl->processes_v3, s->driver_);
+  const int v = impl->process_query.version;
+  impl->processes = v == 2 ? impl->processes_v2 : v == 3 ? impl->processes_v3 : v == 1 ? impl->processes_v1 : nullptr;
   s->impl_ = std::move(impl);
   return s;
 }
 
+ProcessQuery choose_process_query(bool has_v1, bool has_v2, bool has_v3, const std::string& driver) {
+  if (has_v2) return {2, "nvmlDeviceGetComputeRunningProcesses_v2", sizeof(ProcessInfoV2)};
+  // _v3's record is the v2 one, or 32 bytes on 535.43-535.86: unknown without the driver's version
+  if (const unsigned size = process_info_v3_size(driver.c_str()); has_v3 && size > 0)
+    return {3, "nvmlDeviceGetComputeRunningProcesses_v3", size};
+  if (has_v1) return {1, "nvmlDeviceGetComputeRunningProcesses", sizeof(ProcessInfoV1)};
+  return {};
+}
+
 NvmlSession::~NvmlSession() = default;
+
+std::string NvmlSession::process_query() const { return impl_->process_query.symbol; }
 
 std::string NvmlSession::library() const {
   Dl_info info{};
@@ -195,21 +217,31 @@ LiveSample NvmlSession::sample(std::size_t slot) {
     sl.processes_known = false;
     if (l.processes) {
       // NVML fills nothing when the array is short (INSUFFICIENT_SIZE, with the
-      // count it needs): ask again with that many, a few times at most.
-      std::vector<ProcessInfo> infos(kMaxProcesses);
+      // count it needs): ask again with that many, a few times at most. The
+      // array holds `cap` records of the largest size any driver writes, read at
+      // the chosen function's size: a driver whose record is not the one
+      // expected gives wrong fields, never a write past the end.
+      const std::size_t stride = l.process_query.record_size;
+      unsigned cap = kMaxProcesses;
+      std::vector<unsigned long long> buf;  // 8-byte aligned, as the records' u64 fields need
       for (int attempt = 0; attempt < 3; ++attempt) {
-        unsigned n = unsigned(infos.size());
-        const Return r = l.processes(h, &n, infos.data());
+        buf.assign(std::size_t(cap) * kProcessInfoMaxSize / sizeof(unsigned long long), 0);
+        unsigned n = cap;
+        const Return r = l.processes(h, &n, buf.data());
         if (r == kSuccess) {
           sl.processes_known = true;
-          for (unsigned i = 0; i < std::min<std::size_t>(n, infos.size()); ++i)
-            sl.processes.push_back({infos[i].pid, infos[i].used_gpu_memory == kValueNotAvailable
-                                                      ? -1.0
-                                                      : double(infos[i].used_gpu_memory) / (1 << 20)});
+          const auto* bytes = reinterpret_cast<const unsigned char*>(buf.data());
+          for (unsigned i = 0; i < std::min(n, cap); ++i) {
+            ProcessInfoV1 rec{};  // pid and memory lead every version's record at the same offsets
+            std::memcpy(&rec, bytes + i * stride, sizeof rec);
+            sl.processes.push_back({rec.pid, rec.used_gpu_memory == kValueNotAvailable
+                                                 ? -1.0
+                                                 : double(rec.used_gpu_memory) / (1 << 20)});
+          }
           break;
         }
-        if (r != kErrorInsufficientSize || n <= infos.size() || n > 65536) break;
-        infos.assign(n + 8, ProcessInfo{});  // processes may start between the calls
+        if (r != kErrorInsufficientSize || n <= cap || n > 65536) break;
+        cap = n + 8;  // processes may start between the calls
       }
     }
   }

@@ -36,6 +36,19 @@ struct LiveSample {
   bool lost = false;             // NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus
 };
 
+// Which of NVML's ..._ComputeRunningProcesses functions to call, and the size
+// of the record it writes (harness/nvml_abi.hpp: three layouts, and one
+// function whose record changed with the driver).
+struct ProcessQuery {
+  int version = 0;               // 1, 2, 3; 0: none, the process list is not read
+  const char* symbol = "";       // its name, "" for none
+  unsigned record_size = 0;      // bytes per record
+};
+// _v2 where the library exports it (one layout on every driver), else _v3
+// where the driver's version tells its record (nvml_abi::process_info_v3_size),
+// else the unversioned v1. `driver` as nvmlSystemGetDriverVersion gives it.
+ProcessQuery choose_process_query(bool has_v1, bool has_v2, bool has_v3, const std::string& driver);
+
 class NvmlSession {
  public:
   // Loads and initializes NVML and opens every GPU. On failure returns
@@ -48,6 +61,8 @@ class NvmlSession {
   const std::vector<GpuIdentity>& gpus() const { return gpus_; }
   std::string driver_version() const { return driver_; }
   std::string library() const;  // the path dlopen found, from dladdr
+  // The process query chosen (choose_process_query), "" when the library has none.
+  std::string process_query() const;
   // One reading of GPU `slot` (an index into gpus()), t_s left at 0 for the
   // caller to set. A field NVML does not report stays empty. When the
   // utilization query fails, error says how and the rest is not read.

@@ -353,22 +353,16 @@ void add_findings(Result& r, const Watched& w, const json& sum) {
   }
   const double loaded = sum.value("loaded_s", 0.0);
   if (loaded > 0 && 100 * t.throttled_s() / loaded >= kThrottlePct) {
-    // What to look at follows the reasons: heat is cooling, a power cap is the power limit (a
-    // software cap is a setting, not a fault). A throttled second is not a lost second: how much
+    // What to look at follows the reasons (analysis.hpp, throttle_advice): heat is cooling, a power
+    // cap the power limit (a software cap is a setting, not a fault), the power brake the power supply,
+    // and a HW slowdown alone any of the three. A throttled second is not a lost second: how much
     // slower the work ran depends on how far the clocks fell, which the SM clock says.
     std::vector<std::string> reasons;
-    bool heat = false, power = false;
-    for (const auto& [name, s] : t.throttle_reason_s()) {
-      reasons.push_back(fmt::format("{} {:.1f} s", name, s));
-      const auto cause = throttle_reason_cause(name);
-      heat = heat || cause == ThrottleCause::heat;
-      power = power || cause == ThrottleCause::power;
-    }
+    for (const auto& [name, s] : t.throttle_reason_s()) reasons.push_back(fmt::format("{} {:.1f} s", name, s));
+    std::vector<ThrottleCause> causes;
+    for (const auto& [cause, s] : t.throttle_cause_s()) causes.push_back(cause);
     const double pct = 100 * t.throttled_s() / loaded;
-    const std::string look = heat && power ? "check cooling and the power limit"
-                             : heat        ? "check cooling"
-                             : power       ? "check the power limit (a software power cap is a setting: nvidia-smi -pl)"
-                                           : "check the clocks";
+    const std::string look = throttle_advice(causes);
     finding("throttling",
             fmt::format("{}: a clock event reason was active {:.0f}% of the time under load ({:.1f} of {:.1f} s){}{}: "
                         "{} (nvidia-smi -q -d PERFORMANCE,POWER); figures measured on this GPU meanwhile ran at "
@@ -412,7 +406,8 @@ Point point_of(const Watched& w, const json& sum, double cpu_pct, bool live) {
   for (const auto& e : t.stuck_episodes()) stuck_s += (e.end_s < 0 ? t.duration_s() : e.end_s) - e.start_s;
   p.add(metric("stuck", stuck_s, "s", Direction::lower, "utilization 0 with memory held, once past --stuck-after"));
   if (sum.contains("mean_power_w")) p.add(metric("mean_power", sum["mean_power_w"].get<double>(), "W", Direction::none));
-  p.add(metric("max_mem_used", sum.value("max_mem_used_mib", 0.0), "MiB", Direction::none));
+  if (sum.contains("max_mem_used_mib"))  // absent, not 0, without a memory reading
+    p.add(metric("max_mem_used", sum["max_mem_used_mib"].get<double>(), "MiB", Direction::none));
   p.add(metric("samples", double(t.samples()), "count", Direction::none, "", false));
   p.add(metric("duration", t.duration_s(), "s", Direction::none, "", false));
   if (live)
@@ -521,14 +516,33 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
       w.tracker.finish();
       wall = std::max(wall, w.tracker.duration_s());
     }
+    // Stuck is utilization 0 with memory held, and a log lists no processes: without a memory-used
+    // reading (dcgmi dmon -e without 252, FBUSD) it cannot be told, which the report says.
+    std::vector<std::string> notes = rec.notes;
+    std::map<int, std::string> no_memory;
+    for (const auto& w : ws)
+      if (w.tracker.mem_samples() == 0) {
+        no_memory[w.id.index] = fmt::format(
+            "GPU {}: no memory-used reading in the log ({}): stuck (utilization 0 with memory held) cannot be "
+            "detected, and the memory used is not known",
+            w.id.index, rec.format == "dcgmi" ? "add field 252, FBUSD, to dcgmi dmon -e" : "add memory.used to --query-gpu");
+        notes.push_back(no_memory[w.id.index]);
+      }
     const json props{{"source", rec.format}, {"file", a.from}, {"columns", rec.columns}, {"ignored", rec.ignored},
-                     {"notes", rec.notes}};
+                     {"notes", notes}};
     r.meta = meta_for(fmt::format("cuda:{}", ws.front().id.index), rec.format + " log", props);
     r.params = json{{"source", json::array({rec.format})}, {"gpus", json::array({a.gpus})}};
     bool stuck = false;
     for (const auto& w : ws) {
       const json sum = w.tracker.summary();
       r.points.push_back(point_of(w, sum, 0, false));
+      if (no_memory.count(w.id.index)) {
+        Point& p = r.points.back();
+        p.info["stuck_undetectable"] = no_memory[w.id.index];
+        for (Metric& m : p.metrics)  // the table and the HTML report show the note beside "stuck 0 s"
+          if (m.name == "stuck") m.note = "not detectable: the log has no memory-used reading (" +
+                                          std::string(rec.format == "dcgmi" ? "FBUSD, field 252" : "memory.used") + ")";
+      }
       if (w.tracker.util_samples() == 0) {  // "mean utilization 0%" would read as idle
         r.points.back().status = Status::skipped;
         r.points.back().reason = "no utilization reading in the log: every value empty (N/A, [Not Supported])";
@@ -538,7 +552,7 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
     }
     out.summary = summary_text(ws, r, wall, 0, false, fmt::format("{} ({}, {} samples)", a.from, rec.format,
                                                                   rec.samples.size()));
-    for (const auto& n : rec.notes) out.summary += "note: " + n + "\n";
+    for (const auto& n : notes) out.summary += "note: " + n + "\n";
     // As live: a stuck alarm in the log is exit 4, so a post-mortem gate sees it.
     out.exit_code = stuck ? kExitHang : 0;
     return out;
@@ -576,6 +590,7 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
   const json props{{"source", "nvml"},
                    {"library", nvml->library()},
                    {"driver", nvml->driver_version()},
+                   {"process_query", nvml->process_query()},  // which ..._ComputeRunningProcesses ("": none)
                    {"interval_ms", a.interval_ms},
                    {"gpus", [&] {
                       json g = json::array();

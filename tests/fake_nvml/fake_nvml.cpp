@@ -16,10 +16,24 @@
 // A field absent from a row answers NVML_ERROR_NOT_SUPPORTED.
 // FAKE_NVML_FAIL: "init" (nvmlInit_v2 fails: driver not loaded), "nogpu" (count 0),
 // "lost@N" (utilization fails with NVML_ERROR_GPU_IS_LOST from the Nth call on).
+//
+// The compute processes ("procs": [[pid, MiB or -1 for hidden], ...]) are answered by
+// the three versions of the query, each with its driver's record (harness/nvml_abi.hpp):
+// nvmlDeviceGetComputeRunningProcesses 16 bytes, _v2 24 bytes, _v3 24 bytes or, for a
+// "driver" of 535.43 through 535.86 (535.54.03), 32 bytes as those drivers wrote it.
+// FAKE_NVML_ABSENT lists entry points the library does not export (comma-separated
+// names, read at each dlsym: the three are GNU indirect functions whose resolver answers
+// null), as 535.98 lacks _v3 and R430 _v2. A guard: a process query writes no byte past
+// the array it was given (its malloc_usable_size: the caller's array must come from the
+// heap); the bytes it would have written past are counted instead, for the tests to read
+// through fake_nvml_overflow_bytes().
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <malloc.h>  // malloc_usable_size
 #include <mutex>
 #include <string>
 #include <vector>
@@ -45,6 +59,7 @@ struct State {
   std::vector<Gpu> gpus;
   std::chrono::steady_clock::time_point t0;
   std::string fail;
+  std::size_t overflow_bytes = 0;  // what process queries would have written past their arrays
 };
 
 State& st() {
@@ -243,11 +258,26 @@ FAKE_API Return nvmlDeviceGetCurrentClocksEventReasons(DeviceHandle h, unsigned 
   return field(h, "reasons", reasons);
 }
 
-FAKE_API Return nvmlDeviceGetComputeRunningProcesses_v3(DeviceHandle h, unsigned* n, ProcessInfo* infos) {
-  std::lock_guard lk(st().mu);
-  if (!st().initialized) return kErrorUninitialized;
+namespace {
+
+// The record a driver's _v3 writes: 32 bytes on 535.43-535.86 (usedGpuCcProtectedMemory added
+// without a version bump), 24 on the others. Read from the "driver" string on its own, not
+// through nvml_abi.hpp's rule, so that the test checks that rule against this one.
+unsigned v3_record_size(const std::string& driver) {
+  unsigned major = 0, minor = 0;
+  if (std::sscanf(driver.c_str(), "%u.%u", &major, &minor) != 2) return 24;
+  return major == 535 && minor >= 43 && minor <= 86 ? 32 : 24;
+}
+
+// One process query: `record` bytes per process, pid at 0, used memory (u64) at 8, as
+// every nvmlProcessInfo layout has them.
+Return processes(DeviceHandle h, unsigned* n, void* infos, unsigned record) {
+  State& s = st();
+  std::lock_guard lk(s.mu);
+  if (!s.initialized) return kErrorUninitialized;
   Gpu* g = gpu_of(h);
   if (!g || !n) return kErrorInvalidArgument;
+  if (record == 0) record = v3_record_size(s.doc.value("driver", std::string()));
   const json* r = row(*g);
   if (!r || !r->contains("procs")) {
     *n = 0;
@@ -259,12 +289,70 @@ FAKE_API Return nvmlDeviceGetComputeRunningProcesses_v3(DeviceHandle h, unsigned
     *n = have;
     return kErrorInsufficientSize;
   }
+  const std::size_t room = have ? malloc_usable_size(infos) : 0;
+  auto* bytes = static_cast<unsigned char*>(infos);
   for (unsigned i = 0; i < have; ++i) {
-    infos[i] = {};
-    infos[i].pid = procs[i][0].get<unsigned>();
+    unsigned char rec[32] = {};
+    const unsigned pid = procs[i][0].get<unsigned>();
     const double mib = procs[i][1].get<double>();
-    infos[i].used_gpu_memory = mib < 0 ? kValueNotAvailable : (unsigned long long)(mib * (1 << 20));
+    const unsigned long long used = mib < 0 ? kValueNotAvailable : (unsigned long long)(mib * (1 << 20));
+    const unsigned none = ~0u;  // gpuInstanceId, computeInstanceId without MIG
+    std::memcpy(rec, &pid, 4);
+    std::memcpy(rec + 8, &used, 8);
+    if (record >= 24) {
+      std::memcpy(rec + 16, &none, 4);
+      std::memcpy(rec + 20, &none, 4);
+    }
+    const std::size_t at = std::size_t(i) * record;
+    const std::size_t fits = at >= room ? 0 : std::min<std::size_t>(record, room - at);
+    std::memcpy(bytes + at, rec, fits);
+    s.overflow_bytes += record - fits;
   }
   *n = have;
   return kSuccess;
+}
+
+using ProcessesFn = Return (*)(DeviceHandle, unsigned*, void*);
+
+Return processes_v1(DeviceHandle h, unsigned* n, void* infos) { return processes(h, n, infos, 16); }
+Return processes_v2(DeviceHandle h, unsigned* n, void* infos) { return processes(h, n, infos, 24); }
+Return processes_v3(DeviceHandle h, unsigned* n, void* infos) { return processes(h, n, infos, 0); }
+
+// FAKE_NVML_ABSENT names `symbol`: its resolver answers null, and dlsym finds nothing.
+ProcessesFn unless_absent(const char* symbol, ProcessesFn fn) {
+  const char* absent = std::getenv("FAKE_NVML_ABSENT");
+  for (const char* p = absent; p && *p;) {
+    const char* e = std::strchr(p, ',');
+    const std::size_t len = e ? std::size_t(e - p) : std::strlen(p);
+    if (len == std::strlen(symbol) && std::strncmp(p, symbol, len) == 0) return nullptr;
+    p = e ? e + 1 : p + len;
+  }
+  return fn;
+}
+
+}  // namespace
+
+extern "C" ProcessesFn fake_resolve_processes_v1() {
+  return unless_absent("nvmlDeviceGetComputeRunningProcesses", processes_v1);
+}
+extern "C" ProcessesFn fake_resolve_processes_v2() {
+  return unless_absent("nvmlDeviceGetComputeRunningProcesses_v2", processes_v2);
+}
+extern "C" ProcessesFn fake_resolve_processes_v3() {
+  return unless_absent("nvmlDeviceGetComputeRunningProcesses_v3", processes_v3);
+}
+FAKE_API Return nvmlDeviceGetComputeRunningProcesses(DeviceHandle, unsigned*, void*)
+    __attribute__((ifunc("fake_resolve_processes_v1")));
+FAKE_API Return nvmlDeviceGetComputeRunningProcesses_v2(DeviceHandle, unsigned*, void*)
+    __attribute__((ifunc("fake_resolve_processes_v2")));
+FAKE_API Return nvmlDeviceGetComputeRunningProcesses_v3(DeviceHandle, unsigned*, void*)
+    __attribute__((ifunc("fake_resolve_processes_v3")));
+
+// For the tests (dlsym on the loaded fake): bytes process queries would have written past
+// the arrays they were given; `reset` non-zero then sets the count back to 0.
+FAKE_API std::size_t fake_nvml_overflow_bytes(int reset) {
+  std::lock_guard lk(st().mu);
+  const std::size_t n = st().overflow_bytes;
+  if (reset) st().overflow_bytes = 0;
+  return n;
 }

@@ -1,8 +1,9 @@
 // The telemetry log reader (readers/telemetry.hpp): the real recordings of
 // tests/data/telemetry (an nvidia-smi CSV of a V100S, dcgmi dmon output of an
-// H800, and two real logs it must refuse) and the two made fixtures of
-// 400+ rows (8 GPUs interleaved with a restart, 4 GPUs with dcgmi's header
-// reprints) read to exact values; each rule of the formats on small texts
+// H800, a log without header it must refuse and one without index it reads as
+// one GPU) and the made fixtures of 400+ rows (8 GPUs interleaved with a
+// restart, 4 GPUs with dcgmi's header reprints) read to exact values, and of 3
+// GPUs without index (refused: they cannot be told apart); each rule of the formats on small texts
 // (units or none, N/A, hex reasons, column aliases, CRLF, repeated and changed
 // headers, clock steps, MIG rows, values with blanks, cut values); every
 // refusal naming FILE:LINE; FIFOs, directories and oversized files refused
@@ -22,6 +23,9 @@
 #include <sstream>     // std::ostringstream
 #include <string>      // std::string
 #include <vector>      // std::vector
+
+#include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"  // sb::UsageError
 #include "readers/telemetry.hpp"
@@ -733,5 +737,109 @@ TEST(TelemetryMade, BusIdsNameTheGpusWhenThereIsNoIndex) {
   EXPECT_DOUBLE_EQ(*r.samples[3].util_pct, 40);
   EXPECT_NEAR(r.samples[3].t_s, 0.1, 1e-9);
 }
+
+// nvidia-smi rows of `rows` readings `every_ms` apart, the GPUs of one reading `apart_ms` apart
+// (nvidia-smi stamps each row on its own), utilization alternating busy and idle GPUs; no index.
+std::string unnamed_log(int gpus, int rows, int every_ms, int apart_ms) {
+  std::string out = "timestamp, utilization.gpu [%]\n";
+  for (int r = 0; r < rows; ++r)
+    for (int g = 0; g < gpus; ++g) {
+      const int ms = r * every_ms + g * apart_ms + (r * 7) % 3;
+      out += fmt::format("2024/05/01 12:{:02d}:{:02d}.{:03d}, {} %\n", ms / 60000, ms / 1000 % 60, ms % 1000, g % 2 ? 0 : 97);
+    }
+  return out;
+}
+
+TEST(TelemetryMade, SeveralGpusWithoutAnIndexAreRefusedNotMerged) {
+  // make_fixtures.py: 3 GPUs, -l 1, each reading's rows 11 and 4 ms apart (as nvidia-smi stamps
+  // them); no two rows share a timestamp. Read as one GPU it alternated 97% and 0%: spiky.
+  std::string msg = usage_error([&] { read_telemetry(kDir + "/nvsmi_3gpu_no_index.csv"); });
+  EXPECT_TRUE(has(msg, "nvsmi_3gpu_no_index.csv:2: no 'index' column, and the rows come in groups of 3")) << msg;
+  EXPECT_TRUE(has(msg, "lines 2 to 4: 11, 4 ms")) << msg;
+  EXPECT_TRUE(has(msg, "--query-gpu=timestamp,index")) << msg;
+  // two GPUs 5 ms apart every 500 ms; eight, from the made 8-GPU log without index and bus id
+  msg = parse_error(unnamed_log(2, 10, 500, 5));
+  EXPECT_TRUE(has(msg, "log.csv:2: no 'index' column, and the rows come in groups of 2")) << msg;
+  std::string eight;
+  std::istringstream in(read_file(kDir + "/nvsmi_8gpu_100ms.csv"));
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> cells;
+    for (std::size_t b = 0;;) {
+      const std::size_t e = line.find(", ", b);
+      cells.push_back(line.substr(b, e == std::string::npos ? std::string::npos : e - b));
+      if (e == std::string::npos) break;
+      b = e + 2;
+    }
+    cells.erase(cells.begin() + 3);  // pci.bus_id
+    cells.erase(cells.begin() + 1);  // index
+    eight += fmt::format("{}\n", fmt::join(cells, ", "));
+  }
+  msg = parse_error(eight);
+  EXPECT_TRUE(has(msg, "log.csv:2: no 'index' column, and the rows come in groups of 8")) << msg;
+}
+
+TEST(TelemetryMade, OneGpuWithoutAnIndexIsStillRead) {
+  // -l 1 with jitter, a pause of 30 s and nvidia-smi restarted: one kind of gap, and pauses
+  // that do not cut the rows into groups of one size
+  std::string text = "timestamp, utilization.gpu [%]\n";
+  for (int r = 0; r < 60; ++r) {
+    const int ms = r * 1000 + (r * 37) % 90 + (r >= 20 ? 30000 : 0) + (r >= 45 ? 5000 : 0);
+    if (r == 45) text += "timestamp, utilization.gpu [%]\n";
+    text += fmt::format("2024/05/01 12:{:02d}:{:02d}.{:03d}, {} %\n", ms / 60000, ms / 1000 % 60, ms % 1000, 90 + r % 7);
+  }
+  const Recording r = parse_telemetry(text, "log.csv");
+  EXPECT_EQ(r.gpus, 1);
+  EXPECT_EQ(r.samples.size(), 60u);
+  EXPECT_TRUE(has_note(r, "every row read as GPU 0")) << notes(r);
+  // -lms 100 with a slow query every fifth reading (400 ms): groups of five, but spread over
+  // as long as the gap between them, which one GPU's rows are and a reading's are not
+  text = "timestamp, utilization.gpu [%]\n";
+  for (int i = 0, ms = 0; i < 40; ++i, ms += i % 5 == 0 ? 400 : 100)
+    text += fmt::format("2024/05/01 12:00:{:02d}.{:03d}, 50 %\n", ms / 1000, ms % 1000);
+  EXPECT_EQ(parse_telemetry(text, "log.csv").gpus, 1);
+  // a short log of one GPU: too few rows to tell
+  EXPECT_EQ(parse_telemetry(unnamed_log(2, 2, 500, 5), "log.csv").samples.size(), 4u);
+}
+
+// nvidia-smi rows of one GPU (index 0) at these local times, 50% each.
+std::string rows_at(const std::vector<std::string>& times) {
+  std::string out = "timestamp, index, utilization.gpu [%]\n";
+  for (const std::string& t : times) out += "2026/10/25 " + t + ", 0, 50 %\n";
+  return out;
+}
+
+TEST(TelemetryMade, ADaylightSavingChangeIsTakenOutWhateverTheInterval) {
+  // nvidia-smi -l 60 across the autumn change: 02:59:00 then, 60 s later, 02:00:00 (-3540 s)
+  Recording r = parse_telemetry(rows_at({"02:57:00.000", "02:58:00.000", "02:59:00.000", "02:00:00.000", "02:01:00.000"}), "log.csv");
+  ASSERT_EQ(r.samples.size(), 5u);
+  EXPECT_NEAR(r.samples[3].t_s, 180.0, 1e-9);
+  EXPECT_NEAR(r.samples[4].t_s, 240.0, 1e-9);
+  EXPECT_TRUE(has_note(r, "line 5: the clock steps back by an hour (a daylight-saving change")) << notes(r);
+  // -l 120, and -l 60 in spring (01:59:00 then 03:00:00)
+  r = parse_telemetry(rows_at({"02:54:00.000", "02:56:00.000", "02:58:00.000", "02:00:00.000"}), "log.csv");
+  EXPECT_NEAR(r.samples[3].t_s, 360.0, 1e-9);
+  r = parse_telemetry(rows_at({"01:58:00.000", "01:59:00.000", "03:00:00.000"}), "log.csv");
+  EXPECT_NEAR(r.samples[2].t_s, 120.0, 1e-9);
+  EXPECT_TRUE(has_note(r, "jumps forward by an hour")) << notes(r);
+  // two GPUs 5 ms apart, -l 60
+  r = parse_telemetry(
+      "timestamp, index, utilization.gpu [%]\n"
+      "2026/10/25 02:58:00.000, 0, 50 %\n2026/10/25 02:58:00.005, 1, 50 %\n"
+      "2026/10/25 02:59:00.000, 0, 50 %\n2026/10/25 02:59:00.005, 1, 50 %\n"
+      "2026/10/25 02:00:00.000, 0, 50 %\n2026/10/25 02:00:00.005, 1, 50 %\n",
+      "log.csv");
+  EXPECT_NEAR(r.samples[4].t_s, 120.0, 1e-9);
+  EXPECT_NEAR(r.samples[5].t_s, 120.005, 1e-9);
+  // an hourly log (-l 3600): every step is an hour, none of them a daylight-saving change
+  r = parse_telemetry(rows_at({"01:00:00.000", "02:00:00.000", "03:00:00.000", "04:00:00.000"}), "log.csv");
+  EXPECT_NEAR(r.samples[3].t_s, 10800.0, 1e-9);
+  EXPECT_FALSE(has_note(r, "daylight-saving")) << notes(r);
+  // a real step back is still refused: 49 minutes, or an hour after an irregular gap (11 min)
+  std::string msg = parse_error(rows_at({"02:57:00.000", "02:58:00.000", "02:59:00.000", "02:11:00.000"}));
+  EXPECT_TRUE(has(msg, "log.csv:5: timestamp '2026/10/25 02:11:00.000' is 2880.000 s before line 4's")) << msg;
+  msg = parse_error(rows_at({"02:50:00.000", "02:51:00.000", "02:52:00.000", "02:53:00.000", "03:04:00.000", "02:05:00.000"}));
+  EXPECT_TRUE(has(msg, "log.csv:7: timestamp '2026/10/25 02:05:00.000' is 3540.000 s before line 6's")) << msg;
+}
+
 }  // namespace
 }  // namespace sb::telemetry

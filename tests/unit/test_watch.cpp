@@ -1,15 +1,21 @@
 // watch's analysis on made series (the pattern rule over windows, the stuck
 // alarm, throttling, DCGM's SM active), and NVML read through the fake
 // libnvidia-ml.so.1 (tests/fake_nvml, on LD_LIBRARY_PATH from meson).
+#include <dlfcn.h>  // dlopen(RTLD_NOLOAD), dlsym: the fake's guard
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
+#include <functional>  // std::function
 #include <map>  // std::map
+
+#include <fmt/format.h>  // fmt::format
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "harness/errors.hpp"
+#include "harness/exit_codes.hpp"  // kExitHang
 #include "watch/analysis.hpp"
 #include "harness/nvml_abi.hpp"
 #include "watch/nvml_session.hpp"
@@ -158,17 +164,45 @@ TEST(WatchAnalysis, ThrottlingByReasonAndByClocksUnderLoad) {
   EXPECT_EQ(t.throttle_reason_s().count("gpu_idle"), 0u);
   EXPECT_EQ(throttle_reason_names(nvml_abi::kReasonHwThermal | nvml_abi::kReasonHwPowerBrake),
             (std::vector<std::string>{"hw_thermal", "hw_power_brake"}));
-  // what each names points at: heat is cooling, power the limit; every name has one
+  // what each names points at: heat is cooling, a power cap the limit, the brake the power supply, and
+  // HW slowdown any of those three; every name has one
   const std::uint64_t all = nvml_abi::kReasonSwPowerCap | nvml_abi::kReasonHwSlowdown | nvml_abi::kReasonSwThermal |
                             nvml_abi::kReasonHwThermal | nvml_abi::kReasonHwPowerBrake;
-  const std::map<std::string, ThrottleCause> want{{"sw_power_cap", ThrottleCause::power},
-                                                  {"hw_slowdown", ThrottleCause::heat},
+  const std::map<std::string, ThrottleCause> want{{"sw_power_cap", ThrottleCause::power_cap},
+                                                  {"hw_slowdown", ThrottleCause::hw_slowdown},
                                                   {"sw_thermal", ThrottleCause::heat},
                                                   {"hw_thermal", ThrottleCause::heat},
-                                                  {"hw_power_brake", ThrottleCause::power}};
+                                                  {"hw_power_brake", ThrottleCause::power_brake}};
   ASSERT_EQ(throttle_reason_names(all).size(), want.size());
   for (const std::string& name : throttle_reason_names(all)) EXPECT_EQ(throttle_reason_cause(name), want.at(name)) << name;
   EXPECT_FALSE(throttle_reason_cause("gpu_idle").has_value());
+}
+
+TEST(WatchAnalysis, HwSlowdownNamesItsThreeCausesUnlessAnotherBitSaysWhich) {
+  // NVML's HW slowdown (0x8): temperature too high, the external power brake, or power draw too
+  // high (fast trigger); with HW power brake (0x88) it is the brake, with HW thermal (0x48) heat
+  using C = std::vector<ThrottleCause>;
+  EXPECT_EQ(throttle_causes(0x8), (C{ThrottleCause::hw_slowdown}));
+  EXPECT_EQ(throttle_causes(0x88), (C{ThrottleCause::power_brake}));
+  EXPECT_EQ(throttle_causes(0x48), (C{ThrottleCause::heat}));
+  EXPECT_EQ(throttle_causes(0x4 | 0x20), (C{ThrottleCause::power_cap, ThrottleCause::heat}));
+  const std::string alone = throttle_advice({ThrottleCause::hw_slowdown});
+  for (const char* cause : {"temperature too high", "external power brake", "power draw too high"})
+    EXPECT_NE(alone.find(cause), std::string::npos) << cause << ": " << alone;
+  const std::string brake = throttle_advice(throttle_causes(0x88));
+  EXPECT_NE(brake.find("power brake"), std::string::npos) << brake;
+  EXPECT_EQ(brake.find("cooling"), std::string::npos) << brake;
+  EXPECT_EQ(throttle_advice({}), "check the clocks");
+  // the tracker keeps the seconds of each cause: 0x8 alone for 1 s, then 0x88 for 2 s
+  GpuTracker t(0, opts(10, 5, 1e9));
+  for (int i = 0; i <= 30; ++i) {
+    telemetry::Sample s = at(i * 0.1, 99);
+    s.clock_event_reasons = i < 10 ? 0x8 : 0x88;
+    t.add(s);
+  }
+  EXPECT_NEAR(t.throttle_cause_s().at(ThrottleCause::hw_slowdown), 1.0, 1e-6);
+  EXPECT_NEAR(t.throttle_cause_s().at(ThrottleCause::power_brake), 2.0, 1e-6);
+  EXPECT_NEAR(t.throttle_reason_s().at("hw_slowdown"), 3.0, 1e-6);  // the reason itself, as NVML set it
 }
 
 TEST(WatchAnalysis, SmActiveTellsSteadyLowFromHealthy) {
@@ -265,6 +299,80 @@ TEST(WatchAnalysis, GpuListIsParsedOrRefused) {
   for (const char* bad : {"", "x", "1,", ",1", "-1", "1;2", "99999"}) EXPECT_THROW(parse_gpu_list(bad), UsageError) << bad;
 }
 
+// watch --from FILE through run(): the result and the printed summary.
+Outcome watch_log(const std::string& name, const std::string& text) {
+  const auto dir = std::filesystem::temp_directory_path() / ("sb_watch_log_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = (dir / name).string();
+  std::ofstream(path) << text;
+  Args a;
+  a.from = path;
+  a.from_interval_ms = 100;
+  a.opt = opts(10, 5, 3);
+  return run(a, [](const std::string&, const std::string&, const json& props) { return json{{"watch", props}}; },
+             [](const Result&) {});
+}
+
+// dcgmi dmon rows of GPU 0 with these fields, `ticks` ticks of `value(t)` each.
+std::string dmon_log(const std::vector<std::string>& fields, int ticks, const std::function<std::string(int)>& value) {
+  std::string out = "#Entity   ";
+  for (const auto& f : fields) out += f + std::string(10 - f.size(), ' ');
+  out += "\nID        \n";
+  for (int t = 0; t < ticks; ++t) out += "GPU 0     " + value(t) + "\n";
+  return out;
+}
+
+TEST(WatchFromLog, ADcgmiLogWithoutMemorySaysStuckCannotBeDetected) {
+  // the README's dcgmi dmon -e 203,204,1002,1004: no FBUSD (252); utilization 0 for 10 s of 20
+  const auto zeros = [](int t) { return t < 100 ? std::string("97        48        0.800     0.300") : std::string("0         0         0.000     0.000"); };
+  const Outcome o = watch_log("dcgmi.txt", dmon_log({"GPUTL", "MCUTL", "SMACT", "TENSO"}, 200, zeros));
+  ASSERT_EQ(o.result.points.size(), 1u);
+  const Point& p = o.result.points[0];
+  EXPECT_FALSE(p.info["summary"].contains("max_mem_used_mib")) << p.info["summary"].dump();  // absent, not 0
+  EXPECT_FALSE(p.info["summary"]["series"].contains("mem_used_mib"));
+  for (const auto& m : p.metrics) EXPECT_NE(m.name, "max_mem_used");
+  ASSERT_NE(p.metric("stuck"), nullptr);
+  EXPECT_NE(p.metric("stuck")->note.find("not detectable"), std::string::npos) << p.metric("stuck")->note;
+  ASSERT_TRUE(p.info.contains("stuck_undetectable")) << p.info.dump();
+  EXPECT_NE(p.info["stuck_undetectable"].get<std::string>().find("field 252, FBUSD"), std::string::npos);
+  EXPECT_NE(o.summary.find("note: GPU 0: no memory-used reading in the log (add field 252, FBUSD, to dcgmi dmon -e): "
+                           "stuck (utilization 0 with memory held) cannot be detected"),
+            std::string::npos)
+      << o.summary;
+  bool in_json = false;
+  for (const auto& n : o.result.meta["watch"]["notes"]) in_json |= n.get<std::string>().find("cannot be detected") != std::string::npos;
+  EXPECT_TRUE(in_json) << o.result.meta.dump();
+  // with FBUSD (252) the same run is stuck: the alarm fires and the maximum is reported
+  const auto held = [&](int t) { return zeros(t) + "     60000"; };
+  const Outcome s = watch_log("dcgmi_fbusd.txt", dmon_log({"GPUTL", "MCUTL", "SMACT", "TENSO", "FBUSD"}, 200, held));
+  EXPECT_EQ(s.exit_code, kExitHang);
+  EXPECT_DOUBLE_EQ(s.result.points[0].info["summary"]["max_mem_used_mib"].get<double>(), 60000);
+  EXPECT_FALSE(s.result.points[0].info.contains("stuck_undetectable"));
+  EXPECT_EQ(s.summary.find("cannot be detected"), std::string::npos) << s.summary;
+}
+
+TEST(WatchFromLog, TheThrottlingAdviceFollowsTheReasons) {
+  // nvidia-smi at 100 ms, busy, clocks event reasons 0x8 (HW slowdown alone) or 0x88 (with HW power brake)
+  const auto log = [](unsigned reasons) {
+    std::string out = "timestamp, index, utilization.gpu [%], clocks_event_reasons.active\n";
+    for (int i = 0; i < 100; ++i)
+      out += fmt::format("2024/05/01 12:00:{:02d}.{}00, 0, 99 %, 0x{:016x}\n", i / 10, i % 10, reasons);
+    return out;
+  };
+  auto advice = [](const Outcome& o) {
+    for (const auto& f : o.result.findings)
+      if (f.cause == "throttling") return f.summary;
+    return std::string("no throttling finding");
+  };
+  const std::string alone = advice(watch_log("hw_slowdown.csv", log(0x8)));
+  for (const char* cause : {"temperature too high", "external power brake", "power draw too high"})
+    EXPECT_NE(alone.find(cause), std::string::npos) << cause << ": " << alone;
+  const std::string brake = advice(watch_log("power_brake.csv", log(0x88)));
+  EXPECT_NE(brake.find("power brake"), std::string::npos) << brake;
+  EXPECT_EQ(brake.find("cooling"), std::string::npos) << brake;
+  EXPECT_NE(advice(watch_log("thermal.csv", log(0x48))).find("check cooling"), std::string::npos);
+}
+
 // ---- NVML through the fake library ----
 std::string write_series(const json& doc) {
   const auto dir = std::filesystem::temp_directory_path() / ("sb_fake_nvml_" + std::to_string(::getpid()));
@@ -354,6 +462,91 @@ TEST(WatchNvml, MoreProcessesThanTheFirstArrayHolds) {
   ASSERT_EQ(ls.processes.size(), 70u);  // not 64 zeroed records
   EXPECT_EQ(ls.processes[0].pid, 1000u);
   EXPECT_EQ(ls.processes[69].pid, 1069u);
+}
+
+// The fake's guard (fake_nvml.cpp): the bytes process queries would have written past the
+// arrays they were given since the last call.
+std::size_t fake_overflow_bytes() {
+  void* lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!lib) return std::size_t(-1);
+  const auto fn = reinterpret_cast<std::size_t (*)(int)>(::dlsym(lib, "fake_nvml_overflow_bytes"));
+  const std::size_t n = fn ? fn(1) : std::size_t(-1);
+  ::dlclose(lib);  // NOLOAD's reference; the session's own keeps it loaded
+  return n;
+}
+
+// GPU 0 with `count` processes, pid 5000 + 17 i holding 100 + i MiB, under `driver`.
+json with_processes(const std::string& driver, int count) {
+  json procs = json::array();
+  for (int i = 0; i < count; ++i) procs.push_back(json::array({5000 + 17 * i, 100 + i}));
+  json doc = two_gpus();
+  doc["driver"] = driver;
+  doc["gpus"][0]["rows"] = json::array({{{"util", 0}, {"mem_used_mib", 7000}, {"procs", procs}}});
+  return doc;
+}
+
+TEST(WatchNvml, ProcessRecordsOfEveryDriverAreReadRightAndStayInTheirArray) {
+  // 535.43-535.86's _v3 writes 32-byte records where the others write 24 (nvitop #88/#89,
+  // go-nvml #75): read as 24, every pid after the first is garbage, and 60 processes in an
+  // array of 64 x 24 bytes are written 384 bytes past its end.
+  const std::string v1 = "nvmlDeviceGetComputeRunningProcesses", v2 = v1 + "_v2", v3 = v1 + "_v3";
+  struct Case {
+    const char* driver;
+    std::string absent;  // FAKE_NVML_ABSENT: what the library does not export
+    int count;
+    std::string want;  // the query chosen; "" none
+  };
+  const Case cases[] = {
+      {"535.54.03", "", 60, v2},                   // every version exported: _v2, one layout everywhere
+      {"535.54.03", v2, 60, v3},                   // _v3 alone on a driver with the 32-byte record
+      {"535.86.10", v2, 3, v3},
+      {"535.104.05", v2, 60, v3},                  // 24 bytes again
+      {"570.86.15", v2, 3, v3},
+      {"535.98", v3, 3, v2},                       // 535.98 removed _v3
+      {"535.54.03", v2 + "," + v3, 60, v1},        // 16-byte records
+      {"NVIDIA fake (no number)", v2, 3, v1},      // _v3's record unknown: skipped
+      {"570.86.15", v1 + "," + v2 + "," + v3, 3, ""},
+  };
+  ::unsetenv("FAKE_NVML_FAIL");
+  for (const Case& c : cases) {
+    const std::string what = std::string(c.driver) + " without [" + c.absent + "]";
+    ::setenv("FAKE_NVML_SERIES", write_series(with_processes(c.driver, c.count)).c_str(), 1);
+    ::setenv("FAKE_NVML_ABSENT", c.absent.c_str(), 1);
+    std::string why;
+    auto s = NvmlSession::open(why);
+    ASSERT_NE(s, nullptr) << why;
+    fake_overflow_bytes();  // from here on
+    EXPECT_EQ(s->process_query(), c.want) << what;
+    const LiveSample ls = s->sample(0);
+    EXPECT_EQ(fake_overflow_bytes(), 0u) << what << ": written past the array";
+    if (c.want.empty()) {
+      EXPECT_FALSE(ls.processes_known) << what;
+      continue;
+    }
+    ASSERT_TRUE(ls.processes_known) << what;
+    ASSERT_EQ(ls.processes.size(), std::size_t(c.count)) << what;
+    for (int i = 0; i < c.count; ++i) {
+      EXPECT_EQ(ls.processes[std::size_t(i)].pid, unsigned(5000 + 17 * i)) << what << ", process " << i;
+      EXPECT_NEAR(ls.processes[std::size_t(i)].used_mib, 100 + i, 1e-9) << what << ", process " << i;
+    }
+  }
+  ::unsetenv("FAKE_NVML_ABSENT");
+}
+
+TEST(WatchNvml, TheV3RecordSizeFollowsTheDriverVersion) {
+  using nvml_abi::process_info_v3_size;
+  for (const char* v : {"535.43.02", "535.54.03", "535.86.05", "535.86.10"}) EXPECT_EQ(process_info_v3_size(v), 32u) << v;
+  for (const char* v : {"530.41.03", "535.98", "535.104.05", "535.183.01", "550.54.15", "570.86.15", "1535.54.03"})
+    EXPECT_EQ(process_info_v3_size(v), 24u) << v;
+  for (const char* v : {"", "535", "535.", ".54", "fake", "5350000000.54.03"}) EXPECT_EQ(process_info_v3_size(v), 0u) << v;
+  EXPECT_EQ(process_info_v3_size(nullptr), 0u);
+  // the choice: _v2 first, _v3 with a known record, v1
+  EXPECT_EQ(choose_process_query(true, true, true, "535.54.03").version, 2);
+  EXPECT_EQ(choose_process_query(true, false, true, "535.54.03").record_size, 32u);
+  EXPECT_EQ(choose_process_query(true, false, true, "535.104.05").record_size, 24u);
+  EXPECT_EQ(choose_process_query(true, false, true, "").version, 1);
+  EXPECT_EQ(choose_process_query(false, false, true, "").version, 0);
+  EXPECT_EQ(choose_process_query(true, false, false, "").record_size, 16u);
 }
 
 TEST(WatchNvml, FailuresAreReasonsNotCrashes) {

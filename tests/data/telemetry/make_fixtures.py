@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the two made-up telemetry fixtures of this folder (README.md says
+"""Writes the three made-up telemetry fixtures of this folder (README.md says
 which files are real recordings and which are made):
 
   nvsmi_8gpu_100ms.csv   nvidia-smi --query-gpu=timestamp,index,name,pci.bus_id,
@@ -14,6 +14,12 @@ which files are real recordings and which are made):
                          header reprinted as dcgmi does (after tick 14, then every
                          14 ticks), N/A where DCGM has no value yet, and the line
                          dcgmi prints when stopped with Ctrl-C.
+  nvsmi_3gpu_no_index.csv  nvidia-smi --query-gpu=timestamp,name,utilization.gpu,
+                         memory.used --format=csv -l 1 on 3 GPUs, without index
+                         (nor pci.bus_id, uuid): each reading's three rows stamped
+                         a few ms apart (11:27:05.177, .188, .192), 20 readings.
+                         GPUs 0 and 2 busy, GPU 1 idle: read as one GPU it would
+                         look spiky. The reader must refuse it.
 
 The values follow closed formulas (no randomness), so the tests can state
 exact values. The layout is nvidia-smi's (", " between values, the unit after
@@ -56,6 +62,20 @@ def nvsmi():
             lines.append("{}, {}, NVIDIA H100 80GB HBM3, 00000000:{}:00.0, {} %, {} %, {} MHz, 1980 MHz, {}, 700.00 W, {}, "
                          "{} MiB, 81559 MiB, 0x{:016x}, P0".format(stamp, g, buses[g], util, mem_util, clock, power_text, temp,
                                                                   used, reasons))
+    return "\n".join(lines) + "\n"
+
+
+def nvsmi_no_index():
+    lines = ["timestamp, name, utilization.gpu [%], memory.used [MiB]"]
+    start_ms = (11 * 60 + 27) * 60000 + 5177  # 2025/03/14 11:27:05.177
+    for r in range(20):
+        base = start_ms + r * 1000 + (r * 7) % 5  # -l 1: a reading a second, a few ms of jitter
+        for g, offset in enumerate((0, 11 + r % 3, 15 + r % 4)):  # nvidia-smi reads the GPUs one after another
+            ms = base + offset
+            stamp = "2025/03/14 {:02d}:{:02d}:{:02d}.{:03d}".format(ms // 3600000, ms // 60000 % 60, ms // 1000 % 60, ms % 1000)
+            util = 0 if g == 1 else 96 + (r + g) % 4
+            used = 512 if g == 1 else 61000 + 100 * g
+            lines.append("{}, NVIDIA A100-SXM4-80GB, {} %, {} MiB".format(stamp, util, used))
     return "\n".join(lines) + "\n"
 
 
@@ -106,7 +126,8 @@ def dcgmi():
 
 
 if __name__ == "__main__":
-    for name, text in (("nvsmi_8gpu_100ms.csv", nvsmi()), ("dcgmi_4gpu_100ms.txt", dcgmi())):
+    for name, text in (("nvsmi_8gpu_100ms.csv", nvsmi()), ("dcgmi_4gpu_100ms.txt", dcgmi()),
+                       ("nvsmi_3gpu_no_index.csv", nvsmi_no_index())):
         with open(os.path.join(HERE, name), "w", newline="\n") as f:
             f.write(text)
         print("wrote", name, text.count("\n"), "lines")
