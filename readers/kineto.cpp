@@ -9,8 +9,10 @@
 
 #include <algorithm>      // std::min
 #include <array>          // std::array
+#include <charconv>       // std::from_chars
 #include <cstring>        // std::memmove
 #include <string_view>    // std::string_view
+#include <system_error>   // std::errc
 #include <unordered_map>  // std::unordered_map
 
 #include <fmt/format.h>  // fmt::format
@@ -405,12 +407,13 @@ class Reader {
     }
     // a decimal string ("stream": "7"), which HTA reads with int() as well
     std::string_view sv;
-    if (!v.get_string().get(sv) && !sv.empty() && sv.size() <= 18 &&
-        sv.find_first_not_of("0123456789") == std::string_view::npos) {
-      std::int64_t x = 0;
-      for (const char ch : sv) x = x * 10 + (ch - '0');
-      out = x;
-      return true;
+    std::int64_t x = 0;
+    if (!v.get_string().get(sv) && !sv.empty() && sv.front() != '-') {
+      const auto [end, ec] = std::from_chars(sv.data(), sv.data() + sv.size(), x);
+      if (ec == std::errc() && end == sv.data() + sv.size()) {
+        out = x;
+        return true;
+      }
     }
     return false;
   }

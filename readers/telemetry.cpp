@@ -464,6 +464,14 @@ Plan smi_plan(const Builder& b, const std::vector<std::string_view>& fields, std
 
 constexpr std::int64_t kHourUs = 3'600'000'000LL;
 
+// The median (the upper one of an even count) of a few values; a copy is partly sorted.
+template <class Values>
+std::int64_t median_of(const Values& xs) {
+  std::vector<std::int64_t> v(xs.begin(), xs.end());
+  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 // A row read as GPU 0 for want of an index: when, and its line.
 struct UnnamedRow {
   std::int64_t at_us;
@@ -517,9 +525,7 @@ void refuse_unnamed_gpus(const std::vector<UnnamedRow>& rows, Builder& b) {
       spans.push_back(rows[end - 1].at_us - rows[starts[g]].at_us);
       if (first == groups) first = g;
     }
-    std::nth_element(spans.begin(), spans.begin() + std::ptrdiff_t(spans.size() / 2), spans.end());
-    std::nth_element(long_gaps.begin(), long_gaps.begin() + std::ptrdiff_t(long_gaps.size() / 2), long_gaps.end());
-    const std::int64_t span = spans[spans.size() / 2], between = long_gaps[long_gaps.size() / 2];
+    const std::int64_t span = median_of(spans), between = median_of(long_gaps);
     if (2 * span >= between) continue;
     std::string within;
     for (std::size_t i = starts[first]; i + 1 < starts[first] + k && within.size() < 60; ++i)
@@ -532,13 +538,6 @@ void refuse_unnamed_gpus(const std::vector<UnnamedRow>& rows, Builder& b) {
                        k, rows[starts[first]].line, rows[starts[first] + k - 1].line, within,
                        double(between + span) / 1e6, k));
   }
-}
-
-// The median of a few values (a copy is sorted).
-std::int64_t median_of(const std::deque<std::int64_t>& xs) {
-  std::vector<std::int64_t> v(xs.begin(), xs.end());
-  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
-  return v[v.size() / 2];
 }
 
 Recording parse_smi(Lines& lines, std::string_view first, Builder& b, double interval_ms, bool interval_defaulted) {

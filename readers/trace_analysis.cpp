@@ -89,9 +89,9 @@ std::string gemm_dtype(const std::string& name) {
   const std::string n = lower(name);
   // cuBLAS / CUTLASS / cuDNN kernel names on NVIDIA GPUs, Tensile's (Cijk_) on AMD. cuDNN's own
   // kernels count where they are its convolutions (implicit GEMM, Winograd, its sgemm-like scudnn),
-  // not its batch norm or layout transforms (cudnn::bn_bw_1C11_kernel_new, nchwToNhwcKernel: 31 of the
-  // 58 ms read as "GEMM" in nccl_parser_config's A100 trace); FBGEMM's embedding, permute and
-  // quantize kernels are no GEMMs either (44 of 79 ms in timeline_analysis's).
+  // not its batch norm or layout transforms (cudnn::bn_bw_1C11_kernel_new, nchwToNhwcKernel: 46.5 of
+  // the 87.7 ms of kernels read as "GEMM" in nccl_parser_config's A100 trace); FBGEMM's embedding,
+  // permute and quantize kernels are no GEMMs either (88.8 of 156.3 ms in timeline_analysis's).
   const bool not_gemm = contains(n, "bn_fw") || contains(n, "bn_bw") || contains(n, "batch_norm") ||
                         contains(n, "batchnorm") || contains(n, "nchwtonhwc") || contains(n, "nhwctonchw") ||
                         contains(n, "split_embedding") || (contains(n, "fbgemm") && !contains(n, "cutlass"));

@@ -119,13 +119,9 @@ DecoderConfig decoder_config(const ParamSet& ps, const Device& dev) {
   return cfg;
 }
 
-namespace {
-// A non-owning view of a tensor another step owns.
-DTensor view_of(const DTensor& t) { return DTensor{Buffer(t.data(), t.buf.bytes(), t.buf.kind(), {}), t.dtype, t.numel}; }
-}  // namespace
-
-// A non-owning view of the first numel elements of a tensor another step owns (numel at most its own).
-DTensor DecoderStep::prefix_of(const DTensor& t, std::int64_t numel) {
+// A non-owning view of a tensor another step owns: its first numel elements (at most its own; -1: all).
+DTensor DecoderStep::view_of(const DTensor& t, std::int64_t numel) {
+  if (numel < 0) numel = t.numel;
   if (numel > t.numel) throw std::logic_error("a decoder step borrows a buffer smaller than it needs");
   return DTensor{Buffer(t.data(), t.buf.bytes(), t.buf.kind(), {}), t.dtype, numel};
 }
@@ -134,7 +130,7 @@ void DecoderStep::alloc_acts(Acts& a, const std::string& n, const Acts* from) {
   const std::int64_t T = tokens(), d = cfg_.d_model, f = cfg_.ff();
   const DType t = cfg_.dtype;
   auto get = [&](DTensor Acts::*m, std::int64_t numel, DType dt, const std::string& what) {
-    return from ? prefix_of(from->*m, numel) : ops_.alloc(numel, dt, n + " " + what);
+    return from ? view_of(from->*m, numel) : ops_.alloc(numel, dt, n + " " + what);
   };
   a.u1 = get(&Acts::u1, T * d, t, "norm1");
   a.r1 = get(&Acts::r1, T, DType::fp32, "norm1 1/rms");
@@ -148,7 +144,6 @@ void DecoderStep::alloc_acts(Acts& a, const std::string& n, const Acts* from) {
   a.h = get(&Acts::h, T * f, t, "mlp activation");
   a.y = get(&Acts::y, T * d, t, "mlp output");
 }
-
 
 DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, std::uint64_t seed,
                          std::function<void()> before_submit, DecoderStep* share)
@@ -219,7 +214,7 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
   const DecoderStep* lend =
       share && share->tokens() >= T && share->cfg_.checkpointing == cfg.checkpointing ? share : nullptr;
   auto take = [&](const DTensor* theirs, std::int64_t numel, DType dt, const std::string& what) {
-    return theirs ? prefix_of(*theirs, numel) : ops.alloc(numel, dt, what);
+    return theirs ? view_of(*theirs, numel) : ops.alloc(numel, dt, what);
   };
   for (int l = 0; l < nl; ++l) {
     Layer& L = ls_[std::size_t(l)];

@@ -204,7 +204,8 @@ class DecoderStep {
   };
   // a's tensors, allocated, or views of the first tokens() rows of from's (a step it shares with)
   void alloc_acts(Acts& a, const std::string& n, const Acts* from = nullptr);
-  static DTensor prefix_of(const DTensor& t, std::int64_t numel);
+  // a non-owning view of t (another step's), its first numel elements (-1: all)
+  static DTensor view_of(const DTensor& t, std::int64_t numel = -1);
   void forward_layer(std::vector<std::function<void()>>& run, Layer* L, DTensor* next,
                      const std::function<void(int, bool)>& attention, int l);
   struct Piece {

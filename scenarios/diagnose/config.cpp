@@ -760,6 +760,13 @@ void apply_model_config_text(TrainConfig& cfg, const std::string& text, const st
     std::optional<std::int64_t> kv;
     std::optional<JsonRef> kv_ref;  // where a count that is not a divisor is reported
     std::string kv_key;
+    // Falcon's and BigCode's multi_query, true when the file leaves it out: one K/V head
+    const auto multi_query = [&] {
+      const auto mq = from.find("multi_query");
+      if (given(mq) && !mq->boolean()) return;
+      kv = 1;
+      kv_key = given(mq) ? "multi_query" : "multi_query, true by default";
+    };
     if (const auto k = from.find("num_key_value_heads"); given(k)) {
       kv = k->integer(1, kMaxHidden);
       kv_ref = k;
@@ -767,7 +774,6 @@ void apply_model_config_text(TrainConfig& cfg, const std::string& text, const st
     } else if (type == "falcon" || type == "RefinedWeb" || type == "RefinedWebModel") {
       const auto nda = from.find("new_decoder_architecture");
       const bool new_arch = type == "RefinedWeb" || (given(nda) && nda->boolean());
-      const auto mq = from.find("multi_query");
       if (new_arch) {
         for (const std::string_view key : {"num_kv_heads", "n_head_kv"})
           if (const auto n = from.find(key); !kv && given(n)) {
@@ -775,16 +781,11 @@ void apply_model_config_text(TrainConfig& cfg, const std::string& text, const st
             kv_ref = n;
             kv_key = std::string(key) + " (new_decoder_architecture)";
           }
-      } else if (!given(mq) || mq->boolean()) {
-        kv = 1;
-        kv_key = given(mq) ? "multi_query" : "multi_query, true by default";
+      } else {
+        multi_query();
       }
     } else if (type == "gpt_bigcode") {
-      const auto mq = from.find("multi_query");
-      if (!given(mq) || mq->boolean()) {
-        kv = 1;
-        kv_key = given(mq) ? "multi_query" : "multi_query, true by default";
-      }
+      multi_query();
     } else if (type == "mpt") {
       if (const auto ac = from.find("attn_config"); given(ac) && ac->raw().is_object()) {
         const auto at = ac->find("attn_type");

@@ -410,8 +410,8 @@ class Diagnosis {
     const double step_ms = std::clamp(step_ms_ > 0 ? step_ms_ : 20.0, 1.0, opt_.quick ? 20.0 : 50.0);
     const int theirs = std::min(64, c.dataloader_num_workers);
     // kRounds rounds of 20 steps each (10 with --quick): a third of the scenario's own 60, half of its 20 with
-    // --quick (the wall of one run at the default, 1.5x it with --quick); the second round in the other order; the gain is the median of the rounds' own paired gains, the figures the
-    // median round's. One run of four points read the modelled loader at 1.10x (all_causes.yml, a 2-vCPU
+    // --quick (the wall of one run at the default, 1.5x it with --quick); the second round in the other
+    // order; the gain is the median of the rounds' own paired gains, the figures the median round's. One run of four points read the modelled loader at 1.10x (all_causes.yml, a 2-vCPU
     // Xeon, 2026-12-05): its first point's step took 34.8 ms of the 30.5 asked and the other three 27.0-27.6,
     // and workers=0 with pinned memory, the third point, gained as much as 2 workers did.
     auto round_args = [&](bool reversed) {
@@ -1579,7 +1579,7 @@ FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::Dec
              o = std::uint64_t(double(m.optimizer) * w_scale);
   const std::uint64_t gate_extra =
       model.gated_mlp ? (d.checkpointing ? 1 : std::uint64_t(d.layers)) * std::uint64_t(d.micro_batch * d.seq) *
-                            std::uint64_t(d.ff() * 2 / 3) * e
+                            std::uint64_t(model.active_intermediate()) * e
                       : 0;
   const std::uint64_t acts = m.activations + gate_extra;
   out.total = w + g + o + acts + m.attention + m.backward + embed + logits;
