@@ -3,6 +3,7 @@
 // and (when set) the rank; the CLI maps the type to an exit code.
 #pragma once
 
+#include <chrono>     // std::chrono::steady_clock: when an OutOfMemory was raised
 #include <stdexcept>  // std::runtime_error
 #include <string>     // std::string
 #include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
@@ -35,6 +36,9 @@ struct UsageError : Error {
 };
 struct OutOfMemory : Error {
   explicit OutOfMemory(const std::string& w) : Error(ErrorKind::oom, w) {}
+  // When the failing allocation raised it (a copy keeps it): the memory
+  // scenario splits an attempt's time at it, before from unwinding after.
+  std::chrono::steady_clock::time_point raised_at = std::chrono::steady_clock::now();
 };
 struct HangError : Error {
   explicit HangError(const std::string& w) : Error(ErrorKind::hang, w) {}

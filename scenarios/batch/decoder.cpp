@@ -147,7 +147,19 @@ void DecoderStep::alloc_acts(Acts& a, const std::string& n, const Acts* from) {
 
 DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, std::uint64_t seed,
                          std::function<void()> before_submit, DecoderStep* share)
-    : dev_(dev), ops_(ops), cfg_(cfg), before_submit_(std::move(before_submit)), share_(share) {
+    : DecoderStep(dev, ops, cfg, seed, std::move(before_submit), share, false) {}
+
+DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, std::uint64_t seed, ParametersOnly)
+    : DecoderStep(dev, ops, cfg, seed, [] {}, nullptr, true) {}
+
+DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, std::uint64_t seed,
+                         std::function<void()> before_submit, DecoderStep* share, bool parameters_only)
+    : dev_(dev),
+      ops_(ops),
+      cfg_(cfg),
+      before_submit_(std::move(before_submit)),
+      parameters_only_(parameters_only),
+      share_(share) {
   if (cfg.d_model % cfg.heads != 0)
     throw UsageError(fmt::format("d_model {} is not a multiple of heads {}", cfg.d_model, cfg.heads));
   if (cfg.d_ff < 0) throw UsageError(fmt::format("d_ff {} is negative", cfg.d_ff));
@@ -205,6 +217,7 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
       ls_[std::size_t(l)].g[w] =
           ops.alloc(in_of(w) * out_of(w), DType::fp32, fmt::format("layer {} {} grad (fp32)", l, names[w]));
   measured(measured_.gradients);
+  if (parameters_only) return;
   // A step that shares another's parameters runs only while that one does not (one micro step at a
   // time), so it also takes that step's activation and gradient buffers where they hold as many tokens
   // (the train scenario's longest padded length owns them): a framework's caching allocator reuses one
@@ -212,7 +225,9 @@ DecoderStep::DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, s
   // a 43008-wide MLP with eager attention at 32 padded lengths ran out of an H100's 80 GB, simulated).
   // The attention ops stay each step's own: their buffers follow their shape.
   const DecoderStep* lend =
-      share && share->tokens() >= T && share->cfg_.checkpointing == cfg.checkpointing ? share : nullptr;
+      share && !share->parameters_only_ && share->tokens() >= T && share->cfg_.checkpointing == cfg.checkpointing
+          ? share
+          : nullptr;
   auto take = [&](const DTensor* theirs, std::int64_t numel, DType dt, const std::string& what) {
     return theirs ? view_of(*theirs, numel) : ops.alloc(numel, dt, what);
   };
@@ -307,6 +322,7 @@ MemoryParts predict_footprint(const DecoderConfig& cfg, OptKind opt, std::uint64
 }
 
 void DecoderStep::set_input(std::span<const float> x, std::span<const float> target) {
+  if (parameters_only_) throw UsageError("a parameters-only decoder step has no inputs: share it with a step");
   ops_.upload(ls_.front().x, x);
   ops_.upload(target_, target);
 }
@@ -423,6 +439,7 @@ void DecoderStep::build_pieces(float loss_mult) {
 }
 
 void DecoderStep::micro_step(float loss_mult) {
+  if (parameters_only_) throw UsageError("a parameters-only decoder step does not run: share it with a step");
   if (pieces_.empty() || pieces_mult_ != loss_mult) build_pieces(loss_mult);
   std::int64_t subs = 0;
   const std::function<void()> outer = before_submit_;

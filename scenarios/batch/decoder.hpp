@@ -154,6 +154,12 @@ class DecoderStep {
   // the models differ.
   DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, std::uint64_t seed,
               std::function<void()> before_submit, DecoderStep* share = nullptr);
+  // The model alone: weights, compute copies and gradients (and the AdamW
+  // moments at prepare_optimizer), nothing that a micro batch sizes, as a
+  // training process holds them between steps; steps at any shape share it.
+  // It does not run a micro step itself (UsageError).
+  struct ParametersOnly {};
+  DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, std::uint64_t seed, ParametersOnly);
   const DecoderConfig& config() const { return cfg_; }
   std::int64_t tokens() const { return cfg_.micro_batch * cfg_.seq; }
   std::int64_t parameters() const;
@@ -204,6 +210,8 @@ class DecoderStep {
   };
   // a's tensors, allocated, or views of the first tokens() rows of from's (a step it shares with)
   void alloc_acts(Acts& a, const std::string& n, const Acts* from = nullptr);
+  DecoderStep(Device& dev, TrainOps& ops, const DecoderConfig& cfg, std::uint64_t seed,
+              std::function<void()> before_submit, DecoderStep* share, bool parameters_only);
   // a non-owning view of t (another step's), its first numel elements (-1: all)
   static DTensor view_of(const DTensor& t, std::int64_t numel = -1);
   void forward_layer(std::vector<std::function<void()>>& run, Layer* L, DTensor* next,
@@ -233,7 +241,7 @@ class DecoderStep {
   MemoryParts measured_;
   std::vector<Piece> pieces_;
   float pieces_mult_ = 0;
-  bool graphs_ = false, capturing_ = false, moments_ = false;
+  bool graphs_ = false, capturing_ = false, moments_ = false, parameters_only_ = false;
   DecoderStep* share_ = nullptr;  // the step whose parameters this one trains (views), or none
   std::int64_t last_subs_ = 0;
   int opt_calls_ = 0;

@@ -21,9 +21,18 @@
 //     the device already holds is within the limit. Verified: the predicted
 //     largest runs `verify` times, the next size fails `verify` times.
 //   oom cost: a loop that starts at twice the largest (as users and batch
-//     finders do) and halves on each OutOfMemory until a step completes: the
-//     failed attempts' time, each from its start to the error unwound and
-//     its memory released (the loop's wall and the final step's are in info).
+//     finders such as accelerate's find_executable_batch_size do) and halves
+//     on each OutOfMemory until a step completes. The model (weights, compute
+//     copies, gradients, AdamW moments) is built once and stays resident, as
+//     in the process that catches the error and retries: each attempt builds
+//     only what its micro batch sizes (activations, attention ops, backward
+//     buffers) and runs one optimizer step. oom_cost_ms: from the first
+//     failing allocation (OutOfMemory::raised_at) to the retried step done
+//     (unwinding, releasing, the further failures, the retry);
+//     oom_lost_ms: the failed attempts' own time, each from its start to its
+//     memory released, which a run started at the right size does not spend.
+//     A restart instead of a retry pays the model's build again
+//     (info.oom_loop.model_build_ms, before any checkpoint is read).
 //     The step allocates every tensor, AdamW's moments included, before it
 //     runs (a static plan, as a captured CUDA graph does), so an OOM here
 //     fails before any compute;
@@ -40,6 +49,7 @@
 #include <chrono>     // std::chrono
 #include <cmath>      // std::ceil
 #include <map>        // std::map
+#include <memory>     // std::unique_ptr
 #include <optional>   // std::optional
 #include <utility>    // std::exchange
 
@@ -73,6 +83,7 @@ struct Attempt {
   bool ok = false;
   std::string oom;        // the OutOfMemory message, when it failed
   double ms = 0;          // build + step (or build until the failure, and the unwinding)
+  clk::time_point start, raised, end;  // raised: the failing allocation (when it failed)
   MemoryParts measured;   // when ok
   std::uint64_t peak = 0;  // the allocator's high-water mark over the attempt, above what was held before
 };
@@ -208,53 +219,11 @@ class MemoryRun : public ScenarioRun {
                "at the largest micro batch that fits"});
     }
 
-    // the cost of an OOM: start too large, halve on each OOM
+    // the cost of an OOM: the model resident, start too large, halve on each OOM
     json oom = json::object();
     if (largest > 0 && !capped) {
       ctx_.progress(where + ": out-of-memory recovery loop");
-      std::int64_t mb = std::max<std::int64_t>(2 * largest, largest + 1);
-      int failed = 0;
-      std::string first_oom;
-      const auto t0 = clk::now();
-      bool recovered = false;
-      std::string last_oom;
-      double lost_ms = 0;  // the failed attempts: from each start to its unwinding and the settled frees
-      while (true) {
-        DecoderConfig c = cfg;
-        c.micro_batch = mb;
-        const Attempt a = attempt(dev, c);
-        if (a.ok) {
-          recovered = true;
-          break;
-        }
-        if (first_oom.empty()) first_oom = a.oom;
-        last_oom = a.oom;
-        lost_ms += a.ms;
-        ++failed;
-        if (mb == 1) break;  // even 1 fails now (the host's memory, another process): nothing to recover to
-        mb = std::max<std::int64_t>(1, mb / 2);
-      }
-      const double loop_ms = ms_since(t0);
-      if (!recovered) {
-        oom = json{{"gave_up", last_oom}, {"failed_attempts", failed}};
-      } else {
-        DecoderConfig c = cfg;
-        c.micro_batch = mb;
-        const Attempt alone = attempt(dev, c);
-        p.add({"oom_cost_ms", lost_ms, "ms", Direction::lower, std::nullopt,
-               "the failed attempts' time, each from its start to the OutOfMemory unwound and its memory "
-               "released"});
-        p.add({"oom_failed_attempts", double(failed), "attempts", Direction::lower, std::nullopt,
-               "micro batches tried and failed before one ran (halving from twice the largest)"});
-        oom = json{{"started_at", std::max<std::int64_t>(2 * largest, largest + 1)},
-                   {"ran_at", mb},
-                   {"failed_attempts", failed},
-                   {"loop_ms", loop_ms},
-                   {"final_build_and_step_ms", alone.ms},
-                   {"first_error", first_oom},
-                   {"note", "2 x the largest fails and the halving lands on the largest or below: one failed attempt "
-                            "is what this loop costs at least"}};
-      }
+      oom = oom_loop(dev, cfg, largest, p);
     }
 
     p.info = json{{"limit_bytes", limit},
@@ -296,12 +265,26 @@ class MemoryRun : public ScenarioRun {
           p->params.value("checkpointing", std::string()), format_bytes(double(p->info.value("limit_bytes", 0ull))),
           largest, pred, v.value("ok_at_predicted", 0), v.value("runs", 0), pred, v.value("oom_at_next", 0),
           v.value("runs", 0));
-      if (p->metric("oom_cost_ms"))
+      if (p->metric("oom_cost_ms") && !p->metric("oom_lost_ms")) {
+        // a result from before 2026-12-05, whose loop rebuilt the model at each attempt: its own words
         s += fmt::format("; a loop that starts at twice the largest and halves on each OOM lost {} ms to {} failed "
                          "attempt(s) (the step allocates before it computes: eager PyTorch also loses the forward "
                          "done before the failing allocation)",
                          format_number(p->metric("oom_cost_ms")->value),
                          format_number(p->metric("oom_failed_attempts")->value));
+      } else if (p->metric("oom_cost_ms")) {
+        const json o = p->info.value("oom_loop", json::object());
+        s += fmt::format("; an OOM recovered in the process (the model kept; from twice the largest, halving on each "
+                         "OOM): {} failed attempt(s) lost {} ms, and the step at micro batch {} was done {} ms after "
+                         "the first failing allocation ({} ms of it the retried step itself); a restart instead of a "
+                         "retry also rebuilds the model, {} ms here before any checkpoint is read (the step allocates "
+                         "before it computes: eager PyTorch also loses the forward done before the failing "
+                         "allocation)",
+                         format_number(p->metric("oom_failed_attempts")->value),
+                         format_number(p->metric("oom_lost_ms")->value), o.value("ran_at", std::int64_t(0)),
+                         format_number(p->metric("oom_cost_ms")->value), format_number(o.value("retried_step_ms", 0.0)),
+                         format_number(o.value("model_build_ms", 0.0)));
+      }
       s += fmt::format(" -> micro_batch_size: {}{}", largest,
                        p->params.value("checkpointing", std::string()) == "full" ? ", gradient_checkpointing: true"
                                                                                  : "");
@@ -386,15 +369,20 @@ class MemoryRun : public ScenarioRun {
 
   // Build the step at cfg and run one optimizer step; an OutOfMemory
   // anywhere (building or stepping) is a failed attempt, never a crash.
-  Attempt attempt(Device& dev, const DecoderConfig& cfg) {
+  // resident: a built model whose parameters, gradients and AdamW state the
+  // step trains (built with resident_ops); else the step builds its own, with
+  // fresh training ops (a fresh process's: its GEMM workspace starts empty).
+  Attempt attempt(Device& dev, const DecoderConfig& cfg, DecoderStep* resident = nullptr,
+                  TrainOps* resident_ops = nullptr) {
     Attempt a;
     dev.synchronize(ctx_.measure.sync_timeout);  // settles stream-ordered frees of the last attempt
     const std::uint64_t before = dev.memory_stats().in_use;
     dev.reset_peak_memory();
     const auto t0 = clk::now();
+    a.start = t0;
     try {
-      auto ops = dev.make_train_ops();  // a fresh process's: its GEMM workspace starts empty
-      DecoderStep step(dev, *ops, cfg, 7, [] {});
+      std::unique_ptr<TrainOps> fresh = resident ? nullptr : dev.make_train_ops();
+      DecoderStep step(dev, resident ? *resident_ops : *fresh, cfg, 7, [] {}, resident);
       step.prepare_optimizer(OptKind::adamw);  // every tensor before any compute
       train_window(step, 1, OptKind::adamw, 1e-4f);
       dev.synchronize(ctx_.measure.sync_timeout);
@@ -406,14 +394,25 @@ class MemoryRun : public ScenarioRun {
       a.ok = true;
     } catch (const OutOfMemory& e) {
       a.oom = e.what();
+      a.raised = e.raised_at;
       try {
         dev.synchronize(ctx_.measure.sync_timeout);  // what the failed build enqueued
       } catch (const OutOfMemory&) {
       }
     }
-    a.ms = ms_since(t0);
+    a.end = clk::now();
+    a.ms = std::chrono::duration<double, std::milli>(a.end - t0).count();
     return a;
   }
+
+  Attempt attempt(Device& dev, const DecoderConfig& cfg, std::int64_t micro_batch, DecoderStep* resident = nullptr,
+                  TrainOps* resident_ops = nullptr) {
+    DecoderConfig c = cfg;
+    c.micro_batch = micro_batch;
+    return attempt(dev, c, resident, resident_ops);
+  }
+
+  json oom_loop(Device& dev, const DecoderConfig& cfg, std::int64_t largest, Point& p);
 
   // tokens/s of whole optimizer steps (grad_accum 1) at cfg; 0 if it does not fit.
   double tokens_per_s(Device& dev, const DecoderConfig& cfg, int trials) {
@@ -447,6 +446,86 @@ class MemoryRun : public ScenarioRun {
   RunContext& ctx_;
   std::unique_ptr<TrainOps> ops_;
 };
+
+// The out-of-memory recovery loop (see the header): the model's parameters,
+// gradients and AdamW state built once and kept; attempts from 2 x the largest, halving on each
+// OutOfMemory, each building its micro batch's tensors over the resident model.
+json MemoryRun::oom_loop(Device& dev, const DecoderConfig& cfg, std::int64_t largest, Point& p) {
+  const std::int64_t start_mb = std::max<std::int64_t>(2 * largest, largest + 1);
+  dev.synchronize(ctx_.measure.sync_timeout);
+  const std::uint64_t before = dev.memory_stats().in_use;
+  const auto tb = clk::now();
+  std::unique_ptr<TrainOps> ops;
+  std::unique_ptr<DecoderStep> model;
+  try {
+    ops = dev.make_train_ops();
+    model = std::make_unique<DecoderStep>(dev, *ops, cfg, 7, DecoderStep::ParametersOnly{});
+    model->prepare_optimizer(OptKind::adamw);
+    dev.synchronize(ctx_.measure.sync_timeout);
+  } catch (const OutOfMemory& e) {
+    model.reset();
+    ops.reset();
+    dev.synchronize(ctx_.measure.sync_timeout);
+    return json{{"gave_up", std::string("the model alone (parameters, gradients, AdamW state): ") + e.what()}, {"failed_attempts", 0}};
+  }
+  const double build_ms = ms_since(tb);
+  const std::uint64_t resident = dev.memory_stats().in_use - before;
+
+  json attempts = json::array();
+  std::int64_t mb = start_mb;
+  int failed = 0;
+  double lost_ms = 0;
+  std::optional<clk::time_point> first_raise;
+  std::string first_oom, last_oom;
+  Attempt done;
+  while (true) {
+    const Attempt a = attempt(dev, cfg, mb, model.get(), ops.get());
+    json row{{"micro_batch", mb}, {"ok", a.ok}, {"ms", a.ms}};
+    if (!a.ok) {
+      row["to_failure_ms"] = std::chrono::duration<double, std::milli>(a.raised - a.start).count();
+      row["unwind_ms"] = std::chrono::duration<double, std::milli>(a.end - a.raised).count();
+      if (!first_raise) first_raise = a.raised, first_oom = a.oom;
+      last_oom = a.oom;
+      lost_ms += a.ms;
+      ++failed;
+    }
+    attempts.push_back(std::move(row));
+    if (a.ok) {
+      done = a;
+      break;
+    }
+    if (mb == 1) break;  // even 1 fails now (the host's memory, another process): nothing to recover to
+    mb = std::max<std::int64_t>(1, mb / 2);
+  }
+  model.reset();
+  ops.reset();
+  dev.synchronize(ctx_.measure.sync_timeout);
+  json o{{"started_at", start_mb},
+         {"failed_attempts", failed},
+         {"model_build_ms", build_ms},
+         {"resident_bytes", resident},
+         {"attempts", attempts}};
+  if (!done.ok) {
+    o["gave_up"] = last_oom;
+    return o;
+  }
+  const double cost_ms = std::chrono::duration<double, std::milli>(done.end - *first_raise).count();
+  p.add({"oom_cost_ms", cost_ms, "ms", Direction::lower, std::nullopt,
+         "from the first failing allocation to the retried step done: unwinding and releasing, the further "
+         "failures, and the retry (the model resident)"});
+  p.add({"oom_lost_ms", lost_ms, "ms", Direction::lower, std::nullopt,
+         "the failed attempts' own time, each from its start to its memory released: what a run started at the "
+         "size that fits does not spend"});
+  p.add({"oom_failed_attempts", double(failed), "attempts", Direction::lower, std::nullopt,
+         "micro batches tried and failed before one ran (halving from twice the largest)"});
+  o["ran_at"] = mb;
+  o["retried_step_ms"] = done.ms;
+  o["first_error"] = first_oom;
+  o["note"] = "the model (weights, gradients, AdamW state) is built once and kept, as in the process that catches "
+              "the error; a restart pays model_build_ms again before reading a checkpoint. 2 x the largest fails "
+              "and the halving lands on the largest or below: one failed attempt is the least this loop costs";
+  return o;
+}
 
 // Fragmentation: a caching allocator with PyTorch's policy
 // (harness/caching_allocator.hpp), whose segments are the device's own

@@ -48,11 +48,24 @@ def main():
             # the bisection's trail: the largest fits, the next size does not
             trail = {t["micro_batch"]: t["fits"] for t in info["bisection"]}
             check(trail.get(int(largest)) is True and trail.get(int(largest) + 1) is False, f"{k}: trail {trail}")
-            # the OOM loop: it failed at least once, recovered, and the cost is a real time
+            # the OOM loop: the model resident (exactly its parameters, gradients and AdamW state, nothing a
+            # micro batch sizes), twice the largest fails once, and the halving lands on the largest itself
             o = info["oom_loop"]
-            check(o["failed_attempts"] >= 1 and o["ran_at"] <= largest, f"{k}: oom loop {o}")
+            resident = sum(parts[n]["measured_bytes"] for n in ("weights", "gradients", "optimizer"))
+            check(o["resident_bytes"] == resident, f"{k}: resident {o['resident_bytes']} vs the parts' {resident}")
+            check(o["started_at"] == 2 * largest and o["failed_attempts"] == 1 and o["ran_at"] == largest,
+                  f"{k}: oom loop {o}")
             check("out of memory" in o["first_error"], f"{k}: {o['first_error']}")
-            check(m(q, "oom_cost_ms") >= 0 and m(q, "tokens_per_s") > 0, f"{k}: cost {m(q, 'oom_cost_ms')}")
+            tries = o["attempts"]
+            check([t["micro_batch"] for t in tries] == [2 * largest, largest] and [t["ok"] for t in tries] == [False, True],
+                  f"{k}: attempts {tries}")
+            # the cost runs from the failing allocation to the retried step done: it holds the failure's
+            # unwinding and the retry, and none of the failed attempt's time before its allocation failed
+            f0 = tries[0]
+            check(f0["to_failure_ms"] >= 0 and f0["unwind_ms"] >= 0, f"{k}: failed attempt {f0}")
+            check(m(q, "oom_cost_ms") >= o["retried_step_ms"] + f0["unwind_ms"] - 1e-6, f"{k}: cost {m(q, 'oom_cost_ms')}")
+            check(abs(m(q, "oom_lost_ms") - f0["ms"]) < 1e-6, f"{k}: lost {m(q, 'oom_lost_ms')} vs {f0}")
+            check(o["model_build_ms"] > 0 and m(q, "tokens_per_s") > 0, f"{k}: build {o['model_build_ms']}")
         check(m(pts["full"], "largest_micro_batch") > m(pts["none"], "largest_micro_batch"),
               "checkpointing does not fit a larger batch")
         pn, pf = pts["none"]["info"]["parts_at_micro_batch"], pts["full"]["info"]["parts_at_micro_batch"]

@@ -241,6 +241,49 @@ TEST(BatchDecoder, KvHeadsDivideTheHeads) {
   EXPECT_EQ(sharer.parameters(), owner.parameters());
 }
 
+// The model alone (the memory scenario's OOM loop keeps one between attempts): exactly its weights,
+// gradients and AdamW moments, nothing a micro batch sizes; it does not run; a step sharing it at any
+// shape allocates its own activations and computes the same gradients as a step that owns its weights.
+TEST(BatchDecoder, ParametersOnlyHoldsTheModelAndStepsShareIt) {
+  auto dev = make_cpu_backend().open(0);
+  auto ops = dev->make_train_ops();
+  const DecoderConfig c = tiny(3);
+  const std::uint64_t before = dev->memory_stats().in_use;
+  DecoderStep model(*dev, *ops, c, 7, DecoderStep::ParametersOnly{});
+  model.prepare_optimizer(batch::OptKind::adamw);
+  const batch::MemoryParts want = batch::predict_footprint(c, batch::OptKind::adamw, 64, 0, 0);
+  EXPECT_EQ(dev->memory_stats().in_use - before, want.weights + want.gradients + want.optimizer);
+  EXPECT_EQ(model.measured_memory().activations, 0u);
+  EXPECT_THROW(model.micro_step(1.0f), UsageError);
+  EXPECT_THROW(model.set_input(std::vector<float>(8 * 16 * 3), std::vector<float>(8 * 16 * 3)), UsageError);
+  const auto x = data(8 * 16 * 3, 5, 1.0f), t = data(8 * 16 * 3, 6, 0.5f);
+  DecoderStep own(*dev, *ops, c, 7, [] {});
+  for (int mb : {3, 1}) {  // at the model's shape and below it: nothing is borrowed from a model without buffers
+    DecoderConfig cm = c;
+    cm.micro_batch = mb;
+    dev->synchronize(std::chrono::seconds(60));  // the cpu device frees the last step's buffers in stream order
+    const std::uint64_t held = dev->memory_stats().in_use;
+    DecoderStep step(*dev, *ops, cm, 7, [] {}, &model);
+    step.prepare_optimizer(batch::OptKind::adamw);
+    EXPECT_EQ(step.measured_memory().weights + step.measured_memory().gradients, 0u);
+    EXPECT_GT(step.measured_memory().activations, 0u) << "micro batch " << mb;
+    EXPECT_EQ(dev->memory_stats().in_use - held, step.measured_memory().total()) << "micro batch " << mb;
+    if (mb != 3) continue;
+    step.set_input(x, t);
+    own.set_input(x, t);
+    step.zero_grad();
+    own.zero_grad();
+    step.micro_step(1.0f);
+    own.micro_step(1.0f);
+    dev->synchronize(std::chrono::seconds(60));
+    for (int l = 0; l < 2; ++l)
+      for (int w = 0; w < 4; ++w) {
+        EXPECT_EQ(model.grad(l, w), own.grad(l, w)) << "layer " << l << " weight " << w;
+        EXPECT_EQ(model.weight(l, w), own.weight(l, w));
+      }
+  }
+}
+
 // The scenarios' validate (exit 2 before any point runs): kv_heads where declared must divide heads; 0 is
 // one per head; without the parameter (a scenario that does not declare it) nothing is checked.
 TEST(BatchDecoder, ValidateRefusesKvHeadsThatDoNotDivideTheHeads) {
