@@ -265,6 +265,9 @@ class Device {
   struct MemoryStats {
     std::size_t in_use = 0, peak = 0, limit = 0;  // limit 0 = none
     std::string source;                            // "allocator" or "cudaMemGetInfo"
+    // what the driver says is free to allocate now (cuda: cudaMemGetInfo's
+    // free, net of the context, the libraries and other processes); 0: unknown
+    std::size_t driver_free = 0;
   };
   virtual MemoryStats memory_stats() const { return {}; }
   // A stream-ordered pool of the device's memory (cuda: a cudaMemPool used

@@ -262,7 +262,9 @@ class CudaDevice final : public Device {
                           format_bytes(double(free)), format_bytes(double(total)))
             : fmt::format("allocator (cudaMalloc through {}); cudaMemGetInfo: {}", info_.id, cudaGetErrorName(s));
     (void)cudaGetLastError();
-    return ledger_->stats(std::move(source));
+    MemoryStats m = ledger_->stats(std::move(source));
+    if (s == cudaSuccess) m.driver_free = free;
+    return m;
   }
   // A cudaMemPool on this device, used on its stream (cudaMallocAsync's
   // allocator, as PyTorch's backend:cudaMallocAsync uses the device's pool).

@@ -106,8 +106,29 @@ class MemoryRun : public ScenarioRun {
     ops_ = dev.make_train_ops();
     dev.synchronize(ctx_.measure.sync_timeout);
     const LimitGuard guard(dev, limit_gb);
-    if (limit_gb == 0 && dev.memory_stats().limit == 0 && dev.info().props.contains("memory_bytes"))
-      dev.set_memory_limit(dev.info().props["memory_bytes"].get<std::size_t>());  // a GPU's own capacity
+    std::string capacity_from = limit_gb > 0 ? "mem_limit_gb" : "";
+    if (const Device::MemoryStats now = dev.memory_stats();
+        limit_gb > 0 && now.driver_free > 0 && now.limit > now.in_use + now.driver_free) {
+      // a limit over what the driver can still give: the driver's answer is the capacity
+      dev.set_memory_limit(now.in_use + now.driver_free);
+      capacity_from = fmt::format("the driver's free memory at the start (cudaMemGetInfo) plus what the device "
+                                  "held, under mem_limit_gb={:g}",
+                                  limit_gb);
+    }
+    if (limit_gb == 0 && dev.memory_stats().limit == 0) {
+      // A GPU's own capacity. Where the driver tells what is free (cuda), what this process can still get
+      // is that plus what the device holds: totalGlobalMem also counts the context, the libraries'
+      // handles and other processes, and a model that fits in it overestimated the largest batch.
+      const Device::MemoryStats now = dev.memory_stats();
+      if (now.driver_free > 0) {
+        dev.set_memory_limit(now.in_use + now.driver_free);
+        capacity_from = "the driver's free memory at the start (cudaMemGetInfo) plus what the device held";
+      } else if (dev.info().props.contains("memory_bytes")) {
+        dev.set_memory_limit(dev.info().props["memory_bytes"].get<std::size_t>());
+        capacity_from = "the device's memory (its datasheet's for a simulated one)";
+      }
+    }
+    if (capacity_from.empty()) capacity_from = "the device's own limit (a simulated GPU's datasheet memory)";
     const std::uint64_t held = dev.memory_stats().in_use;  // what the device holds before any step
     const std::uint64_t limit = dev.memory_stats().limit;
     if (limit == 0)
@@ -227,6 +248,7 @@ class MemoryRun : public ScenarioRun {
     }
 
     p.info = json{{"limit_bytes", limit},
+                  {"limit_from", capacity_from},
                   {"held_before_bytes", held},
                   {"granule_bytes", granule},
                   {"parts_at_micro_batch", parts},
@@ -534,7 +556,7 @@ json MemoryRun::oom_loop(Device& dev, const DecoderConfig& cfg, std::int64_t lar
 // lengths are drawn from `lengths` (the packing scenario's grammar), clipped
 // to frag_seq_len and padded to the batch's longest (a multiple of 8, as
 // pad_to_multiple_of=8). A step asks for one block per saved activation of
-// each layer (decoder.hpp's set) and frees them after its backward; the
+// each layer (its input and decoder.hpp's set) and frees them after its backward; the
 // weights, gradients and AdamW state are one block held throughout. Only
 // the sizes matter here, not compute: the probe runs at GPU-like lengths on
 // any device.
@@ -549,7 +571,9 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
   const std::uint64_t e = std::uint64_t(storage_bytes(cfg.dtype)), d = std::uint64_t(cfg.d_model),
                       ff = std::uint64_t(cfg.ff());
   const std::uint64_t q = std::uint64_t(cfg.qkv_out());
-  const std::uint64_t per_token[] = {e * d, 4, e * q, e * d, e * d, e * d, e * d, 4, e * ff, e * ff, e * d};
+  // a layer's saved tensors per token: its input (the residual stream from the layer below, which
+  // decoder.hpp keeps per layer as Layer::x), then its set: u1, r1, qkv, att, o, xm, u2, r2, hp, h, y
+  const std::uint64_t per_token[] = {e * d, e * d, 4, e * q, e * d, e * d, e * d, e * d, 4, e * ff, e * ff, e * d};
   const auto max_len = std::int32_t(ps.get_int("frag_seq_len"));
   const int steps = int(ps.get_int("frag_steps"));
   const packing::LengthSpec spec = packing::parse_lengths(ps.get_str("lengths"));

@@ -28,6 +28,7 @@ def main():
         check(set(pts) == {"none", "full"}, f"points {list(pts)}")
         for k, q in pts.items():
             info = q["info"]
+            check(info["limit_from"] == "mem_limit_gb" and info["limit_bytes"] == 40_000_000, f"{k}: limit {info}")
             # the model beside the allocator, part by part (the bound: 5%)
             parts = info["parts_at_micro_batch"]
             check(len(parts) == 8, f"{k}: parts {list(parts)}")

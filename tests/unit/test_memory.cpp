@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "harness/errors.hpp"
+#include "harness/params.hpp"
+#include "harness/scenario.hpp"
 #include "harness/train_ops.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "scenarios/batch/decoder.hpp"
@@ -225,6 +227,78 @@ TEST(StreamPoolComparison, NoPoolNoFigureAndAFailedRunSaysWhere) {
   EXPECT_FALSE(a->contains("at_caching_needed"));
   EXPECT_EQ(p.metric("async_pool_overhead_pct"), nullptr);
   EXPECT_EQ(live, 0);
+}
+
+
+// A cpu device that answers like a GPU whose driver says what is free (cudaMemGetInfo): the memory
+// scenario's capacity on cuda, without a GPU. Everything else goes to the cpu device.
+class DriverFreeDevice : public Device {
+ public:
+  DriverFreeDevice(std::unique_ptr<Device> d, std::size_t free) : d_(std::move(d)), free_(free) {}
+  const DeviceInfo& info() const override { return d_->info(); }
+  std::optional<std::string> gemm_unsupported(DType t) const override { return d_->gemm_unsupported(t); }
+  std::unique_ptr<GemmOp> make_gemm(GemmShape s, DType t, std::uint64_t seed) override {
+    return d_->make_gemm(s, t, seed);
+  }
+  std::optional<std::string> attention_unsupported(AttnImpl i, DType t) const override {
+    return d_->attention_unsupported(i, t);
+  }
+  std::unique_ptr<AttentionOp> make_attention(const AttnShape& s, AttnImpl i, DType t, std::uint64_t seed) override {
+    return d_->make_attention(s, i, t, seed);
+  }
+  std::unique_ptr<TrainOps> make_train_ops() override { return d_->make_train_ops(); }
+  MemoryStats memory_stats() const override {
+    MemoryStats m = d_->memory_stats();
+    m.driver_free = free_;  // as cudaMemGetInfo's free would read while nothing else runs
+    return m;
+  }
+  void reset_peak_memory() override { d_->reset_peak_memory(); }
+  void set_memory_limit(std::size_t bytes) override { d_->set_memory_limit(bytes); }
+  std::vector<int> reserve_host_cpus(int threads) override { return d_->reserve_host_cpus(threads); }
+  std::vector<int> shared_host_cpus() const override { return d_->shared_host_cpus(); }
+  Buffer allocate(std::size_t bytes, MemKind kind) override { return d_->allocate(bytes, kind); }
+  void copy_h2d(Buffer& dst, const Buffer& src, std::size_t bytes) override { d_->copy_h2d(dst, src, bytes); }
+  EventPtr record() override { return d_->record(); }
+  double elapsed_ms(const EventPtr& a, const EventPtr& b) override { return d_->elapsed_ms(a, b); }
+  void synchronize(std::chrono::milliseconds t) override { d_->synchronize(t); }
+  void wait_event(const EventPtr& e, std::chrono::milliseconds t) override { d_->wait_event(e, t); }
+  std::unique_ptr<UtilProbe> utilization_probe() override { return d_->utilization_probe(); }
+
+ private:
+  std::unique_ptr<Device> d_;
+  std::size_t free_;
+};
+
+// The capacity the memory scenario works in where the driver tells what is free: that plus what the
+// device holds (not the card's total, which also counts the context and other processes), a
+// mem_limit_gb above it lowered to it, one below it kept; info.limit_from says which.
+TEST(MemoryCapacity, TheDriversFreeMemoryBoundsTheLimit) {
+  const Scenario* sc = find_scenario("memory");
+  ASSERT_NE(sc, nullptr);
+  const std::size_t free = 30'000'000;
+  auto point = [&](const std::string& limit) {
+    DriverFreeDevice dev(make_cpu_backend().open(0), free);
+    RunContext ctx{dev};
+    const Sweep sw = expand_sweep(sc->params,
+                                  {"mem_limit_gb=" + limit, "checkpointing=none", "frag_steps=0", "verify=1",
+                                   "trials=1", "max_micro_batch=64"},
+                                  SweepProfile{});
+    EXPECT_EQ(sw.points.size(), 1u);
+    return sc->start(ctx)->run_point(sw.points.at(0));
+  };
+  const Point drv = point("0");
+  EXPECT_EQ(drv.info.value("limit_bytes", std::uint64_t(0)), drv.info.value("held_before_bytes", std::uint64_t(0)) + free);
+  EXPECT_NE(drv.info.value("limit_from", std::string()).find("cudaMemGetInfo"), std::string::npos) << drv.info;
+  ASSERT_NE(drv.metric("largest_micro_batch"), nullptr);
+  EXPECT_EQ(drv.metric("largest_micro_batch")->value, drv.metric("predicted_largest_micro_batch")->value);
+  const Point over = point("1");  // 1 GB asked, 30 MB free: the driver's answer
+  EXPECT_EQ(over.info.value("limit_bytes", std::uint64_t(0)), over.info.value("held_before_bytes", std::uint64_t(0)) + free);
+  EXPECT_NE(over.info.value("limit_from", std::string()).find("under mem_limit_gb=1"), std::string::npos) << over.info;
+  EXPECT_EQ(over.metric("largest_micro_batch")->value, drv.metric("largest_micro_batch")->value);
+  const Point under = point("0.02");  // below what is free: the user's limit
+  EXPECT_EQ(under.info.value("limit_bytes", std::uint64_t(0)), 20'000'000u);
+  EXPECT_EQ(under.info.value("limit_from", std::string()), "mem_limit_gb");
+  EXPECT_LT(under.metric("largest_micro_batch")->value, drv.metric("largest_micro_batch")->value);
 }
 
 }  // namespace
