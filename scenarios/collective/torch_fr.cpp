@@ -7,6 +7,7 @@
 #include <map>        // std::map
 #include <memory>     // std::shared_ptr: what frames_of reads from
 #include <deque>      // std::deque
+#include <charconv>  // std::from_chars: the ranks a p2p call names
 #include <optional>   // std::optional
 #include <set>        // std::set
 #include <unordered_map>  // std::unordered_map: op names, numbered
@@ -593,6 +594,347 @@ bool same_value(const T* a, const T* b) {
 
 }  // namespace
 
+namespace {
+
+// A send or a recv: "send 0->1", "recv 1<-0" (op_name of its profiling_name), in the group's ranks, as
+// ProcessGroupNCCL writes them and fr_trace's Op reads them; "recv 1<-?" is a recv from any source.
+struct P2pCall {
+  const TorchFrEntry* e;
+  int rank, peer;  // global ranks; peer -1: any source
+  bool send;
+  const P2pCall* with = nullptr;  // the matched counterpart
+};
+
+// Reads "send A->B" / "recv A<-B" into (send, me, peer; peer -1 for "?"); false when it is neither.
+bool parse_p2p(std::string_view op, bool& send, int& me, int& peer) {
+  const bool is_send = op.starts_with("send "), is_recv = op.starts_with("recv ");
+  if (!is_send && !is_recv) return false;
+  op.remove_prefix(5);
+  const std::size_t arrow = op.find(is_send ? "->" : "<-");
+  if (arrow == std::string_view::npos) return false;
+  auto number = [](std::string_view t, int& out) {
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), out);
+    return ec == std::errc() && end == t.data() + t.size() && out >= 0 && out <= kMaxRank;
+  };
+  const std::string_view other = op.substr(arrow + 2);
+  send = is_send;
+  if (!number(op.substr(0, arrow), me)) return false;
+  if (is_recv && other == "?") {
+    peer = -1;
+    return true;
+  }
+  return number(other, peer);
+}
+
+std::string sizes_text(const TorchFrSizes& s, const TorchFrDtypes& d) {
+  std::vector<std::string> t;
+  for (const auto& dims : s) t.push_back(fmt::format("[{}]", fmt::join(dims, "x")));
+  return fmt::format("{} {}", fmt::join(t, ", "), fmt::join(d, ","));
+}
+std::int64_t total_numel(const TorchFrSizes& s) {
+  std::int64_t n = 0;
+  for (const auto& dims : s)
+    if (__builtin_add_overflow(n, numel(dims), &n)) return std::numeric_limits<std::int64_t>::max();
+  return n;
+}
+
+// What the p2p matching found in one process group: the first call nobody answers (and who owes
+// the answer), or the first send and recv that were paired with different sizes or dtypes.
+struct P2pFinding {
+  DivergenceKind kind = DivergenceKind::none;
+  std::string pattern, pg, summary, expected, torch_match_state;
+  std::int64_t seq = -1;
+  std::vector<int> culprits;
+  std::map<int, std::string> calls;      // what each rank concerned is doing
+  const TorchFrEntry* culprit_entry = nullptr;  // a mismatch's culprit side: its frames
+  int culprit_rank = -1;
+  std::int64_t made = std::numeric_limits<std::int64_t>::max();  // when its call was made
+};
+
+struct P2pGroupInput {
+  std::string pg;
+  std::vector<int> members;                                      // sorted: group rank -> global rank
+  std::map<int, std::vector<const TorchFrEntry*>> p2p;           // each rank's p2p entries, dump order
+  std::map<int, std::int64_t> first_full;                        // collective seq from which the ring holds all
+};
+
+// Pairs each rank's sends to a peer with that peer's recvs from it, in each side's order (NCCL and
+// gloo deliver in order per pair; p2p_seq_id counts a rank's p2p calls in the group, so it numbers
+// the two sides of a pair differently as soon as a rank talks to two peers), then checks each pair's
+// element count and dtype (fr_trace's Op.match compares the send's input_sizes with the recv's
+// output_sizes). A rank's first call left unmatched is where it waits: on its peer, which either owes
+// the counterpart (a rank waiting on no one: the culprit) or waits in turn (a cycle: a deadlock).
+struct P2pGroupResult {
+  std::optional<P2pFinding> finding;
+  std::set<int> blocked;  // ranks waiting at an unmatched call
+  std::size_t pairs = 0;
+};
+
+P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const TorchFrDump*>& by_rank,
+                         std::vector<std::string>& warnings) {
+  P2pGroupResult out;
+  auto local_of = [&](int rank) {
+    auto it = std::lower_bound(in.members.begin(), in.members.end(), rank);
+    return it != in.members.end() && *it == rank ? int(it - in.members.begin()) : -1;
+  };
+  std::deque<P2pCall> store;  // stable addresses
+  std::map<int, std::vector<P2pCall*>> calls;
+  for (const auto& [rank, entries] : in.p2p) {
+    const int me_local = local_of(rank);
+    for (const TorchFrEntry* e : entries) {
+      const std::string_view op = op_name(e->profiling_name);
+      if (op.ends_with("coalesced")) continue;  // a batch's closing marker: its ops are recorded one by one
+      bool send = false;
+      int me = -1, peer = -1;
+      const TorchFrDump& d = *by_rank.at(rank);
+      if (!parse_p2p(op, send, me, peer)) {
+        warnings.push_back(fmt::format("{}: entries[{}]: p2p call \"{}\" names no peer (\"send A->B\", \"recv A<-B\"): "
+                                       "left out of the send/recv matching", d.path, e->index, e->profiling_name));
+        continue;
+      }
+      if (me != me_local || (peer >= 0 && std::size_t(peer) >= in.members.size())) {
+        // the group's ranks are not what the call says (a group pg_config does not list): no pairing is sound
+        warnings.push_back(fmt::format("{}: entries[{}]: \"{}\" does not fit process group {} of ranks [{}] "
+                                       "(rank {} is its rank {}): its send/recv calls are not matched",
+                                       d.path, e->index, e->profiling_name, in.pg, fmt::join(in.members, ", "), rank,
+                                       me_local));
+        return {};
+      }
+      const int gpeer = peer < 0 ? -1 : in.members[std::size_t(peer)];
+      if (gpeer >= 0 && !by_rank.count(gpeer)) continue;  // its peer left no dump: nothing to match it with
+      // a ring that dropped its oldest entries: only what both sides still hold in full is paired
+      if (gpeer >= 0 && e->collective_seq_id < std::max(in.first_full.at(rank), in.first_full.count(gpeer)
+                                                                                   ? in.first_full.at(gpeer)
+                                                                                   : std::numeric_limits<std::int64_t>::min()))
+        continue;
+      calls[rank].push_back(&store.emplace_back(P2pCall{e, rank, gpeer, send}));
+    }
+  }
+  // per pair and direction, in each side's order
+  std::map<std::pair<int, int>, std::vector<P2pCall*>> sends, recvs;  // (from, to)
+  std::map<int, std::vector<P2pCall*>> any_source;                    // by receiver
+  for (auto& [rank, v] : calls)
+    for (P2pCall* c : v) {
+      if (c->send) sends[{rank, c->peer}].push_back(c);
+      else if (c->peer < 0) any_source[rank].push_back(c);
+      else recvs[{c->peer, rank}].push_back(c);
+    }
+  std::optional<P2pFinding> mismatch;
+  auto pair = [&](P2pCall* s, P2pCall* q) {
+    s->with = q;
+    q->with = s;
+    ++out.pairs;
+    const bool count_ok = total_numel(s->e->input_sizes) == total_numel(q->e->output_sizes);
+    const bool dtype_ok = s->e->input_dtypes == q->e->output_dtypes;
+    if (count_ok && dtype_ok) return;
+    const std::int64_t made = std::min(s->e->time_created_ns, q->e->time_created_ns);
+    if (mismatch && mismatch->made <= made) return;
+    P2pFinding f;
+    f.kind = count_ok ? DivergenceKind::dtype : DivergenceKind::count;
+    f.pattern = "p2p";
+    f.made = made;
+    // The side that changed: its own earlier calls of this pair and direction never used this size
+    // (dtype); the other side's did. Neither or both: both are named.
+    auto novel = [&](const P2pCall* c, const std::vector<P2pCall*>& history) {
+      for (const P2pCall* h : history) {
+        if (h == c) break;
+        const bool same = c->send ? (count_ok ? h->e->input_dtypes == c->e->input_dtypes
+                                              : total_numel(h->e->input_sizes) == total_numel(c->e->input_sizes))
+                                  : (count_ok ? h->e->output_dtypes == c->e->output_dtypes
+                                              : total_numel(h->e->output_sizes) == total_numel(c->e->output_sizes));
+        if (same) return false;
+      }
+      return true;
+    };
+    const bool s_new = novel(s, sends[{s->rank, s->peer}]), q_new = novel(q, recvs[{s->rank, q->rank}]);
+    const P2pCall* culprit = s_new && !q_new ? s : q_new && !s_new ? q : nullptr;
+    if (culprit) f.culprits = {culprit->rank};
+    else f.culprits = {std::min(s->rank, q->rank), std::max(s->rank, q->rank)};
+    const P2pCall* named = culprit ? culprit : s->rank < q->rank ? s : q;
+    const P2pCall* other = named == s ? q : s;
+    if (culprit) {
+      f.culprit_entry = culprit->e;
+      f.culprit_rank = culprit->rank;
+    }
+    f.seq = named->e->p2p_seq_id;
+    f.expected = fmt::format("{} (rank {}'s, p2p seq {})", describe(*other->e), other->rank, other->e->p2p_seq_id);
+    f.calls[s->rank] = fmt::format("{} p2p seq {}", describe(*s->e), s->e->p2p_seq_id);
+    f.calls[q->rank] = fmt::format("{} p2p seq {}", describe(*q->e), q->e->p2p_seq_id);
+    f.summary = fmt::format("process group {} p2p: rank {}'s send of {} (p2p seq {}) is received by rank {}'s recv into "
+                            "{} (p2p seq {}): the {} differ; {}",
+                            in.pg, s->rank, sizes_text(s->e->input_sizes, s->e->input_dtypes), s->e->p2p_seq_id,
+                            q->rank, sizes_text(q->e->output_sizes, q->e->output_dtypes), q->e->p2p_seq_id,
+                            count_ok ? "dtypes" : "element counts",
+                            culprit ? fmt::format("rank {}'s earlier {} {} rank {} never did this", culprit->rank,
+                                                  culprit->send ? "sends" : "recvs", culprit->send ? "to" : "from",
+                                                  other->rank)
+                                    : std::string("neither side's earlier calls of this pair tell which changed"));
+    f.torch_match_state = count_ok ? "FULLY_MATCHED for this pair (fr_trace compares a send's and a recv's sizes, "
+                                     "not their dtypes)"
+                                   : "SIZE_OR_SYNTAX_MISMATCH (fr_trace: the send's input_sizes against the recv's "
+                                     "output_sizes)";
+    mismatch = std::move(f);
+  };
+  std::set<std::pair<int, int>> dirs;
+  for (const auto& [k, v] : sends) dirs.insert(k);
+  for (const auto& [k, v] : recvs) dirs.insert(k);
+  for (const auto& k : dirs) {
+    auto& s = sends[k];
+    auto& q = recvs[k];
+    for (std::size_t i = 0; i < std::min(s.size(), q.size()); ++i) pair(s[i], q[i]);
+  }
+  // a recv from any source takes the oldest send to its rank still unmatched
+  for (auto& [rank, v] : any_source)
+    for (P2pCall* q : v) {
+      P2pCall* best = nullptr;
+      for (auto& [k, s] : sends)
+        if (k.second == rank)
+          for (P2pCall* c : s)
+            if (!c->with) {
+              if (!best || c->e->time_created_ns < best->e->time_created_ns) best = c;
+              break;
+            }
+      if (best) pair(best, q);
+    }
+
+  // Each rank's first unmatched call: where it waits, and on whom.
+  std::map<int, const P2pCall*> waits;
+  for (const auto& [rank, v] : calls)
+    for (const P2pCall* c : v)
+      if (!c->with) {
+        waits[rank] = c;
+        out.blocked.insert(rank);
+        break;
+      }
+  std::optional<P2pFinding> unmatched;
+  if (!waits.empty()) {
+    // the chain from the call made first (on a tie, the lowest rank's)
+    int start = waits.begin()->first;
+    for (const auto& [rank, c] : waits)
+      if (c->e->time_created_ns < waits.at(start)->e->time_created_ns) start = rank;
+    std::vector<int> chain = {start};
+    int sink = -1;
+    std::size_t cycle_from = 0;
+    bool cycle = false, any = false;
+    for (;;) {
+      const P2pCall* c = waits.at(chain.back());
+      if (c->peer < 0) {
+        any = true;
+        break;
+      }
+      if (auto it = std::find(chain.begin(), chain.end(), c->peer); it != chain.end()) {
+        cycle = true;
+        cycle_from = std::size_t(it - chain.begin());
+        break;
+      }
+      if (!waits.count(c->peer)) {
+        sink = c->peer;
+        break;
+      }
+      chain.push_back(c->peer);
+    }
+    P2pFinding f;
+    f.kind = DivergenceKind::missing;
+    f.made = waits.at(start)->e->time_created_ns;
+    auto what = [](const P2pCall* c) {
+      return fmt::format("{} {} {} (p2p seq {}, {})", c->send ? "send" : "recv", c->send ? "to" : "from",
+                         c->peer < 0 ? std::string("any rank") : fmt::format("rank {}", c->peer), c->e->p2p_seq_id,
+                         sizes_text(c->send ? c->e->input_sizes : c->e->output_sizes,
+                                    c->send ? c->e->input_dtypes : c->e->output_dtypes));
+    };
+    for (int rank : chain) {
+      const P2pCall* c = waits.at(rank);
+      f.calls[rank] = fmt::format("{} p2p seq {} {}{}, unmatched: waits for {}", describe(*c->e), c->e->p2p_seq_id,
+                                  c->e->state, c->e->retired ? " (retired)" : "",
+                                  c->peer < 0 ? std::string("any rank") : fmt::format("rank {}", c->peer));
+    }
+    std::vector<std::string> behind;  // ranks waiting in turn on the ones named
+    // the other waiting ranks whose waits lead into this chain wait on it in turn
+    auto on_chain = [&](int m) { return m == sink || std::find(chain.begin(), chain.end(), m) != chain.end(); };
+    std::vector<int> in_turn;
+    for (const auto& [rank, c] : waits) {
+      if (on_chain(rank)) continue;
+      std::set<int> seen;
+      int at = rank;
+      while (!on_chain(at) && waits.count(at) && waits.at(at)->peer >= 0 && seen.insert(at).second)
+        at = waits.at(at)->peer;
+      if (on_chain(at) && (at != sink || sink >= 0)) in_turn.push_back(rank);
+    }
+    for (int rank : in_turn) {
+      const P2pCall* c = waits.at(rank);
+      f.calls[rank] = fmt::format("{} p2p seq {} {}{}, unmatched: waits for rank {}", describe(*c->e),
+                                  c->e->p2p_seq_id, c->e->state, c->e->retired ? " (retired)" : "", c->peer);
+    }
+    if (cycle) {
+      std::vector<int> ring(chain.begin() + std::ptrdiff_t(cycle_from), chain.end());
+      f.culprits = ring;
+      std::sort(f.culprits.begin(), f.culprits.end());
+      f.pattern = "p2p cycle";
+      f.seq = waits.at(f.culprits.front())->e->p2p_seq_id;
+      std::vector<std::string> each;
+      for (int rank : f.culprits) each.push_back(fmt::format("rank {} in {}", rank, what(waits.at(rank))));
+      for (std::size_t i = 0; i < cycle_from; ++i) in_turn.push_back(chain[i]);
+      f.expected = "one of them to answer first: the program orders its sends and recvs so that each waits on the other";
+      f.summary = fmt::format("process group {} p2p: ranks {} wait on each other, none answering: {} (a deadlock in "
+                              "the order of sends and recvs)",
+                              in.pg, fmt::join(f.culprits, ", "), fmt::join(each, "; "));
+    } else {
+      const int waiter = chain.back();
+      const P2pCall* c = waits.at(waiter);
+      f.pattern = any ? "p2p any source" : "p2p";
+      f.seq = c->e->p2p_seq_id;
+      if (any) {
+        for (int m : in.members)
+          if (m != waiter) f.culprits.push_back(m);
+      } else {
+        f.culprits = {sink};
+      }
+      for (std::size_t i = 0; i + 1 < chain.size(); ++i) in_turn.push_back(chain[i]);
+      std::string newest;
+      if (!any) {
+        const TorchFrDump& d = *by_rank.at(sink);
+        if (d.entries.empty()) newest = "it has no entries";
+        else {
+          const TorchFrEntry& e = d.entries.back();
+          newest = fmt::format("its newest call: {} {} seq {}", describe(e), e.is_p2p ? "p2p" : "collective",
+                               e.is_p2p ? e.p2p_seq_id : e.collective_seq_id);
+        }
+        // what the sink did of this pair: its calls the waiter's earlier ones matched
+        const auto& owed = c->send ? recvs[{waiter, sink}] : sends[{sink, waiter}];
+        f.calls[sink] = fmt::format("no {} rank {} after its {} matched; {}", c->send ? "recv from" : "send to",
+                                    waiter, std::count_if(owed.begin(), owed.end(), [](const P2pCall* x) { return x->with; }),
+                                    newest);
+      }
+      f.expected = any ? fmt::format("a send to rank {}", waiter)
+                       : fmt::format("{} rank {} of {}", c->send ? "a recv on rank " + std::to_string(sink) + " from"
+                                                                 : "a send on rank " + std::to_string(sink) + " to",
+                                     waiter, sizes_text(c->send ? c->e->input_sizes : c->e->output_sizes,
+                                                        c->send ? c->e->input_dtypes : c->e->output_dtypes));
+      f.summary = any ? fmt::format("process group {} p2p seq {}: rank {} waits in {}: no rank sent it", in.pg, f.seq,
+                                    waiter, what(c))
+                      : fmt::format("process group {} p2p seq {}: rank {} waits in {}; rank {} never {} it ({})", in.pg,
+                                    f.seq, waiter, what(c), sink, c->send ? "received" : "sent", newest);
+    }
+    std::sort(in_turn.begin(), in_turn.end());
+    for (int rank : in_turn) behind.push_back(fmt::format("rank {} in {}", rank, what(waits.at(rank))));
+    if (!behind.empty()) f.summary += fmt::format("; waiting on it in turn: {}", fmt::join(behind, "; "));
+    // (tests/data/fr/p2p-*/fr_trace_pgfix.txt: it pairs a p2p call with every other rank's entry of the same
+    // collective_seq_id, so on 2 ranks a recv meets a recv, and on 3 matched pairs are flagged too)
+    f.torch_match_state = cycle ? "SIZE_OR_SYNTAX_MISMATCH (fr_trace pairs p2p calls by collective_seq_id, not by "
+                                  "peer and order: it finds a recv where it looks for a send)"
+                                : "not all ranks joining (fr_trace pairs p2p calls by collective_seq_id, not by peer "
+                                  "and order)";
+    unmatched = std::move(f);
+  }
+  // the one whose call was made first (a send and recv of different sizes can leave both waiting)
+  if (mismatch && (!unmatched || mismatch->made <= unmatched->made)) out.finding = std::move(mismatch);
+  else if (unmatched) out.finding = std::move(unmatched);
+  if (out.finding) out.finding->pg = in.pg;
+  return out;
+}
+
+}  // namespace
+
 HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
   if (dumps.empty()) throw UsageError("analyze-hang: no PyTorch Flight Recorder dumps to analyse");
   HangReport r;
@@ -652,6 +994,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
   // entries, in order, gathers everything the checks below read.
   struct View {
     SeqList coll;
+    std::vector<const TorchFrEntry*> p2p;  // its sends and recvs, in the dump's order
   };
   std::map<std::string, std::map<int, View>> pgs;
   std::map<std::string, std::map<int, std::pair<std::int64_t, std::int64_t>>> last_by_pg;  // enqueued, completed
@@ -672,7 +1015,10 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
         v = &pgs[key][rank];
         pg_key = &key;
       }
-      if (e.is_p2p) continue;
+      if (e.is_p2p) {
+        v->p2p.push_back(&e);
+        continue;
+      }
       // the rank's last enqueued and completed collective in this group (groups count their seqs apart:
       // a maximum over groups set a tensor-parallel group's seq 5000 beside a data-parallel group's 40)
       auto& [enq, done] = last_by_pg[*pg_key].try_emplace(rank, -1, -1).first->second;
@@ -731,24 +1077,28 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
   const HangReport base = r;
   std::optional<HangReport> best;
   std::int64_t best_at = std::numeric_limits<std::int64_t>::max(), diverged_at = best_at;
-  for (const auto& pg_views : pgs) {
-    // (not a structured binding: lambdas below capture these, which clang before 16 refuses)
-    const std::string& pg = pg_views.first;
-    const auto& ranks_view = pg_views.second;
-    // The group's ranks from pg_config; the default group (gloo's dumps key
-    // its pg_config by "" while entries name it "0") is the whole job. Never
-    // the ranks that happen to have a dump: a missing file must not shrink
-    // the group an all-gather's sizes are checked against.
+  // The group's ranks from pg_config; the default group (gloo's dumps key
+  // its pg_config by "" while entries name it "0") is the whole job. Never
+  // the ranks that happen to have a dump: a missing file must not shrink
+  // the group an all-gather's sizes are checked against.
+  auto members_of = [&](const std::string& pg, const std::map<int, View>& ranks_view) {
     std::vector<int> members = group_ranks.count(pg) ? group_ranks[pg] : std::vector<int>{};
-    const std::string& desc = ranks_view.begin()->second.coll.empty()
-                                  ? std::string()
-                                  : ranks_view.begin()->second.coll.front().e->pg_desc;
+    std::string desc;
+    for (const auto& [rank, v] : ranks_view)
+      if (desc.empty()) desc = !v.coll.empty() ? v.coll.front().e->pg_desc : !v.p2p.empty() ? v.p2p.front()->pg_desc : "";
     // A group pg_config does not list (gloo keys every group's config by "": a new_group's too) is the
     // whole job only when it is the default group; another is the ranks whose entries name it, as a
     // group of [0, 1] beside ranks 2 and 3 would otherwise read as "ranks 2, 3 never joined".
     if (members.empty() && (pg == "0" || desc == "default_pg")) members = world;
     if (members.empty())
       for (const auto& [rank, v] : ranks_view) members.push_back(rank);
+    return members;
+  };
+  for (const auto& pg_views : pgs) {
+    // (not a structured binding: lambdas below capture these, which clang before 16 refuses)
+    const std::string& pg = pg_views.first;
+    const auto& ranks_view = pg_views.second;
+    const std::vector<int> members = members_of(pg, ranks_view);
     std::vector<int> present;  // members with a dump
     for (int m : members)
       if (by_rank.count(m)) present.push_back(m);
@@ -1031,6 +1381,80 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
   }
   if (best) r = std::move(*best);
 
+  // Point-to-point calls, matched by peer and order in each group (match_p2p). Their finding is the
+  // answer when no collective diverges; when a collective's missing ranks all wait at an unmatched
+  // send or recv (they never reached it because of that); else when its call was made first.
+  std::optional<P2pFinding> p2p;
+  std::set<int> p2p_blocked;
+  std::size_t p2p_pairs = 0;
+  bool p2p_wide = false;  // p2p calls in a group of more than 2 ranks
+  std::vector<std::string> p2p_warnings;
+  for (const auto& [pg, ranks_view] : pgs) {
+    P2pGroupInput in;
+    in.pg = pg;
+    for (const auto& [rank, v] : ranks_view) {
+      if (v.p2p.empty()) continue;
+      in.p2p[rank] = v.p2p;
+    }
+    if (in.p2p.empty()) continue;
+    for (const auto& [rank, v] : ranks_view) {
+      // the collective seq from which this rank's ring holds every call of the group: all, unless it dropped its
+      // oldest entries (record_id counts every entry from 0); then from its first collective held, or after
+      // the collective its first p2p call follows
+      std::int64_t full = std::numeric_limits<std::int64_t>::min();
+      const TorchFrDump& d = *by_rank.at(rank);
+      if (!d.entries.empty() && d.entries.front().record_id > 0) {
+        const bool coll_first = !v.coll.empty() && (v.p2p.empty() || v.coll.front().e->index < v.p2p.front()->index);
+        if (coll_first) full = v.coll.front().seq;
+        else if (!v.p2p.empty()) full = v.p2p.front()->collective_seq_id + 1;
+      }
+      in.first_full[rank] = full;
+    }
+    in.members = members_of(pg, ranks_view);
+    p2p_wide = p2p_wide || in.members.size() > 2;
+    P2pGroupResult res = match_p2p(in, by_rank, p2p_warnings);
+    p2p_pairs += res.pairs;
+    p2p_blocked.insert(res.blocked.begin(), res.blocked.end());
+    if (res.finding && (!p2p || res.finding->made < p2p->made)) p2p = std::move(res.finding);
+  }
+  bool use_p2p = false;
+  if (p2p) {
+    if (r.kind == DivergenceKind::none) use_p2p = true;
+    else if (r.kind == DivergenceKind::missing)
+      use_p2p = std::all_of(r.culprits.begin(), r.culprits.end(), [&](int m) { return p2p_blocked.count(m) > 0; });
+    else use_p2p = p2p->made < best_at;
+  }
+  if (use_p2p) {
+    HangReport q = base;
+    q.kind = p2p->kind;
+    q.pattern = p2p->pattern;
+    q.seq = p2p->seq;
+    q.culprits = p2p->culprits;
+    q.process_group = p2p->pg;
+    q.expected = p2p->expected;
+    q.torch_match_state = p2p->torch_match_state;
+    for (const auto& [rank, text] : p2p->calls) q.per_rank_call[std::size_t(rank)] = text;
+    q.summary = p2p->summary;
+    if (r.kind == DivergenceKind::missing)
+      q.summary += fmt::format("; so rank{} {} never reached collective seq {} of process group {} ({}), where the "
+                               "others wait",
+                               r.culprits.size() == 1 ? "" : "s", fmt::join(r.culprits, ", "), r.seq,
+                               r.process_group, r.expected.empty() ? "-" : r.expected);
+    if (p2p->culprit_entry) {
+      const TorchFrDump& owner = *by_rank.at(p2p->culprit_rank);
+      try {
+        q.culprit_frames = !p2p->culprit_entry->frames.empty() || !owner.frames_of
+                               ? p2p->culprit_entry->frames
+                               : owner.frames_of(p2p->culprit_entry->index);
+      } catch (const UsageError& err) {
+        r.warnings.push_back(fmt::format("the culprit's frames are unreadable: {}", err.what()));
+      }
+    }
+    q.warnings = std::move(r.warnings);
+    r = std::move(q);
+  }
+  r.warnings.insert(r.warnings.end(), p2p_warnings.begin(), p2p_warnings.end());
+
   if (r.kind == DivergenceKind::none && !r.ranks_missing.empty()) {
     // The dumps present agree, but every one of them still waits in its
     // newest call: the ranks without a dump are the ones they wait for (a
@@ -1083,6 +1507,18 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
         r.last_enqueued[std::size_t(rank)] = ed.first;
         r.last_completed[std::size_t(rank)] = ed.second;
       }
+    // a p2p finding's seq is a p2p_seq_id: the table then counts each rank's p2p calls in its group
+    if (use_p2p)
+      if (auto it = pgs.find(r.process_group); it != pgs.end())
+        for (const auto& [rank, v] : it->second) {
+          std::int64_t enq = -1, done = -1;
+          for (const TorchFrEntry* e : v.p2p) {
+            enq = std::max(enq, e->p2p_seq_id);
+            if (torch_fr_done(*e)) done = std::max(done, e->p2p_seq_id);
+          }
+          r.last_enqueued[std::size_t(rank)] = enq;
+          r.last_completed[std::size_t(rank)] = done;
+        }
   }
   if (r.kind == DivergenceKind::none) {
     // Every rank issued the same calls: the slowest arrival at any seq (the
@@ -1136,6 +1572,12 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
                                               "log, or a dump written again, decides)",
                                               r.ranks_missing.size() == 1 ? "" : "s", rank_ranges(r.ranks_missing),
                                               r.ranks_missing.size() == 1 ? "it" : "they"));
+    if (p2p_wide)
+      r.torch_match_state += " for the collectives (fr_trace pairs p2p calls by collective_seq_id across the whole "
+                             "group: on more than 2 ranks it reports matched sends and recvs as mismatches)";
+    if (p2p_pairs > 0)
+      r.summary += fmt::format("; every send met its recv in peer and order ({} pair{}), of equal sizes and dtypes",
+                               p2p_pairs, p2p_pairs == 1 ? "" : "s");
   }
   return r;
 }

@@ -358,9 +358,285 @@ def main(argv):
             print(f"{name}: {manifest['wall_s']} s, fr_trace rc={rc}", flush=True)
 
 
+# --------------------------------------------------------------------------
+# point-to-point cases (p2p-*): real runs, p2p entries added afterwards
+# --------------------------------------------------------------------------
+# gloo in this PyTorch records no send/recv in FR (checked with 2.15.0: a
+# send/recv between two all_reduces leaves no entry, only a gap in op_id; a
+# FlightRecorderHook attached to the gloo group records nothing either).  So
+# each p2p case is a real gloo job (real send/recv, real hang and time-out),
+# every rank logs each p2p call it made, and after the run the driver adds
+# one entry per p2p call to the rank's real dump, in the form ProcessGroupNCCL
+# records them (profiling_name "<lib>:send SRC->DST" / "<lib>:recv DST<-SRC",
+# group ranks; is_p2p True; p2p_seq_id the group's p2p counter on that rank;
+# collective_seq_id the group's last collective; input and output sizes the
+# tensor's), at the op_id slot gloo left for it.  See README.md.
+P2P_WORLDS = [2, 3]
+P2P_STEPS = 2
+# case -> what stallbench must report.  culprit(n) -> rank or list; the seq is
+# the p2p_seq_id of the call named in `seq_of` (taken from the run's logs).
+P2P_CASES = {
+    "p2p-healthy":  dict(kind=None),
+    # the last stage never sends step 1's gradient back; it goes on to the all_reduce
+    "p2p-missing":  dict(kind="missing", pattern="p2p", culprit=lambda n: n - 1,
+                         seq_of=lambda n: (n - 2, "recv", n - 1)),
+    # rank 0 receives before it sends in step 1's forward: 0 and 1 each wait in recv from the other
+    "p2p-deadlock": dict(kind="missing", pattern="p2p cycle", culprit=lambda n: [0, 1],
+                         seq_of=lambda n: (0, "recv", 1)),
+    # the last stage sends a [3] gradient where the stage before receives [4] (step 1)
+    "p2p-size":     dict(kind="size", pattern="p2p", culprit=lambda n: n - 1,
+                         seq_of=lambda n: (n - 1, "send", n - 2)),
+    # rank 0 receives step 1's gradient into float64 [4]; rank 1 sends float32 [4]
+    "p2p-dtype":    dict(kind="dtype", pattern="p2p", culprit=lambda n: 0,
+                         seq_of=lambda n: (0, "recv", 1)),
+}
+P2P_NOTES = {
+    "p2p-healthy": "pipeline of n stages, 2 steps: forward recv from r-1 / send to r+1 ([4] float32), "
+                   "backward recv from r+1 / send to r-1 ([4] float32), then all_reduce([8]).",
+    "p2p-missing": "step 1: the last rank skips its backward send to rank n-2 and goes on to the all_reduce; "
+                   "rank n-2 times out in recv (and in 3 ranks rank 0 then times out in recv from rank 1).",
+    "p2p-deadlock": "step 1: rank 0 calls recv from rank 1 before its forward send; rank 1 waits in recv "
+                    "from rank 0: both time out.",
+    "p2p-size": "step 1: the last rank sends [3] float32 where rank n-2 receives into [4].",
+    "p2p-dtype": "step 1: rank 0 receives rank 1's gradient into float64 [4]; rank 1 sends float32 [4].",
+}
+
+
+def p2p_worker(case, world, rank, port, outdir, jsondir):
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+    import torch._C._distributed_c10d as c10d
+
+    log = {"rank": rank, "calls": [], "error": None, "dumped": False}
+    state = {"op_id": 0, "cseq": 0, "p2p": 0}
+
+    def frames():
+        # the program's own frames at the call, innermost first (as FR writes them)
+        st = traceback.extract_stack()[:-2]
+        return [{"name": f.name, "filename": f.filename, "line": f.lineno} for f in reversed(st)]
+
+    def p2p(op, peer, t, step, what):
+        state["op_id"] += 1
+        state["p2p"] += 1
+        call = {"op": op, "peer": peer, "sizes": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                "p2p_seq_id": state["p2p"], "collective_seq_id": state["cseq"], "op_id": state["op_id"],
+                "time_created_ns": time.time_ns(), "frames": frames(), "step": step, "what": what,
+                "returned": False}
+        log["calls"].append(call)
+        (dist.send if op == "send" else dist.recv)(t, peer)
+        call["returned"] = True
+
+    def coll(name, fn, step):
+        state["op_id"] += 1
+        state["cseq"] += 1
+        call = {"op": name, "collective_seq_id": state["cseq"], "op_id": state["op_id"], "step": step,
+                "returned": False}
+        log["calls"].append(call)
+        fn()
+        call["returned"] = True
+
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                                timeout=timedelta(seconds=PG_TIMEOUT_S))
+        last = world - 1
+        grad = torch.ones(8)
+        for step in range(P2P_STEPS):
+            bad = step == P2P_STEPS - 1
+            act = torch.arange(4, dtype=torch.float32) + rank
+            if case == "p2p-deadlock" and bad and rank == 0:
+                # receives the gradient before sending the activation it depends on
+                p2p("recv", 1, torch.zeros(4), step, "recv grad from 1 BEFORE sending the activation  <-- deadlock")
+            if rank > 0:
+                p2p("recv", rank - 1, act, step, "recv activation")
+            if rank < last:
+                p2p("send", rank + 1, act, step, "send activation")
+            if rank < last:
+                if case == "p2p-dtype" and bad and rank == 0:
+                    p2p("recv", rank + 1, torch.zeros(4, dtype=torch.float64), step,
+                        "recv grad into float64 [4]  <-- WRONG dtype (sender float32)")
+                else:
+                    p2p("recv", rank + 1, torch.zeros(4), step, "recv grad")
+            if rank > 0:
+                if case == "p2p-missing" and bad and rank == last:
+                    log["calls"].append({"op": "send", "peer": rank - 1, "step": step, "skipped": True,
+                                         "what": "SKIPPED send grad  <-- culprit"})
+                elif case == "p2p-size" and bad and rank == last:
+                    p2p("send", rank - 1, torch.ones(3), step, "send grad [3]  <-- WRONG size (receiver [4])")
+                else:
+                    p2p("send", rank - 1, torch.ones(4), step, "send grad")
+            coll("all_reduce", lambda: dist.all_reduce(grad), step)
+        return log
+    except BaseException as e:  # noqa: BLE001
+        log["error"] = f"{type(e).__name__}: {e}"[:600]
+        return log
+    finally:
+        if not log["dumped"]:
+            try:
+                write_dumps(c10d, rank, outdir, jsondir)
+                log["dumped"] = True
+            except BaseException as e:  # noqa: BLE001
+                log["dump_error"] = repr(e)[:400]
+        with open(os.path.join(outdir, f".log_{rank}.json"), "w") as f:
+            json.dump(log, f)
+        sys.stdout.flush()
+        time.sleep(1.0)
+        os._exit(0)
+
+
+TORCH_DTYPE = {"float32": "Float", "float64": "Double"}
+
+
+def p2p_entry(call, rank, lib="gloo"):
+    """A p2p call as a FR entry (pickle form), fields in FR's order."""
+    me, peer = rank, call["peer"]  # the default group: group rank == global rank
+    name = f"{lib}:send {me}->{peer}" if call["op"] == "send" else f"{lib}:recv {me}<-{peer}"
+    dt = TORCH_DTYPE[call["dtype"]]
+    return {
+        "frames": call["frames"], "record_id": None, "pg_id": 0, "process_group": ("0", "default_pg"),
+        "collective_seq_id": call["collective_seq_id"], "p2p_seq_id": call["p2p_seq_id"], "op_id": call["op_id"],
+        "profiling_name": name, "time_created_ns": call["time_created_ns"],
+        "input_sizes": [call["sizes"]], "input_dtypes": [dt], "output_sizes": [call["sizes"]], "output_dtypes": [dt],
+        "state": "scheduled", "time_discovered_started_ns": None, "time_discovered_completed_ns": None,
+        # gloo retires a call that returned or failed alike (as its collectives)
+        "retired": True, "timeout_ms": PG_TIMEOUT_S * 1000, "is_p2p": True,
+    }
+
+
+def add_p2p_entries(path, calls, rank, form):
+    """Adds the rank's p2p calls to its real dump at `path` (pickle or JSON), each
+    before the first entry with a larger op_id; record_id renumbered in order."""
+    p2p = [c for c in calls if c["op"] in ("send", "recv") and not c.get("skipped")]
+    if form == "pickle":
+        with open(path, "rb") as f:
+            dump = pickle.load(f)
+    else:
+        with open(path) as f:
+            dump = json.load(f)
+    entries = dump.get("entries", [])
+    # gloo's collectives must sit at the op_id the log gave them: else the slots are wrong
+    logged = {c["collective_seq_id"]: c["op_id"] for c in calls if c["op"] == "all_reduce"}
+    for e in entries:
+        want = logged.get(e["collective_seq_id"])
+        if want is not None and want != e["op_id"]:
+            raise SystemExit(f"{path}: collective seq {e['collective_seq_id']} has op_id {e['op_id']}, "
+                             f"the log says {want}")
+    out = []
+    new = []
+    for c in p2p:
+        e = p2p_entry(c, rank)
+        if form == "json":
+            e.pop("frames")
+            e["process_group"] = list(e["process_group"])
+            e["time_discovered_started_ns"] = 0
+            e["time_discovered_completed_ns"] = 0
+        new.append(e)
+    merged = sorted(entries + new, key=lambda e: e["op_id"])
+    for i, e in enumerate(merged):
+        e["record_id"] = i
+        out.append(e)
+    dump["entries"] = out
+    if form == "pickle":
+        with open(path, "wb") as f:
+            pickle.dump(dump, f, protocol=2)
+    else:
+        with open(path, "w") as f:
+            json.dump(dump, f)
+    return len(new)
+
+
+def make_p2p_case(case, world):
+    import torch
+    spec = P2P_CASES[case]
+    name = f"{case}-{world}r"
+    outdir = os.path.join(HERE, name)
+    jsondir = os.path.join(HERE, name + "-json")
+    for d in (outdir, jsondir):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+    port = free_port()
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE=FR_BUFFER_SIZE, GLOO_SOCKET_IFNAME="lo")
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--p2p-worker", case, str(world), str(r),
+                               str(port), outdir, jsondir],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    ranks = {}
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=max(1, RANK_HARD_TIMEOUT_S - (time.time() - t0)))
+            hard_killed = False
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            hard_killed = True
+        logf = os.path.join(outdir, f".log_{r}.json")
+        log = {"rank": r, "calls": [], "error": None, "dumped": False}
+        if os.path.exists(logf):
+            with open(logf) as f:
+                log = json.load(f)
+            os.remove(logf)
+        log["exit_code"] = p.returncode
+        log["hard_killed"] = hard_killed
+        tail = (out or "").strip().splitlines()[-5:]
+        if tail:
+            log["output_tail"] = tail
+        ranks[r] = log
+    added = {}
+    for r, log in ranks.items():
+        for d, form in ((outdir, "pickle"), (jsondir, "json")):
+            fn = os.path.join(d, f"rank_{r}")
+            if os.path.exists(fn):
+                added[f"{form} rank_{r}"] = add_p2p_entries(fn, log["calls"], r, form)
+    expected = {"kind": spec["kind"], "seq": None, "culprit": None}
+    if spec["kind"]:
+        who, op, peer = spec["seq_of"](world)
+        calls = [c for c in ranks[who]["calls"] if c["op"] == op and c.get("peer") == peer and not c.get("skipped")]
+        expected = {"kind": spec["kind"], "seq": calls[-1]["p2p_seq_id"], "culprit": spec["culprit"](world),
+                    "pattern": spec["pattern"]}
+    for log in ranks.values():
+        for c in log["calls"]:
+            c.pop("frames", None)  # (they are in the dumps)
+    manifest = {
+        "case": case, "world_size": world, "backend": "gloo", "pg_timeout_s": PG_TIMEOUT_S,
+        "fr_buffer_size": int(FR_BUFFER_SIZE), "steps": P2P_STEPS, "kind": spec["kind"],
+        "expected": expected, "note": P2P_NOTES.get(case),
+        "p2p_entries": "added after the run from each rank's log of its p2p calls (gloo records none): "
+                       "see README.md; the collectives' entries, pg_status and pg_config are gloo's own",
+        "p2p_entries_added": added, "ranks": {str(r): ranks[r] for r in ranks},
+        "observed_last_completed_collective": {str(k): v for k, v in last_completed(outdir, world).items()},
+        "wall_s": round(time.time() - t0, 1), "torch_version": torch.__version__,
+    }
+    return name, outdir, jsondir, manifest
+
+
+def main_p2p(cases):
+    for case in cases:
+        for world in P2P_WORLDS:
+            name, outdir, jsondir, manifest = make_p2p_case(case, world)
+            rc, _ = run_fr_trace(outdir)
+            manifest["fr_trace_exit_code"] = rc
+            manifest["fr_trace_pgfix_exit_codes"] = run_fr_trace_pgfix(outdir, world)
+            run_fr_trace(jsondir)
+            with open(os.path.join(outdir, "manifest.json"), "w") as f:
+                json.dump(manifest, f, indent=1, sort_keys=True)
+                f.write("\n")
+            print(f"{name}: {manifest['wall_s']} s, fr_trace rc={rc}", flush=True)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         c, n, r, port, od, jd = sys.argv[2:8]
         worker(c, int(n), int(r), int(port), od, jd)
+    elif len(sys.argv) > 1 and sys.argv[1] == "--p2p-worker":
+        c, n, r, port, od, jd = sys.argv[2:8]
+        p2p_worker(c, int(n), int(r), int(port), od, jd)
     else:
-        main(sys.argv[1:])
+        wanted = sys.argv[1:]
+        unknown = [c for c in wanted if c not in CASES and c not in P2P_CASES]
+        if unknown:
+            raise SystemExit(f"unknown cases {unknown}: {list(CASES) + list(P2P_CASES)}")
+        collective = [c for c in wanted if c in CASES] if wanted else list(CASES)
+        if collective:
+            main(collective)
+        main_p2p([c for c in wanted if c in P2P_CASES] if wanted else list(P2P_CASES))
