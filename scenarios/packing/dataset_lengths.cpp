@@ -21,7 +21,7 @@ const std::vector<std::int32_t>& DatasetLengths::get(const std::string& text, st
       for (const auto& hc : spec.histogram) count += std::uint64_t(hc.count);
     memory_ = reserve_host_memory(count * bytes_per_sequence_,
                                   fmt::format("{}: the lengths of {} sequences", owner_, count));
-    lengths_ = generate_lengths(spec, sequences, 1234, 4 * max_len);
+    lengths_ = generate_lengths(spec, sequences, 1234, 4 * max_len, &clipped_);
     key_ = std::move(key);
   }
   return *lengths_;

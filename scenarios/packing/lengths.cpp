@@ -179,16 +179,18 @@ LengthSpec parse_length_file_text(std::string text, const std::string& path) {
 }
 
 std::vector<std::int32_t> generate_lengths(const LengthSpec& spec, std::int64_t n,
-                                           std::uint64_t seed, std::int32_t cap) {
+                                           std::uint64_t seed, std::int32_t cap, std::int64_t* over_cap) {
   if (n < 0) throw UsageError(fmt::format("cannot generate {} lengths", n));
   const double top = cap > 0 ? double(cap) : double(kMaxLength);
-  const auto clip = [&](double x) {  // NaN/inf from an extreme sigma land on the cap
+  std::int64_t over = 0;
+  const auto clip = [&](double x, std::int64_t times = 1) {  // NaN/inf from an extreme sigma land on the cap
+    if (!(x <= top)) over += times;  // times: the values this one stands for
     return std::int32_t(!(x < top) ? top : x < 1 ? 1 : x);
   };
   std::vector<std::int32_t> out;
   switch (spec.kind) {
     case LengthSpec::Kind::fixed:
-      out.assign(std::size_t(n), clip(double(spec.lo)));
+      out.assign(std::size_t(n), clip(double(spec.lo), n));
       break;
     case LengthSpec::Kind::uniform: {
       out.resize(std::size_t(n));
@@ -224,7 +226,7 @@ std::vector<std::int32_t> generate_lengths(const LengthSpec& spec, std::int64_t 
         if (total > (std::int64_t(1) << 31))
           throw UsageError(fmt::format("'{}' holds {} sequences; give a count to sample", spec.text, total));
         out.reserve(std::size_t(total));
-        for (const auto& [len, count] : spec.histogram) out.insert(out.end(), std::size_t(count), clip(len));
+        for (const auto& [len, count] : spec.histogram) out.insert(out.end(), std::size_t(count), clip(len, count));
         for (std::size_t i = out.size(); i > 1; --i)  // Fisher-Yates with the seed
           std::swap(out[i - 1], out[below(draw(seed, i), i)]);
       } else {
@@ -238,6 +240,7 @@ std::vector<std::int32_t> generate_lengths(const LengthSpec& spec, std::int64_t 
       break;
     }
   }
+  if (over_cap) *over_cap = over;
   return out;
 }
 }  // namespace sb::packing

@@ -53,8 +53,10 @@ LengthSpec parse_length_file_text(std::string text, const std::string& path);
 //                   consumed in random order, and pad-longest would look
 //                   unrealistically good on length-sorted input)
 //   fixed/uniform/lognormal: n == 0 gives an empty vector.
+// over_cap (when given) counts the values that were above cap and were clipped.
 std::vector<std::int32_t> generate_lengths(const LengthSpec& spec, std::int64_t n,
-                                           std::uint64_t seed, std::int32_t cap = 0);
+                                           std::uint64_t seed, std::int32_t cap = 0,
+                                           std::int64_t* over_cap = nullptr);
 
 // A scenario's dataset of lengths, made once per (lengths, sequences,
 // max_len): the points of a sweep train the same dataset (seed 1234, clipped
@@ -67,6 +69,8 @@ class DatasetLengths {
   DatasetLengths(std::string owner, std::uint64_t bytes_per_sequence)
       : owner_(std::move(owner)), bytes_per_sequence_(bytes_per_sequence) {}
   const std::vector<std::int32_t>& get(const std::string& text, std::int64_t sequences, std::int32_t max_len);
+  // Of the lengths get() returned last: how many were over 4 x max_len and clipped to it.
+  std::int64_t clipped() const { return clipped_; }
 
  private:
   std::string owner_;
@@ -74,6 +78,7 @@ class DatasetLengths {
   std::optional<std::vector<std::int32_t>> lengths_;
   HostReservation memory_;
   std::tuple<std::string, std::int64_t, std::int32_t> key_;
+  std::int64_t clipped_ = 0;
 };
 
 }  // namespace sb::packing

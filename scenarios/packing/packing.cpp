@@ -259,6 +259,11 @@ class PackingRun : public ScenarioRun {
                   {"computed_tokens", plan.computed_tokens},
                   {"dropped_tokens", plan.dropped_tokens},
                   {"split_sequences", plan.split_sequences},
+                  // sequences over 4 x max_len are clipped to it before planning (a heavy tail would
+                  // otherwise dominate the run): split counts at most 4 pieces of them, drop and
+                  // truncate are unchanged
+                  {"clipped_sequences", counts ? hist_clipped_ : dataset_.clipped()},
+                  {"clip_length", 4 * std::int64_t(max_len)},
                   {"batches", n_batches},
                   {"timed_batches", sample},
                   {"timed_real_tokens", real},
@@ -452,13 +457,16 @@ class PackingRun : public ScenarioRun {
     }
     if (!histogram_) return std::nullopt;
     std::vector<pk::LengthCount> h = *histogram_;
-    for (auto& e : h) e.length = std::min(e.length, 4 * max_len);
+    hist_clipped_ = 0;
+    for (auto& e : h)
+      if (e.length > 4 * max_len) e.length = 4 * max_len, hist_clipped_ += e.count;
     return h;
   }
 
   RunContext& ctx_;
   std::optional<std::string> histogram_key_;
   std::optional<std::vector<pk::LengthCount>> histogram_;
+  std::int64_t hist_clipped_ = 0;  // of the last file_histogram: sequences over 4 x max_len
   pk::DatasetLengths dataset_{"packing", sizeof(std::int32_t)};  // the strategies of a sweep batch one dataset
 };
 

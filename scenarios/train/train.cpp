@@ -349,6 +349,7 @@ class TrainRun : public ScenarioRun {
                           {"batches", n_batches},
                           {"padding_fraction", plan.padding_fraction()},
                           {"split_sequences", plan.split_sequences},
+                          {"clipped_sequences", dataset_.clipped()},  // over 4 x max_len: clipped to it first
                           // two figures, two definitions: a reader saw 0.5164 here beside padding_pct 61.65
                           {"note", "padding_fraction is the packer's plan: every row padded to its longest "
                                    "sequence, the last partial batch included, before rounding to pad_multiple; "

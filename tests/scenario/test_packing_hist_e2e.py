@@ -86,6 +86,20 @@ with tempfile.TemporaryDirectory() as tmp:
         check(pts["pack-hist"]["metrics"]["rows"]["value"] == pts["pack-bfd"]["metrics"]["rows"]["value"],
               "sampled: pack-hist and pack-bfd differ in rows")
 
+    # Sequences over 4 x max_len are clipped to it before planning, and every point says how many: seven
+    # of 3000 tokens at max_len 512 are 2048 each (split into 4 rows), whether the counts are planned
+    # (pack-hist) or expanded into a dataset (pad-max, pack-bfd).
+    tail = os.path.join(tmp, "tail.csv")
+    with open(tail, "w") as f:
+        f.write("length,count\n100,50\n3000,7\n")
+    p, pts = run(["-p", f"lengths=@{tail}", "-p", "sequences=0", "-p", "max_len=512",
+                  "-p", "strategy=pad-max,pack-bfd,pack-hist"], os.path.join(tmp, "tail.json"))
+    if pts and check(set(pts) == {"pad-max", "pack-bfd", "pack-hist"}, f"tail points {sorted(pts)}"):
+        for name, pt in pts.items():
+            i = pt["info"]
+            check(i["clipped_sequences"] == 7 and i["clip_length"] == 2048, f"tail {name}: {i['clipped_sequences']}")
+            check(i["real_tokens"] == 100 * 50 + 7 * 2048, f"tail {name}: real tokens {i['real_tokens']}")
+
     # A count of 2^34 sequences (the parser takes up to 2^40) is 2^32 batches of four rows: the epoch's
     # per-batch costs (32 B each, 128 GiB) are refused up front as oom, not a bad_alloc or a kill.
     huge = os.path.join(tmp, "huge.csv")

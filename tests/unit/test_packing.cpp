@@ -342,6 +342,29 @@ TEST(LengthSpec, PerLineFileIsCycledOrTakenWhole) {
   std::filesystem::remove(path);
 }
 
+// Lengths over the cap are clipped to it and counted (the packing and train points report the count):
+// one a value, every sequence of a histogram row, a lognormal tail; none at the cap.
+TEST(LengthSpec, ClippedLengthsAreCounted) {
+  std::int64_t over = -1;
+  const LengthSpec fixed = parse_lengths("fixed:10");
+  EXPECT_EQ(generate_lengths(fixed, 4, 1, 10, &over), (std::vector<std::int32_t>{10, 10, 10, 10}));
+  EXPECT_EQ(over, 0);
+  EXPECT_EQ(generate_lengths(fixed, 4, 1, 9, &over), (std::vector<std::int32_t>{9, 9, 9, 9}));
+  EXPECT_EQ(over, 4);
+  const auto path = temp_file("clip.csv", "length,count\n100,3\n200,5\n50,0\n900,0\n");
+  const LengthSpec hist = parse_lengths("@" + path);
+  const auto all = generate_lengths(hist, 0, 3, 150, &over);
+  EXPECT_EQ(std::count(all.begin(), all.end(), 150), 5);
+  EXPECT_EQ(over, 5);  // the 200 row's five sequences; the empty 900 row none
+  const auto drawn = generate_lengths(hist, 40, 3, 150, &over);
+  EXPECT_EQ(over, std::count(drawn.begin(), drawn.end(), 150));
+  EXPECT_GT(over, 0);
+  std::filesystem::remove(path);
+  const auto wild = generate_lengths(parse_lengths("lognormal:512,3"), 2000, 7, 4096, &over);
+  EXPECT_EQ(over, std::count(wild.begin(), wild.end(), 4096));
+  EXPECT_GT(over, 5);  // P(x > 4096) is 1.4% at sigma 3
+}
+
 TEST(LengthSpec, HistogramFileExpandsExactlyOrSamples) {
   const auto path = temp_file("hist.csv", "length,count\n# from a tokenizer pass\n100,3\n200, 1\n50,0\n300,6\n");
   const LengthSpec spec = parse_lengths("@" + path);
