@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "harness/errors.hpp"
@@ -616,6 +617,138 @@ TEST(TorchFrAnalysis, OneNameTwoRankSetsAreTwoGroups) {
   EXPECT_EQ(rep.kind, DivergenceKind::op);
   EXPECT_EQ(rep.process_group, "5 [2, 3]");
   EXPECT_EQ(rep.culprits, std::vector<int>{3});
+}
+
+// ---- point-to-point calls: matched by peer and per-pair order ----
+
+// A send ("send ME->PEER") or recv ("recv ME<-PEER") as ProcessGroupNCCL records it: collective_seq_id
+// the group's last collective, p2p_seq_id the rank's own count of p2p calls in the group.
+TorchFrEntry p2p(bool send, int me, int peer, std::int64_t cseq, std::int64_t pseq, std::int64_t n,
+                 const std::string& dtype = "Float", std::int64_t t = 0) {
+  TorchFrEntry e = entry(cseq, "", n, dtype);
+  e.profiling_name = fmt::format("nccl:{} {}{}{}", send ? "send" : "recv", me, send ? "->" : "<-",
+                                 peer < 0 ? std::string("?") : std::to_string(peer));
+  e.is_p2p = true;
+  e.p2p_seq_id = pseq;
+  e.time_created_ns = t ? t : 1000000 * cseq + 1000 * pseq;
+  return e;
+}
+
+// The last stage never sends the gradient back (p2p-missing-2r's shape): rank 0 waits in recv from rank 1,
+// which went on to the all-reduce. The collective alone says rank 0 never joined seq 2; the p2p calls say
+// why, and who owes the send.
+TEST(TorchFrP2p, AnUnmatchedRecvNamesTheRankThatNeverSent) {
+  const HangReport rep = analyze_torch_fr(
+      {dump(0, 2, {entry(1, "all_reduce", 8), p2p(true, 0, 1, 1, 1, 4), p2p(false, 0, 1, 1, 2, 4)}),
+       dump(1, 2, {entry(1, "all_reduce", 8), p2p(false, 1, 0, 1, 1, 4), entry(2, "all_reduce", 8, "Float", "started")})});
+  EXPECT_EQ(rep.kind, DivergenceKind::missing);
+  EXPECT_EQ(rep.pattern, "p2p");
+  EXPECT_EQ(rep.seq, 2);  // rank 0's recv
+  EXPECT_EQ(rep.culprits, std::vector<int>{1});
+  EXPECT_NE(rep.summary.find("rank 0 waits in recv from rank 1 (p2p seq 2, [4] Float); rank 1 never sent it"),
+            std::string::npos) << rep.summary;
+  EXPECT_NE(rep.summary.find("rank 0 never reached collective seq 2"), std::string::npos) << rep.summary;
+  EXPECT_NE(rep.per_rank_call[0].find("unmatched: waits for rank 1"), std::string::npos) << rep.per_rank_call[0];
+  // the table counts p2p calls: rank 0 enqueued p2p seq 2, rank 1 p2p seq 1
+  EXPECT_EQ(rep.last_enqueued, (std::vector<std::int64_t>{2, 1}));
+  // an unmatched send reads the same way: rank 1 owes the recv
+  const HangReport send = analyze_torch_fr(
+      {dump(0, 2, {p2p(true, 0, 1, 0, 1, 4), p2p(true, 0, 1, 0, 2, 4, "Float", 5)}),
+       dump(1, 2, {p2p(false, 1, 0, 0, 1, 4), entry(1, "all_reduce", 8, "Float", "started")})});
+  EXPECT_EQ(send.kind, DivergenceKind::missing);
+  EXPECT_EQ(send.culprits, std::vector<int>{1});
+  EXPECT_NE(send.summary.find("rank 0 waits in send to rank 1 (p2p seq 2"), std::string::npos) << send.summary;
+}
+
+// A pipeline of three: rank 2 skips its send to rank 1, so rank 1 never sends to rank 0 either. Rank 0 waits
+// too, but on rank 1, which waits on rank 2: the culprit is where the waits end, whoever's call came first.
+TEST(TorchFrP2p, WaitsAreFollowedToTheRankThatOwesTheCall) {
+  for (const std::int64_t t0 : {std::int64_t(1), std::int64_t(1000000000)}) {  // rank 0's recv made first, or last
+    const HangReport rep = analyze_torch_fr(
+        {dump(0, 3, {p2p(true, 0, 1, 0, 1, 4), p2p(false, 0, 1, 0, 2, 4, "Float", t0)}),
+         dump(1, 3, {p2p(false, 1, 0, 0, 1, 4), p2p(true, 1, 2, 0, 2, 4), p2p(false, 1, 2, 0, 3, 4, "Float", 5000)}),
+         dump(2, 3, {p2p(false, 2, 1, 0, 1, 4), entry(1, "all_reduce", 8, "Float", "started")})});
+    EXPECT_EQ(rep.kind, DivergenceKind::missing);
+    EXPECT_EQ(rep.culprits, std::vector<int>{2});
+    EXPECT_EQ(rep.seq, 3);  // rank 1's recv from rank 2
+    EXPECT_NE(rep.summary.find("waiting on it in turn: rank 0 in recv from rank 1"), std::string::npos) << rep.summary;
+  }
+}
+
+// Both ranks receive first (p2p-deadlock-2r's shape): each waits on the other, and nothing else is wrong.
+TEST(TorchFrP2p, RanksThatWaitOnEachOtherAreACycle) {
+  const HangReport rep = analyze_torch_fr({dump(0, 2, {entry(1, "all_reduce", 8), p2p(false, 0, 1, 1, 1, 4)}),
+                                           dump(1, 2, {entry(1, "all_reduce", 8), p2p(false, 1, 0, 1, 1, 4)})});
+  EXPECT_EQ(rep.kind, DivergenceKind::missing);
+  EXPECT_EQ(rep.pattern, "p2p cycle");
+  EXPECT_EQ(rep.culprits, (std::vector<int>{0, 1}));
+  EXPECT_EQ(rep.seq, 1);
+  EXPECT_NE(rep.summary.find("ranks 0, 1 wait on each other"), std::string::npos) << rep.summary;
+}
+
+// A send and its recv of different element counts or dtypes: the side whose own earlier calls of that pair
+// never did so is the culprit; with no history to tell, both.
+TEST(TorchFrP2p, APairOfDifferentSizesOrDtypesNamesTheSideThatChanged) {
+  auto run = [](std::int64_t send_n, const std::string& recv_dtype) {
+    return analyze_torch_fr(
+        {dump(0, 2, {p2p(false, 0, 1, 0, 1, 4), entry(1, "all_reduce", 8), p2p(false, 0, 1, 1, 2, 4, recv_dtype)}),
+         dump(1, 2, {p2p(true, 1, 0, 0, 1, 4), entry(1, "all_reduce", 8), p2p(true, 1, 0, 1, 2, send_n)})});
+  };
+  const HangReport size = run(3, "Float");
+  EXPECT_EQ(size.kind, DivergenceKind::count);
+  EXPECT_EQ(size.pattern, "p2p");
+  EXPECT_EQ(size.culprits, std::vector<int>{1});
+  EXPECT_EQ(size.seq, 2);
+  EXPECT_NE(size.summary.find("rank 1's send of [3] Float (p2p seq 2) is received by rank 0's recv into [4] Float"),
+            std::string::npos) << size.summary;
+  EXPECT_EQ(size.culprit_frames, std::vector<std::string>{"train (train.py:42)"});
+  const HangReport dtype = run(4, "Double");
+  EXPECT_EQ(dtype.kind, DivergenceKind::dtype);
+  EXPECT_EQ(dtype.culprits, std::vector<int>{0});
+  // the first call of the pair already differs: nothing tells which side changed
+  const HangReport first = analyze_torch_fr({dump(0, 2, {p2p(false, 0, 1, 0, 1, 4)}), dump(1, 2, {p2p(true, 1, 0, 0, 1, 6)})});
+  EXPECT_EQ(first.kind, DivergenceKind::count);
+  EXPECT_EQ(first.culprits, (std::vector<int>{0, 1}));
+}
+
+// Healthy: pairs are per peer and order, not p2p_seq_id (rank 1 talks to two peers, so its numbers run ahead
+// of each peer's); a [2, 2] send into a [4] recv is the same count; a recv from any source takes the send.
+TEST(TorchFrP2p, MatchedPairsAreNoFinding) {
+  TorchFrEntry square = p2p(true, 2, 1, 0, 2, 0);
+  square.input_sizes = square.output_sizes = {{2, 2}};
+  const HangReport rep = analyze_torch_fr(
+      {dump(0, 3, {p2p(true, 0, 1, 0, 1, 4), entry(1, "all_reduce", 8)}),
+       dump(1, 3, {p2p(false, 1, 0, 0, 1, 4), p2p(true, 1, 2, 0, 2, 4), p2p(false, 1, -1, 0, 3, 4),
+                   entry(1, "all_reduce", 8)}),
+       dump(2, 3, {p2p(false, 2, 1, 0, 1, 4), square, entry(1, "all_reduce", 8)})});
+  EXPECT_EQ(rep.kind, DivergenceKind::none) << rep.summary;
+  EXPECT_NE(rep.summary.find("every send met its recv in peer and order (3 pairs)"), std::string::npos) << rep.summary;
+}
+
+// A ring that dropped its oldest entries: rank 0 no longer holds the send that rank 1's first recv matched.
+// Pairing starts where both hold every call (rank 0's first collective held), not at each ring's start.
+TEST(TorchFrP2p, AWrappedRingIsPairedFromWhereBothHoldEveryCall) {
+  std::vector<TorchFrEntry> r0 = {entry(2, "all_reduce", 8), p2p(true, 0, 1, 2, 4, 4)};
+  r0[0].record_id = 7;  // entries 0-6 dropped
+  r0[1].record_id = 8;
+  std::vector<TorchFrEntry> r1 = {p2p(false, 1, 0, 1, 3, 4), entry(2, "all_reduce", 8), p2p(false, 1, 0, 2, 4, 4)};
+  r1[0].record_id = 0;
+  const HangReport rep = analyze_torch_fr({dump(0, 2, r0), dump(1, 2, r1)});
+  EXPECT_EQ(rep.kind, DivergenceKind::none) << rep.summary;
+}
+
+// Names that give no peer, or a peer outside the group, are warned about and left out: never a throw.
+TEST(TorchFrP2p, ABadP2pNameIsAWarning) {
+  TorchFrEntry bad = p2p(true, 0, 1, 0, 1, 4);
+  bad.profiling_name = "nccl:send 0=>1";
+  const HangReport a = analyze_torch_fr({dump(0, 2, {bad}), dump(1, 2, {})});
+  EXPECT_EQ(a.kind, DivergenceKind::none);
+  ASSERT_FALSE(a.warnings.empty());
+  EXPECT_NE(a.warnings.back().find("names no peer"), std::string::npos) << a.warnings.back();
+  const HangReport b = analyze_torch_fr({dump(0, 2, {p2p(true, 0, 5, 0, 1, 4)}), dump(1, 2, {})});
+  EXPECT_EQ(b.kind, DivergenceKind::none);
+  ASSERT_FALSE(b.warnings.empty());
+  EXPECT_NE(b.warnings.back().find("does not fit process group 0"), std::string::npos) << b.warnings.back();
 }
 
 TEST(TorchFrAnalysis, RankComesFromTheFileName) {
