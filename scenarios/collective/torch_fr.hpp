@@ -6,7 +6,7 @@
 //
 // The analysis follows PyTorch's own analyzer (torch.distributed.
 // flight_recorder.fr_trace): per process group, the ranks' collectives are
-// aligned by collective_seq_id (p2p calls by p2p_seq_id apart), and the
+// aligned by collective_seq_id (sends and recvs apart, below), and the
 // first seq where they disagree is reported, checked in this order: ranks
 // that never joined it (missing), collective type, size (input and output
 // sizes; all-gather and reduce-scatter counts against the group size),
@@ -14,6 +14,13 @@
 // from the group's lowest rank). Also: the last collective every rank
 // completed, the culprit's Python frames, and the slowest arrival when
 // nothing diverges. A missing dump is named and the rest is analysed.
+// Sends and recvs are paired by peer and per-pair order (p2p_seq_id counts a
+// rank's own p2p calls, so it does not pair them): a rank's first unmatched
+// call is where it waits, and following who waits on whom names the rank that
+// never sent or received (or a cycle of ranks waiting on each other); a pair of
+// different element counts or dtypes names the side that changed. That finding
+// wins when no collective diverges, or when a collective's missing ranks all
+// wait at an unmatched call; its seq is then a p2p_seq_id (pattern "p2p").
 #pragma once
 
 #include <cstddef>     // std::size_t
