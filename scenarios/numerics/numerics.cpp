@@ -324,7 +324,9 @@ class NumericsRun : public ScenarioRun {
                                                                : json("never: the loss is not decreasing")}};
     if (r.loss_nan_step >= 0) p.info["loss_nan_step"] = r.loss_nan_step;
     if (r.epoch_check_step >= 0) p.info["epoch_check_step"] = r.epoch_check_step;
-    if (spec.loss_scaling) p.info["final_loss_scale"] = r.loss_scale.empty() ? 0.0 : r.loss_scale.back();
+    // what GradScaler.get_scale() returns after the run's last update (the last step ran at the scale
+    // before it: halved after an overflow, doubled after growth_interval clean steps)
+    if (spec.loss_scaling) p.info["final_loss_scale"] = r.next_scale;
     if (r.stop_step >= 0) p.info["early_stopping"] = json{{"best_step", r.best_step}, {"best_eval", r.best_eval},
                                                          {"stop_step", r.stop_step}, {"stop_eval", r.stop_eval},
                                                          {"patience", spec.patience}, {"eval_every", spec.eval_every}};

@@ -265,6 +265,7 @@ TrainRecord train(TrainOps& ops, Device& dev, const TrainSpec& spec, std::int64_
     }
   }
   rec.steps = int(rec.loss.size());
+  rec.next_scale = scale;
   if (rec.outcome.empty()) {
     rec.outcome = "max-steps";
     rec.outcome_step = rec.steps - 1;

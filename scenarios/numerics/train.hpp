@@ -67,7 +67,8 @@ struct TrainRecord {
   std::vector<double> grad_norm;                 // global, unscaled, per step (NaN when not finite)
   std::vector<std::vector<double>> layer_norm;   // [layer][step]: ||dW_l|| unscaled
   std::vector<double> zero_frac, tiny_frac;      // per layer: mean fraction of dW values 0 / below 2^-14
-  std::vector<double> loss_scale;                // per step (1 when not scaling)
+  std::vector<double> loss_scale;                // per step, the scale it ran at (1 when not scaling)
+  double next_scale = 1;                         // after the last step's update: GradScaler.get_scale()
   std::string outcome;                           // target, nan, diverged, stalled, stopped, max-steps
   int outcome_step = -1;
   int target_step = -1;

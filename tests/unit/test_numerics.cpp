@@ -316,8 +316,20 @@ TEST(Detectors, GradScalerRulesHalveOnOverflowAndSkip) {
   s.init_scale = 1e30;  // overflows fp16 at once: every step halves until the gradients fit
   s.growth_interval = 5;
   s.max_steps = 120;
+  s.dataset_batches = 1;  // one batch every step: a step's loss moves only if the last update was applied
   const auto r = numerics::train(*ops, *dev, s, 60000);
   ASSERT_GT(r.skipped_steps, 0);
+  int skipped = 0;
+  for (std::size_t i = 0; i + 1 < r.loss.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(r.loss[i])) << "step " << i;  // the forward never sees the scale
+    if (!std::isfinite(r.grad_norm[i])) {
+      ++skipped;
+      EXPECT_EQ(r.loss[i + 1], r.loss[i]) << "step " << i << " overflowed, and its update was applied";
+    } else {
+      EXPECT_NE(r.loss[i + 1], r.loss[i]) << "step " << i << " was clean, and no update was applied";
+    }
+  }
+  EXPECT_EQ(skipped + (std::isfinite(r.grad_norm.back()) ? 0 : 1), r.skipped_steps);
   // 1e30 halved per skipped step, doubled after every 5 clean steps
   double scale = 1e30;
   int clean = 0;
@@ -332,6 +344,7 @@ TEST(Detectors, GradScalerRulesHalveOnOverflowAndSkip) {
       clean = 0;
     }
   }
+  EXPECT_DOUBLE_EQ(r.next_scale, scale);  // after the last step's update, as GradScaler.get_scale() reads
 }
 
 }  // namespace
