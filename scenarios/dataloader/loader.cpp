@@ -1,6 +1,6 @@
 #include "scenarios/dataloader/loader.hpp"
 
-#include <algorithm>   // std::min, std::max
+#include <algorithm>   // std::min, std::max, std::count
 #include <bit>         // std::endian
 #include <cerrno>      // errno
 #include <charconv>    // std::from_chars
@@ -121,6 +121,8 @@ Config validated(Config c) {
   auto bad = [](const std::string& m) { throw UsageError("loader: " + m); };
   if (c.workers < 0 || c.workers > 1024) bad(fmt::format("workers must be 0..1024, got {}", c.workers));
   if (c.prefetch < 1) bad(fmt::format("prefetch must be >= 1, got {}", c.prefetch));
+  if (std::int64_t(c.workers) * c.prefetch > (1 << 20))
+    bad(fmt::format("workers x prefetch must be at most {}, got {} x {}", 1 << 20, c.workers, c.prefetch));
   if (c.batch < 1) bad(fmt::format("batch must be >= 1, got {}", c.batch));
   // Bytes 0..7 carry the index and 8..15 the decode result.
   if (c.sample_bytes < 16) bad(fmt::format("sample_bytes must be >= 16, got {}", c.sample_bytes));
@@ -260,8 +262,8 @@ double sample_decode_us(double decode_us, double spread, std::uint64_t seed, std
 
 Loader::Loader(Config cfg) : cfg_(validated(std::move(cfg))) {
   try {
-    per_worker_ = cfg_.workers > 0 ? cfg_.prefetch : 1;
-    const int n_slots = cfg_.workers > 0 ? cfg_.workers * cfg_.prefetch : 1;
+    // Inline, one: the batch being loaded is the one handed over.
+    const int n_slots = cfg_.workers > 0 ? cfg_.workers * cfg_.prefetch + 1 : 1;
     slot_bytes_ = std::size_t(cfg_.batch) * cfg_.sample_bytes;
 
     if (cfg_.source == Source::file) {
@@ -299,7 +301,8 @@ Loader::Loader(Config cfg) : cfg_(validated(std::move(cfg))) {
     const std::uint64_t all_slots = std::uint64_t(n_slots) * slot_bytes_;
     if (slot_bytes_ != 0 && all_slots / slot_bytes_ != std::uint64_t(n_slots))
       throw OutOfMemory(fmt::format("loader: {} slots of {} bytes overflow 64 bits", n_slots, slot_bytes_));
-    check_host_memory(all_slots, fmt::format("loader: {} batch slots of {} ({} workers x prefetch {}, batch {} x {})",
+    check_host_memory(all_slots, fmt::format("loader: {} batch slots of {} ({} workers x prefetch {}, + 1 the "
+                                             "consumer holds; batch {} x {})",
                                              n_slots, format_bytes(double(slot_bytes_)), cfg_.workers,
                                              cfg_.prefetch, cfg_.batch, format_bytes(double(cfg_.sample_bytes))));
     for (int i = 0; i < n_slots; ++i) {
@@ -315,12 +318,18 @@ Loader::Loader(Config cfg) : cfg_(validated(std::move(cfg))) {
         throw Error(ErrorKind::runtime, fmt::format("loader: alloc returned {} bytes for a {}-byte slot",
                                                     slots_.back().bytes(), slot_bytes_));
     }
-    free_.resize(std::size_t(std::max(1, cfg_.workers)));
-    for (int i = n_slots - 1; i >= 0; --i) free_[std::size_t(i / per_worker_)].push_back(i);
+    for (int i = n_slots - 1; i >= 0; --i) free_.push_back(i);
     held_.assign(std::size_t(n_slots), 0);
     delivered_.assign(std::size_t(cfg_.num_batches), 0);
     current_ = std::make_unique<std::atomic<std::int64_t>[]>(std::size_t(cfg_.workers) + 1);
     for (int i = 0; i <= cfg_.workers; ++i) current_[std::size_t(i)].store(-1);
+    queue_.resize(std::size_t(cfg_.workers));
+    tasks_.assign(std::size_t(cfg_.workers), 0);
+    worker_of_.assign(std::size_t(cfg_.num_batches), -1);
+    {
+      std::lock_guard lk(mu_);
+      for (int i = 0; i < cfg_.workers * cfg_.prefetch; ++i) dispatch();  // torch primes at iter()
+    }
 
     for (int w = 0; w < cfg_.workers; ++w) threads_.emplace_back([this, w] { worker_loop(w); });
   } catch (...) {
@@ -456,14 +465,19 @@ Loader::Outcome Loader::load_batch(std::int64_t b, int worker, std::byte* dst, D
 
 void Loader::worker_loop(int w) {
   pin_this_thread(cfg_.cpus);
-  for (std::int64_t b = w; b < cfg_.num_batches; b += cfg_.workers) {
+  auto& queue = queue_[std::size_t(w)];
+  for (;;) {
+    std::int64_t b = -1;
     int slot = -1;
     {
+      // No deadline: only a dispatch, a release or shutdown moves a worker on.
       std::unique_lock lk(mu_);
-      slot_cv_.wait(lk, [&] { return stop_ || !free_[std::size_t(w)].empty(); });
+      slot_cv_.wait(lk, [&] { return stop_ || (!queue.empty() && !free_.empty()); });
       if (stop_) return;
-      slot = free_[std::size_t(w)].back();
-      free_[std::size_t(w)].pop_back();
+      b = queue.front();
+      queue.pop_front();
+      slot = free_.back();
+      free_.pop_back();
     }
     Done d;
     d.slot = slot;
@@ -479,19 +493,49 @@ void Loader::worker_loop(int w) {
       records_.push_back({w, b, since_origin(t0), since_origin(t1), thread_cpu_s() - c0});
       ready_.emplace(b, std::move(d));
       if (!cfg_.in_order) finish_order_.push_back(b);
+      ++arrivals_;
     }
     ready_cv_.notify_all();
+  }
+}
+
+void Loader::dispatch() {
+  if (send_ >= cfg_.num_batches) return;
+  const int n = cfg_.workers;
+  for (int k = 0; k < n; ++k) {
+    const int w = cycle_;
+    cycle_ = (cycle_ + 1) % n;
+    // torch passes a worker by (in_order=false) when _workers_num_tasks[w] >=
+    // max_tasks // active workers, which is prefetch here: every worker of a
+    // map-style dataset stays active. Fewer than prefetch * workers batches
+    // are out whenever this runs, so some worker has room; were none to,
+    // torch would lose the index it drew, and this keeps it for the next call.
+    if (cfg_.in_order || tasks_[std::size_t(w)] < cfg_.prefetch) {
+      queue_[std::size_t(w)].push_back(send_);
+      worker_of_[std::size_t(send_)] = w;
+      ++tasks_[std::size_t(w)];
+      dispatches_.push_back({send_, w, n_delivered_});
+      ++send_;
+      slot_cv_.notify_all();
+      return;
+    }
   }
 }
 
 Batch Loader::take(std::int64_t index, Done&& d) {
   delivered_[std::size_t(index)] = 1;
   ++n_delivered_;
+  if (cfg_.workers > 0) {
+    // Handing a batch over (or raising for it) dispatches the next, as torch's
+    // _process_data does before it returns or re-raises.
+    --tasks_[std::size_t(d.worker)];
+    dispatch();
+  }
   if (!d.error.empty()) {
     // The failed batch is consumed: its slot goes back and the next call
     // moves on to the following batch.
     if (cfg_.workers > 0) {
-      free_[std::size_t(d.worker)].push_back(d.slot);
+      free_.push_back(d.slot);
       slot_cv_.notify_all();
     }
     throw SampleError(d.error);
@@ -508,30 +552,37 @@ Batch Loader::take(std::int64_t index, Done&& d) {
 }
 
 std::string Loader::timeout_message(std::int64_t b) {
-  const int w = int(b % cfg_.workers);
+  const int w = worker_of_[std::size_t(b)];
   const std::int64_t first = b * cfg_.batch;
   std::string state;
-  if (const std::int64_t s = current_[std::size_t(w)].load(); s >= 0) {
+  if (w < 0) {
+    state = "it has not been dispatched";  // not reached: the due batch is always out
+  } else if (const std::int64_t s = current_[std::size_t(w)].load(); s >= 0) {
     state = fmt::format("worker {} is stuck on sample {}", w, s);
-  } else if (free_[std::size_t(w)].empty()) {
-    state = fmt::format("worker {} is waiting for a free slot: all its {} batches were delivered "
-                        "and not release()d", w, per_worker_);
+  } else if (!queue_[std::size_t(w)].empty() && free_.empty()) {
+    state = fmt::format("worker {} is waiting for a free slot: {} of the {} batches in the slots were handed "
+                        "over and not release()d", w, std::count(held_.begin(), held_.end(), 1), held_.size());
   } else {
     state = fmt::format("worker {} has not started it", w);
   }
-  return fmt::format("loader timeout: batch {} (samples {}..{}) did not arrive within {}; {}", b, first,
-                     first + cfg_.batch - 1, seconds_text(cfg_.timeout), state);
+  return fmt::format("loader timeout: batch {} (samples {}..{}) did not arrive: no batch arrived within {}; {}", b,
+                     first, first + cfg_.batch - 1, seconds_text(cfg_.timeout), state);
 }
 
 std::optional<Batch> Loader::next() {
   if (cfg_.workers == 0) return next_inline();
   std::unique_lock lk(mu_);
   if (n_delivered_ >= cfg_.num_batches) return std::nullopt;
-  const auto deadline = Clock::now() + cfg_.timeout;
+  auto deadline = Clock::now() + cfg_.timeout;
   if (cfg_.in_order) {
     const std::int64_t b = next_index_;
-    if (!ready_cv_.wait_until(lk, deadline, [&] { return ready_.count(b) > 0; }))
-      throw LoaderTimeout(timeout_message(b));
+    // torch's timeout bounds each wait for any batch: one that arrives out of
+    // order is kept and the wait starts again.
+    for (std::uint64_t seen = arrivals_; ready_.count(b) == 0; seen = arrivals_) {
+      if (!ready_cv_.wait_until(lk, deadline, [&] { return ready_.count(b) > 0 || arrivals_ != seen; }))
+        throw LoaderTimeout(timeout_message(b));
+      deadline = Clock::now() + cfg_.timeout;
+    }
     auto node = ready_.extract(b);
     ++next_index_;
     return take(b, std::move(node.mapped()));
@@ -587,7 +638,7 @@ void Loader::release(const Batch& b) {
       throw UsageError(fmt::format("loader: release of batch {} (slot {}) that is not held: released twice "
                                    "or not from this loader", b.index, b.slot));
     held_[std::size_t(b.slot)] = 0;
-    if (cfg_.workers > 0) free_[std::size_t(b.slot / per_worker_)].push_back(b.slot);
+    if (cfg_.workers > 0) free_.push_back(b.slot);
   }
   slot_cv_.notify_all();
 }
@@ -595,6 +646,11 @@ void Loader::release(const Batch& b) {
 std::vector<LoadRecord> Loader::records() const {
   std::lock_guard lk(mu_);
   return records_;
+}
+
+std::vector<Dispatch> Loader::dispatches() const {
+  std::lock_guard lk(mu_);
+  return dispatches_;
 }
 
 int Loader::skipped() const { return skipped_.load(); }

@@ -3,11 +3,25 @@
 // scenario can reproduce "the loader cannot feed the device" and a loader
 // that hangs or meets a corrupt sample.
 //
-// Batch b holds samples b*batch .. b*batch+batch-1. With workers > 0, worker
-// b % workers produces it (PyTorch's round-robin assignment) into one of its
-// own `prefetch` staging slots, so a worker never has more than `prefetch`
-// batches produced but not yet released. The consumer calls next(), copies
-// the batch to the device, and release()s it once that copy has completed.
+// Batch b holds samples b*batch .. b*batch+batch-1. With workers > 0 the
+// batches are scheduled as torch's _MultiProcessingDataLoaderIter schedules
+// them (torch 2.15, recorded in tests/data/dataloader_torch):
+// - prefetch * workers batches are dispatched at construction, and one more
+//   each time next() hands a batch over (or raises for a failed one), so at
+//   most prefetch * workers are dispatched and not yet handed over; the
+//   batch the consumer holds does not count.
+// - Dispatch cycles over the workers. With in_order=false a worker that
+//   already has `prefetch` batches not yet handed over is passed by, so a
+//   slow worker does not hold the others up; with in_order=true batch b goes
+//   to worker b % workers whatever it has.
+// - A worker loads its batches in the order they were dispatched to it.
+// - timeout bounds the wait for any batch from any worker: with in_order=true
+//   a batch that arrives out of order restarts it, as it restarts torch's.
+// A batch is loaded into one of prefetch * workers + 1 staging slots (the +1:
+// the batch the consumer holds). The consumer calls next(), copies the batch
+// to the device, and release()s its slot once that copy has completed. Torch
+// allocates each batch instead, so a consumer that holds more than one batch
+// at a time leaves the workers short of slots here, and not there.
 //
 // Every wait in here has a deadline or ends at shutdown: the destructor
 // always returns, even with a worker stuck in an injected hang.
@@ -70,7 +84,7 @@ inline constexpr NameTable<ReadMode, 2> kReadModeNames{{{{ReadMode::pread, "prea
 
 struct Config {
   int workers = 0;              // 0: load inline in the caller's thread (DataLoader num_workers=0)
-  int prefetch = 2;             // batches in flight per worker (prefetch_factor); >= 1
+  int prefetch = 2;             // prefetch_factor: prefetch * workers batches in flight; >= 1
   int batch = 32;               // samples per batch
   std::size_t sample_bytes = 4096;
   double decode_us = 0;         // real CPU work per sample, not sleep
@@ -104,6 +118,13 @@ struct LoadRecord {
   double cpu_s = 0;      // CPU time the loading thread spent on it (its cost on a core of its own)
 };
 
+// One batch sent to a worker.
+struct Dispatch {
+  std::int64_t batch;
+  int worker;
+  std::int64_t handed;  // batches next() had handed over (or raised for), the one it was handing counted; 0: at construction
+};
+
 struct Batch {
   std::int64_t index = -1;
   const std::byte* data = nullptr;    // samples.size() * sample_bytes bytes, valid until release()
@@ -124,8 +145,9 @@ struct SampleError : sb::Error {
 
 class Loader {
  public:
-  // Validates cfg (UsageError), allocates workers*prefetch (or 1 when inline)
-  // slots, opens the file source, then starts the workers.
+  // Validates cfg (UsageError), allocates workers*prefetch+1 (or 1 when
+  // inline) slots, opens the file source, dispatches the first
+  // workers*prefetch batches, then starts the workers.
   explicit Loader(Config cfg);
   // Stops and joins every worker, including one stuck in a hang fault.
   ~Loader();
@@ -142,6 +164,7 @@ class Loader {
   // The consumer is done with b's memory (its H2D copy completed); the slot is reused.
   void release(const Batch& b);
   std::vector<LoadRecord> records() const;  // one per produced batch
+  std::vector<Dispatch> dispatches() const; // in dispatch order (workers > 0)
   int skipped() const;                      // samples dropped under on_error=skip
   const Config& config() const { return cfg_; }
 
@@ -164,13 +187,13 @@ class Loader {
   void read_sample(std::int64_t s, std::byte* dst) const;
   bool decode_sample(std::int64_t s, std::byte* p) const;  // false: shutdown interrupted it
   std::optional<Batch> next_inline();
+  void dispatch();  // under mu_: the next batch to a worker, as torch's _try_put_index
   Batch take(std::int64_t index, Done&& d);  // under mu_
   std::string timeout_message(std::int64_t b);  // under mu_
   std::string who(int worker) const;
   double since_origin(std::chrono::steady_clock::time_point t) const;
 
   const Config cfg_;
-  int per_worker_ = 1;  // slots per worker (prefetch, or 1 inline)
   std::size_t slot_bytes_ = 0;
   double iters_per_us_ = 0;
   std::vector<sb::Buffer> slots_;
@@ -180,11 +203,18 @@ class Loader {
 
   mutable std::mutex mu_;
   std::condition_variable ready_cv_;  // consumer: a batch finished
-  std::condition_variable slot_cv_;   // workers: a slot freed, or shutdown
+  std::condition_variable slot_cv_;   // workers: a batch dispatched, a slot freed, or shutdown
   bool stop_ = false;                 // under mu_
   std::atomic<bool> stopping_{false}; // the same, read lock-free between samples
-  std::vector<std::vector<int>> free_;  // per worker: free slot ids
+  std::vector<int> free_;             // free slot ids (workers share them)
   std::vector<char> held_;            // per slot: delivered and not yet released
+  std::vector<std::deque<std::int64_t>> queue_;  // per worker: dispatched batches not yet started, in order
+  std::vector<int> tasks_;            // per worker: dispatched and not yet handed over (torch's _workers_num_tasks)
+  std::vector<int> worker_of_;        // per batch: the worker it went to, -1 before dispatch
+  int cycle_ = 0;                     // the worker dispatch considers first (torch's _worker_queue_idx_cycle)
+  std::int64_t send_ = 0;             // the next batch to dispatch
+  std::uint64_t arrivals_ = 0;        // batches finished so far: restarts an in-order wait
+  std::vector<Dispatch> dispatches_;
   std::map<std::int64_t, Done> ready_;  // finished, by batch index
   std::deque<std::int64_t> finish_order_;  // in_order=false: delivery order
   std::vector<char> delivered_;       // per batch: returned or thrown by next()

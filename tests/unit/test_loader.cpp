@@ -1,18 +1,29 @@
 // The dataloader scenario's host loader: exactly-once, in-order delivery for
 // every worker/prefetch shape, file sources, deterministic decode cost, and
 // injected faults caught (hang -> LoaderTimeout, corrupt -> SampleError or
-// skipped) without the loader itself ever hanging. No timing assertions other
-// than "a fault is detected within timeout + a generous margin".
+// skipped) without the loader itself ever hanging; the schedule (which worker
+// gets which batch, when it is dispatched, the delivery order) against torch's
+// DataLoader as recorded in tests/data/dataloader_torch. No timing assertions
+// other than "a fault is detected within timeout + a generous margin".
 #include <gtest/gtest.h>
 
 #include <algorithm>   // std::count
 #include <chrono>      // std::chrono
 #include <cmath>       // std::isfinite
+#include <condition_variable>  // the replay's gates
 #include <cstring>     // std::memcmp, std::memcpy
 #include <filesystem>  // temp dataset files
 #include <fstream>     // spoiling a dataset file
 #include <functional>  // std::function
+#include <map>         // std::map
+#include <memory>      // std::shared_ptr
+#include <mutex>       // std::mutex
+#include <optional>    // std::optional
 #include <set>         // std::set
+#include <sstream>     // std::istringstream: the recorded schedule
+#include <stdexcept>   // std::runtime_error: a gated corrupt batch
+#include <string>      // std::string
+#include <thread>      // std::thread, std::this_thread
 #include <vector>      // std::vector
 
 #include <fcntl.h>     // open
@@ -431,19 +442,24 @@ TEST(Loader, DestroyMidEpochIsPrompt) {
   EXPECT_LT(Clock::now() - t0, kMargin);
 }
 
+// prefetch * workers + 1 slots: the batch the consumer holds has its own. A
+// second one held leaves the workers short (torch would allocate another).
 TEST(Loader, HeldSlotsAreNamedInTheTimeout) {
   Config c = small(1, 1);
   c.timeout = milliseconds(200);
   Loader l(c);
   auto held = l.next();
   ASSERT_TRUE(held.has_value());
+  auto second = l.next();  // batch 1 was dispatched as batch 0 was handed over, into the +1 slot
+  ASSERT_TRUE(second.has_value());
   try {
-    l.next();  // the only slot is still held
+    l.next();  // batch 2 has no slot: both are held
     FAIL() << "no timeout";
   } catch (const LoaderTimeout& e) {
-    EXPECT_NE(std::string(e.what()).find("waiting for a free slot"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("waiting for a free slot: 2 of the 2"), std::string::npos) << e.what();
   }
   l.release(*held);
+  l.release(*second);
   EXPECT_TRUE(l.next().has_value());
 }
 
@@ -468,7 +484,7 @@ TEST(Loader, AllocCallbackProvidesTheSlots) {
                   [](void* p) { delete[] static_cast<std::byte*>(p); });
   };
   Loader l(c);
-  EXPECT_EQ(calls, 6);
+  EXPECT_EQ(calls, 7);  // 3 workers x prefetch 2, + 1 for the batch the consumer holds
   EXPECT_EQ(drain(l, c.seed).size(), 13u);
 }
 
@@ -663,6 +679,287 @@ TEST(DeriveEpoch, AnEmptyEpochHasNoNaN) {
   const Point p = derive_epoch(rec, {0, 4, 256, true, false});
   for (const auto& m : p.metrics) EXPECT_TRUE(std::isfinite(m.value)) << m.name;
   EXPECT_EQ(p.info["steps"], 0);
+}
+
+}  // namespace
+}  // namespace sb::loader
+
+// ---- the schedule against torch's DataLoader, as recorded ----
+// tests/data/dataloader_torch/schedule.txt holds what torch 2.15's
+// _MultiProcessingDataLoaderIter did in cases where this test, not a clock,
+// decides when each batch's load runs (record.py there; its README). Each
+// case is replayed here through the same gates: a batch's load waits at its
+// first sample until the case releases it.
+namespace sb::loader {
+namespace {
+
+struct TorchCase {
+  std::string name;
+  int workers = 0, prefetch = 0, slow = -1;
+  bool in_order = true;
+  std::int64_t batches = 0;
+  std::set<std::int64_t> errors;
+  struct Event {
+    enum class Kind { dispatch, release, deliver } kind;
+    std::int64_t batch = -1;
+    int worker = -1;
+    std::int64_t handed = -1;
+    bool error = false;
+  };
+  std::vector<Event> events;
+};
+
+// Found from this file's path as the compiler was given it: absolute, or
+// relative to the build root, which meson puts above tests/test_loader.
+std::filesystem::path torch_schedule_file() {
+  namespace fs = std::filesystem;
+  const fs::path src = __FILE__;
+  std::vector<fs::path> roots{fs::path()};
+  if (src.is_relative()) {
+    roots = {fs::current_path()};
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) roots.push_back(exe.parent_path().parent_path());
+  }
+  for (const auto& r : roots) {
+    const fs::path f = (r / src).parent_path().parent_path() / "data" / "dataloader_torch" / "schedule.txt";
+    if (fs::exists(f)) return f;
+  }
+  return {};
+}
+
+std::vector<TorchCase> torch_cases() {
+  std::vector<TorchCase> out;
+  const auto path = torch_schedule_file();
+  if (path.empty()) return out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string word, k;
+    ls >> word;
+    if (word == "case") {
+      TorchCase c;
+      std::string errors;
+      int in_order = 1;
+      ls >> c.name >> k >> c.workers >> k >> c.prefetch >> k >> in_order >> k >> c.batches >> k >> c.slow >> k;
+      c.in_order = in_order != 0;
+      while (ls >> errors)
+        if (errors != "none") c.errors.insert(std::stoll(errors));
+      out.push_back(c);
+    } else if (word == "dispatch" || word == "release" || word == "deliver") {
+      if (out.empty()) continue;
+      TorchCase::Event e{};
+      e.kind = word == "dispatch"  ? TorchCase::Event::Kind::dispatch
+               : word == "release" ? TorchCase::Event::Kind::release
+                                   : TorchCase::Event::Kind::deliver;
+      ls >> e.batch;
+      if (e.kind != TorchCase::Event::Kind::release) ls >> k >> e.worker;
+      if (e.kind == TorchCase::Event::Kind::dispatch) ls >> k >> e.handed;
+      if (e.kind == TorchCase::Event::Kind::deliver) e.error = (ls >> k) && k == "error";
+      out.back().events.push_back(e);
+    }
+  }
+  return out;
+}
+
+// Holds each batch's load (batch = 1 sample: sample s is batch s) until the
+// test releases it; a released batch listed in `fail` then throws, as a
+// corrupt sample does. Every wait has a deadline, so a replay that went
+// wrong ends.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::set<std::int64_t> open, fail;
+  bool all = false;
+  double wait(std::int64_t s) {
+    std::unique_lock lk(mu);
+    cv.wait_until(lk, Clock::now() + std::chrono::seconds(20), [&] { return all || open.count(s) > 0; });
+    if (fail.count(s)) throw std::runtime_error("corrupt batch");
+    return 0;
+  }
+  void release(std::int64_t s) {
+    {
+      std::lock_guard lk(mu);
+      open.insert(s);
+    }
+    cv.notify_all();
+  }
+  void open_all() {
+    {
+      std::lock_guard lk(mu);
+      all = true;
+    }
+    cv.notify_all();
+  }
+};
+
+Config gated(const std::shared_ptr<Gate>& gate, int workers, int prefetch, bool in_order, std::int64_t batches) {
+  Config c = small(workers, prefetch);
+  c.batch = 1;
+  c.num_batches = batches;
+  c.in_order = in_order;
+  c.timeout = milliseconds(5000);  // only a replay gone wrong waits this long
+  c.sample_us = [gate](std::int64_t s) { return gate->wait(s); };
+  return c;
+}
+
+// Polls records() for batch b, for at most 5 s.
+bool loaded(const Loader& l, std::int64_t b) {
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    for (const auto& r : l.records())
+      if (r.batch == b) return true;
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+}
+
+std::string dispatch_text(const std::vector<Dispatch>& ds) {
+  std::string out;
+  for (const auto& d : ds) out += fmt::format("{}->w{}@{} ", d.batch, d.worker, d.handed);
+  return out;
+}
+
+void replay(const TorchCase& tc) {
+  auto gate = std::make_shared<Gate>();
+  gate->fail = tc.errors;
+  Loader l(gated(gate, tc.workers, tc.prefetch, tc.in_order, tc.batches));
+  struct OpenAll {  // before the loader goes: no worker is left at a gate
+    std::shared_ptr<Gate> g;
+    ~OpenAll() { g->open_all(); }
+  } open_all{gate};
+  std::map<std::int64_t, int> worker;  // torch's worker of each batch
+  std::vector<Dispatch> want;
+  std::optional<Batch> held;  // the consumer keeps each batch until it has the next one
+  for (const auto& e : tc.events) {
+    switch (e.kind) {
+      case TorchCase::Event::Kind::dispatch:
+        want.push_back({e.batch, e.worker, e.handed});
+        worker[e.batch] = e.worker;
+        break;
+      case TorchCase::Event::Kind::release:
+        // torch's worker ran it at once: here too it must have been dispatched and have a slot.
+        gate->release(e.batch);
+        ASSERT_TRUE(loaded(l, e.batch)) << "batch " << e.batch << " released, not loaded; dispatched: "
+                                        << dispatch_text(l.dispatches());
+        break;
+      case TorchCase::Event::Kind::deliver:
+        if (e.error) {
+          try {
+            l.next();
+            FAIL() << "batch " << e.batch << " did not raise";
+          } catch (const SampleError& err) {
+            EXPECT_NE(std::string(err.what()).find(fmt::format("sample {} on worker {}", e.batch, e.worker)),
+                      std::string::npos) << err.what();
+          }
+        } else {
+          std::optional<Batch> b = l.next();
+          ASSERT_TRUE(b.has_value());
+          ASSERT_EQ(b->index, e.batch) << "delivered out of torch's order";
+          EXPECT_EQ(b->worker, e.worker);
+          if (held) l.release(*held);
+          held = std::move(b);
+        }
+        break;
+    }
+  }
+  if (held) l.release(*held);
+  EXPECT_FALSE(l.next().has_value());
+  EXPECT_EQ(dispatch_text(l.dispatches()), dispatch_text(want));
+  const auto rec = l.records();
+  EXPECT_EQ(rec.size(), std::size_t(tc.batches));
+  for (const auto& r : rec) EXPECT_EQ(r.worker, worker[r.batch]) << "batch " << r.batch;
+}
+
+TEST(TorchSchedule, TheRecordedCasesAreThere) {
+  const auto cases = torch_cases();
+  ASSERT_FALSE(torch_schedule_file().empty()) << "tests/data/dataloader_torch/schedule.txt not found from " << __FILE__;
+  ASSERT_EQ(cases.size(), 7u);
+  for (const auto& c : cases) EXPECT_GT(c.events.size(), std::size_t(2 * c.batches)) << c.name;
+}
+
+// in_order=false with a slow worker: the others take its share (torch passes
+// a worker with `prefetch` batches out), and deliver as they finish.
+TEST(TorchSchedule, OutOfOrderASlowWorkerIsPassedBy) {
+  for (const auto& c : torch_cases()) {
+    if (c.in_order) continue;
+    SCOPED_TRACE(c.name);
+    replay(c);
+  }
+}
+
+// in_order=true: strict round-robin, and a batch is dispatched as one is
+// handed over, so the batch the consumer holds does not count against
+// prefetch (ordered_w2_pf1_slow1: worker 0 loads batch 2 while the consumer
+// holds batch 0, its only prefetch).
+TEST(TorchSchedule, InOrderDispatchesAsBatchesAreHandedOver) {
+  for (const auto& c : torch_cases()) {
+    if (!c.in_order) continue;
+    SCOPED_TRACE(c.name);
+    replay(c);
+  }
+}
+
+// torch keeps prefetch * workers batches dispatched and not handed over
+// while the epoch has batches left, whatever the consumer holds.
+TEST(TorchSchedule, PrefetchTimesWorkersAheadOfTheConsumer) {
+  for (bool in_order : {true, false}) {
+    for (int workers : {1, 3}) {
+      for (int prefetch : {1, 2, 4}) {
+        SCOPED_TRACE(fmt::format("in_order={} workers={} prefetch={}", in_order, workers, prefetch));
+        Config c = small(workers, prefetch);
+        c.in_order = in_order;
+        Loader l(c);
+        std::vector<std::int64_t> order;
+        while (auto b = l.next()) {
+          order.push_back(b->index);
+          l.release(*b);
+        }
+        const auto ds = l.dispatches();
+        ASSERT_EQ(ds.size(), std::size_t(c.num_batches));
+        const std::int64_t window = std::int64_t(workers) * prefetch;
+        for (std::size_t k = 0; k < ds.size(); ++k) {
+          EXPECT_EQ(ds[k].batch, std::int64_t(k));  // the sampler's order
+          EXPECT_EQ(ds[k].handed, std::max<std::int64_t>(0, std::int64_t(k) + 1 - window)) << "batch " << k;
+        }
+      }
+    }
+  }
+}
+
+// torch's timeout bounds each wait for any batch; with in_order=true a batch
+// that arrives out of order starts the wait again (timeout_demo.py there:
+// timeout=2, batches 1 and 3 at 1.5 s and 3 s, the error at 5.1 s). Worker 0
+// holds batch 0; batches 1 and 3 are let through at 2 s and 5 s, each within
+// the 4 s timeout of the one before, batch 3 after 4 s from the call. The
+// only timed part is the release thread's, with 1 s to spare either way.
+TEST(TorchSchedule, InOrderTimeoutRestartsWhenABatchArrives) {
+  auto gate = std::make_shared<Gate>();
+  Config c = gated(gate, 2, 2, true, 8);
+  c.timeout = milliseconds(4000);
+  Loader l(c);
+  struct OpenAll {
+    std::shared_ptr<Gate> g;
+    ~OpenAll() { g->open_all(); }
+  } open_all{gate};
+  const auto t0 = Clock::now();
+  std::thread releaser([&] {
+    std::this_thread::sleep_until(t0 + milliseconds(2000));
+    gate->release(1);
+    std::this_thread::sleep_until(t0 + milliseconds(5000));
+    gate->release(3);
+  });
+  try {
+    l.next();
+    ADD_FAILURE() << "batch 0 arrived";
+  } catch (const LoaderTimeout& e) {
+    std::set<std::int64_t> arrived;
+    for (const auto& r : l.records()) arrived.insert(r.batch);
+    EXPECT_EQ(arrived, (std::set<std::int64_t>{1, 3})) << "the timeout fired before batch 3 arrived: " << e.what();
+    EXPECT_NE(std::string(e.what()).find("batch 0 (samples 0..0)"), std::string::npos) << e.what();
+  }
+  releaser.join();
 }
 
 }  // namespace
