@@ -165,7 +165,10 @@ json KinetoTrace::to_json() const {
                        {"ts", m.ts},
                        {"args", args}});
   }
-  json dev{{"id", kDevice}, {"name", device_name_}, {"totalGlobalMem", total_bytes_}};
+  // totalGlobalMem only where it is known: 0 (the cpu device without a limit) divided the TensorBoard
+  // plugin's memory rule by zero, and it loaded nothing of the trace
+  json dev{{"id", kDevice}, {"name", device_name_}};
+  if (total_bytes_ > 0) dev["totalGlobalMem"] = total_bytes_;
   if (compute_major_ > 0) dev["computeMajor"] = compute_major_;
   return json{{"schemaVersion", 1},
               {"deviceProperties", json::array({dev})},

@@ -100,6 +100,9 @@ struct Steps {
   std::int64_t count = 0;
   double total_us = 0, median_us = 0;
   double dataloader_us = 0;  // the DataLoader's __next__ inside the steps
+  // of it, the time no GPU kernel, copy or memset runs and no CUDA runtime call is made (the
+  // TensorBoard plugin's DataLoader cost: the time the device waits on the loader)
+  double dataloader_exposed_us = 0;
   // Which iterator's __next__ the trace shows: "single" (_SingleProcessDataLoaderIter:
   // num_workers 0), "multi" (_MultiProcessingDataLoaderIter: workers already), or "" (neither named).
   std::string loader_iter;
