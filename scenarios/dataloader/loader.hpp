@@ -98,7 +98,10 @@ struct Config {
   std::vector<int> cpus;        // the CPUs the workers run on (sched_setaffinity); empty: any
   std::string file_path;        // for Source::file: a dataset file made by write_dataset_file (dataset_file.hpp)
   bool in_order = true;         // deliver batches in index order (DataLoader's default); false: as they finish
-  std::chrono::milliseconds timeout{10000};  // DataLoader's `timeout`: the longest next() waits for a batch
+  // DataLoader's `timeout`: the longest next() waits for any batch (above).
+  // Inline too, where torch has none (its single-process iterator requires
+  // timeout=0): here an inline hang is caught, never waited on for ever.
+  std::chrono::milliseconds timeout{10000};
   Fault fault;
   OnError on_error = OnError::stop;
   std::uint64_t seed = 1;

@@ -23,7 +23,7 @@
 #include <sstream>     // std::istringstream: the recorded schedule
 #include <stdexcept>   // std::runtime_error: a gated corrupt batch
 #include <string>      // std::string
-#include <thread>      // std::thread, std::this_thread
+#include <thread>      // std::jthread, std::this_thread
 #include <vector>      // std::vector
 
 #include <fcntl.h>     // open
@@ -944,7 +944,7 @@ TEST(TorchSchedule, InOrderTimeoutRestartsWhenABatchArrives) {
     ~OpenAll() { g->open_all(); }
   } open_all{gate};
   const auto t0 = Clock::now();
-  std::thread releaser([&] {
+  std::jthread releaser([&] {  // joined on every way out
     std::this_thread::sleep_until(t0 + milliseconds(2000));
     gate->release(1);
     std::this_thread::sleep_until(t0 + milliseconds(5000));
@@ -959,7 +959,6 @@ TEST(TorchSchedule, InOrderTimeoutRestartsWhenABatchArrives) {
     EXPECT_EQ(arrived, (std::set<std::int64_t>{1, 3})) << "the timeout fired before batch 3 arrived: " << e.what();
     EXPECT_NE(std::string(e.what()).find("batch 0 (samples 0..0)"), std::string::npos) << e.what();
   }
-  releaser.join();
 }
 
 }  // namespace
