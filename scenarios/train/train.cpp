@@ -264,7 +264,8 @@ class TrainRun : public ScenarioRun {
         dev.range_pop();
     };
     const HostReservation slots = reserve_host_memory(
-        std::uint64_t(std::max(1, st.workers * st.prefetch)) * std::uint64_t(mb * max_len * kBytesPerToken),
+        // as many as the loader makes: prefetch x workers shared, + 1 for the batch the loop holds; 1 inline
+        std::uint64_t(st.workers > 0 ? st.workers * st.prefetch + 1 : 1) * std::uint64_t(mb * max_len * kBytesPerToken),
         "train: the loader's staging slots");
 
     // ---- the timed window: records only
@@ -454,7 +455,7 @@ const Scenario train_scenario{
                   .help = "loader worker threads (dataloader_num_workers); 0 loads inline, in series with the step",
                   .unit = "threads", .min = 0, .max = 64},
         ParamSpec{.name = "prefetch", .type = ParamType::integer, .default_value = "2",
-                  .help = "batches in flight per worker (dataloader_prefetch_factor)", .unit = "batches", .min = 1,
+                  .help = "dataloader_prefetch_factor: prefetch x workers batches in flight", .unit = "batches", .min = 1,
                   .max = 64},
         ParamSpec{.name = "pin", .type = ParamType::choice, .default_value = "pinned",
                   .help = "host staging memory (dataloader_pin_memory): pinned or pageable",
