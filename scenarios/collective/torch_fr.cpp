@@ -701,7 +701,7 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
         return {};
       }
       const int gpeer = peer < 0 ? -1 : in.members[std::size_t(peer)];
-      if (gpeer >= 0 && !by_rank.count(gpeer)) continue;  // its peer left no dump: nothing to match it with
+      // (a peer that left no dump keeps its calls: they stay unmatched, and a wait that ends at that rank names it)
       // a ring that dropped its oldest entries: only what both sides still hold in full is paired
       if (gpeer >= 0 && e->collective_seq_id < std::max(in.first_full.at(rank), in.first_full.count(gpeer)
                                                                                    ? in.first_full.at(gpeer)
@@ -815,7 +815,7 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
     std::vector<int> chain = {start};
     int sink = -1;
     std::size_t cycle_from = 0;
-    bool cycle = false, any = false;
+    bool cycle = false, any = false, no_dump = false;
     for (;;) {
       const P2pCall* c = waits.at(chain.back());
       if (c->peer < 0) {
@@ -829,6 +829,7 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       }
       if (!waits.count(c->peer)) {
         sink = c->peer;
+        no_dump = !by_rank.count(sink);
         break;
       }
       chain.push_back(c->peer);
@@ -881,7 +882,7 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
     } else {
       const int waiter = chain.back();
       const P2pCall* c = waits.at(waiter);
-      f.pattern = any ? "p2p any source" : "p2p";
+      f.pattern = any ? "p2p any source" : no_dump ? "p2p no dump" : "p2p";
       f.seq = c->e->p2p_seq_id;
       if (any) {
         for (int m : in.members)
@@ -891,7 +892,10 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       }
       for (std::size_t i = 0; i + 1 < chain.size(); ++i) in_turn.push_back(chain[i]);
       std::string newest;
-      if (!any) {
+      if (!any && no_dump) {
+        newest = "it left no dump";
+        f.calls[sink] = fmt::format("no dump: its calls with rank {} are unknown", waiter);
+      } else if (!any) {
         const TorchFrDump& d = *by_rank.at(sink);
         if (d.entries.empty()) newest = "it has no entries";
         else {
@@ -912,6 +916,10 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
                                                         c->send ? c->e->input_dtypes : c->e->output_dtypes));
       f.summary = any ? fmt::format("process group {} p2p seq {}: rank {} waits in {}: no rank sent it", in.pg, f.seq,
                                     waiter, what(c))
+                 : no_dump ? fmt::format("process group {} p2p seq {}: rank {} waits in {}; rank {} left no dump (it "
+                                         "crashed or was killed?): the waits end there, and whether it ever {} it is "
+                                         "unknown",
+                                         in.pg, f.seq, waiter, what(c), sink, c->send ? "received" : "sent")
                       : fmt::format("process group {} p2p seq {}: rank {} waits in {}; rank {} never {} it ({})", in.pg,
                                     f.seq, waiter, what(c), sink, c->send ? "received" : "sent", newest);
     }
@@ -1433,7 +1441,8 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     q.process_group = p2p->pg;
     q.expected = p2p->expected;
     q.torch_match_state = p2p->torch_match_state;
-    for (const auto& [rank, text] : p2p->calls) q.per_rank_call[std::size_t(rank)] = text;
+    for (const auto& [rank, text] : p2p->calls)
+      if (rank >= 0 && std::size_t(rank) < q.per_rank_call.size()) q.per_rank_call[std::size_t(rank)] = text;
     q.summary = p2p->summary;
     if (r.kind == DivergenceKind::missing)
       q.summary += fmt::format("; so rank{} {} never reached collective seq {} of process group {} ({}), where the "

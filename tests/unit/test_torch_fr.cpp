@@ -675,6 +675,21 @@ TEST(TorchFrP2p, WaitsAreFollowedToTheRankThatOwesTheCall) {
   }
 }
 
+// A 3-stage pipeline whose last stage crashed and left no dump: rank 1's recv from rank 2 is kept (it was
+// dropped, so rank 1 looked like it waited on nobody and was named for "never sending" to rank 0): the waits
+// end at rank 2, which is named as the rank that left no dump.
+TEST(TorchFrP2p, AWaitOnARankWithNoDumpNamesThatRank) {
+  const HangReport rep = analyze_torch_fr(
+      {dump(0, 3, {p2p(true, 0, 1, 0, 1, 4), p2p(false, 0, 1, 0, 2, 4, "Float", 9000)}),
+       dump(1, 3, {p2p(false, 1, 0, 0, 1, 4), p2p(false, 1, 2, 0, 2, 4, "Float", 5000)})});
+  EXPECT_EQ(rep.kind, DivergenceKind::missing);
+  EXPECT_EQ(rep.pattern, "p2p no dump");
+  EXPECT_EQ(rep.culprits, std::vector<int>{2});
+  EXPECT_EQ(rep.seq, 2);  // rank 1's recv from rank 2
+  EXPECT_NE(rep.summary.find("rank 2 left no dump"), std::string::npos) << rep.summary;
+  EXPECT_NE(rep.summary.find("waiting on it in turn: rank 0 in recv from rank 1"), std::string::npos) << rep.summary;
+}
+
 // Both ranks receive first (p2p-deadlock-2r's shape): each waits on the other, and nothing else is wrong.
 TEST(TorchFrP2p, RanksThatWaitOnEachOtherAreACycle) {
   const HangReport rep = analyze_torch_fr({dump(0, 2, {entry(1, "all_reduce", 8), p2p(false, 0, 1, 1, 1, 4)}),
