@@ -10,6 +10,7 @@
 #include <charconv>  // std::from_chars: the ranks a p2p call names
 #include <optional>   // std::optional
 #include <set>        // std::set
+#include <tuple>      // std::tuple: a p2p lane
 #include <unordered_map>  // std::unordered_map: op names, numbered
 
 #include <limits>     // std::numeric_limits
@@ -602,8 +603,16 @@ struct P2pCall {
   const TorchFrEntry* e;
   int rank, peer;  // global ranks; peer -1: any source
   bool send;
-  const P2pCall* with = nullptr;  // the matched counterpart
+  bool batched = false;  // one op of a batch_isend_irecv (a coalesced group), not a plain send or recv
+  bool done = false;     // completed, as its state says (a batch's ops: the batch's closing marker's state)
+  const P2pCall* with = nullptr;    // the matched counterpart
+  const P2pCall* behind = nullptr;  // a plain call queued behind this one on its pair's NCCL queue, with `with` behind
+                                    // that call's peer's: an ordering deadlock (see match_p2p)
 };
+
+// A backend whose plain sends and recvs run in issue order on one queue per pair of ranks (ProcessGroupNCCL);
+// gloo's are not modelled so (and gloo records none: tests/data/fr/README.md).
+bool queued_per_pair(const TorchFrEntry& e) { return !e.profiling_name.starts_with("gloo:"); }
 
 // Reads "send A->B" / "recv A<-B" into (send, me, peer; peer -1 for "?"); false when it is neither.
 bool parse_p2p(std::string_view op, bool& send, int& me, int& peer) {
@@ -681,7 +690,29 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
   std::map<int, std::vector<P2pCall*>> calls;
   for (const auto& [rank, entries] : in.p2p) {
     const int me_local = local_of(rank);
-    for (const TorchFrEntry* e : entries) {
+    // Batches: ProcessGroupNCCL bumps the p2p seq once for a whole coalesced group (batch_isend_irecv), so its
+    // ops share one p2p_seq_id, and endCoalescing closes it with a "coalesced" entry of that id, which holds the
+    // batch's state (its ops are recorded without events). A run of entries of one id that has the marker or
+    // more than one op is a batch; a plain call has an id of its own.
+    std::vector<char> in_batch(entries.size(), 0), batch_done(entries.size(), 0);
+    for (std::size_t i = 0, j = 0; i < entries.size(); i = j) {
+      for (j = i + 1; j < entries.size() && entries[i]->p2p_seq_id >= 0 &&
+                      entries[j]->p2p_seq_id == entries[i]->p2p_seq_id;)
+        ++j;
+      bool marker = false, marker_done = false;
+      for (std::size_t k = i; k < j; ++k)
+        if (op_name(entries[k]->profiling_name).ends_with("coalesced")) {
+          marker = true;
+          marker_done = marker_done || entries[k]->state == "completed";
+        }
+      if (!marker && j - i < 2) continue;
+      for (std::size_t k = i; k < j; ++k) {
+        in_batch[k] = 1;
+        batch_done[k] = marker_done || entries[k]->state == "completed";
+      }
+    }
+    for (std::size_t k = 0; k < entries.size(); ++k) {
+      const TorchFrEntry* e = entries[k];
       const std::string_view op = op_name(e->profiling_name);
       if (op.ends_with("coalesced")) continue;  // a batch's closing marker: its ops are recorded one by one
       bool send = false;
@@ -707,17 +738,22 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
                                                                                    ? in.first_full.at(gpeer)
                                                                                    : std::numeric_limits<std::int64_t>::min()))
         continue;
-      calls[rank].push_back(&store.emplace_back(P2pCall{e, rank, gpeer, send}));
+      P2pCall& c = store.emplace_back(P2pCall{e, rank, gpeer, send});
+      c.batched = in_batch[k];
+      c.done = in_batch[k] ? batch_done[k] : e->state == "completed";
+      calls[rank].push_back(&c);
     }
   }
-  // per pair and direction, in each side's order
-  std::map<std::pair<int, int>, std::vector<P2pCall*>> sends, recvs;  // (from, to)
-  std::map<int, std::vector<P2pCall*>> any_source;                    // by receiver
+  // per pair, direction and lane (plain or batched), in each side's order: a batched op pairs only with a
+  // batched one (a batch runs on the group's communicator, a plain call on the pair's own)
+  using Lane = std::tuple<int, int, bool>;                  // (from, to, batched)
+  std::map<Lane, std::vector<P2pCall*>> sends, recvs;
+  std::map<int, std::vector<P2pCall*>> any_source;  // by receiver
   for (auto& [rank, v] : calls)
     for (P2pCall* c : v) {
-      if (c->send) sends[{rank, c->peer}].push_back(c);
+      if (c->send) sends[{rank, c->peer, c->batched}].push_back(c);
       else if (c->peer < 0) any_source[rank].push_back(c);
-      else recvs[{c->peer, rank}].push_back(c);
+      else recvs[{c->peer, rank, c->batched}].push_back(c);
     }
   std::optional<P2pFinding> mismatch;
   auto pair = [&](P2pCall* s, P2pCall* q) {
@@ -746,7 +782,8 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       }
       return true;
     };
-    const bool s_new = novel(s, sends[{s->rank, s->peer}]), q_new = novel(q, recvs[{s->rank, q->rank}]);
+    const bool s_new = novel(s, sends[{s->rank, s->peer, s->batched}]),
+               q_new = novel(q, recvs[{s->rank, q->rank, q->batched}]);
     const P2pCall* culprit = s_new && !q_new ? s : q_new && !s_new ? q : nullptr;
     if (culprit) f.culprits = {culprit->rank};
     else f.culprits = {std::min(s->rank, q->rank), std::max(s->rank, q->rank)};
@@ -775,7 +812,7 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
                                      "output_sizes)";
     mismatch = std::move(f);
   };
-  std::set<std::pair<int, int>> dirs;
+  std::set<Lane> dirs;
   for (const auto& [k, v] : sends) dirs.insert(k);
   for (const auto& [k, v] : recvs) dirs.insert(k);
   for (const auto& k : dirs) {
@@ -788,7 +825,7 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
     for (P2pCall* q : v) {
       P2pCall* best = nullptr;
       for (auto& [k, s] : sends)
-        if (k.second == rank)
+        if (std::get<1>(k) == rank && std::get<2>(k) == q->batched)
           for (P2pCall* c : s)
             if (!c->with) {
               if (!best || c->e->time_created_ns < best->e->time_created_ns) best = c;
@@ -797,11 +834,48 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       if (best) pair(best, q);
     }
 
-  // Each rank's first unmatched call: where it waits, and on whom.
+  // NCCL's order within a pair. ProcessGroupNCCL runs a plain send or recv on a communicator of the two
+  // ranks alone (pointToPoint, getKeySendRecv): one queue per pair, both directions on it, in issue order.
+  // So walk the pair's plain calls on both sides at once: the two heads go on when they are each other's
+  // counterpart, or one is done (an eager send that completed, or a call whose counterpart completed). Heads
+  // that are both matched, but each to a call queued behind the other head (both receive first, or both
+  // send a tensor too large to be buffered), wait on each other forever: an ordering deadlock, though every
+  // call has its counterpart. Heads left unmatched are the waits found below. A batch's ops are exempt (a
+  // batch runs as one group call on the group's communicator: order within it does not matter, and it
+  // never meets a plain call); a recv from any source, and backends other than NCCL, are not modelled.
+  {
+    std::map<std::pair<int, int>, std::pair<std::vector<P2pCall*>, std::vector<P2pCall*>>> queues;  // (lo, hi)
+    for (auto& [rank, v] : calls)
+      for (P2pCall* c : v)
+        if (!c->batched && c->peer >= 0 && c->peer != rank && queued_per_pair(*c->e)) {
+          auto& q = queues[{std::min(rank, c->peer), std::max(rank, c->peer)}];
+          (rank < c->peer ? q.first : q.second).push_back(c);
+        }
+    auto free = [](const P2pCall* c) { return c->done || (c->with && c->with->done); };
+    for (auto& [key, q] : queues) {
+      std::size_t i = 0, j = 0;
+      for (;;) {
+        P2pCall* a = i < q.first.size() ? q.first[i] : nullptr;
+        P2pCall* b = j < q.second.size() ? q.second[j] : nullptr;
+        if (a && free(a)) ++i;
+        else if (b && free(b)) ++j;
+        else if (a && b && a->with == b) ++i, ++j;
+        else {
+          // (a's counterpart, were it before b, was passed only with a: it is behind b, and b's behind a)
+          if (a && b && a->with && b->with) {
+            a->behind = b;
+            b->behind = a;
+          }
+          break;
+        }
+      }
+    }
+  }
+  // Each rank's first call left unmatched, or stuck in its pair's order: where it waits, and on whom.
   std::map<int, const P2pCall*> waits;
   for (const auto& [rank, v] : calls)
     for (const P2pCall* c : v)
-      if (!c->with) {
+      if (!c->with || c->behind) {
         waits[rank] = c;
         out.blocked.insert(rank);
         break;
@@ -837,16 +911,29 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
     P2pFinding f;
     f.kind = DivergenceKind::missing;
     f.made = waits.at(start)->e->time_created_ns;
-    auto what = [](const P2pCall* c) {
-      return fmt::format("{} {} {} (p2p seq {}, {})", c->send ? "send" : "recv", c->send ? "to" : "from",
-                         c->peer < 0 ? std::string("any rank") : fmt::format("rank {}", c->peer), c->e->p2p_seq_id,
-                         sizes_text(c->send ? c->e->input_sizes : c->e->output_sizes,
-                                    c->send ? c->e->input_dtypes : c->e->output_dtypes));
+    auto what = [&](const P2pCall* c) {
+      std::string t = fmt::format("{}{} {} {} (p2p seq {}, {})", c->batched ? "batched " : "", c->send ? "send" : "recv",
+                                  c->send ? "to" : "from",
+                                  c->peer < 0 ? std::string("any rank") : fmt::format("rank {}", c->peer),
+                                  c->e->p2p_seq_id,
+                                  sizes_text(c->send ? c->e->input_sizes : c->e->output_sizes,
+                                             c->send ? c->e->input_dtypes : c->e->output_dtypes));
+      // its counterpart issued in the other lane: plain against batched never pairs
+      if (auto it = c->with || c->peer < 0 ? calls.end() : calls.find(c->peer); it != calls.end())
+        for (const P2pCall* x : it->second)
+          if (!x->with && x->peer == c->rank && x->send != c->send && x->batched != c->batched) {
+            t += fmt::format(" [rank {}'s {} {} (p2p seq {}) cannot pair with it: a batch_isend_irecv runs on the "
+                             "group's communicator, a plain send or recv on the pair's own]",
+                             x->rank, x->batched ? "batched" : "plain", x->send ? "send" : "recv", x->e->p2p_seq_id);
+            break;
+          }
+      return t;
     };
     for (int rank : chain) {
       const P2pCall* c = waits.at(rank);
-      f.calls[rank] = fmt::format("{} p2p seq {} {}{}, unmatched: waits for {}", describe(*c->e), c->e->p2p_seq_id,
+      f.calls[rank] = fmt::format("{} p2p seq {} {}{}, {}: waits for {}", describe(*c->e), c->e->p2p_seq_id,
                                   c->e->state, c->e->retired ? " (retired)" : "",
+                                  c->with ? "matched but queued behind the peer's own wait" : "unmatched",
                                   c->peer < 0 ? std::string("any rank") : fmt::format("rank {}", c->peer));
     }
     std::vector<std::string> behind;  // ranks waiting in turn on the ones named
@@ -863,8 +950,9 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
     }
     for (int rank : in_turn) {
       const P2pCall* c = waits.at(rank);
-      f.calls[rank] = fmt::format("{} p2p seq {} {}{}, unmatched: waits for rank {}", describe(*c->e),
-                                  c->e->p2p_seq_id, c->e->state, c->e->retired ? " (retired)" : "", c->peer);
+      f.calls[rank] = fmt::format("{} p2p seq {} {}{}, {}: waits for rank {}", describe(*c->e), c->e->p2p_seq_id,
+                                  c->e->state, c->e->retired ? " (retired)" : "",
+                                  c->with ? "matched but queued behind the peer's own wait" : "unmatched", c->peer);
     }
     if (cycle) {
       std::vector<int> ring(chain.begin() + std::ptrdiff_t(cycle_from), chain.end());
@@ -873,12 +961,30 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       f.pattern = "p2p cycle";
       f.seq = waits.at(f.culprits.front())->e->p2p_seq_id;
       std::vector<std::string> each;
-      for (int rank : f.culprits) each.push_back(fmt::format("rank {} in {}", rank, what(waits.at(rank))));
+      bool ordering = false;  // a wait on a matched call queued behind the peer's own wait (NCCL's per-pair order)
+      for (int rank : f.culprits) {
+        const P2pCall* c = waits.at(rank);
+        std::string t = fmt::format("rank {} in {}", rank, what(c));
+        if (c->with && c->behind) {
+          ordering = true;
+          t += fmt::format(", whose {} (rank {}'s p2p seq {}) is queued behind rank {}'s {} {} rank {} (p2p seq {})",
+                           c->send ? "recv" : "send", c->with->rank, c->with->e->p2p_seq_id, c->behind->rank,
+                           c->behind->send ? "send" : "recv", c->behind->send ? "to" : "from", c->behind->peer,
+                           c->behind->e->p2p_seq_id);
+        }
+        each.push_back(t);
+      }
       for (std::size_t i = 0; i < cycle_from; ++i) in_turn.push_back(chain[i]);
-      f.expected = "one of them to answer first: the program orders its sends and recvs so that each waits on the other";
-      f.summary = fmt::format("process group {} p2p: ranks {} wait on each other, none answering: {} (a deadlock in "
-                              "the order of sends and recvs)",
-                              in.pg, fmt::join(f.culprits, ", "), fmt::join(each, "; "));
+      f.expected = ordering ? "the pair's calls issued in an order that alternates (one side's send where the other "
+                              "receives), or batched with batch_isend_irecv"
+                            : "one of them to answer first: the program orders its sends and recvs so that each waits "
+                              "on the other";
+      f.summary = fmt::format("process group {} p2p: ranks {} wait on each other, none answering: {} ({})", in.pg,
+                              fmt::join(f.culprits, ", "), fmt::join(each, "; "),
+                              ordering ? "an ordering deadlock: NCCL runs a pair's plain sends and recvs in issue "
+                                         "order, both directions on one queue, so each call waits for one the other "
+                                         "rank queued behind its own"
+                                       : "a deadlock in the order of sends and recvs");
     } else {
       const int waiter = chain.back();
       const P2pCall* c = waits.at(waiter);
@@ -904,7 +1010,7 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
                                e.is_p2p ? e.p2p_seq_id : e.collective_seq_id);
         }
         // what the sink did of this pair: its calls the waiter's earlier ones matched
-        const auto& owed = c->send ? recvs[{waiter, sink}] : sends[{sink, waiter}];
+        const auto& owed = c->send ? recvs[{waiter, sink, c->batched}] : sends[{sink, waiter, c->batched}];
         f.calls[sink] = fmt::format("no {} rank {} after its {} matched; {}", c->send ? "recv from" : "send to",
                                     waiter, std::count_if(owed.begin(), owed.end(), [](const P2pCall* x) { return x->with; }),
                                     newest);
@@ -928,7 +1034,11 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
     if (!behind.empty()) f.summary += fmt::format("; waiting on it in turn: {}", fmt::join(behind, "; "));
     // (tests/data/fr/p2p-*/fr_trace_pgfix.txt: it pairs a p2p call with every other rank's entry of the same
     // collective_seq_id, so on 2 ranks a recv meets a recv, and on 3 matched pairs are flagged too)
-    f.torch_match_state = cycle ? "SIZE_OR_SYNTAX_MISMATCH (fr_trace pairs p2p calls by collective_seq_id, not by "
+    const bool ordering_cycle =
+        cycle && std::any_of(f.culprits.begin(), f.culprits.end(), [&](int m) { return waits.at(m)->behind != nullptr; });
+    f.torch_match_state = ordering_cycle ? "not modelled by fr_trace (it pairs p2p calls by collective_seq_id and has "
+                                           "no per-pair issue order)"
+                          : cycle ? "SIZE_OR_SYNTAX_MISMATCH (fr_trace pairs p2p calls by collective_seq_id, not by "
                                   "peer and order: it finds a recv where it looks for a send)"
                                 : "not all ranks joining (fr_trace pairs p2p calls by collective_seq_id, not by peer "
                                   "and order)";

@@ -701,6 +701,74 @@ TEST(TorchFrP2p, RanksThatWaitOnEachOtherAreACycle) {
   EXPECT_NE(rep.summary.find("ranks 0, 1 wait on each other"), std::string::npos) << rep.summary;
 }
 
+TorchFrEntry with_state(TorchFrEntry e, const std::string& state) {
+  e.state = state;
+  return e;
+}
+// A batch_isend_irecv's closing "coalesced" entry: the batch's p2p seq, no sizes.
+TorchFrEntry batch_end(std::int64_t cseq, std::int64_t pseq, const std::string& state = "completed", bool is_p2p = true) {
+  TorchFrEntry e = p2p(true, 0, 1, cseq, pseq, 0);
+  e.profiling_name = "nccl:coalesced";
+  e.input_sizes = e.output_sizes = {};
+  e.input_dtypes = e.output_dtypes = std::vector<std::string>{};
+  e.state = state;
+  e.is_p2p = is_p2p;
+  return e;
+}
+
+// NCCL runs a pair's plain sends and recvs in issue order on one queue (the pair's own communicator): both
+// ranks receiving first (irecv, then isend, each) hang though every call has its counterpart, and so do both
+// sending first with tensors too large to buffer (neither send completed). Sends that completed (eager) do not.
+TEST(TorchFrP2p, NcclPairOrderDeadlocksAreCycles) {
+  auto run = [](bool send_first, const std::string& send_state) {
+    std::vector<TorchFrDump> ds;
+    for (int r = 0; r < 2; ++r) {
+      TorchFrEntry recv = with_state(p2p(false, r, 1 - r, 0, send_first ? 2 : 1, 4), "started");
+      TorchFrEntry send = with_state(p2p(true, r, 1 - r, 0, send_first ? 1 : 2, 4), send_state);
+      ds.push_back(dump(r, 2, send_first ? std::vector<TorchFrEntry>{send, recv} : std::vector<TorchFrEntry>{recv, send}));
+    }
+    return analyze_torch_fr(ds);
+  };
+  for (const bool send_first : {false, true}) {
+    const HangReport rep = run(send_first, "scheduled");
+    EXPECT_EQ(rep.kind, DivergenceKind::missing) << rep.summary;
+    EXPECT_EQ(rep.pattern, "p2p cycle");
+    EXPECT_EQ(rep.culprits, (std::vector<int>{0, 1}));
+    EXPECT_EQ(rep.seq, 1);
+    EXPECT_NE(rep.summary.find("an ordering deadlock"), std::string::npos) << rep.summary;
+    EXPECT_NE(rep.summary.find(send_first ? "rank 0 in send to rank 1 (p2p seq 1" : "rank 0 in recv from rank 1 (p2p seq 1"),
+              std::string::npos) << rep.summary;
+  }
+  EXPECT_EQ(run(true, "completed").kind, DivergenceKind::none);  // small sends: buffered, both completed
+  // alternating order (one sends where the other receives) is fine whatever the states
+  std::vector<TorchFrDump> ok;
+  for (int r = 0; r < 2; ++r) {
+    TorchFrEntry recv = with_state(p2p(false, r, 1 - r, 0, r == 0 ? 2 : 1, 4), "started");
+    TorchFrEntry send = with_state(p2p(true, r, 1 - r, 0, r == 0 ? 1 : 2, 4), "started");
+    ok.push_back(dump(r, 2, r == 0 ? std::vector<TorchFrEntry>{send, recv} : std::vector<TorchFrEntry>{recv, send}));
+  }
+  EXPECT_EQ(analyze_torch_fr(ok).kind, DivergenceKind::none);
+}
+
+// batch_isend_irecv's ops share one p2p seq and end with a "coalesced" entry; they run as one group call on
+// the group's communicator: order within a batch does not matter, and they pair only with batched ops.
+TEST(TorchFrP2p, BatchedOpsPairOnlyWithBatchedOps) {
+  auto batch = [](int r, const std::string& state) {
+    return std::vector<TorchFrEntry>{with_state(p2p(false, r, 1 - r, 0, 1, 4), "scheduled"),
+                                     with_state(p2p(true, r, 1 - r, 0, 1, 4), "scheduled"), batch_end(0, 1, state)};
+  };
+  // both receive first inside their batch, the batch not completed: no ordering deadlock (one group call)
+  EXPECT_EQ(analyze_torch_fr({dump(0, 2, batch(0, "started")), dump(1, 2, batch(1, "started"))}).kind,
+            DivergenceKind::none);
+  // rank 0 batches, rank 1 issues plain calls: NCCL never pairs them
+  const HangReport mixed = analyze_torch_fr(
+      {dump(0, 2, batch(0, "started")),
+       dump(1, 2, {with_state(p2p(true, 1, 0, 0, 1, 4), "started"), with_state(p2p(false, 1, 0, 0, 2, 4), "started")})});
+  EXPECT_EQ(mixed.kind, DivergenceKind::missing) << mixed.summary;
+  EXPECT_EQ(mixed.culprits, (std::vector<int>{0, 1}));
+  EXPECT_NE(mixed.summary.find("cannot pair with it"), std::string::npos) << mixed.summary;
+}
+
 // A send and its recv of different element counts or dtypes: the side whose own earlier calls of that pair
 // never did so is the culprit; with no history to tell, both.
 TEST(TorchFrP2p, APairOfDifferentSizesOrDtypesNamesTheSideThatChanged) {
