@@ -664,7 +664,13 @@ struct P2pGroupInput {
   std::string pg;
   std::vector<int> members;                                      // sorted: group rank -> global rank
   std::map<int, std::vector<const TorchFrEntry*>> p2p;           // each rank's p2p entries, dump order
-  std::map<int, std::int64_t> first_full;                        // collective seq from which the ring holds all
+  // Where a rank's ring, if it dropped its oldest entries, holds every call of the group from: a collective
+  // seq (the group's seqs are shared, so both sides of a pair cut at the same place), or, where no collective
+  // of the group follows to cut at (a pipeline group of sends and recvs alone), the time of its oldest entry.
+  struct Cut {
+    std::int64_t seq = std::numeric_limits<std::int64_t>::min(), time = std::numeric_limits<std::int64_t>::min();
+  };
+  std::map<int, Cut> cut;
 };
 
 // Pairs each rank's sends to a peer with that peer's recvs from it, in each side's order (NCCL and
@@ -688,6 +694,7 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
   };
   std::deque<P2pCall> store;  // stable addresses
   std::map<int, std::vector<P2pCall*>> calls;
+  std::size_t cut_out = 0, seen = 0;  // calls left out where a ring had wrapped; calls read
   for (const auto& [rank, entries] : in.p2p) {
     const int me_local = local_of(rank);
     // Batches: ProcessGroupNCCL bumps the p2p seq once for a whole coalesced group (batch_isend_irecv), so its
@@ -715,6 +722,7 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       const TorchFrEntry* e = entries[k];
       const std::string_view op = op_name(e->profiling_name);
       if (op.ends_with("coalesced")) continue;  // a batch's closing marker: its ops are recorded one by one
+      ++seen;
       bool send = false;
       int me = -1, peer = -1;
       const TorchFrDump& d = *by_rank.at(rank);
@@ -734,15 +742,28 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       const int gpeer = peer < 0 ? -1 : in.members[std::size_t(peer)];
       // (a peer that left no dump keeps its calls: they stay unmatched, and a wait that ends at that rank names it)
       // a ring that dropped its oldest entries: only what both sides still hold in full is paired
-      if (gpeer >= 0 && e->collective_seq_id < std::max(in.first_full.at(rank), in.first_full.count(gpeer)
-                                                                                   ? in.first_full.at(gpeer)
-                                                                                   : std::numeric_limits<std::int64_t>::min()))
-        continue;
+      // (a call of the pair before where either side's ring holds everything: its counterpart may be lost)
+      if (gpeer >= 0) {
+        const P2pGroupInput::Cut mine = in.cut.count(rank) ? in.cut.at(rank) : P2pGroupInput::Cut{},
+                                 theirs = in.cut.count(gpeer) ? in.cut.at(gpeer) : P2pGroupInput::Cut{};
+        if (e->collective_seq_id < std::max(mine.seq, theirs.seq) || e->time_created_ns < std::max(mine.time, theirs.time)) {
+          ++cut_out;
+          continue;
+        }
+      }
       P2pCall& c = store.emplace_back(P2pCall{e, rank, gpeer, send});
       c.batched = in_batch[k];
       c.done = in_batch[k] ? batch_done[k] : e->state == "completed";
       calls[rank].push_back(&c);
     }
+  }
+  if (cut_out > 0) {
+    std::vector<int> wrapped;
+    for (const auto& [rank, c] : in.cut) wrapped.push_back(rank);
+    warnings.push_back(fmt::format("process group {}: the Flight Recorder ring of rank{} {} had dropped its oldest "
+                                   "entries: {} of {} send/recv calls, made before what both sides of their pair "
+                                   "still hold, are left out of the matching",
+                                   in.pg, wrapped.size() == 1 ? "" : "s", fmt::join(wrapped, ", "), cut_out, seen));
   }
   // per pair, direction and lane (plain or batched), in each side's order: a batched op pairs only with a
   // batched one (a batch runs on the group's communicator, a plain call on the pair's own)
@@ -1516,17 +1537,20 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     }
     if (in.p2p.empty()) continue;
     for (const auto& [rank, v] : ranks_view) {
-      // the collective seq from which this rank's ring holds every call of the group: all, unless it dropped its
-      // oldest entries (record_id counts every entry from 0); then from its first collective held, or after
-      // the collective its first p2p call follows
-      std::int64_t full = std::numeric_limits<std::int64_t>::min();
+      // where this rank's ring holds every call of the group: all, unless it dropped its oldest entries
+      // (record_id counts every entry from 0); then from its first collective held, or after the collective its
+      // first p2p call follows where a later collective of the group is held; else (a group with no collective
+      // after its first p2p call held: its calls all carry one collective seq) from its oldest entry's time. The
+      // ring is one per process, shared by all groups: its oldest entry is where it holds everything from.
       const TorchFrDump& d = *by_rank.at(rank);
-      if (!d.entries.empty() && d.entries.front().record_id > 0) {
-        const bool coll_first = !v.coll.empty() && (v.p2p.empty() || v.coll.front().e->index < v.p2p.front()->index);
-        if (coll_first) full = v.coll.front().seq;
-        else if (!v.p2p.empty()) full = v.p2p.front()->collective_seq_id + 1;
-      }
-      in.first_full[rank] = full;
+      if (d.entries.empty() || d.entries.front().record_id <= 0) continue;
+      P2pGroupInput::Cut c;
+      const bool coll_first = !v.coll.empty() && (v.p2p.empty() || v.coll.front().e->index < v.p2p.front()->index);
+      if (coll_first) c.seq = v.coll.front().seq;
+      else if (!v.p2p.empty() && !v.coll.empty() && v.p2p.front()->collective_seq_id < v.coll.back().seq)
+        c.seq = v.p2p.front()->collective_seq_id + 1;
+      else c.time = d.entries.front().time_created_ns;
+      in.cut[rank] = c;
     }
     in.members = members_of(pg, ranks_view);
     p2p_wide = p2p_wide || in.members.size() > 2;

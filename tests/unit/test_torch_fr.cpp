@@ -820,6 +820,25 @@ TEST(TorchFrP2p, AWrappedRingIsPairedFromWhereBothHoldEveryCall) {
   EXPECT_EQ(rep.kind, DivergenceKind::none) << rep.summary;
 }
 
+// A pipeline group with no collectives: every p2p call carries collective seq 0, so a cut by collective seq
+// left out every call of a wrapped ring and of its peers, silently (rank 1's hang went unseen). The cut is then
+// by the time of the wrapped ring's oldest entry, and the calls left out are a warning.
+TEST(TorchFrP2p, AWrappedRingWithoutCollectivesIsCutByTime) {
+  std::vector<TorchFrEntry> r0, r1;
+  for (int k = 5; k <= 6; ++k) r0.push_back(p2p(true, 0, 1, 0, k, 4, "Float", 1000 * k));
+  r0[0].record_id = 4;  // entries 0-3 (its sends 1-4) dropped
+  r0[1].record_id = 5;
+  for (int k = 1; k <= 6; ++k) r1.push_back(p2p(false, 1, 0, 0, k, 4, "Float", 1000 * k + 100));
+  r1.push_back(with_state(p2p(false, 1, 0, 0, 7, 4, "Float", 7100), "started"));
+  const HangReport rep = analyze_torch_fr({dump(0, 2, r0), dump(1, 2, r1)});
+  EXPECT_EQ(rep.kind, DivergenceKind::missing) << rep.summary;
+  EXPECT_EQ(rep.culprits, std::vector<int>{0});
+  EXPECT_EQ(rep.seq, 7);
+  bool warned = false;
+  for (const auto& w : rep.warnings) warned = warned || w.find("4 of 9 send/recv calls") != std::string::npos;
+  EXPECT_TRUE(warned) << fmt::format("{}", fmt::join(rep.warnings, " | "));
+}
+
 // Names that give no peer, or a peer outside the group, are warned about and left out: never a throw.
 TEST(TorchFrP2p, ABadP2pNameIsAWarning) {
   TorchFrEntry bad = p2p(true, 0, 1, 0, 1, 4);
