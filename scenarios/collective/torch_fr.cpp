@@ -1154,7 +1154,12 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
         v = &pgs[key][rank];
         pg_key = &key;
       }
-      if (e.is_p2p) {
+      // A batch's closing "coalesced" entry belongs to the batch whatever its is_p2p says: some torch versions
+      // record it with is_p2p false (initWork's isP2POp(COALESCED) is false) and the previous collective's seq
+      // (startCoalescing does not bump it), where it would be merged into that collective on the ranks that
+      // batched and not on the others. It follows the batch's ops, which carry its p2p seq.
+      if (e.is_p2p || (e.p2p_seq_id >= 0 && !v->p2p.empty() && v->p2p.back()->index + 1 == e.index &&
+                       v->p2p.back()->p2p_seq_id == e.p2p_seq_id && op_name(e.profiling_name) == "coalesced")) {
         v->p2p.push_back(&e);
         continue;
       }

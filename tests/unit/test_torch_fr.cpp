@@ -769,6 +769,30 @@ TEST(TorchFrP2p, BatchedOpsPairOnlyWithBatchedOps) {
   EXPECT_NE(mixed.summary.find("cannot pair with it"), std::string::npos) << mixed.summary;
 }
 
+// The batch's closing "coalesced" entry, recorded with is_p2p false and the previous collective's seq in some
+// torch versions: it is the batch's, not a coalesced group with that collective (it was merged into seq 1 on
+// the ranks that batched, and rank 2, which did not, read as issuing a different collective). Both forms.
+TEST(TorchFrP2p, ABatchsClosingMarkerIsTheBatchsWhateverItsIsP2p) {
+  for (const bool marker_is_p2p : {false, true}) {
+    std::vector<TorchFrDump> ds;
+    for (int r = 0; r < 3; ++r) {
+      std::vector<TorchFrEntry> es = {entry(1, "all_reduce", 8)};
+      if (r < 2) {
+        es.push_back(with_state(p2p(true, r, 1 - r, 1, 1, 4), "scheduled"));
+        es.push_back(with_state(p2p(false, r, 1 - r, 1, 1, 4), "scheduled"));
+        es.push_back(batch_end(1, 1, "completed", marker_is_p2p));
+      }
+      es.push_back(entry(2, "all_reduce", 8));
+      ds.push_back(dump(r, 3, es));
+    }
+    for (std::size_t k = 0; k < ds.size(); ++k)
+      for (std::size_t i = 0; i < ds[k].entries.size(); ++i) ds[k].entries[i].index = i;
+    const HangReport rep = analyze_torch_fr(ds);
+    EXPECT_EQ(rep.kind, DivergenceKind::none) << marker_is_p2p << ": " << rep.summary;
+    EXPECT_NE(rep.summary.find("(2 pairs)"), std::string::npos) << rep.summary;
+  }
+}
+
 // A send and its recv of different element counts or dtypes: the side whose own earlier calls of that pair
 // never did so is the culprit; with no history to tell, both.
 TEST(TorchFrP2p, APairOfDifferentSizesOrDtypesNamesTheSideThatChanged) {
