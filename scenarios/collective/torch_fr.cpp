@@ -892,15 +892,31 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       }
     }
   }
-  // Each rank's first call left unmatched, or stuck in its pair's order: where it waits, and on whom.
+  // Each rank's first call left unmatched, or stuck in its pair's order: where it waits, and on whom. A call
+  // whose state says completed waits on nothing: unmatched, a completed recv proves the peer sent it (its dump
+  // lost the send: a warning); an unmatched completed send may be an eager send whose recv is not posted yet.
   std::map<int, const P2pCall*> waits;
+  std::size_t lost = 0;
+  std::string lost_first;
   for (const auto& [rank, v] : calls)
-    for (const P2pCall* c : v)
+    for (const P2pCall* c : v) {
+      if (c->done) {
+        if (!c->with && !c->send && c->peer >= 0 && by_rank.count(c->peer) && lost++ == 0)
+          lost_first = fmt::format("{}: entries[{}]: \"{}\" (p2p seq {})", by_rank.at(rank)->path, c->e->index,
+                                   c->e->profiling_name, c->e->p2p_seq_id);
+        continue;
+      }
       if (!c->with || c->behind) {
         waits[rank] = c;
         out.blocked.insert(rank);
         break;
       }
+    }
+  if (lost > 0)
+    warnings.push_back(fmt::format("process group {}: {} recv{} completed with no matching send in the peer's dump "
+                                   "(the first: {}): the peer's dump lost {} (its ring, or an entry written late); "
+                                   "not taken as where a rank waits",
+                                   in.pg, lost, lost == 1 ? "" : "s", lost_first, lost == 1 ? "it" : "them"));
   std::optional<P2pFinding> unmatched;
   if (!waits.empty()) {
     // the chain from the call made first (on a tie, the lowest rank's)
@@ -1019,6 +1035,7 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       }
       for (std::size_t i = 0; i + 1 < chain.size(); ++i) in_turn.push_back(chain[i]);
       std::string newest;
+      bool skew = false;  // the waiting call is the waiter's newest entry, and the sink's newest is a call of this pair
       if (!any && no_dump) {
         newest = "it left no dump";
         f.calls[sink] = fmt::format("no dump: its calls with rank {} are unknown", waiter);
@@ -1029,6 +1046,10 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
           const TorchFrEntry& e = d.entries.back();
           newest = fmt::format("its newest call: {} {} seq {}", describe(e), e.is_p2p ? "p2p" : "collective",
                                e.is_p2p ? e.p2p_seq_id : e.collective_seq_id);
+          const TorchFrDump& w = *by_rank.at(waiter);
+          auto it = calls.find(sink);
+          skew = !w.entries.empty() && c->e == &w.entries.back() && it != calls.end() && !it->second.empty() &&
+                 it->second.back()->e == &e && it->second.back()->peer == waiter;
         }
         // what the sink did of this pair: its calls the waiter's earlier ones matched
         const auto& owed = c->send ? recvs[{waiter, sink, c->batched}] : sends[{sink, waiter, c->batched}];
@@ -1047,6 +1068,10 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
                                          "crashed or was killed?): the waits end there, and whether it ever {} it is "
                                          "unknown",
                                          in.pg, f.seq, waiter, what(c), sink, c->send ? "received" : "sent")
+                 : skew ? fmt::format("process group {} p2p seq {}: rank {} waits in {}; rank {} had not {} it when "
+                                      "its dump was taken ({}; both dumps end at this pair's calls, so the dumps may "
+                                      "be a moment apart: a later dump decides)",
+                                      in.pg, f.seq, waiter, what(c), sink, c->send ? "received" : "sent", newest)
                       : fmt::format("process group {} p2p seq {}: rank {} waits in {}; rank {} never {} it ({})", in.pg,
                                     f.seq, waiter, what(c), sink, c->send ? "received" : "sent", newest);
     }

@@ -629,6 +629,7 @@ TorchFrEntry p2p(bool send, int me, int peer, std::int64_t cseq, std::int64_t ps
   e.profiling_name = fmt::format("nccl:{} {}{}{}", send ? "send" : "recv", me, send ? "->" : "<-",
                                  peer < 0 ? std::string("?") : std::to_string(peer));
   e.is_p2p = true;
+  e.state = "scheduled";  // NCCL's state of a call not yet run (a completed one: with_state)
   e.p2p_seq_id = pseq;
   e.time_created_ns = t ? t : 1000000 * cseq + 1000 * pseq;
   return e;
@@ -791,6 +792,28 @@ TEST(TorchFrP2p, ABatchsClosingMarkerIsTheBatchsWhateverItsIsP2p) {
     EXPECT_EQ(rep.kind, DivergenceKind::none) << marker_is_p2p << ": " << rep.summary;
     EXPECT_NE(rep.summary.find("(2 pairs)"), std::string::npos) << rep.summary;
   }
+}
+
+// A completed call waits on nothing: rank 1's recv completed though rank 0's dump holds no send (lost from it):
+// a warning, and rank 1 waits at its next call. When the waiting call is the waiter's newest entry and the
+// peer's dump ends at a call of the pair, the dumps may be a moment apart: the wording says so.
+TEST(TorchFrP2p, CompletedCallsAreNoWaitAndDumpSkewIsHedged) {
+  const HangReport rep = analyze_torch_fr(
+      {dump(0, 2, {entry(1, "all_reduce", 8, "Float", "started")}),
+       dump(1, 2, {with_state(p2p(false, 1, 0, 0, 1, 4), "completed"), p2p(true, 1, 0, 0, 2, 4),
+                   entry(1, "all_reduce", 8, "Float", "scheduled")})});
+  EXPECT_EQ(rep.kind, DivergenceKind::missing) << rep.summary;
+  EXPECT_EQ(rep.seq, 2) << rep.summary;  // the send, not the completed recv
+  EXPECT_EQ(rep.culprits, std::vector<int>{0});
+  bool warned = false;
+  for (const auto& w : rep.warnings) warned = warned || w.find("1 recv completed with no matching send") != std::string::npos;
+  EXPECT_TRUE(warned) << fmt::format("{}", fmt::join(rep.warnings, " | "));
+  const HangReport skew = analyze_torch_fr(
+      {dump(0, 2, {with_state(p2p(true, 0, 1, 0, 1, 4), "completed"), p2p(false, 0, 1, 0, 2, 4)}),
+       dump(1, 2, {with_state(p2p(false, 1, 0, 0, 1, 4), "completed")})});
+  EXPECT_EQ(skew.kind, DivergenceKind::missing);
+  EXPECT_EQ(skew.culprits, std::vector<int>{1});
+  EXPECT_NE(skew.summary.find("rank 1 had not sent it when its dump was taken"), std::string::npos) << skew.summary;
 }
 
 // A send and its recv of different element counts or dtypes: the side whose own earlier calls of that pair
