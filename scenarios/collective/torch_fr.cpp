@@ -9,6 +9,7 @@
 #include <deque>      // std::deque
 #include <charconv>  // std::from_chars: the ranks a p2p call names
 #include <optional>   // std::optional
+#include <queue>      // std::priority_queue: recvs from any source
 #include <set>        // std::set
 #include <tuple>      // std::tuple: a p2p lane
 #include <unordered_map>  // std::unordered_map: op names, numbered
@@ -695,6 +696,8 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
   std::deque<P2pCall> store;  // stable addresses
   std::map<int, std::vector<P2pCall*>> calls;
   std::size_t cut_out = 0, seen = 0;  // calls left out where a ring had wrapped; calls read
+  std::size_t unnamed = 0;             // calls naming no peer
+  constexpr std::size_t kShown = 5;    // of those, warned about one by one
   for (const auto& [rank, entries] : in.p2p) {
     const int me_local = local_of(rank);
     // Batches: ProcessGroupNCCL bumps the p2p seq once for a whole coalesced group (batch_isend_irecv), so its
@@ -727,8 +730,9 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       int me = -1, peer = -1;
       const TorchFrDump& d = *by_rank.at(rank);
       if (!parse_p2p(op, send, me, peer)) {
-        warnings.push_back(fmt::format("{}: entries[{}]: p2p call \"{}\" names no peer (\"send A->B\", \"recv A<-B\"): "
-                                       "left out of the send/recv matching", d.path, e->index, e->profiling_name));
+        if (++unnamed <= kShown)  // (the first few: a damaged dump can hold thousands)
+          warnings.push_back(fmt::format("{}: entries[{}]: p2p call \"{}\" names no peer (\"send A->B\", \"recv A<-B\"): "
+                                         "left out of the send/recv matching", d.path, e->index, e->profiling_name));
         continue;
       }
       if (me != me_local || (peer >= 0 && std::size_t(peer) >= in.members.size())) {
@@ -757,6 +761,9 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       calls[rank].push_back(&c);
     }
   }
+  if (unnamed > kShown)
+    warnings.push_back(fmt::format("process group {}: {} more p2p calls name no peer (left out of the matching)",
+                                   in.pg, unnamed - kShown));
   if (cut_out > 0) {
     std::vector<int> wrapped;
     for (const auto& [rank, c] : in.cut) wrapped.push_back(rank);
@@ -777,6 +784,25 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       else recvs[{c->peer, rank, c->batched}].push_back(c);
     }
   std::optional<P2pFinding> mismatch;
+  // Per call: whether its lane's earlier calls used its element count, its dtypes; computed once a lane, when
+  // a mismatch first asks (a walk of the lane per mismatch was quadratic in a dump of many).
+  struct Seen {
+    bool count = false, dtype = false;
+  };
+  std::unordered_map<const P2pCall*, Seen> seen_before;
+  std::set<const std::vector<P2pCall*>*> lanes_seen;
+  auto history = [&](const std::vector<P2pCall*>& lane) {
+    if (!lanes_seen.insert(&lane).second) return;
+    std::set<std::int64_t> counts;
+    std::set<std::vector<std::string>> dtypes;
+    for (const P2pCall* h : lane) {
+      const std::int64_t n = total_numel(h->send ? h->e->input_sizes : h->e->output_sizes);
+      const auto& d = (h->send ? h->e->input_dtypes : h->e->output_dtypes).get();
+      seen_before[h] = Seen{counts.count(n) > 0, dtypes.count(d) > 0};
+      counts.insert(n);
+      dtypes.insert(d);
+    }
+  };
   auto pair = [&](P2pCall* s, P2pCall* q) {
     s->with = q;
     q->with = s;
@@ -792,16 +818,10 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
     f.made = made;
     // The side that changed: its own earlier calls of this pair and direction never used this size
     // (dtype); the other side's did. Neither or both: both are named.
-    auto novel = [&](const P2pCall* c, const std::vector<P2pCall*>& history) {
-      for (const P2pCall* h : history) {
-        if (h == c) break;
-        const bool same = c->send ? (count_ok ? h->e->input_dtypes == c->e->input_dtypes
-                                              : total_numel(h->e->input_sizes) == total_numel(c->e->input_sizes))
-                                  : (count_ok ? h->e->output_dtypes == c->e->output_dtypes
-                                              : total_numel(h->e->output_sizes) == total_numel(c->e->output_sizes));
-        if (same) return false;
-      }
-      return true;
+    auto novel = [&](const P2pCall* c, const std::vector<P2pCall*>& lane) {
+      history(lane);
+      auto it = seen_before.find(c);
+      return it == seen_before.end() || !(count_ok ? it->second.dtype : it->second.count);
     };
     const bool s_new = novel(s, sends[{s->rank, s->peer, s->batched}]),
                q_new = novel(q, recvs[{s->rank, q->rank, q->batched}]);
@@ -841,18 +861,26 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
     auto& q = recvs[k];
     for (std::size_t i = 0; i < std::min(s.size(), q.size()); ++i) pair(s[i], q[i]);
   }
-  // a recv from any source takes the oldest send to its rank still unmatched
+  // a recv from any source takes the oldest send to its rank still unmatched (of its lane): the lanes' first
+  // unmatched sends in a heap by creation time, each lane's cursor moving on as they are taken
   for (auto& [rank, v] : any_source)
-    for (P2pCall* q : v) {
-      P2pCall* best = nullptr;
-      for (auto& [k, s] : sends)
-        if (std::get<1>(k) == rank && std::get<2>(k) == q->batched)
-          for (P2pCall* c : s)
-            if (!c->with) {
-              if (!best || c->e->time_created_ns < best->e->time_created_ns) best = c;
-              break;
-            }
-      if (best) pair(best, q);
+    for (const bool batched : {false, true}) {
+      using Head = std::pair<std::int64_t, std::pair<std::vector<P2pCall*>*, std::size_t>>;
+      std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
+      auto push = [&](std::vector<P2pCall*>* lane, std::size_t i) {
+        while (i < lane->size() && (*lane)[i]->with) ++i;
+        if (i < lane->size()) heads.push({(*lane)[i]->e->time_created_ns, {lane, i}});
+      };
+      for (auto& [k, lane] : sends)
+        if (std::get<1>(k) == rank && std::get<2>(k) == batched) push(&lane, 0);
+      for (P2pCall* q : v) {
+        if (q->batched != batched) continue;
+        if (heads.empty()) break;
+        const auto [t, at] = heads.top();
+        heads.pop();
+        pair((*at.first)[at.second], q);
+        push(at.first, at.second + 1);
+      }
     }
 
   // NCCL's order within a pair. ProcessGroupNCCL runs a plain send or recv on a communicator of the two

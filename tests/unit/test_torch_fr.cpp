@@ -4,6 +4,7 @@
 // analysis on hand-made dumps of each kind. The real dumps' verdicts are
 // checked end to end by tests/scenario/test_torch_fr.py.
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -898,6 +899,31 @@ TEST(TorchFrP2p, ABadP2pNameIsAWarning) {
   EXPECT_EQ(b.kind, DivergenceKind::none);
   ASSERT_FALSE(b.warnings.empty());
   EXPECT_NE(b.warnings.back().find("does not fit process group 0"), std::string::npos) << b.warnings.back();
+}
+
+// Hostile input stays bounded: warnings about unnamed p2p calls are capped (the first 5 and a count), and a
+// long run of mismatched pairs whose creation times decrease (each the earliest so far) is not quadratic.
+TEST(TorchFrP2p, HostileP2pInputIsBounded) {
+  std::vector<TorchFrEntry> bad;
+  for (int k = 0; k < 1000; ++k) {
+    bad.push_back(p2p(true, 0, 1, 0, k + 1, 4));
+    bad.back().profiling_name = "nccl:send 0=>1";
+  }
+  const HangReport a = analyze_torch_fr({dump(0, 2, bad), dump(1, 2, {})});
+  EXPECT_LE(a.warnings.size(), 7u);
+  ASSERT_FALSE(a.warnings.empty());
+  EXPECT_NE(a.warnings.back().find("995 more p2p calls name no peer"), std::string::npos) << a.warnings.back();
+  const int n = 40000;
+  std::vector<TorchFrEntry> s0, s1;
+  for (int k = 0; k < n; ++k) {
+    s0.push_back(p2p(true, 0, 1, 0, k + 1, 4 + k, "Float", std::int64_t(2) * n - k));
+    s1.push_back(p2p(false, 1, 0, 0, k + 1, 3 + k, "Float", std::int64_t(2) * n - k));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const HangReport b = analyze_torch_fr({dump(0, 2, s0), dump(1, 2, s1)});
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(b.kind, DivergenceKind::count);
+  EXPECT_LT(s, 3.0);  // (quadratic: 40000^2 / 2 history steps, minutes under a sanitizer)
 }
 
 TEST(TorchFrAnalysis, RankComesFromTheFileName) {
