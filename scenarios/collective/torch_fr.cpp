@@ -641,6 +641,28 @@ std::string sizes_text(const TorchFrSizes& s, const TorchFrDtypes& d) {
   for (const auto& dims : s) t.push_back(fmt::format("[{}]", fmt::join(dims, "x")));
   return fmt::format("{} {}", fmt::join(t, ", "), fmt::join(d, ","));
 }
+// Bytes per element of a dtype as FR names it (c10's ScalarType names); 0: unknown.
+std::int64_t dtype_bytes(std::string_view d) {
+  if (d == "Double" || d == "Long" || d == "ComplexFloat" || d == "UInt64") return 8;
+  if (d == "Float" || d == "Int" || d == "UInt32") return 4;
+  if (d == "Half" || d == "BFloat16" || d == "Short" || d == "UInt16") return 2;
+  if (d == "Byte" || d == "Char" || d == "Bool" || d.starts_with("Float8")) return 1;
+  if (d == "ComplexDouble") return 16;
+  return 0;
+}
+std::int64_t total_numel(const TorchFrSizes& s);
+// The bytes of a call's tensors (one dtype a tensor); -1 where a dtype is unknown or the shapes and dtypes differ
+// in number.
+std::int64_t total_bytes(const TorchFrSizes& s, const TorchFrDtypes& d) {
+  if (s.size() != d.size()) return -1;
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const std::int64_t b = dtype_bytes(d[i]);
+    std::int64_t t = 0;
+    if (b == 0 || __builtin_mul_overflow(numel(s[i]), b, &t) || __builtin_add_overflow(n, t, &n)) return -1;
+  }
+  return n;
+}
 std::int64_t total_numel(const TorchFrSizes& s) {
   std::int64_t n = 0;
   for (const auto& dims : s)
@@ -678,8 +700,10 @@ struct P2pGroupInput {
 // gloo deliver in order per pair; p2p_seq_id counts a rank's p2p calls in the group, so it numbers
 // the two sides of a pair differently as soon as a rank talks to two peers), then checks each pair's
 // element count and dtype (fr_trace's Op.match compares the send's input_sizes with the recv's
-// output_sizes). A rank's first call left unmatched is where it waits: on its peer, which either owes
-// the counterpart (a rank waiting on no one: the culprit) or waits in turn (a cycle: a deadlock).
+// output_sizes). A rank's first call not completed and left unmatched (or stuck in NCCL's per-pair order,
+// below) is taken as where it waits: on its peer, which either owes the counterpart (a rank waiting on no
+// one, or with no dump: the culprit) or waits in turn (a cycle: a deadlock). An approximation: a rank
+// may wait elsewhere (a collective, another stream) while the dump shows an older call still pending.
 struct P2pGroupResult {
   std::optional<P2pFinding> finding;
   std::set<int> blocked;  // ranks waiting at an unmatched call
@@ -839,10 +863,20 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
     f.calls[s->rank] = fmt::format("{} p2p seq {}", describe(*s->e), s->e->p2p_seq_id);
     f.calls[q->rank] = fmt::format("{} p2p seq {}", describe(*q->e), q->e->p2p_seq_id);
     f.summary = fmt::format("process group {} p2p: rank {}'s send of {} (p2p seq {}) is received by rank {}'s recv into "
-                            "{} (p2p seq {}): the {} differ; {}",
+                            "{} (p2p seq {}): {}; {}",
                             in.pg, s->rank, sizes_text(s->e->input_sizes, s->e->input_dtypes), s->e->p2p_seq_id,
                             q->rank, sizes_text(q->e->output_sizes, q->e->output_dtypes), q->e->p2p_seq_id,
-                            count_ok ? "dtypes" : "element counts",
+                            [&] {
+                              const std::int64_t ns = total_numel(s->e->input_sizes), nq = total_numel(q->e->output_sizes);
+                              const std::int64_t bs = total_bytes(s->e->input_sizes, s->e->input_dtypes),
+                                                 bq = total_bytes(q->e->output_sizes, q->e->output_dtypes);
+                              const std::string bytes = bs >= 0 && bq >= 0 ? fmt::format(": {} bytes sent, {} bytes "
+                                                                                         "received", bs, bq)
+                                                                           : std::string();
+                              if (count_ok) return fmt::format("the dtypes differ ({} elements each{})", ns, bytes);
+                              return fmt::format("the element counts differ ({} vs {} elements{}{})", ns, nq,
+                                                 dtype_ok ? "" : "; the dtypes differ too", dtype_ok ? "" : bytes);
+                            }(),
                             culprit ? fmt::format("rank {}'s earlier {} {} rank {} never did this", culprit->rank,
                                                   culprit->send ? "sends" : "recvs", culprit->send ? "to" : "from",
                                                   other->rank)

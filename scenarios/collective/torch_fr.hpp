@@ -14,13 +14,19 @@
 // from the group's lowest rank). Also: the last collective every rank
 // completed, the culprit's Python frames, and the slowest arrival when
 // nothing diverges. A missing dump is named and the rest is analysed.
-// Sends and recvs are paired by peer and per-pair order (p2p_seq_id counts a
-// rank's own p2p calls, so it does not pair them): a rank's first unmatched
-// call is where it waits, and following who waits on whom names the rank that
-// never sent or received (or a cycle of ranks waiting on each other); a pair of
+// Sends and recvs are paired by peer, direction and per-pair order, batched ops
+// (batch_isend_irecv) with batched ops only (p2p_seq_id counts a rank's own p2p
+// calls and batches, so it does not pair them). A rank's first call that is not
+// completed and is unmatched, or stuck in NCCL's per-pair issue order (a pair's
+// plain calls share one queue), is taken as where it waits; following who waits
+// on whom names the rank that never sent or received, the rank that left no
+// dump, or a cycle (both receiving first: an ordering deadlock). A pair of
 // different element counts or dtypes names the side that changed. That finding
 // wins when no collective diverges, or when a collective's missing ranks all
-// wait at an unmatched call; its seq is then a p2p_seq_id (pattern "p2p").
+// wait at such a call; its seq is then a p2p_seq_id (pattern "p2p...").
+// Not modelled: p2p against collective waits, streams shared across pairs,
+// gloo's own ordering; a wrapped ring is cut per pair (by collective seq, or by
+// the time of its oldest entry) with a warning.
 #pragma once
 
 #include <cstddef>     // std::size_t

@@ -833,9 +833,13 @@ TEST(TorchFrP2p, APairOfDifferentSizesOrDtypesNamesTheSideThatChanged) {
   EXPECT_NE(size.summary.find("rank 1's send of [3] Float (p2p seq 2) is received by rank 0's recv into [4] Float"),
             std::string::npos) << size.summary;
   EXPECT_EQ(size.culprit_frames, std::vector<std::string>{"train (train.py:42)"});
+  EXPECT_NE(size.summary.find("the element counts differ (3 vs 4 elements)"), std::string::npos) << size.summary;
   const HangReport dtype = run(4, "Double");
   EXPECT_EQ(dtype.kind, DivergenceKind::dtype);
   EXPECT_EQ(dtype.culprits, std::vector<int>{0});
+  // the count matches; the bytes do not
+  EXPECT_NE(dtype.summary.find("the dtypes differ (4 elements each: 16 bytes sent, 32 bytes received)"),
+            std::string::npos) << dtype.summary;
   // the first call of the pair already differs: nothing tells which side changed
   const HangReport first = analyze_torch_fr({dump(0, 2, {p2p(false, 0, 1, 0, 1, 4)}), dump(1, 2, {p2p(true, 1, 0, 0, 1, 6)})});
   EXPECT_EQ(first.kind, DivergenceKind::count);
