@@ -927,7 +927,8 @@ TEST(TorchFrP2p, HostileP2pInputIsBounded) {
   const HangReport b = analyze_torch_fr({dump(0, 2, s0), dump(1, 2, s1)});
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(b.kind, DivergenceKind::count);
-  EXPECT_LT(s, 3.0);  // (quadratic: 40000^2 / 2 history steps, minutes under a sanitizer)
+  // a loose bound, for a loaded machine: 0.3 s measured here, the quadratic walk 46 s (minutes under a sanitizer)
+  EXPECT_LT(s, 20.0);
 }
 
 TEST(TorchFrAnalysis, RankComesFromTheFileName) {
