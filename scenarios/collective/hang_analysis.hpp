@@ -96,6 +96,22 @@ struct HangReport {
   std::int64_t last_all_completed_seq = -1;
   std::string last_all_completed;
   std::vector<std::string> culprit_frames;
+
+  // PyTorch dumps, a `missing` finding: the ranks that wait on each other in a ring through the
+  // culprit, across calls and process groups (a collective some member never reached, a send or recv
+  // its peer never answered), each with the call it waits in and the rank it waits for (the next
+  // one's). Empty when the waits end at a rank that waits on nobody. With every rank blocked in its
+  // call, none of them can go on: a deadlock, whichever rank's order of calls is the wrong one.
+  struct WaitStep {
+    int rank = -1;
+    std::string call;           // "all_reduce in [8] Float ..." as the table writes calls
+    std::string process_group;
+    bool p2p = false;
+    std::int64_t seq = -1;      // collective seq, or p2p seq when p2p
+    int waits_for = -1;         // the next rank of the cycle
+    std::string where;          // "process group 0 collective seq 2 (nccl:all_reduce)"
+  };
+  std::vector<WaitStep> wait_cycle;
 };
 
 // Reads every *.json in dir that is a flight-recorder dump. With dumps of

@@ -299,6 +299,11 @@ std::string format_hang_report(const HangReport& r) {
                            ? fmt::format("seq {} ({})", r.last_all_completed_seq, r.last_all_completed)
                            : std::string("none in the dumps"));
   out += fmt::format("summary: {}\n", r.summary);
+  if (!r.wait_cycle.empty()) {
+    out += "wait cycle:";
+    for (const auto& w : r.wait_cycle) out += fmt::format(" rank {} in {} ->", w.rank, w.where);
+    out += fmt::format(" rank {}\n", r.wait_cycle.front().rank);
+  }
   if (!r.culprit_frames.empty()) {
     out += "culprit's Python stack at that collective:\n";
     for (const auto& f : r.culprit_frames) out += "  " + f + "\n";
@@ -396,6 +401,15 @@ json to_json(const HangReport& r) {
     j["torch_match_state"] = r.torch_match_state;
     j["last_all_completed"] = {{"seq", r.last_all_completed_seq}, {"collective", r.last_all_completed}};
     j["culprit_frames"] = r.culprit_frames;
+    json cycle = json::array();
+    for (const auto& w : r.wait_cycle)
+      cycle.push_back({{"rank", w.rank},
+                       {"process_group", w.process_group},
+                       {"kind", w.p2p ? "p2p" : "collective"},
+                       {"seq", w.seq},
+                       {"call", w.call},
+                       {"waits_for", w.waits_for}});
+    j["wait_cycle"] = std::move(cycle);
   }
   return j;
 }

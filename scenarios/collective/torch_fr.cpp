@@ -708,6 +708,13 @@ struct P2pGroupResult {
   std::optional<P2pFinding> finding;
   std::set<int> blocked;  // ranks waiting at an unmatched call
   std::size_t pairs = 0;
+  // Where each blocked rank waits, and on whom (peer -1: any source): for the wait cycles across groups.
+  struct Wait {
+    int rank, peer;
+    const TorchFrEntry* e;
+    bool send;
+  };
+  std::vector<Wait> waits;
 };
 
 P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const TorchFrDump*>& by_rank,
@@ -971,6 +978,7 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       if (!c->with || c->behind) {
         waits[rank] = c;
         out.blocked.insert(rank);
+        out.waits.push_back({rank, c->peer, c->e, c->send});
         break;
       }
     }
@@ -1157,6 +1165,145 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
   else if (unmatched) out.finding = std::move(unmatched);
   if (out.finding) out.finding->pg = in.pg;
   return out;
+}
+
+// The ring of waits through a culprit of a `missing` finding (HangReport::wait_cycle), across calls
+// and process groups. Who waits on whom: a rank waits at its first collective of a group that some
+// member of the group never reached (that member's newest seq there is lower: it cannot have
+// completed), on those members; and at its first p2p call left unmatched (match_p2p's), on its peer.
+// A rank with several such calls waits on all of them (a rank goes on only when each completes), so
+// any ring is a deadlock if each rank blocks in its call. Members without a dump, or whose wrapped
+// ring holds nothing of the group, are not known to be behind and wait on nobody. The shortest ring
+// through one of the first 16 culprits is kept. Work: linear in ranks and groups (the members behind
+// each waited seq are reached through a chain of the group's waited seqs, not listed per waiter).
+template <class Pgs, class MembersOf>
+void find_wait_cycle(HangReport& r, const Pgs& pgs, const MembersOf& members_of,
+                     const std::map<int, const TorchFrDump*>& by_rank,
+                     const std::vector<P2pGroupResult::Wait>& p2p_waits) {
+  struct Label {
+    const TorchFrEntry* e;
+    bool p2p;
+  };
+  struct Edge {
+    int to, label;  // label: index into labels (a rank's wait), -1 (a seq's chain)
+  };
+  std::vector<Label> labels;
+  std::vector<std::vector<Edge>> out;  // by node: ranks with a dump, and one node per group (its laggards)
+  std::vector<int> rank_of;            // node -> global rank, -1 for a seq's node
+  std::unordered_map<int, int> node_of;
+  auto new_node = [&](int rank) {
+    out.emplace_back();
+    rank_of.push_back(rank);
+    return int(out.size() - 1);
+  };
+  auto rank_node = [&](int rank) {
+    auto [it, fresh] = node_of.try_emplace(rank, -1);
+    if (fresh) it->second = new_node(rank);
+    return it->second;
+  };
+  for (const auto& [pg, ranks_view] : pgs) {
+    // how far each member with a dump got in the group: its newest seq there (-1: none, where its ring
+    // holds everything)
+    std::vector<std::pair<std::int64_t, int>> reached;
+    for (int m : members_of(pg, ranks_view)) {
+      auto d = by_rank.find(m);
+      if (d == by_rank.end()) continue;
+      auto v = ranks_view.find(m);
+      if (v != ranks_view.end() && !v->second.coll.empty()) reached.emplace_back(v->second.coll.back().seq, m);
+      else if (d->second->entries.empty() || d->second->entries.front().record_id <= 0) reached.emplace_back(-1, m);
+    }
+    if (reached.size() < 2) continue;
+    std::sort(reached.begin(), reached.end());
+    // The members at the group's lowest newest seq hold the others back: any member's first call past that
+    // seq cannot have completed without them, and is where it waits on them (all its later calls of the group
+    // wait behind it). One node for them, so that a wait is one edge whatever the group's size.
+    const std::int64_t lowest = reached.front().first;
+    int behind = -1;
+    for (const auto& [seq, m] : reached) {
+      if (seq != lowest) break;
+      if (behind < 0) behind = new_node(-1);
+      const int node = rank_node(m);  // (made before out[] is indexed: making one may move the others)
+      out[std::size_t(behind)].push_back({node, -1});
+    }
+    for (const auto& [rank, v] : ranks_view) {
+      auto it = std::upper_bound(v.coll.begin(), v.coll.end(), lowest,
+                                 [](std::int64_t seq, const Row& x) { return seq < x.seq; });
+      if (it == v.coll.end() || it->e->state == "completed") continue;  // (completed: the dumps disagree)
+      labels.push_back({it->e, false});
+      const int waiter = rank_node(rank);
+      out[std::size_t(waiter)].push_back({behind, int(labels.size() - 1)});
+    }
+  }
+  for (const auto& w : p2p_waits) {
+    if (w.peer < 0 || !by_rank.count(w.peer)) continue;
+    labels.push_back({w.e, true});
+    const int from = rank_node(w.rank), to = rank_node(w.peer);
+    out[std::size_t(from)].push_back({to, int(labels.size() - 1)});
+  }
+  // the shortest ring through a culprit: breadth first from it, back to it
+  std::vector<std::pair<int, int>> best;  // (rank node, its label) around the ring
+  std::vector<std::pair<int, int>> parent(out.size());
+  std::vector<char> seen(out.size());
+  std::vector<int> queue;
+  std::size_t tried = 0;
+  for (int c : r.culprits) {
+    if (!node_of.count(c) || tried++ == 16) continue;
+    const int start = node_of.at(c);
+    std::fill(seen.begin(), seen.end(), 0);
+    queue.assign(1, start);
+    seen[std::size_t(start)] = 1;
+    int closing = -1, closing_label = -1;  // the edge back to the start
+    for (std::size_t q = 0; q < queue.size() && closing < 0; ++q) {
+      const int u = queue[q];
+      for (const Edge& e : out[std::size_t(u)]) {
+        if (e.to == start) {
+          closing = u;
+          closing_label = e.label;
+          break;
+        }
+        if (seen[std::size_t(e.to)]) continue;
+        seen[std::size_t(e.to)] = 1;
+        parent[std::size_t(e.to)] = {u, e.label};
+        queue.push_back(e.to);
+      }
+    }
+    if (closing < 0) continue;
+    // walk back from the closing edge; a rank's label is that of the edge leaving it
+    std::vector<std::pair<int, int>> ring;
+    int node = closing, label = closing_label;
+    for (;;) {
+      if (rank_of[std::size_t(node)] >= 0) ring.emplace_back(node, label);
+      if (node == start) break;
+      label = parent[std::size_t(node)].second;
+      node = parent[std::size_t(node)].first;
+    }
+    std::reverse(ring.begin(), ring.end());
+    if (best.empty() || ring.size() < best.size()) best = std::move(ring);
+  }
+  if (best.size() < 2) return;
+  for (std::size_t i = 0; i < best.size(); ++i) {
+    const Label& l = labels[std::size_t(best[i].second)];
+    HangReport::WaitStep w;
+    w.rank = rank_of[std::size_t(best[i].first)];
+    w.call = describe(*l.e);
+    w.process_group = l.e->pg_name;
+    w.p2p = l.p2p;
+    w.seq = l.p2p ? l.e->p2p_seq_id : l.e->collective_seq_id;
+    w.waits_for = rank_of[std::size_t(best[(i + 1) % best.size()].first)];
+    w.where = fmt::format("process group {} {} seq {} ({})", w.process_group, w.p2p ? "p2p" : "collective", w.seq,
+                          l.e->profiling_name);
+    r.wait_cycle.push_back(std::move(w));
+  }
+  std::vector<int> ranks;
+  std::vector<std::string> each;
+  for (const auto& w : r.wait_cycle) {
+    ranks.push_back(w.rank);
+    each.push_back(fmt::format("rank {} in {} for rank {}", w.rank, w.where, w.waits_for));
+  }
+  std::sort(ranks.begin(), ranks.end());
+  r.summary += fmt::format("; the waits close a cycle (ranks {}: {}): blocked so, none of them can go on (a deadlock: "
+                           "they make these calls in different orders, or one of them skipped its call)",
+                           fmt::join(ranks, ", "), fmt::join(each, "; "));
 }
 
 }  // namespace
@@ -1620,6 +1767,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
   std::size_t p2p_pairs = 0;
   bool p2p_wide = false;  // p2p calls in a group of more than 2 ranks
   std::vector<std::string> p2p_warnings;
+  std::vector<P2pGroupResult::Wait> p2p_waits;  // every group's, for the wait cycles below
   for (const auto& [pg, ranks_view] : pgs) {
     P2pGroupInput in;
     in.pg = pg;
@@ -1649,6 +1797,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     P2pGroupResult res = match_p2p(in, by_rank, p2p_warnings);
     p2p_pairs += res.pairs;
     p2p_blocked.insert(res.blocked.begin(), res.blocked.end());
+    for (const auto& w : res.waits) p2p_waits.push_back(w);
     if (res.finding && (!p2p || res.finding->made < p2p->made)) p2p = std::move(res.finding);
   }
   bool use_p2p = false;
@@ -1725,6 +1874,8 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
       break;
     }
   }
+  if (r.kind == DivergenceKind::missing && r.pattern != "p2p cycle" && !r.culprits.empty())
+    find_wait_cycle(r, pgs, members_of, by_rank, p2p_waits);
   {
     // The group the report is about: the divergent one, else the default
     // group ("0"), else the first.

@@ -931,6 +931,147 @@ TEST(TorchFrP2p, HostileP2pInputIsBounded) {
   EXPECT_LT(s, 20.0);
 }
 
+// ---- wait cycles across calls and process groups ----
+
+TorchFrEntry in_group(TorchFrEntry e, const std::string& pg, std::int64_t t) {
+  e.pg_name = pg;
+  e.time_created_ns = t;
+  return e;
+}
+TorchFrDump with_groups(TorchFrDump d, const std::vector<TorchFrDump::Group>& gs) {
+  d.groups.insert(d.groups.end(), gs.begin(), gs.end());
+  return d;
+}
+std::vector<int> cycle_ranks(const HangReport& r) {
+  std::vector<int> v;
+  for (const auto& w : r.wait_cycle) v.push_back(w.rank);
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// Two groups of the same two ranks, their collectives issued in different orders in step 2 (group-order-2r's
+// shape): rank 0 waits in group 1's seq 2, which rank 1 never reached; rank 1 in group 2's seq 2, which rank 0
+// never reached. Either reads as "missing" alone; the report names the ring, each rank's call and whom it waits
+// for, whichever call was made first.
+TEST(TorchFrWaitCycle, CollectivesOfTwoGroupsInDifferentOrdersAreACycle) {
+  const std::vector<TorchFrDump::Group> gs = {{"1", "A", {0, 1}}, {"2", "B", {0, 1}}};
+  for (const std::int64_t t1 : {std::int64_t(5000), std::int64_t(7000)}) {  // rank 1's swapped call first, or last
+    const HangReport rep = analyze_torch_fr(
+        {with_groups(dump(0, 2, {in_group(entry(1, "all_reduce", 8), "1", 100), in_group(entry(1, "all_reduce", 8), "2", 200),
+                                 in_group(entry(2, "all_reduce", 8, "Float", "started"), "1", 6000)}),
+                     gs),
+         with_groups(dump(1, 2, {in_group(entry(1, "all_reduce", 8), "1", 100), in_group(entry(1, "all_reduce", 8), "2", 200),
+                                 in_group(entry(2, "all_reduce", 8, "Float", "started"), "2", t1)}),
+                     gs)});
+    EXPECT_EQ(rep.kind, DivergenceKind::missing);
+    ASSERT_EQ(rep.wait_cycle.size(), 2u) << rep.summary;
+    EXPECT_EQ(cycle_ranks(rep), (std::vector<int>{0, 1}));
+    for (const auto& w : rep.wait_cycle) {
+      EXPECT_FALSE(w.p2p);
+      EXPECT_EQ(w.seq, 2);
+      EXPECT_EQ(w.waits_for, 1 - w.rank);
+      EXPECT_EQ(w.process_group, w.rank == 0 ? "1" : "2");  // each waits in its own group's call
+    }
+    // the missing rank named is the one whose call went unanswered first
+    EXPECT_EQ(rep.culprits, std::vector<int>{t1 < 6000 ? 0 : 1});
+    EXPECT_NE(rep.summary.find("the waits close a cycle (ranks 0, 1"), std::string::npos) << rep.summary;
+    const json j = to_json(rep);
+    ASSERT_EQ(j.at("wait_cycle").size(), 2u);
+    EXPECT_NE(format_hang_report(rep).find("wait cycle: rank"), std::string::npos);
+  }
+}
+
+// Three ranks, three groups of two, each rank in two: rank 0 calls C before A, so 0 waits in C for 2, 2 in B for
+// 1, 1 in A for 0 (group-order-3r's shape): a ring of three through every group.
+TEST(TorchFrWaitCycle, ARingOfThreeGroups) {
+  const std::vector<TorchFrDump::Group> gs = {{"1", "A", {0, 1}}, {"2", "B", {1, 2}}, {"3", "C", {0, 2}}};
+  auto s = [](const std::string& pg, std::int64_t seq, std::int64_t t, bool waiting = false) {
+    return in_group(entry(seq, "all_reduce", 8, "Float", waiting ? "started" : "completed"), pg, t);
+  };
+  const HangReport rep = analyze_torch_fr(
+      {with_groups(dump(0, 3, {s("1", 1, 10), s("3", 1, 20), s("3", 2, 30, true)}), gs),
+       with_groups(dump(1, 3, {s("1", 1, 10), s("2", 1, 20), s("1", 2, 31, true)}), gs),
+       with_groups(dump(2, 3, {s("2", 1, 20), s("3", 1, 21), s("2", 2, 32, true)}), gs)});
+  EXPECT_EQ(rep.kind, DivergenceKind::missing);
+  ASSERT_EQ(rep.wait_cycle.size(), 3u) << rep.summary;
+  EXPECT_EQ(cycle_ranks(rep), (std::vector<int>{0, 1, 2}));
+  for (const auto& w : rep.wait_cycle) {
+    const int want = w.rank == 0 ? 2 : w.rank == 2 ? 1 : 0;
+    EXPECT_EQ(w.waits_for, want) << w.rank;
+    EXPECT_EQ(w.process_group, w.rank == 0 ? "3" : w.rank == 1 ? "1" : "2");
+  }
+}
+
+// A recv in a pipeline group and an all-reduce in the data-parallel group: rank 0 waits in recv from rank 1,
+// rank 1 in the all-reduce rank 0 never reached. The p2p finding stands (rank 1 never sent); the ring is named.
+TEST(TorchFrWaitCycle, ARecvAndACollectiveOfAnotherGroup) {
+  const std::vector<TorchFrDump::Group> gs = {{"1", "pp", {0, 1}}};
+  TorchFrEntry recv = p2p(false, 0, 1, 0, 1, 4);
+  recv.pg_name = "1";
+  const HangReport rep = analyze_torch_fr(
+      {with_groups(dump(0, 2, {entry(1, "all_reduce", 8), recv}), gs),
+       with_groups(dump(1, 2, {entry(1, "all_reduce", 8), entry(2, "all_reduce", 8, "Float", "started")}), gs)});
+  EXPECT_EQ(rep.kind, DivergenceKind::missing);
+  EXPECT_EQ(rep.culprits, std::vector<int>{1});
+  ASSERT_EQ(rep.wait_cycle.size(), 2u) << rep.summary;
+  for (const auto& w : rep.wait_cycle) {
+    EXPECT_EQ(w.p2p, w.rank == 0);
+    EXPECT_EQ(w.process_group, w.rank == 0 ? "1" : "0");
+    EXPECT_EQ(w.seq, w.rank == 0 ? 1 : 2);
+  }
+}
+
+// No ring: the waits end at a rank that waits on nobody (it skipped the call and is idle), at a rank without a
+// dump, or at a member whose wrapped ring holds nothing of the group (not known to be behind); a call the dump
+// says completed is no wait.
+TEST(TorchFrWaitCycle, WaitsThatEndSomewhereAreNoCycle) {
+  // rank 1 skipped seq 2 and waits on nothing
+  const HangReport idle = analyze_torch_fr({dump(0, 2, {entry(1, "all_reduce", 8), entry(2, "all_reduce", 8, "Float", "started")}),
+                                            dump(1, 2, {entry(1, "all_reduce", 8)})});
+  EXPECT_EQ(idle.kind, DivergenceKind::missing);
+  EXPECT_TRUE(idle.wait_cycle.empty()) << idle.summary;
+  EXPECT_EQ(idle.summary.find("cycle"), std::string::npos) << idle.summary;
+  // rank 1's wait in group 2 is on rank 0, whose wrapped ring holds nothing of group 2: unknown, no edge
+  const std::vector<TorchFrDump::Group> gs = {{"1", "A", {0, 1}}, {"2", "B", {0, 1}}};
+  TorchFrDump d0 = with_groups(dump(0, 2, {in_group(entry(5, "all_reduce", 8, "Float", "started"), "1", 100)}), gs);
+  d0.entries.front().record_id = 500;
+  const HangReport wrapped = analyze_torch_fr(
+      {d0, with_groups(dump(1, 2, {in_group(entry(4, "all_reduce", 8), "1", 50),
+                                   in_group(entry(9, "all_reduce", 8, "Float", "started"), "2", 90)}),
+                       gs)});
+  EXPECT_EQ(wrapped.kind, DivergenceKind::missing);
+  EXPECT_TRUE(wrapped.wait_cycle.empty()) << wrapped.summary;
+  // the same shape as the two-group ring, but rank 1's call in group 2 completed: its dump says it is not stuck
+  const HangReport done = analyze_torch_fr(
+      {with_groups(dump(0, 2, {in_group(entry(1, "all_reduce", 8), "2", 200), in_group(entry(2, "all_reduce", 8, "Float", "started"), "1", 6000)}), gs),
+       with_groups(dump(1, 2, {in_group(entry(1, "all_reduce", 8), "1", 100), in_group(entry(2, "all_reduce", 8), "2", 5000)}), gs)});
+  EXPECT_TRUE(done.wait_cycle.empty()) << done.summary;
+}
+
+// A large group with one laggard: every other member waits on it through one node (a list per waiter would be
+// members x laggards edges), and the laggard waits in a pipeline recv on rank 1: a ring of two found among 3000.
+TEST(TorchFrWaitCycle, ALargeGroupStaysLinear) {
+  const int n = 3000;
+  const std::vector<TorchFrDump::Group> gs = {{"1", "pp", {0, 1}}};
+  std::vector<TorchFrDump> ds;
+  for (int r = 0; r < n; ++r) {
+    std::vector<TorchFrEntry> es = {entry(1, "all_reduce", 8)};
+    if (r == 0) {
+      es.push_back(p2p(false, 0, 1, 0, 1, 4));
+      es.back().pg_name = "1";
+    } else {
+      es.push_back(entry(2, "all_reduce", 8, "Float", "started"));
+    }
+    ds.push_back(with_groups(dump(r, n, std::move(es)), gs));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const HangReport rep = analyze_torch_fr(ds);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(rep.kind, DivergenceKind::missing);
+  EXPECT_EQ(cycle_ranks(rep), (std::vector<int>{0, 1}));
+  EXPECT_LT(secs, 20.0);  // loose, for a loaded machine and sanitizers
+}
+
 TEST(TorchFrAnalysis, RankComesFromTheFileName) {
   EXPECT_EQ(rank_from_file_name("/tmp/x/rank_12"), 12);
   EXPECT_EQ(rank_from_file_name("nccl_trace_rank_3.json"), 3);
