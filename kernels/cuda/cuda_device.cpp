@@ -280,7 +280,11 @@ class CudaDevice final : public Device {
       props.maxSize = max_bytes;
       SB_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
       std::uint64_t keep = ~std::uint64_t(0);  // never trim at synchronization
-      SB_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+      const cudaError_t s = cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep);
+      if (s != cudaSuccess) {  // the destructor does not run for a constructor that throws
+        (void)cudaMemPoolDestroy(pool_);
+        SB_CUDA_CHECK(s);
+      }
     }
     ~CudaStreamPool() override {
       // Polled with a deadline, not cudaStreamSynchronize: a stream wedged by a hung kernel would hold the
@@ -301,7 +305,7 @@ class CudaDevice final : public Device {
         (void)cudaGetLastError();
         throw OutOfMemory(fmt::format("cuda:{}: out of memory: cudaMallocFromPoolAsync of {} bytes ({}) failed; the "
                                       "pool holds {}",
-                                      index_, bytes, format_bytes(double(bytes)), format_bytes(double(reserved()))));
+                                      index_, bytes, format_bytes(double(bytes)), format_bytes(double(reserved_or_zero()))));
       }
       SB_CUDA_CHECK(s);
       return p;
@@ -312,10 +316,17 @@ class CudaDevice final : public Device {
     std::string impl() const override { return "cudaMemPool (cudaMallocFromPoolAsync / cudaFreeAsync)"; }
 
    private:
-    std::size_t reserved() const { return attr(cudaMemPoolAttrReservedMemCurrent); }
+    // for an out-of-memory message only: a failed read must not replace the out-of-memory
+    std::size_t reserved_or_zero() const {
+      std::uint64_t v = 0;
+      if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &v) != cudaSuccess) (void)cudaGetLastError();
+      return std::size_t(v);
+    }
+    // A figure that is published: a failed read is an error (the memory scenario records it beside the
+    // pool's figures), never a 0 that would read as a pool holding nothing.
     std::size_t attr(cudaMemPoolAttr a) const {
       std::uint64_t v = 0;
-      if (cudaMemPoolGetAttribute(pool_, a, &v) != cudaSuccess) (void)cudaGetLastError();
+      SB_CUDA_CHECK(cudaMemPoolGetAttribute(pool_, a, &v));
       return std::size_t(v);
     }
     int index_;
