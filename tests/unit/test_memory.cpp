@@ -263,11 +263,47 @@ class DriverFreeDevice : public Device {
   void synchronize(std::chrono::milliseconds t) override { d_->synchronize(t); }
   void wait_event(const EventPtr& e, std::chrono::milliseconds t) override { d_->wait_event(e, t); }
   std::unique_ptr<UtilProbe> utilization_probe() override { return d_->utilization_probe(); }
+  std::unique_ptr<StreamPool> make_stream_pool(std::size_t max_bytes) override {
+    return pools ? pools(max_bytes) : nullptr;
+  }
+  std::function<std::unique_ptr<StreamPool>(std::size_t)> pools;  // cudaMallocAsync's, as a test pool
 
  private:
   std::unique_ptr<Device> d_;
   std::size_t free_;
 };
+
+// A pool whose attribute reads fail, as cudaMemPoolGetAttribute's error does (cuda_device's attr throws).
+class UnreadablePool : public PagedPool {
+ public:
+  using PagedPool::PagedPool;
+  std::size_t reserved_high() const override { throw Error(ErrorKind::runtime, "cudaMemPoolGetAttribute: not supported"); }
+};
+
+// The pool comparison is a side measurement: a pool that fails with an error other than out-of-memory is
+// recorded in info.fragmentation.async_pool and as a warning, and the point keeps its other figures.
+TEST(MemoryCapacity, AFailingPoolComparisonLeavesThePointStanding) {
+  const Scenario* sc = find_scenario("memory");
+  ASSERT_NE(sc, nullptr);
+  DriverFreeDevice dev(make_cpu_backend().open(0), 30'000'000);
+  int live = 0;
+  dev.pools = [&](std::size_t cap) -> std::unique_ptr<StreamPool> { return std::make_unique<UnreadablePool>(cap, &live); };
+  RunContext ctx{dev};
+  const Sweep sw = expand_sweep(sc->params,
+                                {"mem_limit_gb=0", "checkpointing=none", "frag_steps=6", "verify=1", "trials=1",
+                                 "max_micro_batch=64"},
+                                SweepProfile{});
+  const Point p = sc->start(ctx)->run_point(sw.points.at(0));
+  EXPECT_EQ(p.status, Status::ok);
+  ASSERT_NE(p.metric("largest_micro_batch"), nullptr);
+  ASSERT_NE(p.metric("frag_overhead_pct"), nullptr);
+  EXPECT_EQ(p.metric("async_pool_overhead_pct"), nullptr);
+  const auto& a = p.info.at("fragmentation").at("async_pool");
+  EXPECT_FALSE(a.at("ran").get<bool>());
+  EXPECT_NE(a.at("error").get<std::string>().find("not supported"), std::string::npos) << a;
+  EXPECT_NE(p.info.value("warning", std::string()).find("pool comparison failed"), std::string::npos) << p.info;
+  EXPECT_EQ(live, 0) << "a pool outlived the point";
+}
 
 // The capacity the memory scenario works in where the driver tells what is free: that plus what the
 // device holds (not the card's total, which also counts the context and other processes), a
