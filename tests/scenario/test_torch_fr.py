@@ -11,6 +11,12 @@ retiring a timed-out call as completed; a JSON dump taken after the state
 settled), the manifest's `expected_stallbench` says what stallbench must
 answer instead, per form, and why.
 
+A case whose ranks wait on each other in a ring (the group-order cases, and
+p2p-missing, where the last stage went on to the all-reduce its peer never
+reached) names the ring in `expected.wait_cycle`, and may accept any of its
+ranks as the culprit (`expected.culprit_in`); every other case must report no
+ring.
+
 Usage: test_torch_fr.py STALLBENCH DATA_DIR
 """
 import json
@@ -49,8 +55,19 @@ def main():
             got = (rep["kind"], rep["seq"] if rep["kind"] != "none" else None,
                    rep["culprits"][0] if len(rep["culprits"]) == 1 else rep["culprits"] or None)
             exp = (KINDS.get(want.get("kind"), want.get("kind")), want.get("seq"), want.get("culprit"))
+            if "culprit_in" in want:
+                # a ring of waits: which of its calls went unanswered first is a race of the run, so the
+                # missing rank named may be any of the ring's; the seq is the ring's own
+                got = (got[0], None, got[2])
+                if rep["culprits"] and set(rep["culprits"]) <= set(want["culprit_in"]):
+                    exp = (exp[0], None, got[2])
             if got != exp:
                 failures.append(f"{form}: got kind/seq/culprit {got}, the manifest says {exp}: {rep['summary']}")
+            # the ring of waits through the culprit (ranks, sorted): none unless the manifest names one
+            ring = sorted(w["rank"] for w in rep.get("wait_cycle", []))
+            if ring != (want.get("wait_cycle") or []):
+                failures.append(f"{form}: wait cycle {ring}, the manifest says {want.get('wait_cycle')}: "
+                                f"{rep['summary']}")
             if rep.get("format") != "pytorch-flight-recorder":
                 failures.append(f"{form}: format {rep.get('format')!r}")
             for rank in want.get("dump_missing", manifest.get("dump_missing", [])):

@@ -16,6 +16,12 @@ something wrong, and has every rank write its FR dump in a `finally`:
 
 Then runs `python -m torch.distributed.flight_recorder.fr_trace DIR --prefix rank_`
 on each directory.  Time stamps, thread ids and paths in frames vary per run.
+
+Two more families: `p2p-*` (p2p entries added to real dumps, see P2P_CASES)
+and `group-order-*` (collectives of several process groups issued in different
+orders on different ranks; real runs, nothing added; see GROUP_CASES).
+`make_dumps.py group-order` runs the whole group-order family; no argument runs
+every family.
 """
 import json
 import os
@@ -224,12 +230,14 @@ def run_fr_trace(d, extra=(), name="fr_trace.txt"):
     return p.returncode, p.stdout + p.stderr
 
 
-def run_fr_trace_pgfix(d, world):
+def run_fr_trace_pgfix(d, world, group_ranks=None):
     """gloo in this PyTorch records pg_config as {'': {'name': '', 'desc': '', ...}}
     while entries say process_group ('0', 'default_pg'), and fr_trace fails with
     KeyError('0', 0).  For a reference of its matching logic, run it again on a
     temporary copy whose pg_config is rebuilt from the entries (nothing else
-    changed).  The copy is not kept."""
+    changed).  The copy is not kept.  group_ranks: optional mapping group name
+    (as the entries' process_group[0]) -> its global ranks; a group not in it
+    (and every group when it is None) gets the whole world."""
     import tempfile
     with tempfile.TemporaryDirectory() as td:
         tdir = os.path.join(td, os.path.basename(d))
@@ -243,7 +251,8 @@ def run_fr_trace_pgfix(d, world):
             cfg = {}
             for e in dump["entries"]:
                 pgn, desc = e["process_group"]
-                cfg[pgn] = {"name": pgn, "desc": desc, "ranks": str(list(range(world)))}
+                ranks = (group_ranks or {}).get(pgn, list(range(world)))
+                cfg[pgn] = {"name": pgn, "desc": desc, "ranks": str(list(ranks))}
             dump["pg_config"] = cfg
             with open(os.path.join(tdir, f"rank_{r}"), "wb") as f:
                 pickle.dump(dump, f, protocol=2)
@@ -379,7 +388,9 @@ P2P_CASES = {
     "p2p-healthy":  dict(kind=None),
     # the last stage never sends step 1's gradient back; it goes on to the all_reduce
     "p2p-missing":  dict(kind="missing", pattern="p2p", culprit=lambda n: n - 1,
-                         seq_of=lambda n: (n - 2, "recv", n - 1)),
+                         seq_of=lambda n: (n - 2, "recv", n - 1),
+                         # rank n-2 waits in recv from n-1, which waits in the all_reduce n-2 never reached
+                         wait_cycle=lambda n: [n - 2, n - 1]),
     # rank 0 receives before it sends in step 1's forward: 0 and 1 each wait in recv from the other
     "p2p-deadlock": dict(kind="missing", pattern="p2p cycle", culprit=lambda n: [0, 1],
                          seq_of=lambda n: (0, "recv", 1)),
@@ -594,6 +605,8 @@ def make_p2p_case(case, world):
         calls = [c for c in ranks[who]["calls"] if c["op"] == op and c.get("peer") == peer and not c.get("skipped")]
         expected = {"kind": spec["kind"], "seq": calls[-1]["p2p_seq_id"], "culprit": spec["culprit"](world),
                     "pattern": spec["pattern"]}
+        if "wait_cycle" in spec:
+            expected["wait_cycle"] = spec["wait_cycle"](world)
     for log in ranks.values():
         for c in log["calls"]:
             c.pop("frames", None)  # (they are in the dumps)
@@ -624,6 +637,192 @@ def main_p2p(cases):
             print(f"{name}: {manifest['wall_s']} s, fr_trace rc={rc}", flush=True)
 
 
+# --------------------------------------------------------------------------
+# group-order cases (group-order-*): collectives of several process groups
+# issued in different orders on different ranks.  Real gloo runs; nothing is
+# added to the dumps (gloo records collectives of every group in FR).
+# --------------------------------------------------------------------------
+# NCCL documents that operations on several communicators must be issued in
+# the same order on all ranks; here one rank swaps two groups' all_reduces in
+# one step, so each rank of a cycle waits in one group for a rank that waits
+# in another: every rank of the cycle times out (PG_TIMEOUT_S).
+GROUP_STEPS = 2
+# case -> world size, groups (desc, global ranks), each rank's healthy order of
+# groups per step (one all_reduce([8] float32) per group), swap {rank: step}
+# (that rank issues its order reversed in that step), expected answer.
+_GROUPS_3R = [("A", [0, 1]), ("B", [1, 2]), ("C", [0, 2])]
+_ORDER_3R = {0: ["A", "C"], 1: ["A", "B"], 2: ["B", "C"]}
+GROUP_CASES = {
+    "group-order-2r": dict(world=2, groups=[("A", [0, 1]), ("B", [0, 1])],
+                           order={0: ["A", "B"], 1: ["A", "B"]}, swap={1: 1},
+                           kind="missing", wait_cycle=[0, 1]),
+    "group-order-3r": dict(world=3, groups=_GROUPS_3R, order=_ORDER_3R, swap={0: 1},
+                           kind="missing", wait_cycle=[0, 1, 2]),
+    "group-order-healthy-3r": dict(world=3, groups=_GROUPS_3R, order=_ORDER_3R, swap={},
+                                   kind=None, wait_cycle=None),
+}
+GROUP_NOTES = {
+    "group-order-2r": "groups A = B = [0, 1]; 2 steps of all_reduce([8]) on A then on B. In step 1 "
+                      "rank 1 calls B before A: rank 0 waits in A's step-1 all_reduce, rank 1 in B's; "
+                      "both time out. Which rank is 'the one that swapped' is not in the dumps (a race): "
+                      "any rank of the cycle may be named.",
+    "group-order-3r": "groups A = [0, 1], B = [1, 2], C = [0, 2]; per step rank 0: A, C; rank 1: A, B; "
+                      "rank 2: B, C (all_reduce([8]) each). In step 1 rank 0 calls C before A: rank 0 "
+                      "waits in C for rank 2, rank 2 in B for rank 1, rank 1 in A for rank 0; all time out.",
+    "group-order-healthy-3r": "the group-order-3r layout without the swap: every call completes "
+                              "(negative control).",
+}
+
+
+def group_worker(case, rank, port, outdir, jsondir):
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+    import torch._C._distributed_c10d as c10d
+
+    spec = GROUP_CASES[case]
+    world = spec["world"]
+    log = {"rank": rank, "calls": [], "error": None, "failed_in": None, "dumped": False, "groups": {}}
+    try:
+        timeout = timedelta(seconds=PG_TIMEOUT_S)
+        dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                                timeout=timeout)
+        groups = {}
+        for desc, ranks in spec["groups"]:  # every rank creates every group, in the same order
+            g = dist.new_group(ranks, timeout=timeout, group_desc=desc)
+            if rank in ranks:
+                groups[desc] = g
+                log["groups"][desc] = {"group_name": g.group_name, "group_desc": g.group_desc,
+                                       "ranks": ranks}
+        count = {d: 0 for d in groups}
+        for step in range(GROUP_STEPS):
+            order = list(spec["order"][rank])
+            swapped = spec["swap"].get(rank) == step
+            if swapped:
+                order.reverse()
+            for desc in order:
+                count[desc] += 1
+                t = torch.ones(8) * (rank + 1)
+                call = {"step": step, "group": desc, "op": "all_reduce", "group_call": count[desc],
+                        "what": f"all_reduce([8] float32) on {desc}"
+                                + ("  <-- order swapped" if swapped else ""),
+                        "returned": False}
+                log["calls"].append(call)
+                dist.all_reduce(t, group=groups[desc])
+                call["returned"] = True
+                call["result0"] = t[0].item()
+        return log
+    except BaseException as e:  # noqa: BLE001
+        log["error"] = f"{type(e).__name__}: {e}"[:600]
+        if log["calls"] and not log["calls"][-1]["returned"]:
+            log["failed_in"] = {k: log["calls"][-1][k] for k in ("step", "group", "op", "group_call")}
+        return log
+    finally:
+        if not log["dumped"]:
+            try:
+                write_dumps(c10d, rank, outdir, jsondir)
+                log["dumped"] = True
+            except BaseException as e:  # noqa: BLE001
+                log["dump_error"] = repr(e)[:400]
+        with open(os.path.join(outdir, f".log_{rank}.json"), "w") as f:
+            json.dump(log, f)
+        sys.stdout.flush()
+        time.sleep(1.0)
+        os._exit(0)
+
+
+def make_group_case(case):
+    import torch
+    spec = GROUP_CASES[case]
+    world = spec["world"]
+    name = case
+    outdir = os.path.join(HERE, name)
+    jsondir = os.path.join(HERE, name + "-json")
+    for d in (outdir, jsondir):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+    port = free_port()
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE=FR_BUFFER_SIZE, GLOO_SOCKET_IFNAME="lo")
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--group-worker", case, str(r),
+                               str(port), outdir, jsondir],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    ranks = {}
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=max(1, RANK_HARD_TIMEOUT_S - (time.time() - t0)))
+            hard_killed = False
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            hard_killed = True
+        logf = os.path.join(outdir, f".log_{r}.json")
+        log = {"rank": r, "calls": [], "error": None, "dumped": False}
+        if os.path.exists(logf):
+            with open(logf) as f:
+                log = json.load(f)
+            os.remove(logf)
+        log["exit_code"] = p.returncode
+        log["hard_killed"] = hard_killed
+        tail = (out or "").strip().splitlines()[-5:]
+        if tail:
+            log["output_tail"] = tail
+        ranks[r] = log
+    wall_s = round(time.time() - t0, 1)
+    # the groups as FR records them: entries' process_group (name, desc) and pg_config, per rank
+    in_entries = {}
+    pg_config = {}
+    pg_status = {}
+    pg_ids = {}  # entries' pg_id (a per-process counter, the key of pg_status) -> group
+    for r in range(world):
+        fn = os.path.join(outdir, f"rank_{r}")
+        if not os.path.exists(fn):
+            continue
+        with open(fn, "rb") as f:
+            dump = pickle.load(f)
+        for e in dump["entries"]:
+            pgn, desc = e["process_group"]
+            in_entries.setdefault(desc, set()).add(pgn)
+            pg_ids.setdefault(str(r), {})[str(e["pg_id"])] = [pgn, desc]
+        pg_config[str(r)] = dump["pg_config"]
+        pg_status[str(r)] = dump["pg_status"]
+    groups = []
+    for desc, granks in spec["groups"]:
+        names = sorted(in_entries.get(desc, ()))
+        told = sorted({log["groups"][desc]["group_name"] for log in ranks.values()
+                       if desc in log.get("groups", {})})
+        if len(names) != 1 or names != told:
+            raise SystemExit(f"{name}: group {desc}: entries name it {names}, new_group said {told}")
+        groups.append({"name": names[0], "desc": desc, "ranks": granks})
+    expected = {"kind": spec["kind"], "wait_cycle": spec["wait_cycle"], "culprit_in": spec["wait_cycle"]}
+    manifest = {
+        "case": case, "world_size": world, "backend": "gloo", "pg_timeout_s": PG_TIMEOUT_S,
+        "fr_buffer_size": int(FR_BUFFER_SIZE), "steps": GROUP_STEPS, "groups": groups,
+        "healthy_order": {str(r): o for r, o in spec["order"].items()},
+        "swap": {str(r): {"step": s, "order": list(reversed(spec["order"][r]))} for r, s in spec["swap"].items()},
+        "kind": spec["kind"], "expected": expected, "note": GROUP_NOTES.get(case),
+        "ranks": {str(r): ranks[r] for r in ranks},
+        "observed_pg_status": pg_status, "observed_pg_config": pg_config, "observed_pg_ids": pg_ids,
+        "wall_s": wall_s, "torch_version": torch.__version__,
+    }
+    return name, outdir, jsondir, manifest
+
+
+def main_group(cases):
+    for case in cases:
+        name, outdir, jsondir, manifest = make_group_case(case)
+        rc, _ = run_fr_trace(outdir)
+        manifest["fr_trace_exit_code"] = rc
+        manifest["fr_trace_pgfix_exit_codes"] = run_fr_trace_pgfix(
+            outdir, manifest["world_size"], {g["name"]: g["ranks"] for g in manifest["groups"]})
+        run_fr_trace(jsondir)
+        with open(os.path.join(outdir, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+            f.write("\n")
+        print(f"{name}: {manifest['wall_s']} s, fr_trace rc={rc}", flush=True)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         c, n, r, port, od, jd = sys.argv[2:8]
@@ -631,12 +830,18 @@ if __name__ == "__main__":
     elif len(sys.argv) > 1 and sys.argv[1] == "--p2p-worker":
         c, n, r, port, od, jd = sys.argv[2:8]
         p2p_worker(c, int(n), int(r), int(port), od, jd)
+    elif len(sys.argv) > 1 and sys.argv[1] == "--group-worker":
+        c, r, port, od, jd = sys.argv[2:7]
+        group_worker(c, int(r), int(port), od, jd)
     else:
-        wanted = sys.argv[1:]
-        unknown = [c for c in wanted if c not in CASES and c not in P2P_CASES]
+        # "group-order" names the whole group-order family
+        wanted = [g for c in sys.argv[1:] for g in (list(GROUP_CASES) if c == "group-order" else [c])]
+        known = list(CASES) + list(P2P_CASES) + list(GROUP_CASES)
+        unknown = [c for c in wanted if c not in known]
         if unknown:
-            raise SystemExit(f"unknown cases {unknown}: {list(CASES) + list(P2P_CASES)}")
+            raise SystemExit(f"unknown cases {unknown}: {known + ['group-order']}")
         collective = [c for c in wanted if c in CASES] if wanted else list(CASES)
         if collective:
             main(collective)
         main_p2p([c for c in wanted if c in P2P_CASES] if wanted else list(P2P_CASES))
+        main_group([c for c in wanted if c in GROUP_CASES] if wanted else list(GROUP_CASES))
