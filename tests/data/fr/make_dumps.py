@@ -214,6 +214,40 @@ def free_port():
     return p
 
 
+def run_ranks(worker_args, world, outdir, jsondir, t0):
+    """Runs one worker process per rank (this script with worker_args, then the rank, a free port and
+    the two output directories), each killed past RANK_HARD_TIMEOUT_S from t0; returns each rank's
+    log (the worker's .log_<rank>.json) with its exit code and the tail of its output."""
+    port = free_port()
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE=FR_BUFFER_SIZE, GLOO_SOCKET_IFNAME="lo")
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *worker_args, str(r), str(port), outdir,
+                               jsondir],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    ranks = {}
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=max(1, RANK_HARD_TIMEOUT_S - (time.time() - t0)))
+            hard_killed = False
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            hard_killed = True
+        logf = os.path.join(outdir, f".log_{r}.json")
+        log = {"rank": r, "calls": [], "error": None, "dumped": False}
+        if os.path.exists(logf):
+            with open(logf) as f:
+                log = json.load(f)
+            os.remove(logf)
+        log["exit_code"] = p.returncode
+        log["hard_killed"] = hard_killed
+        tail = (out or "").strip().splitlines()[-5:]
+        if tail:
+            log["output_tail"] = tail
+        ranks[r] = log
+    return ranks
+
+
 def run_fr_trace(d, extra=(), name="fr_trace.txt"):
     cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", d,
            "--prefix", "rank_", *extra]
@@ -565,34 +599,8 @@ def make_p2p_case(case, world):
     for d in (outdir, jsondir):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
-    port = free_port()
-    env = dict(os.environ, TORCH_FR_BUFFER_SIZE=FR_BUFFER_SIZE, GLOO_SOCKET_IFNAME="lo")
     t0 = time.time()
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--p2p-worker", case, str(world), str(r),
-                               str(port), outdir, jsondir],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    ranks = {}
-    for r, p in enumerate(procs):
-        try:
-            out, _ = p.communicate(timeout=max(1, RANK_HARD_TIMEOUT_S - (time.time() - t0)))
-            hard_killed = False
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            hard_killed = True
-        logf = os.path.join(outdir, f".log_{r}.json")
-        log = {"rank": r, "calls": [], "error": None, "dumped": False}
-        if os.path.exists(logf):
-            with open(logf) as f:
-                log = json.load(f)
-            os.remove(logf)
-        log["exit_code"] = p.returncode
-        log["hard_killed"] = hard_killed
-        tail = (out or "").strip().splitlines()[-5:]
-        if tail:
-            log["output_tail"] = tail
-        ranks[r] = log
+    ranks = run_ranks(["--p2p-worker", case, str(world)], world, outdir, jsondir, t0)
     added = {}
     for r, log in ranks.items():
         for d, form in ((outdir, "pickle"), (jsondir, "json")):
@@ -741,34 +749,8 @@ def make_group_case(case):
     for d in (outdir, jsondir):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
-    port = free_port()
-    env = dict(os.environ, TORCH_FR_BUFFER_SIZE=FR_BUFFER_SIZE, GLOO_SOCKET_IFNAME="lo")
     t0 = time.time()
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--group-worker", case, str(r),
-                               str(port), outdir, jsondir],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    ranks = {}
-    for r, p in enumerate(procs):
-        try:
-            out, _ = p.communicate(timeout=max(1, RANK_HARD_TIMEOUT_S - (time.time() - t0)))
-            hard_killed = False
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            hard_killed = True
-        logf = os.path.join(outdir, f".log_{r}.json")
-        log = {"rank": r, "calls": [], "error": None, "dumped": False}
-        if os.path.exists(logf):
-            with open(logf) as f:
-                log = json.load(f)
-            os.remove(logf)
-        log["exit_code"] = p.returncode
-        log["hard_killed"] = hard_killed
-        tail = (out or "").strip().splitlines()[-5:]
-        if tail:
-            log["output_tail"] = tail
-        ranks[r] = log
+    ranks = run_ranks(["--group-worker", case], world, outdir, jsondir, t0)
     wall_s = round(time.time() - t0, 1)
     # the groups as FR records them: entries' process_group (name, desc) and pg_config, per rank
     in_entries = {}
