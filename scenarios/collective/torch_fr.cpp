@@ -1290,8 +1290,11 @@ void find_wait_cycle(HangReport& r, const Pgs& pgs, const MembersOf& members_of,
     w.p2p = l.p2p;
     w.seq = l.p2p ? l.e->p2p_seq_id : l.e->collective_seq_id;
     w.waits_for = rank_of[std::size_t(best[(i + 1) % best.size()].first)];
-    w.where = fmt::format("process group {} {} seq {} ({})", w.process_group, w.p2p ? "p2p" : "collective", w.seq,
-                          l.e->profiling_name);
+    // the group's desc where the program gave one (new_group(group_desc=...): "pp", "dp"), as users name them
+    const std::string& desc = l.e->pg_desc;
+    const bool named = !desc.empty() && desc != "undefined" && desc != "default_pg" && desc != w.process_group;
+    w.where = fmt::format("process group {}{} {} seq {} ({})", w.process_group, named ? " \"" + desc + "\"" : "",
+                          w.p2p ? "p2p" : "collective", w.seq, l.e->profiling_name);
     r.wait_cycle.push_back(std::move(w));
   }
   std::vector<int> ranks;

@@ -986,7 +986,9 @@ TEST(TorchFrWaitCycle, CollectivesOfTwoGroupsInDifferentOrdersAreACycle) {
 TEST(TorchFrWaitCycle, ARingOfThreeGroups) {
   const std::vector<TorchFrDump::Group> gs = {{"1", "A", {0, 1}}, {"2", "B", {1, 2}}, {"3", "C", {0, 2}}};
   auto s = [](const std::string& pg, std::int64_t seq, std::int64_t t, bool waiting = false) {
-    return in_group(entry(seq, "all_reduce", 8, "Float", waiting ? "started" : "completed"), pg, t);
+    TorchFrEntry e = in_group(entry(seq, "all_reduce", 8, "Float", waiting ? "started" : "completed"), pg, t);
+    e.pg_desc = pg == "1" ? "A" : pg == "2" ? "B" : "C";  // new_group(group_desc=...)
+    return e;
   };
   const HangReport rep = analyze_torch_fr(
       {with_groups(dump(0, 3, {s("1", 1, 10), s("3", 1, 20), s("3", 2, 30, true)}), gs),
@@ -999,6 +1001,11 @@ TEST(TorchFrWaitCycle, ARingOfThreeGroups) {
     const int want = w.rank == 0 ? 2 : w.rank == 2 ? 1 : 0;
     EXPECT_EQ(w.waits_for, want) << w.rank;
     EXPECT_EQ(w.process_group, w.rank == 0 ? "3" : w.rank == 1 ? "1" : "2");
+    // the group's desc, as the program named it
+    EXPECT_NE(w.where.find(w.rank == 0 ? "process group 3 \"C\" collective seq 2" : w.rank == 1 ? "process group 1 \"A\""
+                                                                                      : "process group 2 \"B\""),
+              std::string::npos)
+        << w.where;
   }
 }
 
