@@ -179,19 +179,24 @@ def worker(case, world, rank, port, outdir, jsondir):
         return log
     finally:
         log.pop("in", None)
-        if not log["dumped"]:
-            try:
-                write_dumps(c10d, rank, outdir, jsondir)
-                log["dumped"] = True
-            except BaseException as e:  # noqa: BLE001
-                log["dump_error"] = repr(e)[:400]
-        with open(os.path.join(outdir, f".log_{rank}.json"), "w") as f:
-            json.dump(log, f)
-        sys.stdout.flush()
-        # Do not run destroy_process_group: it can block on a broken group.
-        # Give peers time to finish their own time-outs before our sockets go.
-        time.sleep(1.0)
-        os._exit(0)
+        finish_worker(c10d, rank, outdir, jsondir, log)
+
+
+def finish_worker(c10d, rank, outdir, jsondir, log):
+    """A rank's end, whatever happened: its dumps (unless already written), its log for the driver,
+    then a second for the peers' own time-outs, and exit without destroy_process_group (it can block
+    on a broken group)."""
+    if not log["dumped"]:
+        try:
+            write_dumps(c10d, rank, outdir, jsondir)
+            log["dumped"] = True
+        except BaseException as e:  # noqa: BLE001
+            log["dump_error"] = repr(e)[:400]
+    with open(os.path.join(outdir, f".log_{rank}.json"), "w") as f:
+        json.dump(log, f)
+    sys.stdout.flush()
+    time.sleep(1.0)
+    os._exit(0)
 
 
 def write_dumps(c10d, rank, outdir, jsondir):
@@ -214,10 +219,20 @@ def free_port():
     return p
 
 
-def run_ranks(worker_args, world, outdir, jsondir, t0):
+def fresh_dirs(name):
+    """<name>/ and <name>-json/ under HERE, emptied: the pickle and JSON dumps of one case."""
+    outdir, jsondir = os.path.join(HERE, name), os.path.join(HERE, name + "-json")
+    for d in (outdir, jsondir):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+    return outdir, jsondir
+
+
+def run_ranks(worker_args, world, outdir, jsondir, t0, what="calls"):
     """Runs one worker process per rank (this script with worker_args, then the rank, a free port and
     the two output directories), each killed past RANK_HARD_TIMEOUT_S from t0; returns each rank's
-    log (the worker's .log_<rank>.json) with its exit code and the tail of its output."""
+    log (the worker's .log_<rank>.json; one with an empty list `what` where it wrote none) with its exit
+    code and the tail of its output."""
     port = free_port()
     env = dict(os.environ, TORCH_FR_BUFFER_SIZE=FR_BUFFER_SIZE, GLOO_SOCKET_IFNAME="lo")
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *worker_args, str(r), str(port), outdir,
@@ -234,7 +249,7 @@ def run_ranks(worker_args, world, outdir, jsondir, t0):
             out, _ = p.communicate()
             hard_killed = True
         logf = os.path.join(outdir, f".log_{r}.json")
-        log = {"rank": r, "calls": [], "error": None, "dumped": False}
+        log = {"rank": r, what: [], "error": None, "dumped": False}
         if os.path.exists(logf):
             with open(logf) as f:
                 log = json.load(f)
@@ -315,41 +330,9 @@ def last_completed(d, world):
 def make_case(case, world):
     spec = CASES[case]
     name = f"{case}-{world}r"
-    outdir = os.path.join(HERE, name)
-    jsondir = os.path.join(HERE, name + "-json")
-    for d in (outdir, jsondir):
-        shutil.rmtree(d, ignore_errors=True)
-        os.makedirs(d)
-    port = free_port()
-    env = dict(os.environ, TORCH_FR_BUFFER_SIZE=FR_BUFFER_SIZE, GLOO_SOCKET_IFNAME="lo")
-    procs = []
+    outdir, jsondir = fresh_dirs(name)
     t0 = time.time()
-    for r in range(world):
-        procs.append(subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", case, str(world), str(r),
-             str(port), outdir, jsondir],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    ranks = {}
-    for r, p in enumerate(procs):
-        try:
-            out, _ = p.communicate(timeout=max(1, RANK_HARD_TIMEOUT_S - (time.time() - t0)))
-            hard_killed = False
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            hard_killed = True
-        logf = os.path.join(outdir, f".log_{r}.json")
-        log = {"rank": r, "did": [], "error": None, "dumped": False}
-        if os.path.exists(logf):
-            with open(logf) as f:
-                log = json.load(f)
-            os.remove(logf)
-        log["exit_code"] = p.returncode
-        log["hard_killed"] = hard_killed
-        tail = (out or "").strip().splitlines()[-5:]
-        if tail:
-            log["output_tail"] = tail
-        ranks[r] = log
+    ranks = run_ranks(["--worker", case, str(world)], world, outdir, jsondir, t0, what="did")
     culprit = spec["culprit"](world)
     removed = []
     if case == "dump-missing":
@@ -516,17 +499,7 @@ def p2p_worker(case, world, rank, port, outdir, jsondir):
         log["error"] = f"{type(e).__name__}: {e}"[:600]
         return log
     finally:
-        if not log["dumped"]:
-            try:
-                write_dumps(c10d, rank, outdir, jsondir)
-                log["dumped"] = True
-            except BaseException as e:  # noqa: BLE001
-                log["dump_error"] = repr(e)[:400]
-        with open(os.path.join(outdir, f".log_{rank}.json"), "w") as f:
-            json.dump(log, f)
-        sys.stdout.flush()
-        time.sleep(1.0)
-        os._exit(0)
+        finish_worker(c10d, rank, outdir, jsondir, log)
 
 
 TORCH_DTYPE = {"float32": "Float", "float64": "Double"}
@@ -594,11 +567,7 @@ def make_p2p_case(case, world):
     import torch
     spec = P2P_CASES[case]
     name = f"{case}-{world}r"
-    outdir = os.path.join(HERE, name)
-    jsondir = os.path.join(HERE, name + "-json")
-    for d in (outdir, jsondir):
-        shutil.rmtree(d, ignore_errors=True)
-        os.makedirs(d)
+    outdir, jsondir = fresh_dirs(name)
     t0 = time.time()
     ranks = run_ranks(["--p2p-worker", case, str(world)], world, outdir, jsondir, t0)
     added = {}
@@ -726,17 +695,7 @@ def group_worker(case, rank, port, outdir, jsondir):
             log["failed_in"] = {k: log["calls"][-1][k] for k in ("step", "group", "op", "group_call")}
         return log
     finally:
-        if not log["dumped"]:
-            try:
-                write_dumps(c10d, rank, outdir, jsondir)
-                log["dumped"] = True
-            except BaseException as e:  # noqa: BLE001
-                log["dump_error"] = repr(e)[:400]
-        with open(os.path.join(outdir, f".log_{rank}.json"), "w") as f:
-            json.dump(log, f)
-        sys.stdout.flush()
-        time.sleep(1.0)
-        os._exit(0)
+        finish_worker(c10d, rank, outdir, jsondir, log)
 
 
 def make_group_case(case):
@@ -744,11 +703,7 @@ def make_group_case(case):
     spec = GROUP_CASES[case]
     world = spec["world"]
     name = case
-    outdir = os.path.join(HERE, name)
-    jsondir = os.path.join(HERE, name + "-json")
-    for d in (outdir, jsondir):
-        shutil.rmtree(d, ignore_errors=True)
-        os.makedirs(d)
+    outdir, jsondir = fresh_dirs(name)
     t0 = time.time()
     ranks = run_ranks(["--group-worker", case], world, outdir, jsondir, t0)
     wall_s = round(time.time() - t0, 1)
