@@ -1304,6 +1304,17 @@ void find_wait_cycle(HangReport& r, const Pgs& pgs, const MembersOf& members_of,
     each.push_back(fmt::format("rank {} in {} for rank {}", w.rank, w.where, w.waits_for));
   }
   std::sort(ranks.begin(), ranks.end());
+  // fr_trace checks each group apart (tests/data/fr/group-order-*/fr_trace_pgfix.txt): a ring through
+  // several groups' collectives is one "not all ranks joining" per group there, never linked
+  std::set<std::string> groups;
+  bool collectives_only = true;
+  for (const auto& w : r.wait_cycle) {
+    groups.insert(w.process_group);
+    collectives_only = collectives_only && !w.p2p;
+  }
+  if (collectives_only && groups.size() > 1)
+    r.torch_match_state += fmt::format(", once in each of the ring's {} groups (fr_trace does not link them)",
+                                       groups.size());
   r.summary += fmt::format("; the waits close a cycle (ranks {}: {}): blocked so, none of them can go on (a deadlock: "
                            "they make these calls in different orders, or one of them skipped its call)",
                            fmt::join(ranks, ", "), fmt::join(each, "; "));

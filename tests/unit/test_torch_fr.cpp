@@ -975,6 +975,8 @@ TEST(TorchFrWaitCycle, CollectivesOfTwoGroupsInDifferentOrdersAreACycle) {
     // the missing rank named is the one whose call went unanswered first
     EXPECT_EQ(rep.culprits, std::vector<int>{t1 < 6000 ? 0 : 1});
     EXPECT_NE(rep.summary.find("the waits close a cycle (ranks 0, 1"), std::string::npos) << rep.summary;
+    EXPECT_NE(rep.torch_match_state.find("once in each of the ring's 2 groups"), std::string::npos)
+        << rep.torch_match_state;
     const json j = to_json(rep);
     ASSERT_EQ(j.at("wait_cycle").size(), 2u);
     EXPECT_NE(format_hang_report(rep).find("wait cycle: rank"), std::string::npos);
