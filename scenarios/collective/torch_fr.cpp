@@ -1168,27 +1168,28 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
 }
 
 // The ring of waits through a culprit of a `missing` finding (HangReport::wait_cycle), across calls
-// and process groups. Who waits on whom: a rank waits at its first collective of a group that some
-// member of the group never reached (that member's newest seq there is lower: it cannot have
-// completed), on those members; and at its first p2p call left unmatched (match_p2p's), on its peer.
-// A rank with several such calls waits on all of them (a rank goes on only when each completes), so
-// any ring is a deadlock if each rank blocks in its call. Members without a dump, or whose wrapped
-// ring holds nothing of the group, are not known to be behind and wait on nobody. The shortest ring
-// through one of the first 16 culprits is kept. Work: linear in ranks and groups (the members behind
-// each waited seq are reached through a chain of the group's waited seqs, not listed per waiter).
+// and process groups. Who waits on whom: a rank waits at a collective of a group that some members
+// of the group never reached (their newest seq there is lower: it cannot have completed), on those
+// members; and at its first p2p call left unmatched (match_p2p's), on its peer. A rank with several
+// such calls waits on all of them (a rank goes on only when each completes), so any ring is a
+// deadlock if each rank blocks in its call. Members without a dump, or whose wrapped ring holds
+// nothing of the group, are not known to be behind and hold nobody back. The ring with the fewest
+// ranks of those found breadth first from each of the first 16 culprits is kept. Work: linear in
+// the ranks of each group (one node per distinct newest seq, chained), 16 searches at most.
 template <class Pgs, class MembersOf>
 void find_wait_cycle(HangReport& r, const Pgs& pgs, const MembersOf& members_of,
                      const std::map<int, const TorchFrDump*>& by_rank,
-                     const std::vector<P2pGroupResult::Wait>& p2p_waits) {
+                     const std::vector<std::pair<std::string, P2pGroupResult::Wait>>& p2p_waits) {
   struct Label {
     const TorchFrEntry* e;
     bool p2p;
+    const std::string* pg;  // the group's key: its name, or name and ranks where one name has two rank sets
   };
   struct Edge {
     int to, label;  // label: index into labels (a rank's wait), -1 (a seq's chain)
   };
   std::vector<Label> labels;
-  std::vector<std::vector<Edge>> out;  // by node: ranks with a dump, and one node per group (its laggards)
+  std::vector<std::vector<Edge>> out;  // by node: ranks with a dump, and per group one for each newest seq
   std::vector<int> rank_of;            // node -> global rank, -1 for a seq's node
   std::unordered_map<int, int> node_of;
   auto new_node = [&](int rank) {
@@ -1214,29 +1215,40 @@ void find_wait_cycle(HangReport& r, const Pgs& pgs, const MembersOf& members_of,
     }
     if (reached.size() < 2) continue;
     std::sort(reached.begin(), reached.end());
-    // The members at the group's lowest newest seq hold the others back: any member's first call past that
-    // seq cannot have completed without them, and is where it waits on them (all its later calls of the group
-    // wait behind it). One node for them, so that a wait is one edge whatever the group's size.
-    const std::int64_t lowest = reached.front().first;
-    int behind = -1;
+    // The members at each newest seq (a level) hold back every member past it: a call past a level cannot
+    // have completed without the members at that level and below. One node per level, pointing at its
+    // members and at the level below, so that a wait is one edge whatever the group's size. A rank waits
+    // at its first call past the highest level below its own newest seq, on everyone below it. (A call
+    // that is retired but not completed is a wait: a call that failed or timed out is retired.)
+    std::vector<std::pair<std::int64_t, int>> levels;  // (seq, node)
     for (const auto& [seq, m] : reached) {
-      if (seq != lowest) break;
-      if (behind < 0) behind = new_node(-1);
+      if (levels.empty() || levels.back().first != seq) {
+        const int below = levels.empty() ? -1 : levels.back().second;
+        const int level = new_node(-1);
+        levels.emplace_back(seq, level);
+        if (below >= 0) out[std::size_t(level)].push_back({below, -1});
+      }
       const int node = rank_node(m);  // (made before out[] is indexed: making one may move the others)
-      out[std::size_t(behind)].push_back({node, -1});
+      out[std::size_t(levels.back().second)].push_back({node, -1});
     }
     for (const auto& [rank, v] : ranks_view) {
-      auto it = std::upper_bound(v.coll.begin(), v.coll.end(), lowest,
+      if (v.coll.empty()) continue;
+      // the highest level below this rank's newest seq
+      auto lv = std::lower_bound(levels.begin(), levels.end(), v.coll.back().seq,
+                                 [](const std::pair<std::int64_t, int>& l, std::int64_t seq) { return l.first < seq; });
+      if (lv == levels.begin()) continue;  // at the lowest level: it waits on nobody here
+      --lv;
+      auto it = std::upper_bound(v.coll.begin(), v.coll.end(), lv->first,
                                  [](std::int64_t seq, const Row& x) { return seq < x.seq; });
       if (it == v.coll.end() || it->e->state == "completed") continue;  // (completed: the dumps disagree)
-      labels.push_back({it->e, false});
+      labels.push_back({it->e, false, &pg});
       const int waiter = rank_node(rank);
-      out[std::size_t(waiter)].push_back({behind, int(labels.size() - 1)});
+      out[std::size_t(waiter)].push_back({lv->second, int(labels.size() - 1)});
     }
   }
-  for (const auto& w : p2p_waits) {
-    if (w.peer < 0 || !by_rank.count(w.peer)) continue;
-    labels.push_back({w.e, true});
+  for (const auto& [pg, w] : p2p_waits) {
+    if (w.peer < 0 || w.peer == w.rank || !by_rank.count(w.peer)) continue;  // (a call to itself: damage)
+    labels.push_back({w.e, true, &pg});
     const int from = rank_node(w.rank), to = rank_node(w.peer);
     out[std::size_t(from)].push_back({to, int(labels.size() - 1)});
   }
@@ -1247,7 +1259,8 @@ void find_wait_cycle(HangReport& r, const Pgs& pgs, const MembersOf& members_of,
   std::vector<int> queue;
   std::size_t tried = 0;
   for (int c : r.culprits) {
-    if (!node_of.count(c) || tried++ == 16) continue;
+    if (!node_of.count(c)) continue;
+    if (tried++ == 16) break;
     const int start = node_of.at(c);
     std::fill(seen.begin(), seen.end(), 0);
     queue.assign(1, start);
@@ -1278,7 +1291,7 @@ void find_wait_cycle(HangReport& r, const Pgs& pgs, const MembersOf& members_of,
       node = parent[std::size_t(node)].first;
     }
     std::reverse(ring.begin(), ring.end());
-    if (best.empty() || ring.size() < best.size()) best = std::move(ring);
+    if (ring.size() >= 2 && (best.empty() || ring.size() < best.size())) best = std::move(ring);
   }
   if (best.size() < 2) return;
   for (std::size_t i = 0; i < best.size(); ++i) {
@@ -1286,7 +1299,7 @@ void find_wait_cycle(HangReport& r, const Pgs& pgs, const MembersOf& members_of,
     HangReport::WaitStep w;
     w.rank = rank_of[std::size_t(best[i].first)];
     w.call = describe(*l.e);
-    w.process_group = l.e->pg_name;
+    w.process_group = *l.pg;
     w.p2p = l.p2p;
     w.seq = l.p2p ? l.e->p2p_seq_id : l.e->collective_seq_id;
     w.waits_for = rank_of[std::size_t(best[(i + 1) % best.size()].first)];
@@ -1781,7 +1794,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
   std::size_t p2p_pairs = 0;
   bool p2p_wide = false;  // p2p calls in a group of more than 2 ranks
   std::vector<std::string> p2p_warnings;
-  std::vector<P2pGroupResult::Wait> p2p_waits;  // every group's, for the wait cycles below
+  std::vector<std::pair<std::string, P2pGroupResult::Wait>> p2p_waits;  // every group's (by key), for the wait cycles
   for (const auto& [pg, ranks_view] : pgs) {
     P2pGroupInput in;
     in.pg = pg;
@@ -1811,7 +1824,7 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
     P2pGroupResult res = match_p2p(in, by_rank, p2p_warnings);
     p2p_pairs += res.pairs;
     p2p_blocked.insert(res.blocked.begin(), res.blocked.end());
-    for (const auto& w : res.waits) p2p_waits.push_back(w);
+    for (const auto& w : res.waits) p2p_waits.emplace_back(pg, w);
     if (res.finding && (!p2p || res.finding->made < p2p->made)) p2p = std::move(res.finding);
   }
   bool use_p2p = false;

@@ -1057,6 +1057,30 @@ TEST(TorchFrWaitCycle, WaitsThatEndSomewhereAreNoCycle) {
   EXPECT_TRUE(done.wait_cycle.empty()) << done.summary;
 }
 
+// Three levels in one group: rank 2 stopped at seq 1, rank 1 at seq 2, rank 0 went on to seq 3. Rank 0's seq 3
+// waits on rank 1 as well as rank 2, and rank 1 waits in group 1 for rank 0, which never made that call: a ring
+// of 0 and 1 that a wait on the group's lowest members alone (rank 2) does not see.
+TEST(TorchFrWaitCycle, AWaitPastAHigherLevelIsOnThoseMembersToo) {
+  const std::vector<TorchFrDump::Group> gs = {{"1", "pp", {0, 1}}};
+  const HangReport rep = analyze_torch_fr(
+      {with_groups(dump(0, 3, {entry(1, "all_reduce", 8), entry(2, "all_reduce", 8, "Float", "started"),
+                               entry(3, "all_reduce", 8, "Float", "started")}),
+                   gs),
+       with_groups(dump(1, 3, {entry(1, "all_reduce", 8), entry(2, "all_reduce", 8, "Float", "started"),
+                               in_group(entry(1, "broadcast", 8, "Float", "started"), "1", 100)}),
+                   gs),
+       dump(2, 3, {entry(1, "all_reduce", 8)})});
+  EXPECT_EQ(rep.kind, DivergenceKind::missing);
+  EXPECT_EQ(rep.process_group, "1");  // group 1's call was made first: rank 0 never joined it
+  EXPECT_EQ(rep.culprits, std::vector<int>{0});
+  ASSERT_EQ(cycle_ranks(rep), (std::vector<int>{0, 1})) << rep.summary;
+  for (const auto& w : rep.wait_cycle) {
+    EXPECT_EQ(w.waits_for, 1 - w.rank);
+    EXPECT_EQ(w.process_group, w.rank == 0 ? "0" : "1");
+    EXPECT_EQ(w.seq, w.rank == 0 ? 3 : 1);  // rank 0's first call past rank 1's level
+  }
+}
+
 // A large group with one laggard: every other member waits on it through one node (a list per waiter would be
 // members x laggards edges), and the laggard waits in a pipeline recv on rank 1: a ring of two found among 3000.
 TEST(TorchFrWaitCycle, ALargeGroupStaysLinear) {
