@@ -712,7 +712,6 @@ struct P2pGroupResult {
   struct Wait {
     int rank, peer;
     const TorchFrEntry* e;
-    bool send;
   };
   std::vector<Wait> waits;
 };
@@ -978,7 +977,7 @@ P2pGroupResult match_p2p(const P2pGroupInput& in, const std::map<int, const Torc
       if (!c->with || c->behind) {
         waits[rank] = c;
         out.blocked.insert(rank);
-        out.waits.push_back({rank, c->peer, c->e, c->send});
+        out.waits.push_back({rank, c->peer, c->e});
         break;
       }
     }
@@ -1312,19 +1311,17 @@ void find_wait_cycle(HangReport& r, const Pgs& pgs, const MembersOf& members_of,
   }
   std::vector<int> ranks;
   std::vector<std::string> each;
+  std::set<std::string> groups;
+  bool collectives_only = true;
   for (const auto& w : r.wait_cycle) {
     ranks.push_back(w.rank);
     each.push_back(fmt::format("rank {} in {} for rank {}", w.rank, w.where, w.waits_for));
+    groups.insert(w.process_group);
+    collectives_only = collectives_only && !w.p2p;
   }
   std::sort(ranks.begin(), ranks.end());
   // fr_trace checks each group apart (tests/data/fr/group-order-*/fr_trace_pgfix.txt): a ring through
   // several groups' collectives is one "not all ranks joining" per group there, never linked
-  std::set<std::string> groups;
-  bool collectives_only = true;
-  for (const auto& w : r.wait_cycle) {
-    groups.insert(w.process_group);
-    collectives_only = collectives_only && !w.p2p;
-  }
   if (collectives_only && groups.size() > 1)
     r.torch_match_state += fmt::format(", once in each of the ring's {} groups (fr_trace does not link them)",
                                        groups.size());

@@ -773,12 +773,11 @@ void MemoryRun::fragmentation(Device& dev, const DecoderConfig& cfg, const Param
     if (pool && max_bytes == 0) ctx_.progress("memory: the same steps through the stream-ordered pool");
     return pool;
   };
-  // A side measurement: an error of the pool's (an attribute it does not support, a failed read) is
-  // recorded there and does not take the point's other figures with it.
+  // A side measurement: an error of the pool's (an attribute it does not support, a failed read, no
+  // memory to make it) is recorded there and does not take the point's other figures with it; the
+  // replays report their own out-of-memory.
   try {
     if (auto a = memory::compare_stream_pool(make_pool, ops, slots, peak_need, needed, p)) f["async_pool"] = *a;
-  } catch (const OutOfMemory&) {
-    throw;  // (replay_on_pool reports its own; one from elsewhere is the point's)
   } catch (const Error& e) {
     f["async_pool"] = {{"ran", false}, {"error", e.what()}};
     add_warning(p, fmt::format("the cudaMallocAsync pool comparison failed: {}", e.what()));

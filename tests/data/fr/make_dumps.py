@@ -263,6 +263,15 @@ def run_ranks(worker_args, world, outdir, jsondir, t0, what="calls"):
     return ranks
 
 
+def pickled_dumps(d, world):
+    """(rank, dump) for each rank_<r> pickle present in d, in rank order."""
+    for r in range(world):
+        fn = os.path.join(d, f"rank_{r}")
+        if os.path.exists(fn):
+            with open(fn, "rb") as f:
+                yield r, pickle.load(f)
+
+
 def run_fr_trace(d, extra=(), name="fr_trace.txt"):
     cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", d,
            "--prefix", "rank_", *extra]
@@ -291,12 +300,7 @@ def run_fr_trace_pgfix(d, world, group_ranks=None):
     with tempfile.TemporaryDirectory() as td:
         tdir = os.path.join(td, os.path.basename(d))
         os.makedirs(tdir)
-        for r in range(world):
-            fn = os.path.join(d, f"rank_{r}")
-            if not os.path.exists(fn):
-                continue
-            with open(fn, "rb") as f:
-                dump = pickle.load(f)
+        for r, dump in pickled_dumps(d, world):
             cfg = {}
             for e in dump["entries"]:
                 pgn, desc = e["process_group"]
@@ -317,14 +321,8 @@ def run_fr_trace_pgfix(d, world, group_ranks=None):
 
 
 def last_completed(d, world):
-    out = {}
-    for r in range(world):
-        fn = os.path.join(d, f"rank_{r}")
-        if os.path.exists(fn):
-            with open(fn, "rb") as f:
-                dump = pickle.load(f)
-            out[r] = {pg: st["last_completed_collective"] for pg, st in dump["pg_status"].items()}
-    return out
+    return {r: {pg: st["last_completed_collective"] for pg, st in dump["pg_status"].items()}
+            for r, dump in pickled_dumps(d, world)}
 
 
 def make_case(case, world):
@@ -712,12 +710,7 @@ def make_group_case(case):
     pg_config = {}
     pg_status = {}
     pg_ids = {}  # entries' pg_id (a per-process counter, the key of pg_status) -> group
-    for r in range(world):
-        fn = os.path.join(outdir, f"rank_{r}")
-        if not os.path.exists(fn):
-            continue
-        with open(fn, "rb") as f:
-            dump = pickle.load(f)
+    for r, dump in pickled_dumps(outdir, world):
         for e in dump["entries"]:
             pgn, desc = e["process_group"]
             in_entries.setdefault(desc, set()).add(pgn)
