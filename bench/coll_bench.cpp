@@ -41,7 +41,7 @@
 #include "harness/files.hpp"      // check_writable_target
 #include "harness/params.hpp"     // expand_sweep
 #include "harness/result.hpp"     // write_file_atomic
-#include "harness/scenario.hpp"   // find_scenario, RunContext, RankServices
+#include "scenarios/registry.hpp"   // find_scenario, all_scenarios; Scenario, RunContext
 #include "kernels/backends.hpp"   // open_device, open_process_group, open_communicator
 #include "harness/exit_codes.hpp"  // kExitUsage
 
@@ -224,7 +224,7 @@ void measure(const Options& o, sb::ProcessGroup& g) {
   const bool lead = group->rank() == 0;
   const auto deadline = [] { return clock_type::now() + std::chrono::seconds(60); };
 
-  // The scenario as the CLI opens it (app/cli.cpp cmd_run): a cpu device, the
+  // The scenario as the CLI opens it (app/cmd_run.cpp): a cpu device, the
   // process group and a communicator factory.
   const sb::Scenario* sc = sb::find_scenario("collective");
   if (!sc) throw sb::Error(sb::ErrorKind::runtime, "this build has no collective scenario");

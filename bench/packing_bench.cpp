@@ -16,8 +16,8 @@
 
 #include <benchmark/benchmark.h>  // benchmark::State, RegisterBenchmark
 
-#include "scenarios/packing/lengths.hpp"  // parse_lengths, generate_lengths
-#include "scenarios/packing/packers.hpp"  // plan, plan_histogram, Strategy
+#include "workloads/lengths.hpp"  // parse_lengths, generate_lengths
+#include "workloads/packers.hpp"  // plan, plan_histogram, Strategy
 #include "bench/bench_run.hpp"  // run_selected_benchmarks
 
 #ifndef SB_BENCH_DATA

@@ -77,8 +77,4 @@ struct Scenario {
   std::function<void(const ParamSet&, const RunContext&)> validate;
 };
 
-// Defined in scenarios/registry.cpp.
-const std::vector<const Scenario*>& all_scenarios();
-const Scenario* find_scenario(const std::string& name);
-
 }  // namespace sb

@@ -3,6 +3,8 @@
 // field, in which unit), then each row read by the plan.
 #include "readers/telemetry.hpp"
 
+#include "harness/text.hpp"  // trim, split, parse_whole
+
 #include <algorithm>     // std::find, std::max
 #include <charconv>      // std::from_chars
 #include <cmath>         // std::isfinite
@@ -27,11 +29,8 @@ constexpr auto npos = std::string_view::npos;
 
 // ---------------------------------------------------------------- text
 
-std::string_view trim(std::string_view s) {
-  const auto b = s.find_first_not_of(" \t");
-  if (b == npos) return {};
-  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
-}
+using text::trim;
+using text::split;
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 bool ends_with(std::string_view s, std::string_view p) { return s.size() >= p.size() && s.substr(s.size() - p.size()) == p; }
@@ -43,16 +42,6 @@ std::string snippet(std::string_view s) { return quoted_text(s, 60); }
 
 // "1 value", "3 values"
 std::string count(std::size_t n, const char* what) { return fmt::format("{} {}{}", n, what, n == 1 ? "" : "s"); }
-
-std::vector<std::string_view> split(std::string_view s, char sep) {
-  std::vector<std::string_view> out;
-  for (std::size_t b = 0;;) {
-    const auto e = s.find(sep, b);
-    out.push_back(trim(s.substr(b, e == npos ? npos : e - b)));
-    if (e == npos) return out;
-    b = e + 1;
-  }
-}
 
 std::vector<std::string_view> words(std::string_view s) {
   std::vector<std::string_view> out;
@@ -93,19 +82,13 @@ class Lines {
 
 std::optional<double> to_double(std::string_view s) {
   if (!s.empty() && s.front() == '+') s.remove_prefix(1);  // from_chars takes no '+'
-  double v = 0;
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || p != s.data() + s.size() || !std::isfinite(v)) return std::nullopt;
+  const auto v = text::parse_whole<double>(s);
+  if (!v || !std::isfinite(*v)) return std::nullopt;
   return v;
 }
 
 template <typename Int>
-std::optional<Int> to_int(std::string_view s, int base = 10) {
-  Int v = 0;
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v, base);
-  if (s.empty() || ec != std::errc() || p != s.data() + s.size()) return std::nullopt;
-  return v;
-}
+std::optional<Int> to_int(std::string_view s, int base = 10) { return text::parse_whole<Int>(s, base); }
 
 // A bitmask as nvidia-smi ("0x0000000000000004") or dcgmi ("4") prints it.
 std::optional<std::uint64_t> to_mask(std::string_view s) {

@@ -2,7 +2,7 @@
 // linker dead-stripping decides what exists. Adding a scenario is one line
 // here (its `const Scenario <name>_scenario` is defined in its own file),
 // and tests/scenario/test_smoke.py covers it from then on.
-#include "harness/scenario.hpp"  // Scenario
+#include "scenarios/registry.hpp"
 
 #define SB_SCENARIOS(X) \
   X(precision)          \

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "harness/nvml_abi.hpp"  // the clock event reason bits
+#include "kernels/nvml/nvml_abi.hpp"  // the clock event reason bits
 
 namespace sb::watch {
 

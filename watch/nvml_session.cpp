@@ -10,7 +10,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"  // throw_call_failure
-#include "harness/nvml_abi.hpp"  // the NVML types, declared locally
+#include "kernels/nvml/nvml_abi.hpp"  // the NVML types, declared locally
 
 namespace sb::watch {
 

@@ -37,7 +37,7 @@ struct LiveSample {
 };
 
 // Which of NVML's ..._ComputeRunningProcesses functions to call, and the size
-// of the record it writes (harness/nvml_abi.hpp: three layouts, and one
+// of the record it writes (kernels/nvml/nvml_abi.hpp: three layouts, and one
 // function whose record changed with the driver).
 struct ProcessQuery {
   int version = 0;               // 1, 2, 3; 0: none, the process list is not read

@@ -29,7 +29,7 @@
 
 #include "harness/errors.hpp"      // UsageError, Error
 #include "harness/exit_codes.hpp"  // kExitHang
-#include "harness/nvml_abi.hpp"      // kErrorNotSupported
+#include "kernels/nvml/nvml_abi.hpp"      // kErrorNotSupported
 #include "watch/nvml_session.hpp"  // NvmlSession
 
 extern char** environ;

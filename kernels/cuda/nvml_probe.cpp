@@ -11,7 +11,7 @@
 
 #include "harness/errors.hpp"  // throw_call_failure, ErrorKind
 
-#include "harness/nvml_abi.hpp"  // the NVML types, declared locally (no nvml.h needed), shared with watch/
+#include "kernels/nvml/nvml_abi.hpp"  // the NVML types, declared locally (no nvml.h needed), shared with watch/
 
 namespace sb {
 namespace {

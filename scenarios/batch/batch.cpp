@@ -41,8 +41,8 @@
 #include "harness/stats.hpp"           // summarize
 #include "harness/scenario.hpp"        // Scenario, ScenarioRun
 #include "harness/train_ops.hpp"       // TrainOps
-#include "scenarios/batch/decoder.hpp"  // DecoderStep
-#include "scenarios/batch/limit.hpp"    // batch_limit
+#include "workloads/decoder.hpp"  // DecoderStep
+#include "workloads/batch_limit.hpp"    // batch_limit
 
 namespace sb {
 namespace {
@@ -395,7 +395,7 @@ class BatchRun : public ScenarioRun {
     double tflops = 0;
     json note;
   };
-  // The step's own GEMM calls (scenarios/batch/decoder.cpp's step_gemms: the forward's four, the
+  // The step's own GEMM calls (workloads/decoder.cpp's step_gemms: the forward's four, the
   // backward's eight, with their transposes, C's dtype and beta: weight gradients accumulated in fp32),
   // each timed back to back through the same training ops with the stream held (timing=hidden: device
   // time, no launch gaps). What the step's GEMMs do with nothing else in the way: the step's GEMM rate

@@ -10,7 +10,7 @@
 
 #include "harness/result.hpp"                  // Result, Point
 #include "scenarios/collective/coll_data.hpp"      // CollCall
-#include "scenarios/collective/hang_analysis.hpp"  // HangReport
+#include "diagnose/hang/hang_analysis.hpp"  // HangReport
 
 namespace sb {
 

@@ -21,8 +21,8 @@
 #include <thread>              // std::thread
 
 #include "harness/comm.hpp"                      // ProcessGroup, Communicator
-#include "scenarios/collective/flight_recorder.hpp"  // FlightRecorder, DumpHeader
-#include "scenarios/collective/hang_analysis.hpp"    // HangReport
+#include "readers/flight_recorder.hpp"  // FlightRecorder, DumpHeader
+#include "diagnose/hang/hang_analysis.hpp"    // HangReport
 #include "harness/exit_codes.hpp"  // kExit*
 
 namespace sb {

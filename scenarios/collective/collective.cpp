@@ -38,8 +38,8 @@
 #include "scenarios/collective/coll_findings.hpp"   // collective_findings, bytes_text
 #include "scenarios/collective/coll_schedule.hpp"   // parse_mismatch, planned_calls
 #include "scenarios/collective/coll_watchdog.hpp"   // CollWatchdog
-#include "scenarios/collective/flight_recorder.hpp" // FlightRecorder
-#include "scenarios/collective/hang_analysis.hpp"   // analyze_hang_dir
+#include "readers/flight_recorder.hpp" // FlightRecorder
+#include "diagnose/hang/hang_analysis.hpp"   // analyze_hang_dir
 
 namespace sb {
 namespace {

@@ -1,7 +1,7 @@
 // dataloader: the host loader cannot feed the device.
 //
 // Workload: a training loop takes batches from a host loader (PyTorch
-// DataLoader semantics: scenarios/dataloader/loader.hpp) and runs a device step on
+// DataLoader semantics: workloads/loader.hpp) and runs a device step on
 // each: an H2D copy of the batch, then a chain of GEMMs sized so one step takes
 // `step_ms` on the device. The loader's per-sample decode is real CPU work.
 //
@@ -30,7 +30,7 @@
 #include "harness/scenario.hpp"         // Scenario, ScenarioRun
 #include "harness/timeline.hpp"         // Timeline, Span
 #include "scenarios/dataloader/epoch.hpp"   // EpochRecord, derive_epoch
-#include "scenarios/dataloader/loader.hpp"  // Loader
+#include "workloads/loader.hpp"  // Loader
 
 namespace sb {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "harness/result.hpp"               // Point
 #include "harness/timeline.hpp"             // Timeline
-#include "scenarios/dataloader/loader.hpp"  // LoadRecord
+#include "workloads/loader.hpp"  // LoadRecord
 
 namespace sb::loader {
 

@@ -1,7 +1,7 @@
 // memory: memory pressure — the footprint of a training step by part, the
 // largest micro batch that fits, with and without activation checkpointing,
 // and what an out-of-memory costs. The workload is the batch scenario's
-// decoder step (scenarios/batch/decoder.hpp), built under the device's
+// decoder step (workloads/decoder.hpp), built under the device's
 // allocator with `mem_limit_gb` as its capacity (cpu: its ledger; cuda: the
 // ledger over cudaMalloc, on top of the real capacity; sim: the GPU's).
 //
@@ -39,7 +39,7 @@
 //     eager PyTorch allocates during the forward and also loses the work
 //     done before the failing allocation.
 //   fragmentation (checkpointing=none only): a caching allocator with
-//     PyTorch's policy (harness/caching_allocator.hpp) serves the
+//     PyTorch's policy (scenarios/memory/caching_allocator.hpp) serves the
 //     activations of steps whose lengths follow a real length histogram,
 //     padded per batch: reserved vs allocated over the steps, the capacity the
 //     pool needs, and the failure just below it (fragmentation when the
@@ -55,7 +55,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "harness/caching_allocator.hpp"  // CachingAllocator: the fragmentation probe
+#include "scenarios/memory/caching_allocator.hpp"  // CachingAllocator: the fragmentation probe
 #include "harness/errors.hpp"             // OutOfMemory, UsageError
 #include "harness/host_cpus.hpp"          // HostCpuForHost
 #include "harness/printer.hpp"            // format_number
@@ -64,10 +64,10 @@
 #include "harness/scenario.hpp"           // Scenario, ScenarioRun
 #include "harness/train_ops.hpp"          // TrainOps
 #include "harness/units.hpp"              // format_bytes
-#include "scenarios/batch/decoder.hpp"    // DecoderStep, predict_footprint
+#include "workloads/decoder.hpp"    // DecoderStep, predict_footprint
 #include "scenarios/memory/pool_replay.hpp"  // compare_stream_pool: the cuda pool's replay
 #include "scenarios/memory/search.hpp"    // largest_fitting
-#include "scenarios/packing/lengths.hpp"  // parse_lengths, generate_lengths: the fragmentation probe's lengths
+#include "workloads/lengths.hpp"  // parse_lengths, generate_lengths: the fragmentation probe's lengths
 
 namespace sb {
 namespace {
@@ -551,7 +551,7 @@ json MemoryRun::oom_loop(Device& dev, const DecoderConfig& cfg, std::int64_t lar
 }
 
 // Fragmentation: a caching allocator with PyTorch's policy
-// (harness/caching_allocator.hpp), whose segments are the device's own
+// (scenarios/memory/caching_allocator.hpp), whose segments are the device's own
 // buffers under a capacity set for the probe, serves the saved activations
 // of `frag_steps` steps over padded batches: each batch's micro_batch
 // lengths are drawn from `lengths` (the packing scenario's grammar), clipped

@@ -1,5 +1,5 @@
 // The memory scenario's fragmentation probe replays one sequence of mallocs and frees (the steps of a
-// training loop at varying lengths) through two allocators: harness/caching_allocator (PyTorch's
+// training loop at varying lengths) through two allocators: scenarios/memory/caching_allocator (PyTorch's
 // caching allocator's rules) and, on cuda, the device's stream-ordered pool (cudaMallocAsync's). This
 // is the second replay and the comparison made from it, apart from any device so a test can run it
 // on a pool of its own: the cuda pool's attributes are the device's, the logic around them is here.

@@ -1,7 +1,7 @@
 // packing: short sequences padded to a long max_len.
 //
 // Workload: a dataset of sequence lengths is batched by a strategy into
-// max_len-token rows (scenarios/packing/packers.hpp: pad-max, pad-longest,
+// max_len-token rows (workloads/packers.hpp: pad-max, pad-longest,
 // bucket, first/best-fit-decreasing packing, best fit over a length
 // histogram, naive concat), and the device
 // runs one transformer layer, forward and backward, over the computed tokens
@@ -35,7 +35,7 @@
 #include "harness/point_metrics.hpp"     // measurement_info, against_baseline, workload_key, varying_params
 #include "harness/printer.hpp"           // format_number
 #include "harness/scenario.hpp"          // Scenario, ScenarioRun
-#include "scenarios/packing/packers.hpp"  // plan, generate_lengths
+#include "workloads/packers.hpp"  // plan, generate_lengths
 
 namespace sb {
 namespace {

@@ -19,9 +19,9 @@
 #include "harness/printer.hpp"            // format_number
 #include "harness/sampler.hpp"            // Sampler, classify, sparkline
 #include "harness/scenario.hpp"           // Scenario, ScenarioRun
-#include "scenarios/batch/decoder.hpp"    // DecoderStep, decoder_config, spin_for
-#include "scenarios/dataloader/loader.hpp"  // Loader
-#include "scenarios/packing/packers.hpp"  // plan, generate_lengths
+#include "workloads/decoder.hpp"    // DecoderStep, decoder_config, spin_for
+#include "workloads/loader.hpp"  // Loader
+#include "workloads/packers.hpp"  // plan, generate_lengths
 
 namespace sb {
 namespace train {

@@ -1,7 +1,7 @@
 // A fake libnvidia-ml.so.1 for the tests of `stallbench watch`: the NVML
 // entry points watch/nvml_session.cpp resolves, answering from a recorded
 // series instead of a GPU. Loaded through LD_LIBRARY_PATH in place of the
-// driver's library; the ABI is harness/nvml_abi.hpp's (NVML's own layouts).
+// driver's library; the ABI is kernels/nvml/nvml_abi.hpp's (NVML's own layouts).
 //
 // FAKE_NVML_SERIES names a JSON file:
 //   {"driver": "570.86.15", "advance": "call" | "time", "period_ms": 100, "end": "hold" | "loop",
@@ -18,7 +18,7 @@
 // "lost@N" (utilization fails with NVML_ERROR_GPU_IS_LOST from the Nth call on).
 //
 // The compute processes ("procs": [[pid, MiB or -1 for hidden], ...]) are answered by
-// the three versions of the query, each with its driver's record (harness/nvml_abi.hpp):
+// the three versions of the query, each with its driver's record (kernels/nvml/nvml_abi.hpp):
 // nvmlDeviceGetComputeRunningProcesses 16 bytes, _v2 24 bytes, _v3 24 bytes or, for a
 // "driver" of 535.43 through 535.86 (535.54.03), 32 bytes as those drivers wrote it.
 // FAKE_NVML_ABSENT lists entry points the library does not export (comma-separated
@@ -40,7 +40,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/nvml_abi.hpp"
+#include "kernels/nvml/nvml_abi.hpp"
 
 using namespace sb::nvml_abi;
 using json = nlohmann::json;

@@ -12,7 +12,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/json_read.hpp"                    // parse_json_text
-#include "scenarios/collective/hang_analysis.hpp"  // analyze_hang_files, format_hang_report
+#include "diagnose/hang/hang_analysis.hpp"  // analyze_hang_files, format_hang_report
 #include "tests/fuzz/fuzz_common.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

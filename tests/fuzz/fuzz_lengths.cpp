@@ -4,7 +4,7 @@
 #include <cstddef>  // std::size_t
 #include <cstdint>  // std::uint8_t
 
-#include "scenarios/packing/lengths.hpp"  // parse_length_file_text, generate_lengths
+#include "workloads/lengths.hpp"  // parse_length_file_text, generate_lengths
 #include "tests/fuzz/fuzz_common.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

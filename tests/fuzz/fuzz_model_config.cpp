@@ -6,7 +6,7 @@
 #include <cstddef>  // std::size_t
 #include <cstdint>  // std::uint8_t
 
-#include "scenarios/diagnose/config.hpp"  // apply_model_config_text, default_config, to_json
+#include "diagnose/config.hpp"  // apply_model_config_text, default_config, to_json
 #include "tests/fuzz/fuzz_common.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "scenarios/collective/torch_fr.hpp"  // read_torch_fr_file, analyze_torch_fr
+#include "diagnose/hang/torch_fr_analysis.hpp"  // read_torch_fr_file, analyze_torch_fr
 #include "tests/fuzz/fuzz_common.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

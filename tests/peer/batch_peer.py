@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's training step on this CPU beside stallbench's `batch` scenario, interleaved in one run.
 
-The step is the batch scenario's decoder (scenarios/batch/decoder.hpp), written the way a
+The step is the batch scenario's decoder (workloads/decoder.hpp), written the way a
 PyTorch user writes it: per layer (pre-norm, no biases, as Llama-style blocks are)
     u1 = rmsnorm(x); q, k, v = split(u1 Wqkv^T); a = attention(q, k, v) (causal)
     x' = x + a Wo^T; u2 = rmsnorm(x'); x'' = x' + gelu_tanh(u2 W1^T) W2^T

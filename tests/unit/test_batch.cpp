@@ -16,7 +16,7 @@
 #include "harness/random.hpp"
 #include "harness/train_ops.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
-#include "scenarios/batch/decoder.hpp"
+#include "workloads/decoder.hpp"
 
 namespace sb {
 namespace {

@@ -19,7 +19,7 @@
 
 #include <gtest/gtest.h>
 
-#include "harness/caching_allocator.hpp"
+#include "scenarios/memory/caching_allocator.hpp"
 #include "harness/errors.hpp"
 
 namespace sb {

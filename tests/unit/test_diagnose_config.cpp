@@ -1,4 +1,4 @@
-// The input layer of `stallbench diagnose` (scenarios/diagnose/config.hpp) on
+// The input layer of `stallbench diagnose` (diagnose/config.hpp) on
 // real files: an Axolotl LoRA config read key by key with its source lines,
 // Axolotl's non-boolean spellings (bf16: auto, gradient_checkpointing:
 // unsloth), every bad value refused with "FILE:LINE: KEY:", files that are
@@ -22,9 +22,9 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"  // sb::UsageError
-#include "scenarios/batch/decoder.hpp"     // DecoderConfig
-#include "scenarios/diagnose/config.hpp"
-#include "scenarios/diagnose/diagnose.hpp"  // full_depth_footprint
+#include "workloads/decoder.hpp"     // DecoderConfig
+#include "diagnose/config.hpp"
+#include "diagnose/diagnose.hpp"  // full_depth_footprint
 
 namespace sb::diagnose {
 namespace {

@@ -19,7 +19,7 @@
 #include "fake_device.hpp"
 #include "harness/result.hpp"
 #include "harness/runner.hpp"
-#include "harness/scenario.hpp"
+#include "scenarios/registry.hpp"   // find_scenario, all_scenarios; Scenario, RunContext
 
 namespace sb {
 namespace {

@@ -16,8 +16,8 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"                    // UsageError
-#include "scenarios/collective/flight_recorder.hpp"  // FlightRecorder
-#include "scenarios/collective/hang_analysis.hpp"    // analyze_dumps
+#include "readers/flight_recorder.hpp"  // FlightRecorder
+#include "diagnose/hang/hang_analysis.hpp"    // analyze_dumps
 
 namespace sb {
 namespace {

@@ -33,7 +33,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "scenarios/dataloader/epoch.hpp"
-#include "scenarios/dataloader/loader.hpp"
+#include "workloads/loader.hpp"
 
 namespace sb::loader {
 namespace {

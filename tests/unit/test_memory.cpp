@@ -12,10 +12,10 @@
 
 #include "harness/errors.hpp"
 #include "harness/params.hpp"
-#include "harness/scenario.hpp"
+#include "scenarios/registry.hpp"   // find_scenario, all_scenarios; Scenario, RunContext
 #include "harness/train_ops.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
-#include "scenarios/batch/decoder.hpp"
+#include "workloads/decoder.hpp"
 #include "scenarios/memory/pool_replay.hpp"
 #include "scenarios/memory/search.hpp"
 

@@ -23,7 +23,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"  // sb::UsageError
-#include "scenarios/packing/packers.hpp"
+#include "workloads/packers.hpp"
 
 namespace sb::packing {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "harness/random.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
-#include "scenarios/packing/packers.hpp"
+#include "workloads/packers.hpp"
 
 namespace sb {
 namespace {

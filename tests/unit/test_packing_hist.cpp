@@ -21,7 +21,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "harness/errors.hpp"  // sb::UsageError
-#include "scenarios/packing/packers.hpp"
+#include "workloads/packers.hpp"
 
 #ifndef SB_TEST_DATA
 #error "SB_TEST_DATA (the tests/data directory) is set by tests/meson.build"

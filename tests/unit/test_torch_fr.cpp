@@ -16,8 +16,8 @@
 #include <gtest/gtest.h>
 
 #include "harness/errors.hpp"
-#include "harness/pickle_read.hpp"
-#include "scenarios/collective/torch_fr.hpp"
+#include "readers/pickle.hpp"
+#include "diagnose/hang/torch_fr_analysis.hpp"
 
 namespace sb {
 namespace {

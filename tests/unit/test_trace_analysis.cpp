@@ -1,4 +1,4 @@
-// The rules' inputs diagnose --trace reads from a profiler trace (readers/trace_analysis): which
+// The rules' inputs diagnose --trace reads from a profiler trace (diagnose/trace/trace_analysis): which
 // kernels are GEMMs and in which dtype (kernel names from the real traces of tests/data/traces and
 // cuBLAS's, CUTLASS's and cuDNN's naming), the DataLoader's share as PyTorch records it, and the
 // stream whose idle time speaks for the device.
@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "readers/kineto.hpp"
-#include "readers/trace_analysis.hpp"
+#include "diagnose/trace/trace_analysis.hpp"
 
 namespace {
 

@@ -10,8 +10,8 @@
 #include "harness/errors.hpp"
 #include "harness/train_ops.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
-#include "scenarios/batch/decoder.hpp"
-#include "scenarios/dataloader/loader.hpp"
+#include "workloads/decoder.hpp"
+#include "workloads/loader.hpp"
 #include "scenarios/train/train.hpp"
 
 namespace sb {

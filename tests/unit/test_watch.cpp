@@ -17,7 +17,7 @@
 #include "harness/errors.hpp"
 #include "harness/exit_codes.hpp"  // kExitHang
 #include "watch/analysis.hpp"
-#include "harness/nvml_abi.hpp"
+#include "kernels/nvml/nvml_abi.hpp"
 #include "watch/nvml_session.hpp"
 #include "watch/watch.hpp"
 

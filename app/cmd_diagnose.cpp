@@ -1,0 +1,152 @@
+// `stallbench diagnose`: the user's config read (exit 2 on a bad value, before any device is opened),
+// the checks run in the standard order, the report printed and the result written atomically; with
+// --trace, a real job's profiler trace read and diagnosed, nothing measured.
+#include "app/app.hpp"
+
+#include <iostream>  // std::cout, std::cerr
+#include <memory>    // std::make_shared
+
+#include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
+
+#include "diagnose/config.hpp"                // read_axolotl_yaml, apply_model_config, read_lengths
+#include "diagnose/diagnose.hpp"              // diagnose::run, format_report
+#include "diagnose/trace/trace_diagnose.hpp"  // diagnose_trace
+#include "harness/errors.hpp"                 // UsageError
+#include "harness/exit_codes.hpp"             // kExit*
+#include "harness/files.hpp"                  // check_writable_target, write_file_atomic, refuse_clobbering
+#include "kernels/backends.hpp"               // open_device
+#include "report/html.hpp"                    // report::format_html
+
+namespace sb::app {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+struct DiagnoseArgs {
+  std::string config, model_config, lengths, html_path, trace;
+  std::string device = "auto";
+  std::string json_path = "stallbench-diagnose.json";
+  bool quick = false;
+  double timeout_s = 1800;
+  double observed = -1;
+  double budget_s = 0;  // 0: 120 s, --quick 60 s
+};
+
+// `diagnose`: the user's config read (exit 2 on a bad value, before any
+// device is opened), the checks run in the standard order, the report
+// printed and the result written atomically.
+// `diagnose --trace FILE`: a real job's PyTorch profiler trace read and
+// diagnosed (nothing measured; the reproduce commands name this machine's
+// device).
+// diagnose prints its report on stdout: a document there too would make neither readable.
+void refuse_stdout_targets(const DiagnoseArgs& a) {
+  for (const auto& [path, flag] : {std::pair{a.json_path, "--json"}, std::pair{a.html_path, "--html"}})
+    if (path == "-")
+      throw UsageError(fmt::format("{} -: diagnose prints its report on stdout; give {} a file", flag, flag));
+}
+
+int cmd_diagnose_trace(const DiagnoseArgs& a, int argc, char** argv) {
+  refuse_stdout_targets(a);
+  check_writable_target(a.json_path, "--json");
+  if (!a.html_path.empty()) check_writable_target(a.html_path, "--html");
+  refuse_clobbering({{a.json_path, "--json"}, {a.html_path, "--html"}}, {{a.trace, "the trace"}});
+  const DeviceSpec spec = parse_device_spec(a.device);
+  auto dev = open_device(spec);
+  RunArgs ra;
+  ra.device = a.device;
+  json meta = run_meta(ra, argc, argv, dev->info(), MeasureConfig{});
+  std::cerr << fmt::format("stallbench: diagnose --trace {} (reproduce commands for {})\n", a.trace, dev->info().id);
+  Result r = diagnose::diagnose_trace(a.trace, meta);
+  const std::string report = diagnose::format_report(r);
+  write_file_atomic(a.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+  if (!a.html_path.empty()) write_file_atomic(a.html_path, report::format_html(r));
+  std::cout << "\n" << report << fmt::format("\nresult: {}{}\n", a.json_path,
+                                             a.html_path.empty() ? "" : ", report: " + a.html_path);
+  return kExitOk;
+}
+
+int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
+  if (!a.trace.empty()) return cmd_diagnose_trace(a, argc, argv);
+  diagnose::Options opt;
+  opt.cfg = a.config.empty() ? diagnose::default_config() : diagnose::read_axolotl_yaml(a.config);
+  if (!a.model_config.empty()) diagnose::apply_model_config(opt.cfg, a.model_config);
+  if (!a.lengths.empty()) {
+    diagnose::read_lengths(opt.cfg, a.lengths);
+    opt.lengths_path = a.lengths;
+  }
+  opt.quick = a.quick;
+  opt.budget_s = a.budget_s > 0 ? a.budget_s : a.quick ? 60 : 120;
+  if (a.observed > 0) opt.observed_tokens_per_s = a.observed;
+  opt.say = [](const std::string& line) { std::cerr << line << "\n"; };
+  const DeviceSpec spec = parse_device_spec(a.device);
+  refuse_stdout_targets(a);
+  check_writable_target(a.json_path, "--json");
+  if (!a.html_path.empty()) check_writable_target(a.html_path, "--html");
+  refuse_clobbering({{a.json_path, "--json"}, {a.html_path, "--html"}},
+                    {{a.config, "the config"}, {a.model_config, "the model config"}, {a.lengths, "the lengths file"}});
+  if (!opt.cfg.unknown_keys.empty())
+    std::cerr << fmt::format("diagnose: {} key(s) of the config not used here: {}\n", opt.cfg.unknown_keys.size(),
+                             fmt::join(opt.cfg.unknown_keys, ", "));
+  for (const auto& n : opt.cfg.notes) std::cerr << "diagnose: " << n << "\n";
+
+  Watchdog wd{std::chrono::seconds(static_cast<long long>(a.timeout_s))};
+  wd.progress("opening device " + spec.str());
+  auto dev = open_device(spec);
+  RunArgs ra;
+  ra.device = a.device;
+  ra.quick = a.quick;
+  ra.timeout_s = a.timeout_s;
+  RunContext ctx = run_context(*dev, ra, wd);
+  json meta = run_meta(ra, argc, argv, dev->info(), ctx.measure);
+  std::cerr << fmt::format("stallbench: diagnose on {} ({}){}\n", dev->info().id, dev->info().name,
+                           a.config.empty() ? " with the default config (a 7B-like layer; --config FILE for yours)"
+                                            : " with " + a.config);
+  Result r = diagnose::run(ctx, opt, meta);
+  wd.disarm();
+  const std::string report = diagnose::format_report(r);
+  // a path or config value that is not UTF-8 is written with U+FFFD, not thrown on at the end
+  write_file_atomic(a.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+  if (!a.html_path.empty()) write_file_atomic(a.html_path, report::format_html(r));
+  std::cout << "\n" << report << fmt::format("\nresult: {}{}\n", a.json_path,
+                                             a.html_path.empty() ? "" : ", report: " + a.html_path);
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_diagnose(CLI::App& app, int& argc, char**& argv) {
+  auto da = std::make_shared<DiagnoseArgs>();
+  auto* diag = app.add_subcommand("diagnose",
+                                  "run the troubleshooting order on your training config: each cause measured here");
+  auto* config_opt = diag->add_option("config,--config", da->config,
+                                      "an Axolotl-style YAML config, given as is or after --config (default: a 7B-like layer, documented)")
+                         ->check(non_empty_path());
+  auto* model_opt = diag->add_option("--model-config", da->model_config, "a Hugging Face config.json for the model's dimensions")
+                        ->check(non_empty_path());
+  auto* lengths_opt = diag->add_option("--lengths", da->lengths, "dataset lengths: one per line, or length,count rows")
+                          ->check(non_empty_path());
+  auto* trace_opt = diag->add_option("--trace", da->trace,
+                                     "read a PyTorch profiler trace (.json or .json.gz) and name its causes, "
+                                     "measuring nothing")
+                        ->check(non_empty_path());
+  diag->add_option("--device", da->device, "auto | cpu | cuda:N | sim:<gpu>")->capture_default_str();
+  diag->add_option("--json", da->json_path, "result JSON path")->capture_default_str()->check(non_empty_path());
+  diag->add_option("--html", da->html_path, "also write the report as one self-contained HTML file")
+      ->check(non_empty_path());
+  auto* observed_opt = diag->add_option("--observed-tokens-per-s", da->observed, "what your training logs report, to compare")
+                           ->check(finite_range(1e-9, 1e15));
+  auto* quick_opt = diag->add_flag("--quick", da->quick,
+                                   "small sweeps and a 60 s budget for the loop (62-110 s in all on 2 cores, by CPU)");
+  auto* budget_opt = diag->add_option("--budget", da->budget_s,
+                                      "seconds for the runs of your training loop with each line applied (default "
+                                      "120, --quick 60): each run's timed span is its share, at least 3 steps")
+                         ->check(finite_range(1.0, 86400.0));
+  for (CLI::Option* o : {config_opt, model_opt, lengths_opt, observed_opt, quick_opt, budget_opt}) trace_opt->excludes(o);
+  diag->add_option("--timeout", da->timeout_s, "seconds without progress before the run is ended as a hang (exit 4)")
+      ->capture_default_str()
+      ->check(finite_range(1.0, 86400.0));
+  return {diag, [da, &argc, &argv] { return cmd_diagnose(*da, argc, argv); }};
+}
+
+}  // namespace sb::app

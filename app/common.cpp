@@ -1,0 +1,239 @@
+// What the commands share (app.hpp), and the small commands: list, devices, clean.
+#include "app/app.hpp"
+
+#include <cerrno>    // errno, ERANGE
+#include <chrono>    // std::chrono::system_clock
+#include <cmath>     // std::isfinite
+#include <cstdlib>   // std::strtod
+#include <ctime>     // gmtime_r, std::strftime
+#include <iostream>  // std::cout
+
+#include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
+
+#include "harness/exit_codes.hpp"   // kExit*
+#include "harness/expected.hpp"     // match_expected
+#include "harness/fingerprint.hpp"  // machine_fingerprint, build_info
+#include "harness/units.hpp"        // format_bytes
+#include "kernels/backends.hpp"     // all_backends
+#include "scenarios/registry.hpp"   // all_scenarios
+#include "workloads/dataset_file.hpp"  // dataset_cache_dir, clean_dataset_cache
+
+namespace sb::app {
+
+using json = nlohmann::ordered_json;
+
+std::string utc_now() {
+  const auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string scenario_names() {
+  std::vector<std::string> v;
+  for (const Scenario* s : all_scenarios()) v.push_back(s->name);
+  return fmt::format("{}", fmt::join(v, ", "));
+}
+
+// An empty path would silently become the default file name.
+CLI::Validator non_empty_path() {
+  return CLI::Validator([](std::string& text) { return text.empty() ? std::string("the path is empty") : std::string(); },
+                        "PATH");
+}
+
+// CLI::Range lets NaN through (every comparison with NaN is false): a NaN
+// --tolerance once disabled the regression gate. A number here must be finite
+// and in [lo, hi].
+CLI::Validator finite_range(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v))
+          return fmt::format("'{}' is not a finite number", text);
+        if (v < lo || v > hi) return fmt::format("{} is outside [{}, {}]", text, lo, hi);
+        return std::string();
+      },
+      fmt::format("FLOAT in [{} - {}]", lo, hi));
+}
+
+// Every scenario, or only `only` (run SCENARIO --help prints its parameters).
+int list_scenarios(bool names_only, bool as_json, const std::string& only) {
+  if (names_only) {
+    for (const Scenario* s : all_scenarios()) std::cout << s->name << "\n";
+    return kExitOk;
+  }
+  json out = json::array();
+  for (const Scenario* s : all_scenarios()) {
+    if (!only.empty() && s->name != only) continue;
+    json ps = json::array();
+    for (const auto& p : s->params)
+      ps.push_back(json{{"name", p.name},
+                        {"type", to_string(p.type)},
+                        {"default", p.default_value},
+                        {"gpu_default", p.gpu_default},
+                        {"quick_default", p.quick_default},
+                        {"range", describe_range(p)},
+                        {"unit", p.unit},
+                        {"help", p.help}});
+    // needs_ranks: launched under mpirun/srun to mean anything (the smoke test reads it).
+    out.push_back(json{{"name", s->name}, {"cause", s->cause}, {"summary", s->summary},
+                       {"needs_ranks", s->needs_ranks}, {"params", ps}});
+  }
+  if (as_json) {
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  for (const auto& s : out) {
+    std::cout << fmt::format("{:<12} {}\n{:<12} cause: {}\n", s["name"].get<std::string>(),
+                             s["summary"].get<std::string>(), "", s["cause"].get<std::string>());
+    std::size_t w = 12;  // the name column: the scenario's longest name (load_us_per_token) sets it
+    for (const auto& p : s["params"]) w = std::max(w, p["name"].get<std::string>().size());
+    for (const auto& p : s["params"]) {
+      std::string def = p["default"].get<std::string>();
+      if (!p["gpu_default"].get<std::string>().empty()) def += fmt::format(" (gpu: {})", p["gpu_default"].get<std::string>());
+      if (!p["quick_default"].get<std::string>().empty()) def += fmt::format(" (--quick: {})", p["quick_default"].get<std::string>());
+      std::cout << fmt::format("    -p {:<{}} {:<6} default {}\n    {:<{}} {:<6} range {}{}  {}\n",
+                               p["name"].get<std::string>(), w, p["type"].get<std::string>(), def, "", w + 3, "",
+                               p["range"].get<std::string>(),
+                               p["unit"].get<std::string>().empty() ? "" : " " + p["unit"].get<std::string>(),
+                               p["help"].get<std::string>());
+    }
+    std::cout << "\n";
+  }
+  return kExitOk;
+}
+
+// The result's meta block: the tool, the build, this machine, the device and
+// how it was measured.
+json run_meta(const RunArgs& a, int argc, char** argv, const DeviceInfo& di, const MeasureConfig& measure) {
+  const BuildInfo b = build_info();
+  json meta;
+  meta["tool"] = "stallbench";
+  meta["version"] = b.version;
+  meta["git_sha"] = b.git_sha;
+  meta["argv"] = std::vector<std::string>(argv, argv + argc);
+  meta["time_utc"] = utc_now();
+  meta["build"] = json{{"compiler", b.compiler}, {"build_type", b.build_type}, {"features", b.features}};
+  const json fingerprint = machine_fingerprint(all_backends());
+  for (const auto& [k, v] : fingerprint.items()) meta[k] = v;
+  meta["device"] = json{{"id", di.id},
+                        {"kind", di.kind == DeviceKind::cpu ? "cpu" : di.kind == DeviceKind::cuda ? "cuda" : "sim"},
+                        {"name", di.name},
+                        {"simulated", di.simulated},
+                        {"props", di.props}};
+  meta["measure"] = json{{"quick", a.quick},
+                         {"warmup", measure.warmup},
+                         {"max_noise", measure.max_noise},
+                         {"budget_s", measure.budget_s},
+                         {"min_trial_ms", measure.min_trial_ms},
+                         {"timing", di.kind == DeviceKind::cuda ? "cuda events" : "compute-thread steady_clock"}};
+  return meta;
+}
+
+// What a run measures with, from the command line: the quick profile or the
+// default, --budget and --noise, every wait's deadline from --timeout (at most
+// 10 minutes), the device's expected numbers, and the watchdog fed by progress.
+RunContext run_context(Device& dev, const RunArgs& a, Watchdog& wd) {
+  RunContext ctx{dev};
+  ctx.quick = a.quick;
+  ctx.measure = a.quick ? quick_measure_config() : MeasureConfig{};
+  if (a.budget_s > 0) ctx.measure.budget_s = a.budget_s;
+  if (a.noise > 0) ctx.measure.max_noise = a.noise;
+  ctx.measure.sync_timeout = std::chrono::milliseconds(static_cast<long long>(std::min(a.timeout_s, 600.0) * 1000));
+  const CpuInfo cpu = read_cpu_info();
+  ctx.expected = match_expected(dev.info(), cpu);
+  ctx.progress = [&wd](const std::string& where) { wd.progress(where); };
+  ctx.measure.heartbeat = [&wd] { wd.beat(); };
+  return ctx;
+}
+
+namespace {
+
+int cmd_devices(bool as_json) {
+  json fp = machine_fingerprint(all_backends());
+  if (as_json) {
+    // What this binary was built with (features found at configure): a script can tell
+    // whether it may launch a multi-rank scenario under mpirun, or expect cuDNN.
+    const BuildInfo b = build_info();
+    fp["build"] = json{{"version", b.version}, {"git_sha", b.git_sha}, {"compiler", b.compiler},
+                       {"build_type", b.build_type}, {"features", b.features}};
+    std::cout << fp.dump(2) << "\n";
+    return kExitOk;
+  }
+  const json& cpu = fp["cpu"];
+  std::cout << fmt::format("cpu      {}\n         {} logical cores; ISA: {}\n", cpu["model"].get<std::string>(),
+                           cpu["logical_cores"].get<int>(),
+                           cpu["isa"].empty() ? std::string("none of interest")
+                                              : fmt::format("{}", fmt::join(cpu["isa"].get<std::vector<std::string>>(), " ")));
+  {
+    // which expected-numbers file a cpu run is compared with (matched on ISA, cores, vendor, family)
+    DeviceInfo host;
+    host.kind = DeviceKind::cpu;
+    const CpuInfo ci = read_cpu_info();
+    const auto ex = match_expected(host, ci);
+    std::cout << fmt::format("         {}{}; expected numbers: {}\n", ci.vendor.empty() ? "vendor unknown" : ci.vendor,
+                             ci.family >= 0 ? fmt::format(" family {}", ci.family) : std::string(),
+                             ex ? ex->id() : std::string("none for this CPU (results/expected)"));
+  }
+  for (const auto& [backend, v] : fp["versions"].items()) {
+    std::string line;
+    for (const auto& [k, x] : v.items())
+      if (k != "unavailable") line += fmt::format("{}={} ", k, x.is_string() ? x.get<std::string>() : x.dump());
+    std::cout << fmt::format("{:<8} {}\n", backend, line);
+  }
+  for (const auto& g : fp["gpus"]) {
+    std::cout << fmt::format("{:<8} {}\n", g["id"].get<std::string>(), g["name"].get<std::string>());
+    for (const auto& [k, x] : g["props"].items())
+      std::cout << fmt::format("         {}: {}\n", k, x.is_string() ? x.get<std::string>() : x.dump());
+  }
+  for (const auto& [backend, v] : fp["versions"].items())
+    if (v.contains("unavailable")) std::cout << fmt::format("{:<8} {}\n", backend, v["unavailable"].get<std::string>());
+  if (!fp["versions"].contains("cuda")) std::cout << "cuda     not built (configure with -Dcuda=enabled)\n";
+  return kExitOk;
+}
+
+// The dataset files that `run dataloader -p source=file` caches under
+// $TMPDIR/stallbench-<uid>, and the temporary files of runs that were killed.
+int cmd_clean(bool dry_run) {
+  const std::string dir = loader::dataset_cache_dir();
+  const auto removed = loader::clean_dataset_cache(dir, dry_run);
+  std::uint64_t total = 0;
+  for (const auto& r : removed) {
+    std::cout << fmt::format("{} {} ({})\n", dry_run ? "would remove" : "removed", r.path, format_bytes(double(r.bytes)));
+    total += r.bytes;
+  }
+  std::cout << fmt::format("{} file(s), {} {} in {}\n", removed.size(), format_bytes(double(total)),
+                           dry_run ? "to free" : "freed", dir);
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_list(CLI::App& app) {
+  auto* list = app.add_subcommand("list", "scenarios, with their parameters");
+  auto names_only = std::make_shared<bool>(false), as_json = std::make_shared<bool>(false);
+  list->add_flag("--names", *names_only, "only the scenario names, one per line");
+  list->add_flag("--json", *as_json, "as JSON");
+  return {list, [=] { return list_scenarios(*names_only, *as_json); }};
+}
+
+Command add_devices(CLI::App& app) {
+  auto* devices = app.add_subcommand("devices", "the CPU and CUDA GPUs, with library versions");
+  auto as_json = std::make_shared<bool>(false);
+  devices->add_flag("--json", *as_json, "the machine fingerprint as JSON");
+  return {devices, [=] { return cmd_devices(*as_json); }};
+}
+
+Command add_clean(CLI::App& app) {
+  auto* clean = app.add_subcommand("clean", "remove the cached dataset files (source=file) and what killed runs left");
+  auto dry = std::make_shared<bool>(false);
+  clean->add_flag("--dry-run", *dry, "list what would be removed");
+  return {clean, [=] { return cmd_clean(*dry); }};
+}
+
+}  // namespace sb::app

@@ -1,0 +1,951 @@
+// The input of `stallbench diagnose`: an Axolotl-style YAML config, a Hugging
+// Face config.json and a dataset-lengths file, each value with its source.
+// Every bad input is a UsageError naming file, line and key (exit 2).
+#include "diagnose/config.hpp"
+
+#include "harness/text.hpp"  // trim
+
+#include <algorithm>     // std::max_element, std::min_element, std::count
+#include <cctype>        // std::tolower, std::toupper
+#include <map>           // std::map
+#include <vector>        // std::vector
+#include <charconv>      // std::from_chars
+#include <cstdlib>       // std::strtod
+#include <numeric>       // std::accumulate
+#include <optional>      // std::optional
+#include <string_view>   // std::string_view
+#include <system_error>  // std::errc
+#include <utility>       // std::move
+
+#include <fmt/format.h>      // fmt::format
+#include <yaml.h>  // libyaml (PyYAML's parser): the document, nodes with their lines
+
+#include "harness/errors.hpp"     // sb::UsageError
+#include "harness/files.hpp"      // read_regular_file, first_invalid_utf8, quoted_text
+#include "harness/json_read.hpp"  // parse_json_text, JsonRef, reading_file
+#include "workloads/lengths.hpp"  // parse_lengths, generate_lengths: the @FILE grammar
+
+namespace sb::diagnose {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// A histogram file is expanded, then shuffled with this seed: a dataset is
+// consumed in random order, and the same file gives the same order each run.
+constexpr std::uint64_t kLengthsSeed = 1;
+
+constexpr std::string_view kDefault = "default";
+
+// Every key of TrainConfig, in the order sources and to_json list them.
+constexpr std::string_view kKeys[] = {
+    "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads", "model.num_key_value_heads",
+    "model.intermediate_size", "model.gated_mlp", "model.vocab_size", "model.tie_word_embeddings",
+    "model.num_experts", "model.num_experts_per_tok", "model.moe_intermediate_size",
+    "model.shared_expert_intermediate_size", "micro_batch_size", "gradient_accumulation_steps",
+    "sequence_len", "sample_packing", "pad_to_sequence_len", "bf16", "fp16", "tf32",
+    "flash_attention", "sdp_attention", "dataloader_num_workers", "dataloader_pin_memory",
+    "dataloader_prefetch_factor", "gradient_checkpointing", "lengths"};
+
+// The current value of every key but lengths, by its sources name.
+json values_of(const TrainConfig& c) {
+  json v;
+  v["model.hidden_size"] = c.model.hidden_size;
+  v["model.num_hidden_layers"] = c.model.num_hidden_layers;
+  v["model.num_attention_heads"] = c.model.num_attention_heads;
+  v["model.num_key_value_heads"] = c.model.kv_heads();
+  v["model.intermediate_size"] = c.model.intermediate_size;
+  v["model.gated_mlp"] = c.model.gated_mlp;
+  v["model.vocab_size"] = c.model.vocab_size;
+  v["model.tie_word_embeddings"] = c.model.tie_word_embeddings;
+  v["model.num_experts"] = c.model.num_experts;
+  v["model.num_experts_per_tok"] = c.model.num_experts_per_tok;
+  v["model.moe_intermediate_size"] = c.model.moe_intermediate_size;
+  v["model.shared_expert_intermediate_size"] = c.model.shared_expert_intermediate_size;
+  v["micro_batch_size"] = c.micro_batch_size;
+  v["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  v["sequence_len"] = c.sequence_len;
+  v["sample_packing"] = c.sample_packing;
+  v["pad_to_sequence_len"] = c.pad_to_sequence_len;
+  v["bf16"] = c.bf16;
+  v["fp16"] = c.fp16;
+  v["tf32"] = c.tf32;
+  v["flash_attention"] = c.flash_attention;
+  v["sdp_attention"] = c.sdp_attention;
+  v["dataloader_num_workers"] = c.dataloader_num_workers;
+  v["dataloader_pin_memory"] = c.dataloader_pin_memory;
+  v["dataloader_prefetch_factor"] = c.dataloader_prefetch_factor;
+  v["gradient_checkpointing"] = c.gradient_checkpointing;
+  return v;
+}
+
+// The sources name of a YAML key ("model.hidden_size" for "hidden_size"), or
+// "" for a key this reader does not know.
+std::string sources_name(std::string_view key) {
+  for (const auto k : kKeys) {
+    if (k == "lengths") continue;  // from --lengths, never the YAML
+    if (k == key) return std::string(k);
+    if (k.substr(0, 6) == "model." && k.substr(6) == key) return std::string(k);
+  }
+  return {};
+}
+
+std::string source_of(const TrainConfig& c, const std::string& key) {
+  const auto it = c.sources.find(key);
+  return it == c.sources.end() ? std::string(kDefault) : it->second.where;
+}
+
+// User text in a message: at most 40 bytes, control bytes and invalid UTF-8 (an escape in a quoted scalar,
+// "\uD800", decodes to bytes that are not) shown as \xNN.
+std::string printable(std::string_view s) { return quoted_text(s, 40); }
+
+using text::trim;
+
+// ---- YAML ---------------------------------------------------------------------
+
+// A YAML node as the reader needs it, built from libyaml's document (the
+// parser PyYAML, and so Axolotl, reads configs with). yaml-cpp 0.7 was used
+// first: fuzzing found it looping for ever on two inputs of 10 and 28
+// malformed bytes, which libyaml rejects or reads at once.
+enum class YType { Null, Scalar, Sequence, Map };
+struct YMark {
+  int line = 0;  // 0-based
+};
+struct YNode {
+  YType type = YType::Null;
+  std::string scalar;
+  bool quoted = false;  // a quoted scalar: a string, never null
+  YMark mark;
+  std::vector<YNode> keys, values;  // Map, in file order (a repeated key appears twice)
+  std::vector<YNode> items;         // Sequence
+  YType Type() const { return type; }
+  bool IsNull() const { return type == YType::Null; }
+  bool IsScalar() const { return type == YType::Scalar; }
+  bool IsMap() const { return type == YType::Map; }
+  const std::string& Scalar() const { return scalar; }
+  std::string Tag() const { return quoted ? "!" : "?"; }
+  YMark Mark() const { return mark; }
+};
+
+// libyaml's node n as a YNode. Aliases are libyaml's references to the
+// anchored node; a file whose aliases would expand past a million nodes, or
+// that nests deeper than 256, is not a training config (and is exit 2).
+YNode to_ynode(yaml_document_t* doc, yaml_node_t* n, int depth, std::size_t& count, const std::string& path) {
+  if (++count > 1000000)
+    throw UsageError(fmt::format("{}: over a million YAML nodes once aliases are expanded: not a training config", path));
+  if (depth > 256) throw UsageError(fmt::format("{}:{}: nested deeper than 256: not a training config", path, n->start_mark.line + 1));
+  YNode y;
+  y.mark.line = int(n->start_mark.line);
+  switch (n->type) {
+    case YAML_SCALAR_NODE: {
+      y.scalar.assign(reinterpret_cast<const char*>(n->data.scalar.value), n->data.scalar.length);
+      y.quoted = n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE && n->data.scalar.style != YAML_ANY_SCALAR_STYLE;
+      const bool null_word = y.scalar.empty() || y.scalar == "~" || y.scalar == "null" || y.scalar == "Null" ||
+                             y.scalar == "NULL";
+      y.type = !y.quoted && null_word ? YType::Null : YType::Scalar;
+      break;
+    }
+    case YAML_SEQUENCE_NODE:
+      y.type = YType::Sequence;
+      for (yaml_node_item_t* i = n->data.sequence.items.start; i < n->data.sequence.items.top; ++i)
+        if (yaml_node_t* c = yaml_document_get_node(doc, *i)) y.items.push_back(to_ynode(doc, c, depth + 1, count, path));
+      break;
+    case YAML_MAPPING_NODE:
+      y.type = YType::Map;
+      for (yaml_node_pair_t* pr = n->data.mapping.pairs.start; pr < n->data.mapping.pairs.top; ++pr) {
+        yaml_node_t* k = yaml_document_get_node(doc, pr->key);
+        yaml_node_t* v = yaml_document_get_node(doc, pr->value);
+        if (k && v) {
+          y.keys.push_back(to_ynode(doc, k, depth + 1, count, path));
+          y.values.push_back(to_ynode(doc, v, depth + 1, count, path));
+        }
+      }
+      break;
+    default: break;
+  }
+  return y;
+}
+
+// The file's documents: none (empty), one, or the line where a second starts.
+struct YDocs {
+  std::optional<YNode> first;
+  std::optional<int> second_line;  // 0-based
+};
+YDocs load_yaml(const std::string& text, const std::string& path) {
+  yaml_parser_t parser;
+  if (!yaml_parser_initialize(&parser)) throw Error(ErrorKind::runtime, "libyaml: cannot initialize a parser");
+  yaml_parser_set_input_string(&parser, reinterpret_cast<const unsigned char*>(text.data()), text.size());
+  YDocs out;
+  std::string problem;
+  for (int i = 0; i < 2 && problem.empty(); ++i) {
+    yaml_document_t doc;
+    if (!yaml_parser_load(&parser, &doc)) {
+      problem = fmt::format("{}:{}:{}: not YAML: {}{}", path, parser.problem_mark.line + 1,
+                            parser.problem_mark.column + 1, parser.problem ? parser.problem : "a syntax error",
+                            parser.context ? fmt::format(" ({})", parser.context) : std::string());
+      break;
+    }
+    yaml_node_t* root = yaml_document_get_root_node(&doc);
+    try {
+      if (root && i == 0) {
+        std::size_t count = 0;
+        out.first = to_ynode(&doc, root, 0, count, path);
+      } else if (root) {
+        out.second_line = int(root->start_mark.line);
+      }
+    } catch (...) {
+      yaml_document_delete(&doc);
+      yaml_parser_delete(&parser);
+      throw;
+    }
+    yaml_document_delete(&doc);
+    if (!root) break;  // the end of the stream
+  }
+  yaml_parser_delete(&parser);
+  if (!problem.empty()) throw UsageError(problem);
+  return out;
+}
+
+// Reads one YAML file's keys into cfg; `line` arguments are 1-based.
+class YamlReader {
+ public:
+  YamlReader(const std::string& path, TrainConfig& cfg) : path_(path), cfg_(cfg) {}
+
+  [[noreturn]] void fail(int line, std::string_view key, std::string_view what) const {
+    throw UsageError(fmt::format("{}:{}: {}: {}", path_, line, key, what));
+  }
+  std::string where(int line) const { return fmt::format("{}:{}", path_, line); }
+
+  // What a value is, for a message: 'abc', the string '2', a list, ...
+  static std::string describe(const YNode& v) {
+    switch (v.Type()) {
+      case YType::Null: return "nothing";
+      case YType::Sequence: return "a list";
+      case YType::Map: return "a mapping";
+      case YType::Scalar:
+        return (v.Tag() == "!" ? "the string '" : "'") + printable(v.Scalar()) + "'";
+      default: return "an undefined value";
+    }
+  }
+
+  // An integer in [lo, hi]. A plain YAML integer in decimal; a quoted string
+  // is taken when it holds one ("2" is 2): Axolotl validates its config with
+  // pydantic, whose lax mode turns "2" into 2, so such a config runs there.
+  std::int64_t integer(int line, std::string_view key, const YNode& v, std::int64_t lo,
+                       std::int64_t hi) const {
+    if (!v.IsScalar()) fail(line, key, "expected an integer, got " + describe(v));
+    std::string_view s = trim(v.Scalar());
+    const std::string_view digits = !s.empty() && s.front() == '+' ? s.substr(1) : s;
+    std::int64_t x = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), x);
+    const bool whole = !digits.empty() && end == digits.data() + digits.size();
+    if (whole && ec == std::errc::result_out_of_range)
+      fail(line, key, fmt::format("expected an integer in [{}, {}], got {}", lo, hi, describe(v)));
+    if (!whole || ec != std::errc()) {
+      // "2.5", "2.0", "1e3": a number, but not an integer.
+      const std::string text(s);
+      char* stop = nullptr;
+      (void)std::strtod(text.c_str(), &stop);
+      const bool number = !text.empty() && stop == text.c_str() + text.size();
+      fail(line, key, fmt::format("expected an integer, got {}{}", describe(v),
+                                  number ? " (not a whole number)" : ""));
+    }
+    const std::string_view magnitude = digits.substr(digits.front() == '-' ? 1 : 0);
+    if (magnitude.size() > 1 && magnitude.front() == '0')
+      fail(line, key, fmt::format("expected a decimal integer without leading zeros (YAML 1.1, which "
+                                  "Axolotl's PyYAML reads, takes 010 as octal 8), got {}", describe(v)));
+    if (x < lo)
+      fail(line, key, lo == 1 ? fmt::format("expected a positive integer, got {}", x)
+                              : fmt::format("expected an integer >= {}, got {}", lo, x));
+    if (x > hi) fail(line, key, fmt::format("expected at most {}, got {}", hi, x));
+    return x;
+  }
+
+  // What yaml-cpp took as a boolean: true/false, yes/no, on/off, y/n, in
+  // lower, Capitalised or UPPER case, quoted or not (pydantic's lax mode,
+  // Axolotl's validation, takes these strings too). Not 0 or 1.
+  std::optional<bool> maybe_boolean(const YNode& v) const {
+    if (!v.IsScalar()) return std::nullopt;
+    const std::string& w = v.Scalar();
+    // lower, Capitalised or UPPER case only ("tRUE" is not a boolean)
+    std::string low;
+    for (char c : w) low += char(std::tolower(static_cast<unsigned char>(c)));
+    std::string cap = low, up;
+    if (!cap.empty()) cap[0] = char(std::toupper(static_cast<unsigned char>(cap[0])));
+    for (char c : low) up += char(std::toupper(static_cast<unsigned char>(c)));
+    if (w != low && w != cap && w != up) return std::nullopt;
+    if (low == "y" || low == "yes" || low == "true" || low == "on") return true;
+    if (low == "n" || low == "no" || low == "false" || low == "off") return false;
+    return std::nullopt;
+  }
+  bool boolean(int line, std::string_view key, const YNode& v) const {
+    if (const auto b = maybe_boolean(v)) return *b;
+    fail(line, key, "expected true or false, got " + describe(v));
+  }
+
+  void read(const YNode& doc);
+
+ private:
+  bool read_key(const std::string& key, int line, const YNode& v);
+  void set_source(const std::string& key, int line) { cfg_.sources[key] = Source{where(line)}; }
+
+  const std::string& path_;
+  TrainConfig& cfg_;
+  std::map<std::string, int> line_of_;  // sources name -> line that set it
+  std::string bf16_word_;               // "auto" or "full" when bf16 was given so
+  std::string tf32_word_;               // "auto" when tf32 was
+};
+
+bool YamlReader::read_key(const std::string& key, int line, const YNode& v) {
+  struct IntField {
+    std::string_view name;
+    std::int64_t* field;
+    std::int64_t lo, hi;
+  };
+  const IntField ints[] = {
+      {"hidden_size", &cfg_.model.hidden_size, 1, kMaxHidden},
+      {"num_hidden_layers", &cfg_.model.num_hidden_layers, 1, kMaxLayers},
+      {"num_attention_heads", &cfg_.model.num_attention_heads, 1, kMaxHidden},
+      {"num_key_value_heads", &cfg_.model.num_key_value_heads, 1, kMaxHidden},
+      {"intermediate_size", &cfg_.model.intermediate_size, 1, kMaxIntermediate},
+      {"vocab_size", &cfg_.model.vocab_size, 1, kMaxVocab},
+      {"num_experts", &cfg_.model.num_experts, 1, kMaxExperts},
+      {"num_experts_per_tok", &cfg_.model.num_experts_per_tok, 1, kMaxExperts},
+      {"moe_intermediate_size", &cfg_.model.moe_intermediate_size, 1, kMaxIntermediate},
+      {"shared_expert_intermediate_size", &cfg_.model.shared_expert_intermediate_size, 1, kMaxIntermediate},
+      {"micro_batch_size", &cfg_.micro_batch_size, 1, kMaxMicroBatch},
+      {"gradient_accumulation_steps", &cfg_.gradient_accumulation_steps, 1, kMaxAccumulation},
+      {"sequence_len", &cfg_.sequence_len, 1, kMaxSequenceLen},
+  };
+  struct SmallIntField {
+    std::string_view name;
+    int* field;
+    int lo, hi;
+  };
+  const SmallIntField small_ints[] = {
+      {"dataloader_num_workers", &cfg_.dataloader_num_workers, 0, kMaxWorkers},
+      {"dataloader_prefetch_factor", &cfg_.dataloader_prefetch_factor, 1, kMaxWorkers},
+  };
+  struct BoolField {
+    std::string_view name;
+    bool* field;
+  };
+  const BoolField bools[] = {
+      {"sample_packing", &cfg_.sample_packing}, {"pad_to_sequence_len", &cfg_.pad_to_sequence_len},
+      {"fp16", &cfg_.fp16}, {"flash_attention", &cfg_.flash_attention},
+      {"sdp_attention", &cfg_.sdp_attention}, {"dataloader_pin_memory", &cfg_.dataloader_pin_memory},
+      {"gated_mlp", &cfg_.model.gated_mlp},  {"tie_word_embeddings", &cfg_.model.tie_word_embeddings},
+  };
+  const std::string name = sources_name(key);
+  if (name.empty()) return false;
+
+  if (v.IsNull()) {  // `key:`, `key: ~`, `key: null`: Axolotl's None, the default
+    cfg_.notes.push_back(fmt::format("{}: empty at line {}; the default {} kept", key, line,
+                                     values_of(cfg_)[name].dump()));
+    return true;
+  }
+  for (const auto& f : ints)
+    if (key == f.name) *f.field = integer(line, key, v, f.lo, f.hi);
+  for (const auto& f : small_ints)
+    if (key == f.name) *f.field = int(integer(line, key, v, f.lo, f.hi));
+  for (const auto& f : bools)
+    if (key == f.name) *f.field = boolean(line, key, v);
+
+  const std::string word = v.IsScalar() ? v.Scalar() : std::string();
+  if (key == "bf16") {
+    // Axolotl: bool, "auto" (bf16 where the GPU has it) or "full" (pure bf16,
+    // bf16_full_eval). Both train in bf16 on any GPU worth diagnosing.
+    bf16_word_.clear();
+    if (word == "auto" || word == "full") {
+      cfg_.bf16 = true;
+      bf16_word_ = word;
+    } else if (const auto b = maybe_boolean(v)) {
+      cfg_.bf16 = *b;
+    } else {
+      fail(line, key, "expected true, false, auto or full, got " + describe(v));
+    }
+  } else if (key == "tf32") {
+    // Newer Axolotl: bool or "auto" (tf32 where the GPU has it).
+    tf32_word_.clear();
+    if (word == "auto") {
+      cfg_.tf32 = true;
+      tf32_word_ = word;
+    } else if (const auto b = maybe_boolean(v)) {
+      cfg_.tf32 = *b;
+    } else {
+      fail(line, key, "expected true, false or auto, got " + describe(v));
+    }
+  } else if (key == "gradient_checkpointing") {
+    // Axolotl: bool, "offload" / "offload_disk" (checkpoints moved to host
+    // memory or disk), and in 2024's releases "unsloth" (Unsloth's offloaded
+    // checkpointing). Each recomputes the forward: checkpointing is on.
+    if (word == "unsloth" || word == "offload" || word == "offload_disk") {
+      cfg_.gradient_checkpointing = true;
+      cfg_.notes.push_back(fmt::format(
+          "gradient_checkpointing: {} (line {}) taken as true: activations are recomputed, and {}", word,
+          line, word == "offload_disk" ? "the checkpoints go to disk" : "the checkpoints go to host memory"));
+    } else if (const auto b = maybe_boolean(v)) {
+      cfg_.gradient_checkpointing = *b;
+    } else {
+      fail(line, key, "expected true, false, offload, offload_disk or unsloth, got " + describe(v));
+    }
+  }
+  set_source(name, line);
+  line_of_[name] = line;
+  return true;
+}
+
+void YamlReader::read(const YNode& doc) {
+  struct Entry {
+    std::string key;  // "" for a key that is not a string
+    int line;
+    YNode value;
+  };
+  std::vector<Entry> entries;
+  std::map<std::string, std::size_t> last;  // key -> index of its last entry
+  for (std::size_t i = 0; i < doc.keys.size(); ++i) {
+    const YNode& k = doc.keys[i];
+    const int line = k.Mark().line + 1;
+    std::string key = k.IsScalar() ? k.Scalar() : std::string();
+    if (!key.empty()) last[key] = entries.size();
+    entries.push_back({std::move(key), line, doc.values[i]});
+  }
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    if (e.key.empty()) {
+      cfg_.unknown_keys.push_back(fmt::format("<an empty or non-string key> (line {})", e.line));
+      continue;
+    }
+    const std::size_t final_entry = last.at(e.key);
+    if (final_entry != i) {
+      // PyYAML, which Axolotl reads with, keeps a repeated key's last value.
+      if (!sources_name(e.key).empty()) {
+        cfg_.notes.push_back(fmt::format("{}: given at line {} and again at line {}; the last is used, as "
+                                         "Axolotl (PyYAML) does", e.key, e.line, entries[final_entry].line));
+        continue;
+      }
+    }
+    if (e.key == "attn_implementation") {
+      // Newer Axolotl (and transformers' own key): the attention by name. flash_attention and
+      // sdp_attention say the same; either makes the attention fused.
+      const std::string word = e.value.IsScalar() ? e.value.Scalar() : std::string();
+      const bool flash = word.find("flash") != std::string::npos;
+      const bool sdp = word == "sdpa" || word == "flex_attention";
+      if (!flash && !sdp && word != "eager")
+        fail(e.line, e.key,
+             fmt::format("'{}' is not an attention implementation diagnose knows; expected eager, sdpa, "
+                         "flex_attention or a flash_attention_* name",
+                         printable(word)));
+      if (flash) cfg_.flash_attention = true;
+      if (sdp) cfg_.sdp_attention = true;
+      cfg_.notes.push_back(fmt::format("attn_implementation: {} (line {}) read as {}", printable(word), e.line,
+                                       flash ? "flash_attention: true" : sdp ? "sdp_attention: true"
+                                                                             : "eager attention"));
+      continue;
+    }
+    if (!read_key(e.key, e.line, e.value))
+      cfg_.unknown_keys.push_back(fmt::format("{} (line {})", printable(e.key), e.line));
+  }
+
+  // Cross-key checks, at the line of the key that breaks them.
+  auto& m = cfg_.model;
+  if (m.hidden_size % m.num_attention_heads != 0) {
+    if (line_of_.count("model.num_attention_heads"))
+      fail(line_of_.at("model.num_attention_heads"), "num_attention_heads",
+           fmt::format("{} does not divide hidden_size {} ({}); expected a divisor of the hidden size",
+                       m.num_attention_heads, m.hidden_size, source_of(cfg_, "model.hidden_size")));
+    fail(line_of_.at("model.hidden_size"), "hidden_size",
+         fmt::format("{} is not a multiple of num_attention_heads {} ({}); expected a multiple of the heads",
+                     m.hidden_size, m.num_attention_heads, source_of(cfg_, "model.num_attention_heads")));
+  }
+  if (m.num_attention_heads % m.kv_heads() != 0) {
+    if (line_of_.count("model.num_key_value_heads"))
+      fail(line_of_.at("model.num_key_value_heads"), "num_key_value_heads",
+           fmt::format("{} does not divide num_attention_heads {} ({}); expected a divisor of the heads",
+                       m.kv_heads(), m.num_attention_heads, source_of(cfg_, "model.num_attention_heads")));
+    fail(line_of_.at("model.num_attention_heads"), "num_attention_heads",
+         fmt::format("{} is not a multiple of num_key_value_heads {} ({}); expected a multiple of the K/V heads",
+                     m.num_attention_heads, m.kv_heads(), source_of(cfg_, "model.num_key_value_heads")));
+  }
+  // a mixture of experts needs both counts, the routed ones at most the experts
+  const bool experts = line_of_.count("model.num_experts") > 0, per_tok = line_of_.count("model.num_experts_per_tok") > 0;
+  if (experts != per_tok)
+    fail(line_of_.at(experts ? "model.num_experts" : "model.num_experts_per_tok"),
+         experts ? "num_experts" : "num_experts_per_tok",
+         fmt::format("given without {}; expected both (a mixture of experts: how many, and how many a token runs)",
+                     experts ? "num_experts_per_tok" : "num_experts"));
+  if (m.num_experts_per_tok > m.num_experts)
+    fail(line_of_.at("model.num_experts_per_tok"), "num_experts_per_tok",
+         fmt::format("{} is more than num_experts {}; expected at most the experts", m.num_experts_per_tok,
+                     m.num_experts));
+  if (cfg_.bf16 && cfg_.fp16) {
+    const int bf16_line = line_of_.at("bf16"), fp16_line = line_of_.at("fp16");
+    if (bf16_word_ == "auto") {
+      // Axolotl's auto picks bf16 only where the GPU has it; beside an explicit
+      // fp16: true the config means fp16.
+      cfg_.bf16 = false;
+      cfg_.notes.push_back(fmt::format("bf16: auto (line {}) taken as false: fp16 is true (line {})",
+                                       bf16_line, fp16_line));
+      bf16_word_.clear();
+    } else {
+      const bool fp16_later = fp16_line > bf16_line;
+      fail(fp16_later ? fp16_line : bf16_line, fp16_later ? "fp16" : "bf16",
+           fmt::format("true, and {} is true too (line {}); expected at most one of bf16 and fp16",
+                       fp16_later ? "bf16" : "fp16", fp16_later ? bf16_line : fp16_line));
+    }
+  }
+  if (!bf16_word_.empty())
+    cfg_.notes.push_back(fmt::format(
+        "bf16: {} (line {}) taken as true{}", bf16_word_, line_of_.at("bf16"),
+        bf16_word_ == "auto" ? " (Axolotl's auto means bf16 on a GPU that has it: Ampere and later)"
+                             : " (full: pure bf16, evaluation in bf16 too)"));
+  if (!tf32_word_.empty())
+    cfg_.notes.push_back(fmt::format(
+        "tf32: auto (line {}) taken as true (Axolotl's auto means tf32 on a GPU that has it)",
+        line_of_.at("tf32")));
+}
+
+}  // namespace
+
+// ---- the public functions ------------------------------------------------------------
+
+TrainConfig default_config() {
+  TrainConfig c;
+  for (const auto key : kKeys) c.sources[std::string(key)] = Source{std::string(kDefault)};
+  return c;
+}
+
+TrainConfig read_axolotl_yaml(const std::string& path) {
+  return parse_axolotl_yaml_text(read_regular_file(path, "training config"), path);
+}
+
+TrainConfig parse_axolotl_yaml_text(const std::string& text, const std::string& path) {
+  // The other files diagnose reads, given where the training config goes:
+  // said so, not read as a config of unknown keys and run on the defaults.
+  if (text.size() >= 2 && static_cast<unsigned char>(text[0]) == 0x1f && static_cast<unsigned char>(text[1]) == 0x8b)
+    throw UsageError(fmt::format("{}: gzip-compressed, not a YAML training config; a PyTorch profiler trace "
+                                 "(.json.gz) is read with `stallbench diagnose --trace {}`",
+                                 path, path));
+  // YAML is Unicode text; a key or value that is not UTF-8 would reach the report's JSON later
+  if (const auto at = first_invalid_utf8(text)) {
+    const auto line = 1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(*at), '\n');
+    throw UsageError(fmt::format("{}:{}: not UTF-8 text (byte {})", path, line, *at));
+  }
+  const YDocs docs = load_yaml(text, path);
+  if (!docs.first || docs.first->IsNull())
+    throw UsageError(fmt::format("{}: empty; expected a YAML mapping of config keys (key: value)", path));
+  if (docs.second_line)
+    throw UsageError(fmt::format("{}:{}: a second YAML document (after ---); expected one mapping of config keys",
+                                 path, *docs.second_line + 1));
+  const YNode& doc = *docs.first;
+  if (!doc.IsMap())
+    throw UsageError(fmt::format("{}:{}: the top level is {}; expected a mapping of config keys (key: value)",
+                                 path, doc.Mark().line + 1, YamlReader::describe(doc)));
+  auto has = [&doc](std::string_view key) {
+    for (const YNode& k : doc.keys)
+      if (k.IsScalar() && k.Scalar() == key) return true;
+    return false;
+  };
+  if (has("traceEvents"))
+    throw UsageError(fmt::format("{}: a PyTorch profiler trace (it has traceEvents), not a training config: "
+                                 "`stallbench diagnose --trace {}` reads it",
+                                 path, path));
+  if (has("architectures") && has("hidden_size") && has("num_hidden_layers"))
+    throw UsageError(fmt::format("{}: a Hugging Face model config.json (architectures, hidden_size, "
+                                 "num_hidden_layers), not "
+                                 "a training config: pass it with --model-config {}",
+                                 path, path));
+  if (has("schema_version") && has("kind"))
+    throw UsageError(fmt::format("{}: a stallbench document (schema_version, kind), not a training config: "
+                                 "`stallbench compare` reads results",
+                                 path));
+  TrainConfig cfg = default_config();
+  YamlReader(path, cfg).read(doc);
+  // Not one key diagnose reads: the run would diagnose the built-in default and look like an
+  // answer about this file.
+  if (!doc.keys.empty() && cfg.unknown_keys.size() >= doc.keys.size())
+    throw UsageError(fmt::format("{}: none of its {} key(s) is one diagnose reads (micro_batch_size, sequence_len, "
+                                 "bf16, ...: `stallbench diagnose --help`); without one it would diagnose the "
+                                 "default config, not this file",
+                                 path, doc.keys.size()));
+  return cfg;
+}
+
+namespace {
+
+// Families whose config.json names the dims its own way (Hugging Face's attribute_map and __init__
+// keywords: GPT2Config's n_embd, n_layer, n_head, n_inner; MptConfig's d_model, n_layers, n_heads; ...):
+// read where the standard name is missing, and said so. "" where the family uses the standard name.
+struct DimAliases {
+  std::string_view hidden, layers, heads, inter;
+};
+constexpr std::pair<std::string_view, DimAliases> kDimAliases[] = {
+    {"gpt2", {"n_embd", "n_layer", "n_head", "n_inner"}},
+    {"gptj", {"n_embd", "n_layer", "n_head", "n_inner"}},
+    {"codegen", {"n_embd", "n_layer", "n_head", "n_inner"}},
+    {"gpt_bigcode", {"n_embd", "n_layer", "n_head", "n_inner"}},
+    {"gpt_neo", {"", "num_layers", "num_heads", ""}},
+    {"opt", {"", "", "", "ffn_dim"}},
+    {"bloom", {"n_embed", "n_layer", "n_head", ""}},
+    {"falcon", {"", "n_layer", "n_head", "ffn_hidden_size"}},
+    {"RefinedWeb", {"", "n_layer", "n_head", "ffn_hidden_size"}},
+    {"RefinedWebModel", {"", "n_layer", "n_head", "ffn_hidden_size"}},
+    {"mpt", {"d_model", "n_layers", "n_heads", ""}},
+};
+DimAliases aliases_of(std::string_view type) {
+  for (const auto& [t, a] : kDimAliases)
+    if (t == type) return a;
+  return {};
+}
+
+// The two-matrix MLPs by family (every other family with an intermediate_size is gated: Llama, Mistral,
+// Qwen, Gemma, Phi-3, OLMo, Mixtral, ...).
+constexpr std::string_view kPlain[] = {"gpt2", "gpt_neox", "gpt_bigcode", "gptj",       "gpt_neo",
+                                       "bert", "roberta",  "opt",         "bloom",      "falcon",
+                                       "mpt",  "phi",      "starcoder2",  "codegen",    "RefinedWeb",
+                                       "RefinedWebModel", "nemotron", "persimmon"};  // the last two: squared ReLU
+// Families whose Hugging Face config class ties the LM head to the embedding unless told otherwise, and
+// those that do not: the reading of a config.json that leaves tie_word_embeddings out.
+constexpr std::string_view kTiedByDefault[] = {"gpt2", "gpt_bigcode", "gpt_neo", "opt", "bloom",
+                                               "falcon", "RefinedWeb", "RefinedWebModel", "mpt", "bert",
+                                               "roberta", "starcoder2", "gemma", "gemma2", "gemma3", "gemma3_text"};
+constexpr std::string_view kUntiedByDefault[] = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
+                                                 "qwen3_moe", "gpt_neox", "gptj", "codegen", "phi", "phi3",
+                                                 "phimoe", "olmo", "olmo2", "olmoe", "stablelm", "cohere"};
+// Layers the decoder step is not: attention with low-rank K/V compression (DeepSeek's MLA), state-space
+// layers, an MoE configured under a nested key. Refused, with the way to a stand-in.
+constexpr std::pair<std::string_view, std::string_view> kNotModelled[] = {
+    {"deepseek_v2", "multi-head latent attention (low-rank K/V) and dense first layers"},
+    {"deepseek_v3", "multi-head latent attention (low-rank K/V) and dense first layers"},
+    {"dbrx", "its mixture of experts configured under ffn_config"},
+    {"jamba", "Mamba layers between its attention layers"},
+    {"mamba", "state-space layers, no attention"},
+    {"mamba2", "state-space layers, no attention"},
+    {"falcon_mamba", "state-space layers, no attention"},
+    {"rwkv", "recurrent layers, no attention"},
+};
+template <std::size_t N>
+bool listed(const std::string_view (&names)[N], std::string_view type) {
+  return std::find(std::begin(names), std::end(names), type) != std::end(names);
+}
+
+}  // namespace
+
+void apply_model_config(TrainConfig& cfg, const std::string& config_json_path) {
+  apply_model_config_text(cfg, read_regular_file(config_json_path, "model config"), config_json_path);
+}
+
+void apply_model_config_text(TrainConfig& cfg, const std::string& text, const std::string& path) {
+  const json doc = parse_json_text(text, path);
+  TrainConfig out = cfg;
+  reading_file(path, [&] {
+    JsonRef root(doc, path);
+    root.object();
+    const auto given = [](const std::optional<JsonRef>& r) { return r && !r->raw().is_null(); };
+    // model_type, where given: a number or a list is "FILE: model_type: expected a string"
+    const auto type_of = [&](const JsonRef& at) {
+      const auto t = at.find("model_type");
+      return given(t) ? std::optional<std::string>(t->str()) : std::nullopt;
+    };
+    struct Dim {
+      std::string_view name;
+      std::string_view DimAliases::*alias;
+      std::int64_t* field;
+      std::int64_t hi;
+    };
+    const Dim dims[] = {
+        {"hidden_size", &DimAliases::hidden, &out.model.hidden_size, kMaxHidden},
+        {"num_hidden_layers", &DimAliases::layers, &out.model.num_hidden_layers, kMaxLayers},
+        {"num_attention_heads", &DimAliases::heads, &out.model.num_attention_heads, kMaxHidden},
+        {"intermediate_size", &DimAliases::inter, &out.model.intermediate_size, kMaxIntermediate},
+        {"vocab_size", nullptr, &out.model.vocab_size, kMaxVocab},
+    };
+    // The key a dim is read from: its standard name, else its family's name for it.
+    const auto key_of = [&](const JsonRef& at, const Dim& d, std::string_view type) -> std::optional<std::string> {
+      if (given(at.find(d.name))) return std::string(d.name);
+      if (d.alias) {
+        const std::string_view a = aliases_of(type).*(d.alias);
+        if (!a.empty() && given(at.find(a))) return std::string(a);
+      }
+      return std::nullopt;
+    };
+    // A multimodal model (Llava, Gemma 3, ...) keeps its language model's dims in text_config.
+    JsonRef from = root;
+    std::string type = type_of(root).value_or("");
+    bool any_at_top = false;
+    for (const auto& d : dims) any_at_top = any_at_top || key_of(root, d, type).has_value();
+    if (!any_at_top) {
+      if (const auto tc = root.find("text_config"); tc && tc->raw().is_object()) {
+        from = *tc;
+        // its text_config names its language model's family; else the top level's
+        if (const auto inner = type_of(from)) type = *inner;
+        out.notes.push_back(fmt::format("{}: the model dims read from its text_config", path));
+      }
+    }
+    const std::string qtype = quoted_text(type, 40);
+    for (const auto& [t, why] : kNotModelled)
+      if (type == t)
+        throw UsageError(fmt::format(
+            "{}: model_type {}: {} is not the decoder layer diagnose measures; give the dims as keys of the training "
+            "config (hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size, and "
+            "num_experts, num_experts_per_tok, moe_intermediate_size for a mixture of experts) to diagnose a "
+            "stand-in, or leave --model-config out",
+            path, qtype, why));
+    bool inter_given = false;
+    for (const auto& d : dims) {
+      const std::string name = "model." + std::string(d.name);
+      const auto key = key_of(from, d, type);
+      if (!key) {
+        if (d.field != &out.model.intermediate_size)  // the MLP's width without its key: below
+          out.notes.push_back(fmt::format("{}: no {}; {} ({}) kept", path, d.name, *d.field, source_of(out, name)));
+        continue;
+      }
+      const std::int64_t x = from.at(*key).integer(1, d.hi);
+      const std::string before = source_of(out, name);
+      if (x != *d.field && before != kDefault)
+        out.notes.push_back(fmt::format("{}: {} {} replaces {} from {}", path, d.name, x, *d.field, before));
+      if (*key != d.name) out.notes.push_back(fmt::format("{}: {} {} read from {} ({}'s name for it)", path, d.name, x, *key, qtype));
+      *d.field = x;
+      out.sources[name] = Source{*key == d.name ? path : path + " (" + *key + ")"};
+      inter_given = inter_given || d.field == &out.model.intermediate_size;
+    }
+    const auto& m = out.model;
+    if (m.hidden_size % m.num_attention_heads != 0)
+      throw UsageError(fmt::format("{}: num_attention_heads: {} ({}) does not divide hidden_size {} ({}); expected "
+                                   "heads that divide the hidden size", path, m.num_attention_heads,
+                                   source_of(out, "model.num_attention_heads"), m.hidden_size,
+                                   source_of(out, "model.hidden_size")));
+    // The MLP's kind from the model's family.
+    const bool plain = listed(kPlain, type);
+    if (!type.empty()) {
+      const std::string before = source_of(out, "model.gated_mlp");
+      if (!plain != out.model.gated_mlp && before != kDefault)
+        out.notes.push_back(fmt::format("{}: model_type {} sets gated_mlp {}, replacing {} from {}", path, qtype, !plain,
+                                        out.model.gated_mlp, before));
+      out.model.gated_mlp = !plain;
+      out.sources["model.gated_mlp"] = Source{path};
+    } else {
+      out.notes.push_back(fmt::format("{}: no model_type; gated_mlp {} ({}) kept", path, out.model.gated_mlp,
+                                      source_of(out, "model.gated_mlp")));
+    }
+    // A plain MLP without its width given is 4 x hidden, as its config class makes it (GPT-2's n_inner
+    // None, BLOOM's and Falcon's 4 x hidden, MPT's expansion_ratio, 4 by default); a gated one keeps the
+    // value it had, said so.
+    if (!inter_given) {
+      if (plain) {
+        std::int64_t ratio = 4;
+        std::string why = "4 x hidden, as its config class makes it";
+        if (const auto er = from.find("expansion_ratio"); type == "mpt" && given(er)) {
+          ratio = er->integer(1, 64);
+          why = fmt::format("expansion_ratio {} x hidden", ratio);
+        }
+        out.model.intermediate_size = std::min(kMaxIntermediate, ratio * m.hidden_size);
+        out.sources["model.intermediate_size"] = Source{path + " (" + why + ")"};
+        out.notes.push_back(fmt::format("{}: no intermediate_size; {} for model_type {}: {}", path,
+                                        out.model.intermediate_size, qtype, why));
+      } else {
+        out.notes.push_back(fmt::format("{}: no intermediate_size; {} ({}) kept", path, out.model.intermediate_size,
+                                        source_of(out, "model.intermediate_size")));
+      }
+    }
+    if (plain)
+      out.notes.push_back(fmt::format("{}: model_type {}: a plain MLP (up and down, two hidden x {} matrices, not "
+                                      "a gated one's three)",
+                                      path, qtype, out.model.intermediate_size));
+    // The K/V heads: num_key_value_heads, else the family's own keys for multi-query and grouped-query
+    // attention (Falcon's multi_query, true by default, or num_kv_heads with new_decoder_architecture;
+    // GPT-BigCode's multi_query, true by default; MPT's attn_config), else one per attention head.
+    std::optional<std::int64_t> kv;
+    std::optional<JsonRef> kv_ref;  // where a count that is not a divisor is reported
+    std::string kv_key;
+    // Falcon's and BigCode's multi_query, true when the file leaves it out: one K/V head
+    const auto multi_query = [&] {
+      const auto mq = from.find("multi_query");
+      if (given(mq) && !mq->boolean()) return;
+      kv = 1;
+      kv_key = given(mq) ? "multi_query" : "multi_query, true by default";
+    };
+    if (const auto k = from.find("num_key_value_heads"); given(k)) {
+      kv = k->integer(1, kMaxHidden);
+      kv_ref = k;
+      kv_key = "num_key_value_heads";
+    } else if (type == "falcon" || type == "RefinedWeb" || type == "RefinedWebModel") {
+      const auto nda = from.find("new_decoder_architecture");
+      const bool new_arch = type == "RefinedWeb" || (given(nda) && nda->boolean());
+      if (new_arch) {
+        for (const std::string_view key : {"num_kv_heads", "n_head_kv"})
+          if (const auto n = from.find(key); !kv && given(n)) {
+            kv = n->integer(1, kMaxHidden);
+            kv_ref = n;
+            kv_key = std::string(key) + " (new_decoder_architecture)";
+          }
+      } else {
+        multi_query();
+      }
+    } else if (type == "gpt_bigcode") {
+      multi_query();
+    } else if (type == "mpt") {
+      if (const auto ac = from.find("attn_config"); given(ac) && ac->raw().is_object()) {
+        const auto at = ac->find("attn_type");
+        const std::string t = given(at) ? at->str() : std::string();
+        if (t == "multiquery_attention") {
+          kv = 1;
+          kv_key = "attn_config.attn_type multiquery_attention";
+        } else if (t == "grouped_query_attention") {
+          if (const auto n = ac->find("kv_n_heads"); given(n)) {
+            kv = n->integer(1, kMaxHidden);
+            kv_ref = n;
+            kv_key = "attn_config.kv_n_heads";
+          }
+        }
+      }
+    }
+    if (kv) {
+      if (m.num_attention_heads % *kv != 0)  // a count of 1 (multi-query) always divides: kv_ref is set
+        kv_ref->fail(fmt::format("expected a divisor of num_attention_heads {}, got {}", m.num_attention_heads, *kv));
+      const std::string before = source_of(out, "model.num_key_value_heads");
+      if (*kv != out.model.kv_heads() && before != kDefault)
+        out.notes.push_back(fmt::format("{}: {} {} replaces {} from {}", path, kv_key, *kv, out.model.kv_heads(), before));
+      out.model.num_key_value_heads = *kv;
+      out.sources["model.num_key_value_heads"] =
+          Source{kv_key == "num_key_value_heads" ? path : path + " (" + kv_key + ")"};
+      const std::string_view kind = *kv == 1 ? "multi-query attention" : "grouped-query attention";
+      if (*kv != m.num_attention_heads && kv_key == "num_key_value_heads")
+        out.notes.push_back(fmt::format("{}: num_key_value_heads {} differs from num_attention_heads {}: {}, the K and "
+                                        "V projections {}x smaller",
+                                        path, *kv, m.num_attention_heads, kind, m.num_attention_heads / *kv));
+      else if (*kv != m.num_attention_heads)
+        out.notes.push_back(fmt::format("{}: {} K/V head(s) for {} attention heads ({}): {}, the K and V projections "
+                                        "{}x smaller",
+                                        path, *kv, m.num_attention_heads, kv_key, kind, m.num_attention_heads / *kv));
+    } else if (out.model.num_key_value_heads > 0) {
+      // Hugging Face's reading of a config.json without it: one K/V head per attention head
+      out.notes.push_back(fmt::format("{}: no num_key_value_heads: one K/V head per attention head, not the {} of {}",
+                                      path, out.model.num_key_value_heads,
+                                      source_of(out, "model.num_key_value_heads")));
+      out.model.num_key_value_heads = 0;
+      out.sources["model.num_key_value_heads"] = Source{path};
+    }
+    // The LM head: tied to the embedding or a matrix of its own.
+    {
+      const auto tw = given(from.find("tie_word_embeddings")) ? from.find("tie_word_embeddings")
+                                                              : root.find("tie_word_embeddings");
+      bool tie = out.model.tie_word_embeddings;
+      std::string src = path;
+      if (given(tw)) {
+        tie = tw->boolean();
+      } else if (listed(kTiedByDefault, type) || listed(kUntiedByDefault, type)) {
+        tie = listed(kTiedByDefault, type);
+        src = fmt::format("{} (model_type {}'s default)", path, qtype);
+      } else {
+        src = source_of(out, "model.tie_word_embeddings");
+        out.notes.push_back(fmt::format("{}: no tie_word_embeddings; {} ({}) kept: the LM head counted {}", path, tie,
+                                        src, tie ? "as the embedding's matrix" : "as a matrix of its own"));
+      }
+      out.model.tie_word_embeddings = tie;
+      out.sources["model.tie_word_embeddings"] = Source{src};
+    }
+    // A mixture of experts: how many, how many a token runs, each one's width, a shared one.
+    {
+      std::optional<JsonRef> experts;
+      std::string ekey;
+      for (const std::string_view key : {"num_local_experts", "num_experts", "n_routed_experts"})
+        if (const auto e = from.find(key); !experts && given(e)) {
+          experts = e;
+          ekey = key;
+        }
+      const auto per_tok = from.find("num_experts_per_tok");
+      if (experts && experts->integer(0, kMaxExperts) > 0) {
+        const std::int64_t n = experts->integer(1, kMaxExperts);
+        if (!given(per_tok)) experts->fail("given without num_experts_per_tok: expected both (a mixture of experts)");
+        const std::int64_t k = per_tok->integer(1, n);
+        out.model.num_experts = n;
+        out.model.num_experts_per_tok = k;
+        out.model.moe_intermediate_size = 0;
+        out.model.shared_expert_intermediate_size = 0;
+        if (const auto mi = from.find("moe_intermediate_size"); given(mi))
+          out.model.moe_intermediate_size = mi->integer(1, kMaxIntermediate);
+        if (const auto si = from.find("shared_expert_intermediate_size"); given(si))
+          out.model.shared_expert_intermediate_size = si->integer(0, kMaxIntermediate);
+        for (const std::string_view key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                           "shared_expert_intermediate_size"})
+          out.sources["model." + std::string(key)] = Source{key == "num_experts" ? path + " (" + ekey + ")" : path};
+        const auto& mm = out.model;
+        out.notes.push_back(fmt::format(
+            "{}: a mixture of experts: {} of {} experts of {} each run for a token{}: the measured step's MLP has a "
+            "token's width ({}), the memory check holds every expert's weights ({} wide)",
+            path, k, n, mm.expert_intermediate(),
+            mm.shared_expert_intermediate_size > 0 ? fmt::format(", and a shared one of {}", mm.shared_expert_intermediate_size)
+                                                   : std::string(),
+            mm.active_intermediate(), mm.weight_intermediate()));
+      } else if (out.model.moe()) {
+        out.notes.push_back(fmt::format("{}: no experts: a dense MLP, not the {} experts of {}", path,
+                                        out.model.num_experts, source_of(out, "model.num_experts")));
+        out.model.num_experts = out.model.num_experts_per_tok = 0;
+        out.model.moe_intermediate_size = out.model.shared_expert_intermediate_size = 0;
+      }
+    }
+  });
+  cfg = std::move(out);
+}
+
+void read_lengths(TrainConfig& cfg, const std::string& path) {
+  packing::LengthSpec spec;
+  try {
+    spec = packing::parse_lengths("@" + path);
+  } catch (const UsageError& e) {
+    // The packing parser says "lengths file 'F' line N: expected ..."; the
+    // diagnose messages all begin "F:N: ".
+    const std::string msg = e.what();
+    const std::string prefix = "lengths file '" + path + "' line ";
+    if (msg.rfind(prefix, 0) == 0) {
+      const auto colon = msg.find(": ", prefix.size());
+      const std::string number = msg.substr(prefix.size(), colon == std::string::npos ? 0 : colon - prefix.size());
+      if (!number.empty() && number.find_first_not_of("0123456789") == std::string::npos)
+        throw UsageError(fmt::format("{}:{}: {}", path, number, msg.substr(colon + 2)));
+    }
+    throw;
+  }
+  const bool histogram = spec.kind == packing::LengthSpec::Kind::file_histogram;
+  std::int64_t total = std::int64_t(spec.lengths.size());
+  for (const auto& row : spec.histogram) total += row.count;  // each <= 2^40, the sum <= 2^50: the parser checks
+  if (total > kMaxLengths)
+    throw UsageError(fmt::format("{}: {} sequences in all, over the limit of {}; give a sample of the dataset",
+                                 path, total, kMaxLengths));
+  std::vector<std::int32_t> lengths = packing::generate_lengths(spec, 0, kLengthsSeed);
+  if (histogram)
+    cfg.notes.push_back(fmt::format("lengths: {} sequences from a {}-row histogram ({}), in a shuffled order "
+                                    "(seed {})", lengths.size(), spec.histogram.size(), path, kLengthsSeed));
+  cfg.lengths = std::move(lengths);
+  cfg.sources["lengths"] = Source{"--lengths " + path};
+}
+
+json to_json(const TrainConfig& cfg) {
+  const json values = values_of(cfg);
+  json out;
+  json& model = out["model"] = json::object();
+  for (const auto key : kKeys) {
+    const std::string k(key);
+    if (k == "lengths") continue;
+    json entry = {{"value", values[k]}, {"source", source_of(cfg, k)}};
+    if (k.rfind("model.", 0) == 0)
+      model[k.substr(6)] = std::move(entry);
+    else
+      out[k] = std::move(entry);
+  }
+  json lengths = {{"count", cfg.lengths.size()}};
+  if (!cfg.lengths.empty()) {
+    const std::int64_t tokens = std::accumulate(cfg.lengths.begin(), cfg.lengths.end(), std::int64_t(0));
+    lengths["tokens"] = tokens;
+    lengths["min"] = *std::min_element(cfg.lengths.begin(), cfg.lengths.end());
+    lengths["max"] = *std::max_element(cfg.lengths.begin(), cfg.lengths.end());
+    lengths["mean"] = double(tokens) / double(cfg.lengths.size());
+  }
+  lengths["source"] = source_of(cfg, "lengths");
+  out["lengths"] = std::move(lengths);
+  out["unknown_keys"] = cfg.unknown_keys;
+  out["notes"] = cfg.notes;
+  return out;
+}
+
+}  // namespace sb::diagnose

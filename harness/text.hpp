@@ -1,0 +1,49 @@
+// Text as every reader of a user's file reads it: one trim, one split, one whole-field number parse,
+// so a CSV row, a lengths file and a YAML scalar agree on what a blank and a number are.
+#pragma once
+
+#include <charconv>      // std::from_chars
+#include <optional>      // std::optional
+#include <string_view>   // std::string_view
+#include <system_error>  // std::errc
+#include <type_traits>   // std::is_floating_point_v
+#include <vector>        // std::vector
+
+namespace sb::text {
+
+// Blanks: spaces, tabs and the '\r' of a CRLF line end.
+inline constexpr std::string_view kBlank = " \t\r";
+
+// s without the blanks at either end.
+inline std::string_view trim(std::string_view s) {
+  const auto b = s.find_first_not_of(kBlank);
+  if (b == std::string_view::npos) return {};
+  return s.substr(b, s.find_last_not_of(kBlank) - b + 1);
+}
+
+// The fields between each `sep`, each trimmed; "" is one empty field, "a," two.
+inline std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  for (std::size_t at = 0;;) {
+    const std::size_t next = s.find(sep, at);
+    out.push_back(trim(s.substr(at, next == std::string_view::npos ? next : next - at)));
+    if (next == std::string_view::npos) return out;
+    at = next + 1;
+  }
+}
+
+// The whole field as a number, or nothing: "12x", "", " 12" and an out-of-range value are not one.
+// No sign '+' and no blank (trim first); a double may come out inf or nan only from "inf"/"nan".
+template <class T>
+std::optional<T> parse_whole(std::string_view s, int base = 10) {
+  T v{};
+  if (s.empty()) return std::nullopt;
+  const char* end = s.data() + s.size();
+  std::from_chars_result r;
+  if constexpr (std::is_floating_point_v<T>) r = std::from_chars(s.data(), end, v);
+  else r = std::from_chars(s.data(), end, v, base);
+  if (r.ec != std::errc() || r.ptr != end) return std::nullopt;
+  return v;
+}
+
+}  // namespace sb::text
