@@ -11,6 +11,8 @@
 
 #include "diagnose/config.hpp"                // read_axolotl_yaml, apply_model_config, read_lengths
 #include "diagnose/diagnose.hpp"              // diagnose::run, format_report
+#include "diagnose/hf_cache.hpp"              // hf_cache_dirs, find_model_config
+#include "diagnose/trainer.hpp"               // resolve_axolotl
 #include "diagnose/trace/trace_diagnose.hpp"  // diagnose_trace
 #include "harness/errors.hpp"                 // UsageError
 #include "harness/exit_codes.hpp"             // kExit*
@@ -31,6 +33,8 @@ struct DiagnoseArgs {
   double timeout_s = 1800;
   double observed = -1;
   double budget_s = 0;  // 0: 120 s, --quick 60 s
+  std::string axolotl_version;  // "": the newest encoded
+  int world_size = 1;
 };
 
 // `diagnose`: the user's config read (exit 2 on a bad value, before any
@@ -70,7 +74,41 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
   if (!a.trace.empty()) return cmd_diagnose_trace(a, argc, argv);
   diagnose::Options opt;
   opt.cfg = a.config.empty() ? diagnose::default_config() : diagnose::read_axolotl_yaml(a.config);
-  if (!a.model_config.empty()) diagnose::apply_model_config(opt.cfg, a.model_config);
+  if (!a.model_config.empty()) {
+    diagnose::apply_model_config(opt.cfg, a.model_config);
+  } else if (!opt.cfg.base_model.empty()) {
+    // the model's dims where the machine has them: the hub cache from_pretrained filled, never the network
+    const std::vector<std::string> dirs = diagnose::hf_cache_dirs();
+    const std::string found = diagnose::find_model_config(opt.cfg.base_model, dirs);
+    if (!found.empty()) {
+      diagnose::apply_model_config(opt.cfg, found);
+      opt.cfg.notes.push_back(fmt::format("the model's dims from {} (base_model {} in the Hugging Face cache)", found,
+                                          opt.cfg.base_model));
+    } else {
+      opt.cfg.notes.push_back(fmt::format(
+          "base_model {} is not in the Hugging Face cache ({}): the model's dims are {} (--model-config FILE, or "
+          "HF_HUB_CACHE pointing at the cache that has it)",
+          opt.cfg.base_model, dirs.empty() ? std::string("none found") : fmt::format("{}", fmt::join(dirs, ", ")),
+          opt.cfg.sources.count("model.hidden_size") && opt.cfg.sources.at("model.hidden_size").where != "default"
+              ? "the config's own keys"
+              : "the default's (a Llama-2-7B layer)"));
+    }
+  }
+  if (!a.config.empty()) {
+    diagnose::TrainerSpec t;
+    if (!a.axolotl_version.empty()) {
+      const auto v = diagnose::parse_version(a.axolotl_version);
+      if (!v) throw UsageError(fmt::format("--axolotl-version '{}': expected a release such as 0.11.0", a.axolotl_version));
+      if (*v < diagnose::Version{0, 1, 0} || *v > diagnose::kNewestAxolotl)
+        opt.cfg.notes.push_back(fmt::format("--axolotl-version {}: outside the releases encoded here (0.1.0 to {}); "
+                                            "the nearest's rules apply",
+                                            a.axolotl_version, diagnose::to_string(diagnose::kNewestAxolotl)));
+      t.axolotl = *v;
+      t.version_given = true;
+    }
+    t.world_size = a.world_size;
+    diagnose::resolve_axolotl(opt.cfg, t);
+  }
   if (!a.lengths.empty()) {
     diagnose::read_lengths(opt.cfg, a.lengths);
     opt.lengths_path = a.lengths;
@@ -143,6 +181,16 @@ Command add_diagnose(CLI::App& app, int& argc, char**& argv) {
                                       "120, --quick 60): each run's timed span is its share, at least 3 steps")
                          ->check(finite_range(1.0, 86400.0));
   for (CLI::Option* o : {config_opt, model_opt, lengths_opt, observed_opt, quick_opt, budget_opt}) trace_opt->excludes(o);
+  auto* version_opt = diag->add_option("--axolotl-version", da->axolotl_version,
+                                       "the Axolotl release the config is for: its defaults decide the workers, the "
+                                       "attention, bf16, packing (default: the newest encoded, 0.18.0)");
+  auto* world_opt = diag->add_option("--world-size", da->world_size,
+                                     "processes in your job (WORLD_SIZE): Axolotl 0.11+ gives each rank that many "
+                                     "loader workers by default")
+                        ->capture_default_str()
+                        ->check(CLI::Range(1, 1 << 20));
+  trace_opt->excludes(version_opt);
+  trace_opt->excludes(world_opt);
   diag->add_option("--timeout", da->timeout_s, "seconds without progress before the run is ended as a hang (exit 4)")
       ->capture_default_str()
       ->check(finite_range(1.0, 86400.0));

@@ -90,10 +90,6 @@ std::string sources_name(std::string_view key) {
   return {};
 }
 
-std::string source_of(const TrainConfig& c, const std::string& key) {
-  const auto it = c.sources.find(key);
-  return it == c.sources.end() ? std::string(kDefault) : it->second.where;
-}
 
 // User text in a message: at most 40 bytes, control bytes and invalid UTF-8 (an escape in a quoted scalar,
 // "\uD800", decodes to bytes that are not) shown as \xNN.
@@ -287,6 +283,9 @@ class YamlReader {
 
  private:
   bool read_key(const std::string& key, int line, const YNode& v);
+  // The keys that say what the trainer does with the rest (diagnose/trainer.hpp reads them): the model,
+  // the attention, the precision, adapters, RL, packing and batch forms. false: not one of them.
+  bool read_trainer_key(const std::string& key, int line, const YNode& v);
   void set_source(const std::string& key, int line) { cfg_.sources[key] = Source{where(line)}; }
 
   const std::string& path_;
@@ -356,6 +355,7 @@ bool YamlReader::read_key(const std::string& key, int line, const YNode& v) {
     // Axolotl: bool, "auto" (bf16 where the GPU has it) or "full" (pure bf16,
     // bf16_full_eval). Both train in bf16 on any GPU worth diagnosing.
     bf16_word_.clear();
+    cfg_.bf16_word = word == "auto" || word == "full" ? word : maybe_boolean(v).value_or(false) ? "true" : "false";
     if (word == "auto" || word == "full") {
       cfg_.bf16 = true;
       bf16_word_ = word;
@@ -395,6 +395,101 @@ bool YamlReader::read_key(const std::string& key, int line, const YNode& v) {
   return true;
 }
 
+// Axolotl's model_type key names a class ("LlamaForCausalLM", "MambaLMHeadModel"); the family is the
+// Hugging Face model_type ("llama", "mamba"). AutoModelForCausalLM names none.
+std::string family_of_class(std::string_view cls) {
+  static constexpr std::pair<std::string_view, std::string_view> kOdd[] = {
+      {"GPTJ", "gptj"}, {"GPTNeoX", "gpt_neox"}, {"GPTNeo", "gpt_neo"}, {"GPT2", "gpt2"},
+      {"GPTBigCode", "gpt_bigcode"}, {"Qwen2Moe", "qwen2_moe"}, {"Qwen3Moe", "qwen3_moe"},
+      {"DeepseekV2", "deepseek_v2"}, {"DeepseekV3", "deepseek_v3"}, {"StableLm", "stablelm"}};
+  std::string_view stem = cls;
+  for (const std::string_view tail : {"ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "Model"})
+    if (stem.size() > tail.size() && stem.substr(stem.size() - tail.size()) == tail) {
+      stem = stem.substr(0, stem.size() - tail.size());
+      break;
+    }
+  if (stem.empty() || stem.substr(0, 4) == "Auto") return {};
+  for (const auto& [c, f] : kOdd)
+    if (stem == c) return std::string(f);
+  std::string out;
+  for (const char ch : stem) out += char(std::tolower(static_cast<unsigned char>(ch)));
+  return out;
+}
+
+bool YamlReader::read_trainer_key(const std::string& key, int line, const YNode& v) {
+  const std::string word = v.IsScalar() ? v.Scalar() : std::string();
+  const auto text_key = [&](std::string& field) {
+    if (!v.IsNull() && !v.IsScalar()) fail(line, key, "expected a string, got " + describe(v));
+    field = v.IsNull() ? std::string() : word;
+  };
+  const auto bool_key = [&](bool& field) { field = v.IsNull() ? false : boolean(line, key, v); };
+  if (key == "base_model") {
+    text_key(cfg_.base_model);
+  } else if (key == "base_model_config") {
+    std::string id;
+    text_key(id);
+    if (!id.empty()) cfg_.base_model = id;  // the config's own hub id, where the weights are elsewhere
+  } else if (key == "model_type") {
+    std::string cls;
+    text_key(cls);
+    const std::string fam = family_of_class(cls);
+    if (fam.empty()) return true;  // AutoModelForCausalLM: the family comes from the model's config.json
+    cfg_.model_family = fam;
+  } else if (key == "attn_implementation") {
+    text_key(cfg_.attn_implementation);
+    static constexpr std::string_view kKnown[] = {"eager", "sdpa", "flash_attention_2", "flash_attention_3",
+                                                  "flex_attention", "xformers", "sage", "fp8"};
+    const bool hub_kernel = cfg_.attn_implementation.find('/') != std::string::npos;  // kernels-community/...
+    if (!cfg_.attn_implementation.empty() && !hub_kernel &&
+        std::find(std::begin(kKnown), std::end(kKnown), cfg_.attn_implementation) == std::end(kKnown))
+      fail(line, key,
+           fmt::format("'{}' is not an attention implementation Axolotl accepts; expected eager, sdpa, "
+                       "flash_attention_2, flash_attention_3, flex_attention, xformers, sage, fp8 or a hub kernel "
+                       "(org/name)",
+                       printable(cfg_.attn_implementation)));
+  } else if (key == "xformers_attention") {
+    bool_key(cfg_.xformers_attention);
+  } else if (key == "flex_attention") {
+    bool_key(cfg_.flex_attention);
+  } else if (key == "eager_attention") {
+    bool_key(cfg_.eager_attention);
+  } else if (key == "bfloat16") {
+    bool_key(cfg_.bfloat16);
+  } else if (key == "float16") {
+    bool_key(cfg_.float16);
+  } else if (key == "load_in_8bit") {
+    bool_key(cfg_.load_in_8bit);
+  } else if (key == "load_in_4bit") {
+    bool_key(cfg_.load_in_4bit);
+  } else if (key == "gptq") {
+    bool_key(cfg_.gptq);
+  } else if (key == "adapter") {
+    text_key(cfg_.adapter);
+  } else if (key == "rl") {
+    // rl: dpo | ipo | kto | orpo | simpo | grpo ...; false or empty: supervised
+    if (const auto b = maybe_boolean(v); b && !*b) cfg_.rl.clear();
+    else text_key(cfg_.rl);
+  } else if (key == "batch_size") {
+    cfg_.batch_size = v.IsNull() ? 0 : integer(line, key, v, 1, kMaxMicroBatch * kMaxAccumulation);
+  } else if (key == "max_packed_sequence_len") {
+    cfg_.max_packed_sequence_len = v.IsNull() ? 0 : integer(line, key, v, 1, kMaxSequenceLen);
+  } else if (key == "fsdp_offload_params") {
+    bool_key(cfg_.fsdp_offload_params);
+  } else if (key == "fsdp_config") {
+    if (v.IsMap())
+      for (std::size_t i = 0; i < v.keys.size(); ++i)
+        if (v.keys[i].IsScalar() && (v.keys[i].Scalar() == "offload_params" || v.keys[i].Scalar() == "fsdp_offload_params"))
+          cfg_.fsdp_offload_params = !v.values[i].IsNull() && boolean(v.keys[i].Mark().line + 1, v.keys[i].Scalar(), v.values[i]);
+  } else if (key == "deepspeed") {
+    text_key(cfg_.deepspeed);
+  } else {
+    return false;
+  }
+  cfg_.sources[key] = Source{where(line)};
+  line_of_[key] = line;
+  return true;
+}
+
 void YamlReader::read(const YNode& doc) {
   struct Entry {
     std::string key;  // "" for a key that is not a string
@@ -425,24 +520,7 @@ void YamlReader::read(const YNode& doc) {
         continue;
       }
     }
-    if (e.key == "attn_implementation") {
-      // Newer Axolotl (and transformers' own key): the attention by name. flash_attention and
-      // sdp_attention say the same; either makes the attention fused.
-      const std::string word = e.value.IsScalar() ? e.value.Scalar() : std::string();
-      const bool flash = word.find("flash") != std::string::npos;
-      const bool sdp = word == "sdpa" || word == "flex_attention";
-      if (!flash && !sdp && word != "eager")
-        fail(e.line, e.key,
-             fmt::format("'{}' is not an attention implementation diagnose knows; expected eager, sdpa, "
-                         "flex_attention or a flash_attention_* name",
-                         printable(word)));
-      if (flash) cfg_.flash_attention = true;
-      if (sdp) cfg_.sdp_attention = true;
-      cfg_.notes.push_back(fmt::format("attn_implementation: {} (line {}) read as {}", printable(word), e.line,
-                                       flash ? "flash_attention: true" : sdp ? "sdp_attention: true"
-                                                                             : "eager attention"));
-      continue;
-    }
+    if (read_trainer_key(e.key, e.line, e.value)) continue;
     if (!read_key(e.key, e.line, e.value))
       cfg_.unknown_keys.push_back(fmt::format("{} (line {})", printable(e.key), e.line));
   }
@@ -508,6 +586,11 @@ void YamlReader::read(const YNode& doc) {
 }  // namespace
 
 // ---- the public functions ------------------------------------------------------------
+
+std::string source_of(const TrainConfig& c, const std::string& key) {
+  const auto it = c.sources.find(key);
+  return it == c.sources.end() ? std::string(kDefault) : it->second.where;
+}
 
 TrainConfig default_config() {
   TrainConfig c;
@@ -715,6 +798,10 @@ void apply_model_config_text(TrainConfig& cfg, const std::string& text, const st
                                    "heads that divide the hidden size", path, m.num_attention_heads,
                                    source_of(out, "model.num_attention_heads"), m.hidden_size,
                                    source_of(out, "model.hidden_size")));
+    if (!type.empty()) {
+      out.model_family = type;
+      out.sources["model_type"] = Source{path};
+    }
     // The MLP's kind from the model's family.
     const bool plain = listed(kPlain, type);
     if (!type.empty()) {
@@ -943,6 +1030,21 @@ json to_json(const TrainConfig& cfg) {
   }
   lengths["source"] = source_of(cfg, "lengths");
   out["lengths"] = std::move(lengths);
+  // what the trainer makes of it (diagnose/trainer.cpp): each with its source where one was recorded
+  json trainer = json::object();
+  const auto put = [&](const char* k, const json& v, const std::string& src_key) {
+    trainer[k] = {{"value", v}, {"source", source_of(cfg, src_key)}};
+  };
+  put("model_type", cfg.model_family, "model_type");
+  put("base_model", cfg.base_model, "base_model");
+  put("attn_implementation", cfg.attn_implementation, "attn_implementation");
+  put("adapter", cfg.adapter, "adapter");
+  put("load_in_4bit", cfg.load_in_4bit, "load_in_4bit");
+  put("load_in_8bit", cfg.load_in_8bit, "load_in_8bit");
+  put("rl", cfg.rl, "rl");
+  put("batch_size", cfg.batch_size, "batch_size");
+  trainer["packing_unavailable"] = cfg.packing_unavailable;
+  out["trainer"] = std::move(trainer);
   out["unknown_keys"] = cfg.unknown_keys;
   out["notes"] = cfg.notes;
   return out;

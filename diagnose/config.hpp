@@ -68,12 +68,31 @@ struct TrainConfig {
   std::int64_t micro_batch_size = 1, gradient_accumulation_steps = 1, sequence_len = 2048;
   bool sample_packing = false, pad_to_sequence_len = false;
   bool bf16 = false, fp16 = false, tf32 = false;  // bf16/tf32 "auto" and bf16 "full" count as true (noted)
+  std::string bf16_word;  // bf16 as written: "auto", "full", "true", "false"; "" not in the file
   bool flash_attention = false, sdp_attention = false;
   int dataloader_num_workers = 0;     // Axolotl/HF default 0
   bool dataloader_pin_memory = true;  // HF TrainingArguments default true
   int dataloader_prefetch_factor = 2; // torch default when workers > 0
   bool gradient_checkpointing = false;  // true also for "unsloth", "offload", "offload_disk" (noted)
   std::vector<std::int32_t> lengths;    // dataset lengths (tokens), empty = none given
+
+  // What the trainer makes of the config beyond the keys above (diagnose/trainer.hpp resolves them
+  // as the Axolotl version does; the keys' sources say which were in the file).
+  std::string model_family;  // Hugging Face model_type ("llama", "gptj"): config.json, model_type:, base_model
+  std::string base_model;    // the hub id or path (base_model:), "" unset
+  std::string attn_implementation;  // the attention the model loads with: "eager", "sdpa", "flash_attention_2",
+                                    // "flex_attention", "xformers", ...; "" until resolved
+  bool xformers_attention = false, flex_attention = false, eager_attention = false;
+  bool bfloat16 = false, float16 = false;  // pure half precision: the weights loaded in that dtype
+  bool load_in_8bit = false, load_in_4bit = false, gptq = false;
+  std::string adapter;  // "lora", "qlora", "" (a full fine-tune)
+  std::string rl;       // "dpo", "kto", ... "" (supervised)
+  std::int64_t batch_size = 0;               // Axolotl's global batch, 0 unset
+  std::int64_t max_packed_sequence_len = 0;  // Axolotl <= 0.3's concatenation packing, 0 unset
+  bool fsdp_offload_params = false;          // fsdp_config.offload_params (fsdp_offload_params)
+  std::string deepspeed;                     // the DeepSpeed config's path, "" none
+  // Why the trainer cannot pack this config ("" = it can): the finding must not advise it.
+  std::string packing_unavailable;
   // Every key above ("model.hidden_size" for the dims, "lengths" too) -> where
   // its value came from.
   std::map<std::string, Source> sources;
@@ -158,6 +177,10 @@ void apply_model_config_text(TrainConfig& cfg, const std::string& text, const st
 // than kMaxLengths sequences in all, a bad row ("FILE:LINE: expected ..."),
 // an empty or unreadable file: UsageError. On an error cfg is unchanged.
 void read_lengths(TrainConfig& cfg, const std::string& path);
+
+// Where key's value came from ("config.yml:12", a config.json, "Axolotl 0.11.0+ default ..."), or
+// "default".
+std::string source_of(const TrainConfig& c, const std::string& key);
 
 // The config for the diagnose report: every value as {"value", "source"}
 // (the dims under "model"), the lengths summarised (count, tokens, min, max,

@@ -404,6 +404,20 @@ class Diagnosis {
       p.reason = fmt::format("already {} workers, pinned memory", c.dataloader_num_workers);
       return p;
     }
+    // The trainer's own defaults that keep a GPU fed (Axolotl 0.11+: a worker a rank, pinned, prefetch 256):
+    // whether they keep up depends on what a sample costs to load, which a config does not say. Nothing
+    // here measures their loader, so nothing is claimed; how to measure it is.
+    if (const std::string src = source_of(c, "dataloader_num_workers");
+        c.dataloader_num_workers >= 1 && src.find("default_dataloader_opts") != std::string::npos) {
+      p.status = Status::skipped;
+      p.reason = fmt::format(
+          "{} worker(s), pinned memory, prefetch_factor {}: the trainer's default ({}), which prefetches far ahead; "
+          "whether it keeps up depends on what one sample costs to load (decode, tokenize), which the config does "
+          "not say: measure it on the job (stallbench watch --exec -- <your train command>: a spiky pattern is the "
+          "loader's, or diagnose --trace on a torch.profiler trace: the loader's share of each step)",
+          c.dataloader_num_workers, c.dataloader_prefetch_factor, src);
+      return p;
+    }
     // the step the loader must feed: their step's time; a sample: seq_len tokens of input_ids,
     // attention_mask and labels (int64 each)
     // (the model is a ratio, supply, and scale-free: the emulated step is capped at 50 ms, 20 ms with --quick,
@@ -578,6 +592,11 @@ class Diagnosis {
       p.reason = "sample_packing is on";
       return p;
     }
+    if (!c.packing_unavailable.empty()) {  // advice the trainer cannot take is no finding
+      p.status = Status::skipped;
+      p.reason = c.packing_unavailable;
+      return p;
+    }
     const std::string base = c.pad_to_sequence_len ? "pad-max" : "pad-longest";
     std::string lengths;
     const std::int64_t seq = long_seq();
@@ -624,7 +643,9 @@ class Diagnosis {
     const TrainConfig& c = opt_.cfg;
     if (c.flash_attention || c.sdp_attention) {
       p.status = Status::skipped;
-      p.reason = c.flash_attention ? "flash_attention is on" : "sdp_attention is on";
+      p.reason = c.attn_implementation.empty() ? (c.flash_attention ? "flash_attention is on" : "sdp_attention is on")
+                                               : fmt::format("the model loads with {} attention, a fused kernel ({})",
+                                                             c.attn_implementation, source_of(c, "attn_implementation"));
       return p;
     }
     const std::string fused = ctx_.device.info().kind == DeviceKind::cuda ? "cudnn" : "flash";
@@ -652,8 +673,9 @@ class Diagnosis {
       applied_.push_back({"attention", {{"attn", "fused"}}});
       find("attention without a fused kernel", "attention", x / y,
            fmt::format("{} ms eager -> {} ms {} per layer", format_number(x), format_number(y), fused),
-           ctx_.device.info().kind == DeviceKind::cuda ? "flash_attention: true (or sdp_attention: true)"
-                                                       : "flash_attention: true",
+           ctx_.device.info().kind == DeviceKind::cuda
+               ? "attn_implementation: flash_attention_2 (or sdpa; flash_attention: true before Axolotl 0.12)"
+               : "attn_implementation: sdpa (flash_attention_2 on a GPU; flash_attention: true before Axolotl 0.12)",
            s.command);
     }
     return p;

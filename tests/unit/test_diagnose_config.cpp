@@ -184,13 +184,13 @@ TEST(DiagnoseConfig, ReadsEveryKeyOfAnAxolotlLoraConfigWithItsLine) {
 
   // Unknown keys: every other top-level key, in file order, with its line,
   // including those with empty values; none of the known ones.
-  const std::vector<std::string> first = {"base_model", "model_type", "tokenizer_type", "load_in_8bit",
-                                          "load_in_4bit", "strict", "datasets", "dataset_prepared_path"};
+  // (base_model, model_type, load_in_8bit/4bit, adapter, xformers_attention: the trainer's keys, read)
+  const std::vector<std::string> first = {"tokenizer_type", "strict", "datasets", "dataset_prepared_path"};
   ASSERT_GE(c.unknown_keys.size(), first.size());
   for (std::size_t i = 0; i < first.size(); ++i)
     EXPECT_EQ(c.unknown_keys[i], fmt::format("{} (line {})", first[i], line_of(path, first[i])));
   for (const char* k : {"lora_r", "lora_alpha", "learning_rate", "optimizer", "lr_scheduler", "num_epochs",
-                        "eval_sample_packing", "lora_model_dir", "special_tokens", "xformers_attention"})
+                        "eval_sample_packing", "lora_model_dir", "special_tokens"})
     EXPECT_EQ(std::count(c.unknown_keys.begin(), c.unknown_keys.end(),
                          fmt::format("{} (line {})", k, line_of(path, k))), 1) << k;
   for (const auto& u : c.unknown_keys)
@@ -220,7 +220,8 @@ TEST(DiagnoseConfig, UnslothCheckpointingAndFullBf16AreTrueWithNotes) {
   EXPECT_TRUE(has_note(c, "gradient_checkpointing: unsloth (line 4) taken as true"));
   EXPECT_TRUE(c.bf16);
   EXPECT_TRUE(has_note(c, "bf16: full (line 5) taken as true"));
-  EXPECT_EQ(c.unknown_keys, std::vector<std::string>{"base_model (line 2)"});
+  EXPECT_TRUE(c.unknown_keys.empty());  // base_model (line 2) is read: the model's hub id
+  EXPECT_EQ(c.sources.at("base_model").where, path + ":2");
 }
 
 // ---- what is accepted beyond the plain forms -------------------------------------------------
@@ -284,18 +285,16 @@ TEST(DiagnoseConfig, AcceptedSpellings) {
     EXPECT_FALSE(has_note(c, "taken as true"));
   }
   {
-    // attn_implementation (newer Axolotl, transformers): read as the flash/sdp flags, with a note.
+    // attn_implementation (Axolotl 0.12+, transformers' own key): kept as named; what it loads, and the
+    // flash/sdp flags, are resolve_axolotl's (test_trainer_defaults).
     const TrainConfig c = read_axolotl_yaml(dir.write("d.yml", "attn_implementation: flash_attention_2\n"));
-    EXPECT_TRUE(c.flash_attention);
-    EXPECT_FALSE(c.sdp_attention);
+    EXPECT_EQ(c.attn_implementation, "flash_attention_2");
     EXPECT_TRUE(c.unknown_keys.empty());
-    EXPECT_TRUE(has_note(c, "attn_implementation: flash_attention_2 (line 1) read as flash_attention: true"));
+    EXPECT_EQ(c.sources.at("attn_implementation").where, dir.path("d.yml") + ":1");
     const TrainConfig s = read_axolotl_yaml(dir.write("e.yml", "micro_batch_size: 2\nattn_implementation: sdpa\n"));
-    EXPECT_TRUE(s.sdp_attention);
-    EXPECT_FALSE(s.flash_attention);
-    const TrainConfig eager = read_axolotl_yaml(dir.write("f.yml", "attn_implementation: eager\n"));
-    EXPECT_FALSE(eager.sdp_attention || eager.flash_attention);
-    EXPECT_TRUE(has_note(eager, "read as eager attention"));
+    EXPECT_EQ(s.attn_implementation, "sdpa");
+    const TrainConfig hub = read_axolotl_yaml(dir.write("f.yml", "attn_implementation: kernels-community/flash-attn3\n"));
+    EXPECT_EQ(hub.attn_implementation, "kernels-community/flash-attn3");
     const std::string bad = usage_error([&] { read_axolotl_yaml(dir.write("g.yml", "\nattn_implementation: magic\n")); });
     EXPECT_NE(bad.find("g.yml:2"), std::string::npos) << bad;
     EXPECT_NE(bad.find("attn_implementation"), std::string::npos) << bad;
@@ -431,7 +430,7 @@ TEST(DiagnoseConfig, ATraceOrAModelConfigGivenAsTheTrainingConfigSaysWhichOption
   const std::string res = dir.write("r.json", R"({"schema_version": 1, "kind": "result", "points": []})");
   const std::string r = usage_error([&] { (void)read_axolotl_yaml(res); });
   EXPECT_TRUE(contains(r, "a stallbench document")) << r;
-  const std::string none = dir.write("n.yml", "foo: 1\nbase_model: x\n");
+  const std::string none = dir.write("n.yml", "foo: 1\nlora_r: 8\n");
   const std::string n = usage_error([&] { (void)read_axolotl_yaml(none); });
   EXPECT_TRUE(contains(n, "none of its 2 key(s) is one diagnose reads")) << n;
 }
