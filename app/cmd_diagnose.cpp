@@ -10,7 +10,7 @@
 #include <fmt/ranges.h>  // fmt::join
 
 #include "diagnose/config.hpp"                // read_axolotl_yaml, apply_model_config, read_lengths
-#include "diagnose/diagnose.hpp"              // diagnose::run, format_report
+#include "diagnose/diagnose.hpp"              // diagnose::run
 #include "diagnose/hf_cache.hpp"              // hf_cache_dirs, find_model_config
 #include "diagnose/trainer.hpp"               // resolve_axolotl
 #include "diagnose/trace/trace_diagnose.hpp"  // diagnose_trace
@@ -19,6 +19,7 @@
 #include "harness/files.hpp"                  // check_writable_target, write_file_atomic, refuse_clobbering
 #include "kernels/backends.hpp"               // open_device
 #include "report/html.hpp"                    // report::format_html
+#include "report/text.hpp"                    // report::format_text
 
 namespace sb::app {
 namespace {
@@ -62,7 +63,7 @@ int cmd_diagnose_trace(const DiagnoseArgs& a, int argc, char** argv) {
   json meta = run_meta(ra, argc, argv, dev->info(), MeasureConfig{});
   std::cerr << fmt::format("stallbench: diagnose --trace {} (reproduce commands for {})\n", a.trace, dev->info().id);
   Result r = diagnose::diagnose_trace(a.trace, meta);
-  const std::string report = diagnose::format_report(r);
+  const std::string report = report::format_text(r);
   write_file_atomic(a.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
   if (!a.html_path.empty()) write_file_atomic(a.html_path, report::format_html(r));
   std::cout << "\n" << report << fmt::format("\nresult: {}{}\n", a.json_path,
@@ -142,7 +143,7 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
                                             : " with " + a.config);
   Result r = diagnose::run(ctx, opt, meta);
   wd.disarm();
-  const std::string report = diagnose::format_report(r);
+  const std::string report = report::format_text(r);
   // a path or config value that is not UTF-8 is written with U+FFFD, not thrown on at the end
   write_file_atomic(a.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
   if (!a.html_path.empty()) write_file_atomic(a.html_path, report::format_html(r));

@@ -19,6 +19,7 @@
 #include "app/app.hpp"               // add_<command>
 #include "harness/errors.hpp"        // Error, UsageError, terminal_safe
 #include "harness/exit_codes.hpp"    // kExit*
+#include "harness/files.hpp"         // terminal_safe
 #include "harness/fingerprint.hpp"   // build_info
 #include "harness/temp_files.hpp"    // install_temp_file_cleanup
 

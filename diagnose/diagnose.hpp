@@ -93,7 +93,5 @@ using batch::batch_limit;
 // check, findings ranked by measured gain (largest first).
 Result run(RunContext& ctx, const Options& opt, const nlohmann::ordered_json& meta);
 
-// The plain-text report (what the terminal shows).
-std::string format_report(const Result& r);
 
 }  // namespace sb::diagnose

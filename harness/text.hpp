@@ -11,8 +11,8 @@
 
 namespace sb::text {
 
-// Blanks: spaces, tabs and the '\r' of a CRLF line end.
-inline constexpr std::string_view kBlank = " \t\r";
+// Blanks: spaces, tabs, and the line ends a line-based file leaves (CRLF's \r, a last \n).
+inline constexpr std::string_view kBlank = " \t\r\n";
 
 // s without the blanks at either end.
 inline std::string_view trim(std::string_view s) {

@@ -170,9 +170,6 @@ std::int64_t int_or_zero(const V& v) {
 // Bounds on what one entry may hold: a shared (memoized) list is copied
 // where each entry uses it, and these keep that linear in the file.
 constexpr std::size_t kMaxTensorsPerEntry = 4096, kMaxDims = 16, kMaxFrames = 64;
-// More ranks than any job has run (as our own dumps' limit): a larger rank
-// number in a dump or a file name is damage, not a job.
-constexpr int kMaxRank = (1 << 20) - 1;
 
 // Equal values of a dump held once: a direct-mapped cache of the distinct
 // values seen last (one hash and at most one comparison a lookup, whatever

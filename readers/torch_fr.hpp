@@ -44,6 +44,8 @@
 namespace sb {
 
 inline constexpr const char* kTorchFlightRecorderFormat = "pytorch-flight-recorder";
+// The highest rank a dump may name (a job of a million ranks): past it a number is not a rank.
+inline constexpr int kMaxRank = (1 << 20) - 1;
 
 // An immutable list that entries share: a dump's 20,000 entries issue a
 // handful of distinct sizes and dtypes, and its reader holds each distinct

@@ -167,8 +167,12 @@ TEST(DiagnoseConfig, ReadsEveryKeyOfAnAxolotlLoraConfigWithItsLine) {
   EXPECT_TRUE(c.gradient_checkpointing);
   EXPECT_TRUE(c.lengths.empty());
 
-  // Every key's source is its line in the file; lengths (not a YAML key) is the default.
-  ASSERT_EQ(c.sources.size(), std::size(kAllKeys));
+  // Every key's source is its line in the file; lengths (not a YAML key) is the default. The trainer's
+  // keys the file gives (the model, its quantized load, the adapter, the attention flag) have theirs too.
+  const char* const trainer_keys[] = {"base_model", "model_type", "load_in_8bit", "load_in_4bit", "adapter",
+                                      "xformers_attention"};
+  ASSERT_EQ(c.sources.size(), std::size(kAllKeys) + std::size(trainer_keys));
+  for (const std::string k : trainer_keys) EXPECT_EQ(c.sources.at(k).where, fmt::format("{}:{}", path, line_of(path, k))) << k;
   for (const std::string k : kAllKeys) {
     // lengths is not a YAML key; TinyLlama is no mixture of experts
     if (k == "lengths" || k == "model.num_experts" || k == "model.num_experts_per_tok" ||

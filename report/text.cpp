@@ -1,0 +1,132 @@
+// diagnose's text report (text.hpp): what the terminal shows, from the result alone.
+#include "report/text.hpp"
+
+#include <sstream>  // std::ostringstream
+#include <string>   // std::string
+
+#include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
+
+#include "harness/printer.hpp"  // format_number
+#include "harness/units.hpp"    // format_bytes
+#include "report/html.hpp"      // mfu_line
+
+namespace sb::report {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+// One check of diagnose --trace on a line: the rule's evidence when it fired,
+// else its reading or its first figures.
+std::string trace_line(const Point& p) {
+  if (p.info.contains("evidence")) return p.info["evidence"].get<std::string>();
+  if (p.info.contains("reading")) return p.info["reading"].get<std::string>();
+  std::string s;
+  for (std::size_t i = 0; i < p.metrics.size() && i < 3; ++i)
+    s += fmt::format("{}{} {} {}", i ? ", " : "", p.metrics[i].name, format_number(p.metrics[i].value),
+                     p.metrics[i].unit);
+  return s;
+}
+}  // namespace
+
+std::string format_text(const Result& r) {
+  std::ostringstream o;
+  const json& dm = r.meta.contains("diagnose") ? r.meta["diagnose"] : json::object();
+  const bool from_trace = dm.value("source", std::string()) == "trace";
+  if (from_trace) {
+    const json& tm = r.meta.contains("trace") ? r.meta["trace"] : json::object();
+    o << "diagnose --trace " << dm.value("trace", std::string()) << "\n";
+    o << fmt::format("  {} events kept of {:.1f} MB of JSON, read in {:.2f} s ({:.0f} MB/s){}{}\n",
+                     tm.value("events_kept", std::int64_t(0)), tm.value("json_bytes", 0.0) / 1e6,
+                     tm.value("read_s", 0.0), tm.value("read_mb_per_s", 0.0),
+                     tm.contains("rank") && tm["rank"].is_number() ? fmt::format(", rank {}", tm["rank"].get<long>())
+                                                                   : "",
+                     tm.contains("devices") && !tm["devices"].empty()
+                         ? ", " + tm["devices"][0].get<std::string>()
+                         : "");
+    o << "  figures read from the trace, defined as Holistic Trace Analysis defines them; gains are estimates\n";
+  } else {
+    o << "diagnose: " << r.meta.value("/device/id"_json_pointer, std::string("?")) << "\n";
+  }
+  if (r.meta.value("/device/simulated"_json_pointer, false))
+    o << "  SIMULATED device: every figure below is modelled, not measured\n";
+  if (dm.contains("measured_shape"))
+    o << (dm["measured_shape"].value("reduced", false) ? "  measured at a reduced shape: " : "  shape: ")
+      << dm["measured_shape"].value("note", std::string()) << "\n";
+  if (dm.contains("busy_checks") && dm["busy_checks"].is_array() && !dm["busy_checks"].empty()) {
+    std::vector<std::string> names;
+    for (const auto& b : dm["busy_checks"]) names.push_back(b.value("check", std::string()));
+    o << fmt::format("  WARNING: the machine was not quiet: other processes or the hypervisor took a share of its "
+                     "CPUs during {} of the checks ({}); their figures may be wrong, and each says so below\n",
+                     names.size(), fmt::join(names, ", "));
+  }
+  o << "\nchecks, in the standard order:\n";
+  const bool simulated = r.simulated();
+  for (const Point& p : r.points) {
+    const std::string name = p.params.value("check", std::string());
+    if (name == "summary") continue;
+    // "ok" read as "healthy" beside a 0.43x line: the column says how the figure was had.
+    const std::string how = p.status != Status::ok ? std::string(to_string(p.status))
+                            : from_trace          ? "read"
+                            : simulated || name == "memory" ? "modelled"
+                                                            : "measured";
+    o << fmt::format("  {:<13} {:<9}", name, how);
+    if (p.status != Status::ok)
+      o << " " << p.reason;
+    else if (from_trace)  // what the rule saw, or the figures it read
+      o << " " << trace_line(p);
+    else if (const Metric* g = p.metric("gain")) {
+      o << fmt::format(" {} -> {} {} ({:.2f}x)", format_number(p.metric("baseline")->value),
+                       format_number(p.metric("with_fix")->value), p.metric("baseline")->unit, g->value);
+      if (p.info.contains("reading") && p.info["reading"].is_string())  // what the figures say (batch: its limit)
+        o << "\n" << std::string(24, ' ') << p.info["reading"].get<std::string>();
+    } else if (name == "utilization" && p.metric("busy_pct"))
+      o << fmt::format(" {} tokens/s on the step alone (padding included, no loader), {:.0f}% busy, {}",
+                       format_number(p.metric("tokens_per_s")->value),
+                       p.metric("busy_pct")->value, p.info.value("pattern", std::string()));
+    else if (name == "memory" && p.metric("footprint_gib"))
+      o << fmt::format(" about {:.1f} GiB of {:.1f} GiB (modelled)", p.metric("footprint_gib")->value,
+                       p.metric("capacity_gib")->value);
+    else if (name == "applied" && p.info.contains("reading"))
+      o << " " << p.info["reading"].get<std::string>()
+        << (p.metric("step_gain_together")
+                ? fmt::format("; every line together: {:.2f}x on their training loop", p.metric("step_gain_together")->value)
+                : "");
+    o << "\n";
+    if (!from_trace && p.info.is_object() && p.info.contains("warning") && p.info["warning"].is_string())
+      o << std::string(24, ' ') << "WARNING: " << p.info["warning"].get<std::string>() << "\n";
+  }
+  if (!from_trace && dm.contains("wall_s") && dm["wall_s"].is_number()) {
+    double checks = 0, applied = 0;
+    for (const Point& p : r.points)
+      if (p.info.is_object() && p.info.contains("wall_s") && p.info["wall_s"].is_number())
+        (p.params.value("check", std::string()) == "applied" ? applied : checks) += p.info["wall_s"].get<double>();
+    o << fmt::format("  took {:.0f} s: {:.0f} s of checks, {:.0f} s of their loop with each line applied\n",
+                     dm["wall_s"].get<double>(), checks, applied);
+  }
+  o << (from_trace ? "\nfindings, by estimated gain:\n" : "\nfindings, by their verdict on your training loop, then by measured gain:\n");
+  int i = 0;
+  for (const Finding& f : r.findings) {
+    o << fmt::format("  {}. [{}] {}\n", ++i, f.cause, f.summary);
+    if (f.evidence.contains("caveat") && f.evidence["caveat"].is_string())
+      o << "     caveat: " << f.evidence["caveat"].get<std::string>() << "\n";
+    if (f.evidence.contains("command")) o << "     reproduce: " << f.evidence["command"].get<std::string>() << "\n";
+    if (f.evidence.contains("explore")) o << "     explore: " << f.evidence["explore"].get<std::string>() << "\n";
+  }
+  for (const Point& p : r.points)
+    if (p.params.value("check", std::string()) == "summary") {
+      if (p.metric("tokens_per_s_now") && p.info.value("no_line_to_apply", false))
+        o << fmt::format("\nthroughput of their training loop: {} real tokens/s ({}; no line to apply)\n",
+                         format_number(p.metric("tokens_per_s_now")->value), p.metric("tokens_per_s_now")->note);
+      else if (p.metric("tokens_per_s_now"))
+        o << fmt::format("\nthroughput of their training loop: {} real tokens/s now, {} with the fixes ({})\n",
+                         format_number(p.metric("tokens_per_s_now")->value),
+                         format_number(p.metric("tokens_per_s_after_estimate")->value),
+                         p.metric("tokens_per_s_after_estimate")->note);
+      if (const std::string m = mfu_line(p); !m.empty()) o << m << "\n";
+      if (p.info.contains("observed")) o << p.info["observed"].get<std::string>() << "\n";
+    }
+  return o.str();
+}
+
+}  // namespace sb::report
