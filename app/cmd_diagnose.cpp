@@ -13,6 +13,7 @@
 #include "diagnose/diagnose.hpp"              // diagnose::run
 #include "diagnose/hf_cache.hpp"              // hf_cache_dirs, find_model_config
 #include "diagnose/trainer.hpp"               // resolve_axolotl
+#include "diagnose/run/run_diagnose.hpp"      // diagnose_run, looks_like_run
 #include "diagnose/trace/trace_diagnose.hpp"  // diagnose_trace
 #include "harness/errors.hpp"                 // UsageError
 #include "harness/exit_codes.hpp"             // kExit*
@@ -35,6 +36,7 @@ struct DiagnoseArgs {
   double observed = -1;
   double budget_s = 0;  // 0: 120 s, --quick 60 s
   std::string axolotl_version;  // "": the newest encoded
+  std::string run;              // --run DIR (or a directory given as the config)
   int world_size = 1;
 };
 
@@ -71,8 +73,30 @@ int cmd_diagnose_trace(const DiagnoseArgs& a, int argc, char** argv) {
   return kExitOk;
 }
 
+// `diagnose DIR`: a run's output directory read, nothing measured.
+int cmd_diagnose_run(const DiagnoseArgs& a, const std::string& dir, int argc, char** argv) {
+  refuse_stdout_targets(a);
+  check_writable_target(a.json_path, "--json");
+  if (!a.html_path.empty()) check_writable_target(a.html_path, "--html");
+  const DeviceSpec spec = parse_device_spec(a.device);
+  auto dev = open_device(spec);
+  RunArgs ra;
+  ra.device = a.device;
+  json meta = run_meta(ra, argc, argv, dev->info(), MeasureConfig{});
+  std::cerr << fmt::format("stallbench: diagnose {}: the run as its trainer logged it (nothing measured)\n", dir);
+  Result r = diagnose::diagnose_run(dir, meta);
+  const std::string report = report::format_text(r);
+  write_file_atomic(a.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+  if (!a.html_path.empty()) write_file_atomic(a.html_path, report::format_html(r));
+  std::cout << "\n" << report << fmt::format("\nresult: {}{}\n", a.json_path,
+                                             a.html_path.empty() ? "" : ", report: " + a.html_path);
+  return kExitOk;
+}
+
 int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
   if (!a.trace.empty()) return cmd_diagnose_trace(a, argc, argv);
+  if (!a.run.empty()) return cmd_diagnose_run(a, a.run, argc, argv);
+  if (!a.config.empty() && diagnose::looks_like_run(a.config)) return cmd_diagnose_run(a, a.config, argc, argv);
   diagnose::Options opt;
   opt.cfg = a.config.empty() ? diagnose::default_config() : diagnose::read_axolotl_yaml(a.config);
   if (!a.model_config.empty()) {
@@ -190,6 +214,13 @@ Command add_diagnose(CLI::App& app, int& argc, char**& argv) {
                                      "loader workers by default")
                         ->capture_default_str()
                         ->check(CLI::Range(1, 1 << 20));
+  auto* run_opt = diag->add_option("--run", da->run,
+                                   "a training run's output directory (or a checkpoint-N/ in it): its "
+                                   "trainer_state.json's curves diagnosed, nothing measured; a directory given as "
+                                   "the config is read so too")
+                      ->check(non_empty_path());
+  for (CLI::Option* o : {config_opt, model_opt, lengths_opt, observed_opt, quick_opt, budget_opt, trace_opt})
+    run_opt->excludes(o);
   trace_opt->excludes(version_opt);
   trace_opt->excludes(world_opt);
   diag->add_option("--timeout", da->timeout_s, "seconds without progress before the run is ended as a hang (exit 4)")

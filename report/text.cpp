@@ -32,8 +32,21 @@ std::string trace_line(const Point& p) {
 std::string format_text(const Result& r) {
   std::ostringstream o;
   const json& dm = r.meta.contains("diagnose") ? r.meta["diagnose"] : json::object();
-  const bool from_trace = dm.value("source", std::string()) == "trace";
-  if (from_trace) {
+  const bool from_run = dm.value("source", std::string()) == "run";
+  // a trace and a run are read, not measured: their points print what was read
+  const bool from_trace = dm.value("source", std::string()) == "trace" || from_run;
+  if (from_run) {
+    const json& rm = r.meta.contains("run") ? r.meta["run"] : json::object();
+    o << "diagnose " << dm.value("run", std::string()) << "\n";
+    o << fmt::format("  {}: {} training and {} evaluation logs to step {}{}{}\n",
+                     rm.value("trainer_state", std::string()), rm.value("training_logs", std::int64_t(0)),
+                     rm.value("evaluation_logs", std::int64_t(0)), rm.value("global_step", std::int64_t(0)),
+                     rm.value("max_steps", std::int64_t(0)) > 0
+                         ? fmt::format(" of {}", rm.value("max_steps", std::int64_t(0)))
+                         : "",
+                     rm.value("resumed", false) ? " (resumed: the step goes back in the log)" : "");
+    o << "  the curves the trainer logged, read as they are: each finding names the real step\n";
+  } else if (from_trace) {
     const json& tm = r.meta.contains("trace") ? r.meta["trace"] : json::object();
     o << "diagnose --trace " << dm.value("trace", std::string()) << "\n";
     o << fmt::format("  {} events kept of {:.1f} MB of JSON, read in {:.2f} s ({:.0f} MB/s){}{}\n",
@@ -104,10 +117,18 @@ std::string format_text(const Result& r) {
     o << fmt::format("  took {:.0f} s: {:.0f} s of checks, {:.0f} s of their loop with each line applied\n",
                      dm["wall_s"].get<double>(), checks, applied);
   }
-  o << (from_trace ? "\nfindings, by estimated gain:\n" : "\nfindings, by their verdict on your training loop, then by measured gain:\n");
+  o << (from_run     ? "\nfindings, by the step they start at:\n"
+        : from_trace ? "\nfindings, by estimated gain:\n"
+                     : "\nfindings, by their verdict on your training loop, then by measured gain:\n");
   int i = 0;
   for (const Finding& f : r.findings) {
     o << fmt::format("  {}. [{}] {}\n", ++i, f.cause, f.summary);
+    if (f.evidence.contains("figures") && f.evidence["figures"].is_array())
+      for (const auto& line : f.evidence["figures"])
+        if (line.is_string()) o << "     " << line.get<std::string>() << "\n";
+    if (f.evidence.contains("change") && f.evidence["change"].is_string() && !f.evidence["change"].get<std::string>().empty())
+      o << "     change: " << f.evidence["change"].get<std::string>()
+        << (f.evidence.value("basis", std::string()) == "assumed" ? " (the cause is assumed, not measured)" : "") << "\n";
     if (f.evidence.contains("caveat") && f.evidence["caveat"].is_string())
       o << "     caveat: " << f.evidence["caveat"].get<std::string>() << "\n";
     if (f.evidence.contains("command")) o << "     reproduce: " << f.evidence["command"].get<std::string>() << "\n";
