@@ -465,6 +465,22 @@ bool YamlReader::read_trainer_key(const std::string& key, int line, const YNode&
     bool_key(cfg_.gptq);
   } else if (key == "adapter") {
     text_key(cfg_.adapter);
+  } else if (key == "lora_r") {
+    cfg_.lora_r = v.IsNull() ? 0 : integer(line, key, v, 1, kMaxHidden);
+  } else if (key == "lora_target_linear") {
+    bool_key(cfg_.lora_target_linear);
+  } else if (key == "lora_target_modules") {
+    cfg_.lora_target_modules.clear();
+    if (v.IsScalar()) {
+      cfg_.lora_target_modules.push_back(word);
+    } else if (v.Type() == YType::Sequence) {
+      for (const auto& item : v.items) {
+        if (!item.IsScalar()) fail(line, key, "expected a list of module names, got a list holding " + describe(item));
+        cfg_.lora_target_modules.push_back(item.Scalar());
+      }
+    } else if (!v.IsNull()) {
+      fail(line, key, "expected a list of module names, got " + describe(v));
+    }
   } else if (key == "rl") {
     // rl: dpo | ipo | kto | orpo | simpo | grpo ...; false or empty: supervised
     if (const auto b = maybe_boolean(v); b && !*b) cfg_.rl.clear();
@@ -716,6 +732,8 @@ json to_json(const TrainConfig& cfg) {
                         {"float16", cfg.float16},         {"load_in_8bit", cfg.load_in_8bit},
                         {"load_in_4bit", cfg.load_in_4bit}, {"gptq", cfg.gptq},
                         {"adapter", cfg.adapter},         {"rl", cfg.rl},
+                        {"lora_r", cfg.lora_r},           {"lora_target_linear", cfg.lora_target_linear},
+                        {"lora_target_modules", cfg.lora_target_modules},
                         {"batch_size", cfg.batch_size},   {"max_packed_sequence_len", cfg.max_packed_sequence_len},
                         {"fsdp_offload_params", cfg.fsdp_offload_params}, {"deepspeed", cfg.deepspeed},
                         {"fsdp_config", {{"offload_params", cfg.fsdp_offload_params}}},

@@ -86,6 +86,9 @@ struct TrainConfig {
   bool bfloat16 = false, float16 = false;  // pure half precision: the weights loaded in that dtype
   bool load_in_8bit = false, load_in_4bit = false, gptq = false;
   std::string adapter;  // "lora", "qlora", "" (a full fine-tune)
+  std::int64_t lora_r = 0;                       // 0 unset (PEFT's default 8)
+  bool lora_target_linear = false;               // every linear layer
+  std::vector<std::string> lora_target_modules;  // by name (q_proj, v_proj, ...)
   std::string rl;       // "dpo", "kto", ... "" (supervised)
   std::int64_t batch_size = 0;               // Axolotl's global batch, 0 unset
   std::int64_t max_packed_sequence_len = 0;  // Axolotl <= 0.3's concatenation packing, 0 unset

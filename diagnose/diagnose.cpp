@@ -842,6 +842,16 @@ class Diagnosis {
   }
 
   // 7. memory at full depth: the model, not measured
+  // What to try where checkpointing and a smaller micro batch are not enough: never what the config has.
+  static std::string memory_remedy(const TrainConfig& c, const Adapter& ad) {
+    std::vector<std::string> ways;
+    if (!ad.on) ways.push_back("an adapter (adapter: qlora, load_in_4bit: true)");
+    else if (ad.base_bits > 4) ways.push_back("a 4-bit base (adapter: qlora, load_in_4bit: true)");
+    if (!c.fsdp_offload_params && c.deepspeed.empty()) ways.push_back("sharding (FSDP/DeepSpeed) over more GPUs");
+    ways.push_back("a smaller model");
+    return fmt::format("{}", fmt::join(ways, ", or "));
+  }
+
   Point memory() {
     step("memory: the footprint at full depth");
     Point p = check_point("memory");
@@ -856,7 +866,8 @@ class Diagnosis {
     d.layers = int(c.model.num_hidden_layers);
     d.dtype = c.bf16 ? DType::bf16 : c.fp16 ? DType::fp16 : DType::fp32;
     d.checkpointing = c.gradient_checkpointing;
-    const FullDepthFootprint full = full_depth_footprint(c.model, d);
+    const Adapter ad = adapter_of(c);  // what it trains: every weight, or LoRA adapters over a frozen base
+    const FullDepthFootprint full = full_depth_footprint(c.model, d, ad);
     std::uint64_t capacity = 0;
     std::string cap_source;
     if (auto lim = ctx_.device.memory_stats().limit; lim > 0) {
@@ -871,43 +882,44 @@ class Diagnosis {
       cap_source = bound ? "the host memory available (" + bound->what + ")" : "unknown";
     }
     p.add({"footprint_gib", double(full.total) / double(1ull << 30), "GiB", Direction::lower, std::nullopt,
-           fmt::format("modelled: the decoder stack at full depth ({}) with the embedding and LM head{}, full "
-                       "fine-tuning, AdamW",
+           fmt::format("modelled: the decoder stack at full depth ({}) with the embedding and LM head{}, {}, AdamW",
                        c.model.moe()       ? fmt::format("a mixture of {} experts, every one's weights", c.model.num_experts)
                        : c.model.gated_mlp ? std::string("a gated MLP")
                                            : std::string("a plain MLP"),
-                       c.model.tie_word_embeddings ? " (tied)" : "")});
+                       c.model.tie_word_embeddings ? " (tied)" : "",
+                       ad.on ? fmt::format("LoRA rank {} over a {}-bit frozen base ({} trainable parameters)", ad.rank,
+                                           ad.base_bits, full.trainable)
+                             : std::string("full fine-tuning"))});
     p.add({"capacity_gib", double(capacity) / double(1ull << 30), "GiB", Direction::higher, std::nullopt, cap_source});
     p.info = json{{"parts", full.parts},
                   {"parameters", full.parameters},
-                  {"note", "modelled, not measured: full fine-tuning (every weight trained, AdamW state for each); a "
-                           "LoRA/QLoRA adapter trains far fewer and holds frozen weights in 16 or 4 bits"}};
+                  {"trainable", full.trainable},
+                  {"note", ad.on ? "modelled, not measured: the adapters trained in fp32 with AdamW, the base frozen "
+                                   "(bitsandbytes' 4-bit at 4.127 bits a weight); activations as a full fine-tune's"
+                                 : "modelled, not measured: full fine-tuning (every weight trained, AdamW state for each)"}};
     if (capacity == 0) p.info["capacity"] = "unknown: no limit, GPU memory or host bound was found";
     if (capacity > 0 && full.total > capacity) {
       batch::DecoderConfig ck = d;
       ck.checkpointing = true;
-      const FullDepthFootprint with_ck = full_depth_footprint(c.model, ck);
+      const FullDepthFootprint with_ck = full_depth_footprint(c.model, ck, ad);
       std::string line = with_ck.total <= capacity ? "gradient_checkpointing: true" : "";
       if (line.empty()) {
         for (std::int64_t mb = d.micro_batch / 2; mb >= 1; mb /= 2) {
           batch::DecoderConfig s2 = ck;
           s2.micro_batch = mb;
-          if (full_depth_footprint(c.model, s2).total <= capacity) {
+          if (full_depth_footprint(c.model, s2, ad).total <= capacity) {
             line = fmt::format("gradient_checkpointing: true, micro_batch_size: {}", mb);
             break;
           }
         }
       }
-      const bool adapter = std::any_of(c.unknown_keys.begin(), c.unknown_keys.end(),
-                                       [](const std::string& k) { return k.rfind("adapter", 0) == 0; });
       found_.push_back({"memory pressure and out-of-memory recovery",
                         fmt::format("memory: the config needs about {} of {} ({}){}{}{} -> {}",
                                     format_bytes(double(full.total)),
                                     // in GB too: the explore line's mem_limit_gb is in GB
                                     fmt::format("{} ({:.3g} GB)", format_bytes(double(capacity)), double(capacity) / 1e9),
                                     cap_source,
-                                    adapter ? "; the config names an adapter: this full fine-tuning model overstates it"
-                                            : "",
+                                    ad.on ? fmt::format("; already LoRA over a {}-bit base", ad.base_bits) : "",
                                     c.model.moe() ? fmt::format("; every one of the {} experts' weights is in it (the "
                                                                 "explore line's dense step holds a token's {} of them)",
                                                                 c.model.num_experts, c.model.num_experts_per_tok)
@@ -915,7 +927,7 @@ class Diagnosis {
                                     with_ck.total <= capacity
                                         ? fmt::format("; with checkpointing about {}", format_bytes(double(with_ck.total)))
                                         : "",
-                                    line.empty() ? "a smaller model, sharding (FSDP/DeepSpeed) or an adapter" : line),
+                                    line.empty() ? memory_remedy(c, ad) : line),
                         std::nullopt,
                         json{{"check", "memory"},
                              {"config_line", line},
@@ -1569,49 +1581,6 @@ class Diagnosis {
 };
 
 }  // namespace
-
-FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::DecoderConfig& d) {
-  const std::uint64_t e = std::uint64_t(storage_bytes(d.dtype));
-  // one attention op's buffers: Q, O, dO, dQ, and K, V, dK, dV at the K/V heads' share (grouped-query
-  // attention), and the log-sum-exp (a fused kernel's)
-  const double r = double(model.kv_heads()) / double(model.num_attention_heads);
-  const std::uint64_t attn_op = std::uint64_t((4.0 + 4.0 * r) * double(d.micro_batch * d.seq * d.d_model)) * e +
-                                std::uint64_t(d.micro_batch * d.heads * d.seq) * 4;
-  const batch::MemoryParts m = batch::predict_footprint(d, batch::OptKind::adamw, 1, attn_op, 0);
-  // embedding + LM head: vocab x hidden weights each, one matrix where the head is tied to the embedding
-  // (master, copy, grad, m, v); the logits and their gradient in fp32
-  const std::uint64_t vh = (model.tie_word_embeddings ? 1 : 2) * std::uint64_t(model.vocab_size) * std::uint64_t(d.d_model);
-  const std::uint64_t embed = vh * (4 + (d.dtype != DType::fp32 ? e : 0) + 4 + 8);
-  const std::uint64_t logits = 2 * std::uint64_t(d.micro_batch * d.seq) * std::uint64_t(model.vocab_size) * 4;
-  // The decoder's layer holds hidden x (hidden + 2 kv_heads head_dim) + hidden^2 + 2 hidden d_ff weights:
-  // Q, K and V (K and V at its kv_heads), O and an MLP of two hidden x d_ff matrices. The model's K and V
-  // are hidden x (K/V heads x head size), a share r of the Q's (grouped-query attention), and its MLP is
-  // three hidden x intermediate (gated: gate, up, down) or two (plain), every expert's of a mixture of
-  // experts with its router (hidden x experts): the weight-bound parts are scaled to that (1 where d is
-  // the model's dense layer: kv_heads its, d_ff 1.5 a gated intermediate). The activations are the
-  // decoder's at a token's MLP width, and a gated MLP's one more: eager SwiGLU keeps gate, its SiLU, up
-  // and their product, 4 x intermediate a token, where the step's two matrices keep their pre-activation
-  // and activation at 1.5 x, 3 x intermediate.
-  const double hd = double(d.d_model), mlp_mats = model.gated_mlp ? 3.0 : 2.0;
-  const double step_layer = double(d.d_model * d.qkv_out() + d.d_model * d.d_model + 2 * d.d_model * d.ff());
-  const double model_layer = (2.0 + 2.0 * r) * hd * hd + mlp_mats * hd * double(model.weight_intermediate()) +
-                             (model.moe() ? hd * double(model.num_experts) : 0.0);
-  const double w_scale = model_layer / step_layer;
-  FullDepthFootprint out;
-  const auto w = std::uint64_t(double(m.weights) * w_scale), g = std::uint64_t(double(m.gradients) * w_scale),
-             o = std::uint64_t(double(m.optimizer) * w_scale);
-  const std::uint64_t gate_extra =
-      model.gated_mlp ? (d.checkpointing ? 1 : std::uint64_t(d.layers)) * std::uint64_t(d.micro_batch * d.seq) *
-                            std::uint64_t(model.active_intermediate()) * e
-                      : 0;
-  const std::uint64_t acts = m.activations + gate_extra;
-  out.total = w + g + o + acts + m.attention + m.backward + embed + logits;
-  out.parts = json{{"weights", w},         {"gradients", g},      {"optimizer", o},
-                   {"activations", acts}, {"attention", m.attention}, {"backward", m.backward},
-                   {"embedding_and_head", embed},  {"logits", logits}};
-  out.parameters = std::uint64_t(step_layer * double(d.layers) * w_scale) + vh;
-  return out;
-}
 
 std::int64_t loop_pad_multiple(std::int64_t multiple, bool lengths_from_file, std::int64_t part_seq,
                                std::int64_t loop_seq) {

@@ -33,6 +33,7 @@
 #include "harness/result.hpp"            // Result
 #include "harness/scenario.hpp"          // RunContext
 #include "diagnose/config.hpp"  // TrainConfig
+#include "diagnose/footprint.hpp"  // FullDepthFootprint, full_depth_footprint
 #include "workloads/batch_limit.hpp"  // BatchLimit, batch_limit
 
 namespace sb::batch {
@@ -72,19 +73,6 @@ MeasuredShape measured_shape(const TrainConfig& cfg, const DeviceInfo& dev);
 std::int64_t loop_pad_multiple(std::int64_t multiple, bool lengths_from_file, std::int64_t part_seq,
                                std::int64_t loop_seq);
 
-// The memory check's model: full fine-tuning with AdamW at full depth, the
-// decoder step's footprint (batch::predict_footprint at d) with its weight-
-// bound parts scaled to the model's layer (a gated or plain MLP of
-// intermediate_size, every expert's and the routers for a mixture of experts,
-// K and V at num_key_value_heads), the embedding and LM head (one matrix when
-// tied), the logits, and eager SwiGLU's fourth intermediate-wide activation.
-// Not measured.
-struct FullDepthFootprint {
-  std::uint64_t total = 0;  // bytes
-  nlohmann::ordered_json parts;
-  std::uint64_t parameters = 0;  // the model's, embedding and head included
-};
-FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::DecoderConfig& d);
 
 // What limits a micro batch (the batch scenario's, workloads/batch_limit.hpp).
 using batch::BatchLimit;

@@ -170,7 +170,7 @@ TEST(DiagnoseConfig, ReadsEveryKeyOfAnAxolotlLoraConfigWithItsLine) {
   // Every key's source is its line in the file; lengths (not a YAML key) is the default. The trainer's
   // keys the file gives (the model, its quantized load, the adapter, the attention flag) have theirs too.
   const char* const trainer_keys[] = {"base_model", "model_type", "load_in_8bit", "load_in_4bit", "adapter",
-                                      "xformers_attention"};
+                                      "xformers_attention", "lora_r", "lora_target_linear"};
   ASSERT_EQ(c.sources.size(), std::size(kAllKeys) + std::size(trainer_keys));
   for (const std::string k : trainer_keys) EXPECT_EQ(c.sources.at(k).where, fmt::format("{}:{}", path, line_of(path, k))) << k;
   for (const std::string k : kAllKeys) {
@@ -193,7 +193,7 @@ TEST(DiagnoseConfig, ReadsEveryKeyOfAnAxolotlLoraConfigWithItsLine) {
   ASSERT_GE(c.unknown_keys.size(), first.size());
   for (std::size_t i = 0; i < first.size(); ++i)
     EXPECT_EQ(c.unknown_keys[i], fmt::format("{} (line {})", first[i], line_of(path, first[i])));
-  for (const char* k : {"lora_r", "lora_alpha", "learning_rate", "optimizer", "lr_scheduler", "num_epochs",
+  for (const char* k : {"lora_alpha", "learning_rate", "optimizer", "lr_scheduler", "num_epochs",
                         "eval_sample_packing", "lora_model_dir", "special_tokens"})
     EXPECT_EQ(std::count(c.unknown_keys.begin(), c.unknown_keys.end(),
                          fmt::format("{} (line {})", k, line_of(path, k))), 1) << k;
@@ -268,8 +268,8 @@ TEST(DiagnoseConfig, AcceptedSpellings) {
         "micro_batch_size: 4\n"
         "dataloader_prefetch_factor: ~\n"
         "micro_batch_size: 6\n"
-        "lora_r: 8\n"
-        "lora_r: 16\n");
+        "lora_alpha: 8\n"
+        "lora_alpha: 16\n");
     const TrainConfig c = read_axolotl_yaml(p);
     EXPECT_EQ(c.sequence_len, 2048);
     EXPECT_EQ(c.sources.at("sequence_len").where, "default");
@@ -278,7 +278,7 @@ TEST(DiagnoseConfig, AcceptedSpellings) {
     EXPECT_EQ(c.micro_batch_size, 6);
     EXPECT_EQ(c.sources.at("micro_batch_size").where, p + ":4");
     EXPECT_TRUE(has_note(c, "micro_batch_size: given at line 2 and again at line 4; the last is used"));
-    EXPECT_EQ(c.unknown_keys, (std::vector<std::string>{"lora_r (line 5)", "lora_r (line 6)"}));
+    EXPECT_EQ(c.unknown_keys, (std::vector<std::string>{"lora_alpha (line 5)", "lora_alpha (line 6)"}));
   }
   {
     // bf16: auto beside fp16: true means fp16 (auto picks bf16 only where the GPU has it).
@@ -434,7 +434,7 @@ TEST(DiagnoseConfig, ATraceOrAModelConfigGivenAsTheTrainingConfigSaysWhichOption
   const std::string res = dir.write("r.json", R"({"schema_version": 1, "kind": "result", "points": []})");
   const std::string r = usage_error([&] { (void)read_axolotl_yaml(res); });
   EXPECT_TRUE(contains(r, "a stallbench document")) << r;
-  const std::string none = dir.write("n.yml", "foo: 1\nlora_r: 8\n");
+  const std::string none = dir.write("n.yml", "foo: 1\nlora_alpha: 8\n");
   const std::string n = usage_error([&] { (void)read_axolotl_yaml(none); });
   EXPECT_TRUE(contains(n, "none of its 2 key(s) is one diagnose reads")) << n;
 }

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "diagnose/config.hpp"    // parse_axolotl_yaml_text, apply_model_config_text
+#include "diagnose/footprint.hpp" // adapter_of, adapter_parameters, full_depth_footprint
 #include "diagnose/hf_cache.hpp"  // find_model_config
 #include "diagnose/trainer.hpp"   // resolve_axolotl
 #include "harness/errors.hpp"     // UsageError
@@ -209,6 +210,41 @@ TEST(HfCache, AConfigJsonNamesTheFamily) {
   EXPECT_EQ(c.model_family, "gptj");
   EXPECT_EQ(c.attn_implementation, "eager");
   EXPECT_NE(c.packing_unavailable, "");
+}
+
+TEST(AdapterMemory, LoraCountsTheAdaptersAndAFrozenBase) {
+  // Llama-3-8B's config.json dims; LoRA r=16 on every linear layer: PEFT's print_trainable_parameters
+  // gives 41,943,040 for it
+  TrainConfig c = parse_axolotl_yaml_text(
+      "adapter: qlora\nload_in_4bit: true\nlora_r: 16\nlora_target_linear: true\nmicro_batch_size: 1\n"
+      "sequence_len: 2048\nbf16: true\nhidden_size: 4096\nnum_hidden_layers: 32\nnum_attention_heads: 32\n"
+      "num_key_value_heads: 8\nintermediate_size: 14336\nvocab_size: 128256\n",
+      "t.yml");
+  const Adapter a = adapter_of(c);
+  EXPECT_TRUE(a.on);
+  EXPECT_EQ(a.base_bits, 4);
+  EXPECT_EQ(adapter_parameters(c.model, a), 41943040u);
+  // PEFT's default targets (q_proj, v_proj) at r=8: 8 x (8192 + 5120) x 32 = 3,407,872
+  Adapter qv = a;
+  qv.all_linear = false;
+  qv.rank = 8;
+  EXPECT_EQ(adapter_parameters(c.model, qv), 3407872u);
+  batch::DecoderConfig d;
+  d.micro_batch = 1;
+  d.seq = 2048;
+  d.d_model = 4096;
+  d.d_ff = c.model.step_ffn();
+  d.heads = 32;
+  d.kv_heads = 8;
+  d.layers = 32;
+  d.dtype = DType::bf16;
+  d.checkpointing = true;
+  const auto q = full_depth_footprint(c.model, d, a), full = full_depth_footprint(c.model, d);
+  EXPECT_EQ(q.trainable, 41943040u);
+  EXPECT_EQ(full.trainable, full.parameters);
+  // the 4-bit base: about 7e9 weights at 4.127 bits plus the adapters' 16 bytes each
+  EXPECT_NEAR(double(q.parts["weights"].get<std::uint64_t>()), 6.98e9 * 4.127 / 8 + 41943040.0 * 4, 0.2e9);
+  EXPECT_LT(q.total * 4, full.total);  // QLoRA needs a small share of a full fine-tune's memory
 }
 
 }  // namespace
