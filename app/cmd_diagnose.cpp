@@ -12,6 +12,7 @@
 #include "diagnose/config.hpp"                // read_axolotl_yaml, apply_model_config, read_lengths
 #include "diagnose/diagnose.hpp"              // diagnose::run
 #include "diagnose/hf_cache.hpp"              // hf_cache_dirs, find_model_config
+#include "diagnose/plan.hpp"                  // format_plan
 #include "diagnose/trainer.hpp"               // resolve_axolotl
 #include "diagnose/run/run_diagnose.hpp"      // diagnose_run, looks_like_run
 #include "diagnose/trace/trace_diagnose.hpp"  // diagnose_trace
@@ -37,6 +38,7 @@ struct DiagnoseArgs {
   double budget_s = 0;  // 0: 120 s, --quick 60 s
   std::string axolotl_version;  // "": the newest encoded
   std::string run;              // --run DIR (or a directory given as the config)
+  bool plan = false;            // --plan: the settings and the checks, nothing measured
   int world_size = 1;
 };
 
@@ -140,6 +142,11 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
   }
   opt.quick = a.quick;
   opt.budget_s = a.budget_s > 0 ? a.budget_s : a.quick ? 60 : 120;
+  if (a.plan) {  // nothing opened, nothing measured
+    const DeviceSpec plan_spec = parse_device_spec(a.device);
+    std::cout << diagnose::format_plan(opt.cfg, a.config, plan_spec.str(), a.quick, opt.budget_s);
+    return kExitOk;
+  }
   if (a.observed > 0) opt.observed_tokens_per_s = a.observed;
   opt.say = [](const std::string& line) { std::cerr << line << "\n"; };
   const DeviceSpec spec = parse_device_spec(a.device);
@@ -214,12 +221,16 @@ Command add_diagnose(CLI::App& app, int& argc, char**& argv) {
                                      "loader workers by default")
                         ->capture_default_str()
                         ->check(CLI::Range(1, 1 << 20));
+  auto* plan_opt = diag->add_flag("--plan,--dry-run", da->plan,
+                                  "print every setting as the checks will use it, with its source, and what each "
+                                  "check will run or why the config excludes its cause; measure nothing");
+  trace_opt->excludes(plan_opt);
   auto* run_opt = diag->add_option("--run", da->run,
                                    "a training run's output directory (or a checkpoint-N/ in it): its "
                                    "trainer_state.json's curves diagnosed, nothing measured; a directory given as "
                                    "the config is read so too")
                       ->check(non_empty_path());
-  for (CLI::Option* o : {config_opt, model_opt, lengths_opt, observed_opt, quick_opt, budget_opt, trace_opt})
+  for (CLI::Option* o : {config_opt, model_opt, lengths_opt, observed_opt, quick_opt, budget_opt, trace_opt, plan_opt})
     run_opt->excludes(o);
   trace_opt->excludes(version_opt);
   trace_opt->excludes(world_opt);

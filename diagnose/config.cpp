@@ -739,7 +739,7 @@ json to_json(const TrainConfig& cfg) {
                         {"fsdp_config", {{"offload_params", cfg.fsdp_offload_params}}},
                         {"base_model_config", cfg.base_model}};
   for (const auto& [k, src] : cfg.sources)
-    if (!out.contains(k) && k != "lengths")
+    if (!out.contains(k) && k != "lengths" && k.rfind("model.", 0) != 0)
       out[k] = {{"value", trainer.contains(k) ? trainer[k] : json()}, {"source", src.where}};
   if (!cfg.packing_unavailable.empty()) out["packing_unavailable"] = cfg.packing_unavailable;
   out["unknown_keys"] = cfg.unknown_keys;

@@ -1,6 +1,8 @@
 // diagnose (equations and order in diagnose.hpp).
 #include "diagnose/diagnose.hpp"
 
+#include "diagnose/plan.hpp"  // skipped_by_config
+
 #include <algorithm>  // std::sort, std::min, std::max
 #include <chrono>     // std::chrono
 #include <cmath>      // std::llround
@@ -398,23 +400,9 @@ class Diagnosis {
     Point p = check_point("loader");
     const TrainConfig& c = opt_.cfg;
     const int rec = std::min(64, std::max(2, c.dataloader_num_workers));  // the dataloader scenario's bound
-    if (c.dataloader_num_workers >= 2 && c.dataloader_pin_memory) {
+    if (const auto why = skipped_by_config("loader", c)) {
       p.status = Status::skipped;
-      p.reason = fmt::format("already {} workers, pinned memory", c.dataloader_num_workers);
-      return p;
-    }
-    // The trainer's own defaults that keep a GPU fed (Axolotl 0.11+: a worker a rank, pinned, prefetch 256):
-    // whether they keep up depends on what a sample costs to load, which a config does not say. Nothing
-    // here measures their loader, so nothing is claimed; how to measure it is.
-    if (const std::string src = source_of(c, "dataloader_num_workers");
-        c.dataloader_num_workers >= 1 && src.find("default_dataloader_opts") != std::string::npos) {
-      p.status = Status::skipped;
-      p.reason = fmt::format(
-          "{} worker(s), pinned memory, prefetch_factor {}: the trainer's default ({}), which prefetches far ahead; "
-          "whether it keeps up depends on what one sample costs to load (decode, tokenize), which the config does "
-          "not say: measure it on the job (stallbench watch --exec -- <your train command>: a spiky pattern is the "
-          "loader's, or diagnose --trace on a torch.profiler trace: the loader's share of each step)",
-          c.dataloader_num_workers, c.dataloader_prefetch_factor, src);
+      p.reason = *why;
       return p;
     }
     // the step the loader must feed: their step's time; a sample: seq_len tokens of input_ids,
@@ -536,9 +524,9 @@ class Diagnosis {
   Point dtype() {
     step("dtype: fp32 against bf16 at their GEMM shape");
     Point p = check_point("dtype");
-    if (opt_.cfg.bf16 || opt_.cfg.fp16) {
+    if (const auto why = skipped_by_config("dtype", opt_.cfg)) {
       p.status = Status::skipped;
-      p.reason = fmt::format("already {}", dtype_name(opt_.cfg));
+      p.reason = *why;
       return p;
     }
     const bool has_bf16 = !ctx_.device.gemm_unsupported(DType::bf16);
@@ -586,14 +574,9 @@ class Diagnosis {
     step("padding: padded against packed");
     Point p = check_point("padding");
     const TrainConfig& c = opt_.cfg;
-    if (c.sample_packing) {
+    if (const auto why = skipped_by_config("padding", c)) {
       p.status = Status::skipped;
-      p.reason = "sample_packing is on";
-      return p;
-    }
-    if (!c.packing_unavailable.empty()) {  // advice the trainer cannot take is no finding
-      p.status = Status::skipped;
-      p.reason = c.packing_unavailable;
+      p.reason = *why;
       return p;
     }
     const std::string base = c.pad_to_sequence_len ? "pad-max" : "pad-longest";
@@ -640,11 +623,9 @@ class Diagnosis {
     step("attention: eager against fused");
     Point p = check_point("attention");
     const TrainConfig& c = opt_.cfg;
-    if (c.flash_attention || c.sdp_attention) {
+    if (const auto why = skipped_by_config("attention", c)) {
       p.status = Status::skipped;
-      p.reason = c.attn_implementation.empty() ? (c.flash_attention ? "flash_attention is on" : "sdp_attention is on")
-                                               : fmt::format("the model loads with {} attention, a fused kernel ({})",
-                                                             c.attn_implementation, source_of(c, "attn_implementation"));
+      p.reason = *why;
       return p;
     }
     const std::string fused = ctx_.device.info().kind == DeviceKind::cuda ? "cudnn" : "flash";

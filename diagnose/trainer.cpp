@@ -199,10 +199,16 @@ void resolve_attention(TrainConfig& cfg, const TrainerSpec& t) {
   }
   cfg.attn_implementation = impl;
   cfg.sources["attn_implementation"] = Source{source};
+  if (impl == "xformers" && default_attention(cfg.model_family) == "eager")
+    cfg.notes.push_back(fmt::format("xformers attention on model_type {}: Axolotl registers it through transformers' "
+                                    "attention interface, which a class without SDPA may not call; taken as fused "
+                                    "(assumed), so no attention finding is made",
+                                    cfg.model_family));
   // the checks' two flags: flash (a varlen-capable kernel, what packing needs) and fused at all
   cfg.flash_attention = impl.find("flash") != std::string::npos || impl == "xformers" || impl == "sage" ||
                         impl.find('/') != std::string::npos;
   cfg.sdp_attention = fused(impl) && !cfg.flash_attention;
+  cfg.sources["flash_attention"] = cfg.sources["sdp_attention"] = Source{"attn_implementation " + impl + " (" + source + ")"};
 }
 
 void resolve_dataloader(TrainConfig& cfg, const TrainerSpec& t) {
@@ -351,8 +357,8 @@ void resolve_axolotl(TrainConfig& cfg, const TrainerSpec& t) {
     const bool q4 = cfg.load_in_4bit && cfg.adapter == "qlora", q8 = cfg.load_in_8bit && cfg.adapter == "lora";
     cfg.notes.push_back(fmt::format(
         "adapter: {}{}: a frozen base{} with small trainable adapters, not a full fine-tune: the step's GEMMs "
-        "run over the same shapes, but the memory check counts every weight trainable (not modelled: the "
-        "adapters' own memory)",
+        "run over the same shapes (the frozen base's backward included), and the memory check counts the base "
+        "frozen and the adapters trained (lora_r, lora_target_linear / lora_target_modules)",
         cfg.adapter, q4 ? " with load_in_4bit" : q8 ? " with load_in_8bit" : "",
         q4 ? " in 4 bits (bitsandbytes nf4)" : q8 ? " in 8 bits" : ""));
   }

@@ -12,6 +12,7 @@
 #include "diagnose/config.hpp"    // parse_axolotl_yaml_text, apply_model_config_text
 #include "diagnose/footprint.hpp" // adapter_of, adapter_parameters, full_depth_footprint
 #include "diagnose/hf_cache.hpp"  // find_model_config
+#include "diagnose/plan.hpp"      // format_plan, skipped_by_config
 #include "diagnose/trainer.hpp"   // resolve_axolotl
 #include "harness/errors.hpp"     // UsageError
 
@@ -210,6 +211,22 @@ TEST(HfCache, AConfigJsonNamesTheFamily) {
   EXPECT_EQ(c.model_family, "gptj");
   EXPECT_EQ(c.attn_implementation, "eager");
   EXPECT_NE(c.packing_unavailable, "");
+}
+
+TEST(Plan, EverySettingWithItsSourceAndTheChecksTheConfigExcludes) {
+  // examples/qwen2/dpo.yaml (v0.18.0): DPO forbids packing, bf16 auto, no loader key
+  const TrainConfig c = resolved(
+      "base_model: Qwen/Qwen2.5-0.5B\nrl: dpo\nsample_packing: false\nbf16: auto\nmicro_batch_size: 2\n"
+      "gradient_accumulation_steps: 4\nattn_implementation: flash_attention_2\n");
+  const std::string plan = format_plan(c, "dpo.yaml", "sim:h100", true, 60);
+  for (const char* want : {"dataloader_num_workers         1", "default_dataloader_opts", "skipped: rl: dpo",
+                           "dtype        skipped: already bf16 (t.yml:4)", "attention    skipped",
+                           "micro_batch_size               2                  t.yml:5", "nothing measured"})
+    EXPECT_NE(plan.find(want), std::string::npos) << want << "\n" << plan;
+  // and the run's checks skip for the same reasons
+  EXPECT_EQ(*skipped_by_config("padding", c), c.packing_unavailable);
+  EXPECT_FALSE(skipped_by_config("padding", resolved("base_model: Qwen/Qwen2.5-0.5B\n")).has_value());
+  EXPECT_TRUE(skipped_by_config("attention", resolved("base_model: EleutherAI/gpt-j-6b\n")) == std::nullopt);
 }
 
 TEST(AdapterMemory, LoraCountsTheAdaptersAndAFrozenBase) {
