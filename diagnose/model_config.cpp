@@ -8,6 +8,7 @@
 #include <utility>      // std::pair
 
 #include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"     // sb::UsageError
 #include "harness/files.hpp"      // read_regular_file, quoted_text
@@ -43,6 +44,28 @@ constexpr std::pair<std::string_view, DimAliases> kDimAliases[] = {
     {"RefinedWeb", {"", "n_layer", "n_head", "ffn_hidden_size"}},
     {"RefinedWebModel", {"", "n_layer", "n_head", "ffn_hidden_size"}},
     {"mpt", {"d_model", "n_layers", "n_heads", ""}},
+    // encoder-decoders: T5's own names (T5Config: d_model, num_layers, num_heads, d_ff)
+    {"t5", {"d_model", "num_layers", "num_heads", "d_ff"}},
+    {"mt5", {"d_model", "num_layers", "num_heads", "d_ff"}},
+    {"umt5", {"d_model", "num_layers", "num_heads", "d_ff"}},
+    {"longt5", {"d_model", "num_layers", "num_heads", "d_ff"}},
+    // the remote-code phi-1.5/phi-2 configs of 2023 ("mixformer-sequential", "phi-msft": n_embd, n_layer,
+    // n_head, n_inner), before transformers' own phi
+    {"phi-msft", {"n_embd", "n_layer", "n_head", "n_inner"}},
+    {"mixformer-sequential", {"n_embd", "n_layer", "n_head", "n_inner"}},
+};
+// Families that are not decoder-only: what the step models of them is said.
+constexpr std::pair<std::string_view, std::string_view> kNotDecoderOnly[] = {
+    {"t5", "an encoder-decoder: the step models one stack of num_layers (the other stack and the decoder's "
+           "cross-attention are not modelled)"},
+    {"mt5", "an encoder-decoder: one stack modelled"},
+    {"umt5", "an encoder-decoder: one stack modelled"},
+    {"longt5", "an encoder-decoder: one stack modelled"},
+    {"bart", "an encoder-decoder: one stack modelled"},
+    {"whisper", "an encoder-decoder: one stack modelled"},
+    {"bert", "an encoder: the step is causal self-attention, a bidirectional encoder's cost is the same "
+             "shapes without the causal mask"},
+    {"roberta", "an encoder: the step's shapes, causal masking aside"},
 };
 DimAliases aliases_of(std::string_view type) {
   for (const auto& [t, a] : kDimAliases)
@@ -55,7 +78,8 @@ DimAliases aliases_of(std::string_view type) {
 constexpr std::string_view kPlain[] = {"gpt2", "gpt_neox", "gpt_bigcode", "gptj",       "gpt_neo",
                                        "bert", "roberta",  "opt",         "bloom",      "falcon",
                                        "mpt",  "phi",      "starcoder2",  "codegen",    "RefinedWeb",
-                                       "RefinedWebModel", "nemotron", "persimmon"};  // the last two: squared ReLU
+                                       "RefinedWebModel", "nemotron", "persimmon",  // these two: squared ReLU
+                                       "t5", "mt5", "umt5", "longt5", "phi-msft", "mixformer-sequential"};
 // Families whose Hugging Face config class ties the LM head to the embedding unless told otherwise, and
 // those that do not: the reading of a config.json that leaves tie_word_embeddings out.
 constexpr std::string_view kTiedByDefault[] = {"gpt2", "gpt_bigcode", "gpt_neo", "opt", "bloom",
@@ -150,10 +174,15 @@ void apply_model_config_text(TrainConfig& cfg, const std::string& text, const st
     const std::string qtype = quoted_text(type, 40);
     refuse_unmodelled(path, type, qtype);
     bool inter_given = false;
+    std::vector<std::string> missing_shape;  // refused at the end, after the file's own errors
     for (const auto& d : dims) {
       const std::string name = "model." + std::string(d.name);
       const auto key = key_of(from, d, type);
       if (!key) {
+        // the layer's shape is not replaced by a default: a shape the file does not give is refused unless
+        // the training config gave it (a width without its key is inferred below; the vocabulary is kept)
+        const bool shape = d.field != &out.model.intermediate_size && d.field != &out.model.vocab_size;
+        if (shape && source_of(out, name) == kDefault) missing_shape.emplace_back(d.name);
         if (d.field != &out.model.intermediate_size)  // the MLP's width without its key: below
           out.notes.push_back(fmt::format("{}: no {}; {} ({}) kept", path, d.name, *d.field, source_of(out, name)));
         continue;
@@ -173,6 +202,8 @@ void apply_model_config_text(TrainConfig& cfg, const std::string& text, const st
                                    "heads that divide the hidden size", path, m.num_attention_heads,
                                    source_of(out, "model.num_attention_heads"), m.hidden_size,
                                    source_of(out, "model.hidden_size")));
+    for (const auto& [t, what] : kNotDecoderOnly)
+      if (type == t) out.notes.push_back(fmt::format("{}: model_type {} is {}", path, qtype, what));
     if (!type.empty()) {
       out.model_family = type;
       out.sources["model_type"] = Source{path};
@@ -347,6 +378,13 @@ void apply_model_config_text(TrainConfig& cfg, const std::string& text, const st
         out.model.moe_intermediate_size = out.model.shared_expert_intermediate_size = 0;
       }
     }
+    // the layer's shape is never the default's in disguise: what neither file gave is refused
+    if (!missing_shape.empty())
+      throw UsageError(fmt::format(
+          "{}: no {} (nor {}'s own name for it): the model's shape cannot be read from this file; give "
+          "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size and vocab_size as keys of the "
+          "training config (they are kept), or pass the config.json of a model diagnose reads",
+          path, fmt::join(missing_shape, ", "), type.empty() ? std::string("a file without model_type") : "model_type " + qtype));
   });
   cfg = std::move(out);
 }

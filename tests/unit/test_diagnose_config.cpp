@@ -615,22 +615,44 @@ TEST(DiagnoseConfig, ConfigJsonErrorsNameTheKeyAndLeaveTheConfig) {
               missing));
 }
 
-TEST(DiagnoseConfig, ConfigJsonMissingKeysAreKeptAndNoted) {
+TEST(DiagnoseConfig, ConfigJsonMissingShapeIsRefusedUnlessTheConfigGaveIt) {
   TempDir dir("partial");
-  // A Llama-family file with only some dims (another family's names are not read for Llama's)
+  // A Llama-family file with only some dims (another family's names are not read for Llama's): the
+  // shape is not silently the 7B default's
   const std::string p = dir.write("config.json",
       R"({"model_type": "llama", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
           "num_attention_heads": null})");
   TrainConfig c = default_config();
-  apply_model_config(c, p);
-  EXPECT_EQ(c.model.vocab_size, 50257);
-  EXPECT_EQ(c.sources.at("model.vocab_size").where, p);
-  EXPECT_EQ(c.model.hidden_size, 4096);
-  EXPECT_EQ(c.sources.at("model.hidden_size").where, "default");
-  EXPECT_TRUE(has_note(c, p + ": no hidden_size; 4096 (default) kept"));
-  EXPECT_TRUE(has_note(c, p + ": no num_attention_heads; 32 (default) kept"));  // null counts as missing
-  EXPECT_TRUE(has_note(c, p + ": no intermediate_size"));
+  const std::string e = usage_error([&] { apply_model_config(c, p); });
+  EXPECT_TRUE(contains(e, "no hidden_size")) << e;
+  EXPECT_TRUE(contains(e, "give hidden_size, num_hidden_layers")) << e;
+  EXPECT_EQ(c.model.vocab_size, 32000);  // on an error cfg is unchanged
+  // where the training config gave the shape, the file's missing keys keep it, noted
+  TrainConfig y = parse_axolotl_yaml_text("hidden_size: 768\nnum_hidden_layers: 12\nnum_attention_heads: 12\n", "y.yml");
+  apply_model_config(y, p);
+  EXPECT_EQ(y.model.vocab_size, 50257);
+  EXPECT_EQ(y.sources.at("model.vocab_size").where, p);
+  EXPECT_EQ(y.model.hidden_size, 768);
+  EXPECT_TRUE(has_note(y, p + ": no hidden_size; 768 (y.yml:1) kept"));
+  EXPECT_TRUE(has_note(y, p + ": no num_attention_heads; 12 (y.yml:3) kept"));  // null counts as missing
+  EXPECT_TRUE(has_note(y, p + ": no intermediate_size"));
+  // T5's own names (an encoder-decoder, said so) and the 2023 remote-code phi-2's
+  TrainConfig t = default_config();
+  apply_model_config(t, dir.write("t5.json", R"({"model_type": "t5", "d_model": 768, "num_layers": 12,
+      "num_heads": 12, "d_ff": 3072, "vocab_size": 32128})"));
+  EXPECT_EQ(t.model.hidden_size, 768);
+  EXPECT_EQ(t.model.intermediate_size, 3072);
+  EXPECT_FALSE(t.model.gated_mlp);
+  EXPECT_TRUE(has_note(t, "an encoder-decoder"));
+  TrainConfig phi = default_config();
+  apply_model_config(phi, dir.write("phi2.json", R"({"model_type": "phi-msft", "n_embd": 2560, "n_layer": 32,
+      "n_head": 32, "n_inner": null, "vocab_size": 51200})"));
+  EXPECT_EQ(phi.model.hidden_size, 2560);
+  EXPECT_EQ(phi.model.intermediate_size, 4 * 2560);  // a plain MLP without its width: 4 x hidden
+}
 
+TEST(DiagnoseConfig, ConfigJsonTextConfig) {
+  TempDir dir("textconfig");
   // A multimodal config keeps the language model's dims in text_config.
   const std::string mm = dir.write("mm.json",
       R"({"model_type": "llava", "text_config": {"hidden_size": 5120, "num_hidden_layers": 40,
