@@ -118,6 +118,65 @@ void refuse_unmodelled(const std::string& path, std::string_view type, const std
           path, qtype, why));
 }
 
+// The K/V heads a config.json gives: num_key_value_heads, else the family's own keys for multi-query and
+// grouped-query attention (Falcon's multi_query, true by default, or num_kv_heads with
+// new_decoder_architecture; GPT-BigCode's multi_query, true by default; MPT's attn_config); nothing
+// where it gives none (one per attention head). ref: where a count that is not a divisor is reported.
+struct KvHeads {
+  std::optional<std::int64_t> kv;
+  std::optional<JsonRef> ref;
+  std::string key;
+};
+KvHeads family_kv_heads(const JsonRef& from, const std::string& type) {
+  const auto given = [](const std::optional<JsonRef>& r) { return r && !r->raw().is_null(); };
+  std::optional<std::int64_t> kv;
+  std::optional<JsonRef> kv_ref;
+  std::string kv_key;
+  // Falcon's and BigCode's multi_query, true when the file leaves it out: one K/V head
+  const auto multi_query = [&] {
+    const auto mq = from.find("multi_query");
+    if (given(mq) && !mq->boolean()) return;
+    kv = 1;
+    kv_key = given(mq) ? "multi_query" : "multi_query, true by default";
+  };
+  if (const auto k = from.find("num_key_value_heads"); given(k)) {
+    kv = k->integer(1, kMaxHidden);
+    kv_ref = k;
+    kv_key = "num_key_value_heads";
+  } else if (type == "falcon" || type == "RefinedWeb" || type == "RefinedWebModel") {
+    const auto nda = from.find("new_decoder_architecture");
+    const bool new_arch = type == "RefinedWeb" || (given(nda) && nda->boolean());
+    if (new_arch) {
+      for (const std::string_view key : {"num_kv_heads", "n_head_kv"})
+        if (const auto n = from.find(key); !kv && given(n)) {
+          kv = n->integer(1, kMaxHidden);
+          kv_ref = n;
+          kv_key = std::string(key) + " (new_decoder_architecture)";
+        }
+    } else {
+      multi_query();
+    }
+  } else if (type == "gpt_bigcode") {
+    multi_query();
+  } else if (type == "mpt") {
+    if (const auto ac = from.find("attn_config"); given(ac) && ac->raw().is_object()) {
+      const auto at = ac->find("attn_type");
+      const std::string t = given(at) ? at->str() : std::string();
+      if (t == "multiquery_attention") {
+        kv = 1;
+        kv_key = "attn_config.attn_type multiquery_attention";
+      } else if (t == "grouped_query_attention") {
+        if (const auto n = ac->find("kv_n_heads"); given(n)) {
+          kv = n->integer(1, kMaxHidden);
+          kv_ref = n;
+          kv_key = "attn_config.kv_n_heads";
+        }
+      }
+    }
+  }
+  return {kv, kv_ref, kv_key};
+}
+
 }  // namespace
 
 void apply_model_config(TrainConfig& cfg, const std::string& config_json_path) {
@@ -248,51 +307,7 @@ void apply_model_config_text(TrainConfig& cfg, const std::string& text, const st
     // The K/V heads: num_key_value_heads, else the family's own keys for multi-query and grouped-query
     // attention (Falcon's multi_query, true by default, or num_kv_heads with new_decoder_architecture;
     // GPT-BigCode's multi_query, true by default; MPT's attn_config), else one per attention head.
-    std::optional<std::int64_t> kv;
-    std::optional<JsonRef> kv_ref;  // where a count that is not a divisor is reported
-    std::string kv_key;
-    // Falcon's and BigCode's multi_query, true when the file leaves it out: one K/V head
-    const auto multi_query = [&] {
-      const auto mq = from.find("multi_query");
-      if (given(mq) && !mq->boolean()) return;
-      kv = 1;
-      kv_key = given(mq) ? "multi_query" : "multi_query, true by default";
-    };
-    if (const auto k = from.find("num_key_value_heads"); given(k)) {
-      kv = k->integer(1, kMaxHidden);
-      kv_ref = k;
-      kv_key = "num_key_value_heads";
-    } else if (type == "falcon" || type == "RefinedWeb" || type == "RefinedWebModel") {
-      const auto nda = from.find("new_decoder_architecture");
-      const bool new_arch = type == "RefinedWeb" || (given(nda) && nda->boolean());
-      if (new_arch) {
-        for (const std::string_view key : {"num_kv_heads", "n_head_kv"})
-          if (const auto n = from.find(key); !kv && given(n)) {
-            kv = n->integer(1, kMaxHidden);
-            kv_ref = n;
-            kv_key = std::string(key) + " (new_decoder_architecture)";
-          }
-      } else {
-        multi_query();
-      }
-    } else if (type == "gpt_bigcode") {
-      multi_query();
-    } else if (type == "mpt") {
-      if (const auto ac = from.find("attn_config"); given(ac) && ac->raw().is_object()) {
-        const auto at = ac->find("attn_type");
-        const std::string t = given(at) ? at->str() : std::string();
-        if (t == "multiquery_attention") {
-          kv = 1;
-          kv_key = "attn_config.attn_type multiquery_attention";
-        } else if (t == "grouped_query_attention") {
-          if (const auto n = ac->find("kv_n_heads"); given(n)) {
-            kv = n->integer(1, kMaxHidden);
-            kv_ref = n;
-            kv_key = "attn_config.kv_n_heads";
-          }
-        }
-      }
-    }
+    auto [kv, kv_ref, kv_key] = family_kv_heads(from, type);
     if (kv) {
       if (m.num_attention_heads % *kv != 0)  // a count of 1 (multi-query) always divides: kv_ref is set
         kv_ref->fail(fmt::format("expected a divisor of num_attention_heads {}, got {}", m.num_attention_heads, *kv));
