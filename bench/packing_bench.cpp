@@ -2,17 +2,23 @@
 // test, since seconds depend on the machine.
 //   build/bench/packing_bench [--benchmark_filter=bfd]
 // - a million lognormal lengths (mean 256, max_len 2048), every planner;
-// - pack-hist on the published histograms (tests/data): Wikipedia at 512
+// - pack-hist on the published histograms: Wikipedia at 512
 //   (16.3M sequences as 508 counts) and SQuAD 1.1 at 384, never expanded;
 // - pack-bfd on the same histograms expanded into one length per sequence
 //   (shuffled, as a dataset is read): the same rows, for comparison. The
 //   Wikipedia one holds about 1.2 GB.
+// The histograms are third-party data, not in the repository: read from
+// $STALLBENCH_SHARED_DATA/data (default <source root>/../shared/data); where
+// they are absent, their benchmarks are left out with a message.
 // Counters: efficiency (real tokens / (rows x max_len)), rows, and
 // sequences or lengths per second.
-#include <cstdint>  // std::int32_t, std::int64_t
-#include <map>      // std::map
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <cstdint>     // std::int32_t, std::int64_t
+#include <cstdio>      // std::fprintf
+#include <cstdlib>     // std::getenv
+#include <filesystem>  // std::filesystem
+#include <map>         // std::map
+#include <string>      // std::string
+#include <vector>      // std::vector
 
 #include <benchmark/benchmark.h>  // benchmark::State, RegisterBenchmark
 
@@ -20,8 +26,8 @@
 #include "workloads/packers.hpp"  // plan, plan_histogram, Strategy
 #include "bench/bench_run.hpp"  // run_selected_benchmarks
 
-#ifndef SB_BENCH_DATA
-#error "SB_BENCH_DATA (the tests/data directory) is set by bench/meson.build"
+#ifndef SB_SHARED_DATA
+#error "SB_SHARED_DATA (<source root>/../shared) is set by bench/meson.build"
 #endif
 
 namespace {
@@ -48,14 +54,21 @@ void pack(benchmark::State& st, Strategy s) {
                                                 benchmark::Counter::kIsRate);
 }
 
+// $STALLBENCH_SHARED_DATA/data, or SB_SHARED_DATA/data when the variable is unset or empty.
+std::string published_dir() {
+  const char* env = std::getenv("STALLBENCH_SHARED_DATA");
+  return (std::filesystem::path(env && *env ? env : SB_SHARED_DATA) / "data").lexically_normal().string();
+}
+
 // A published histogram, as `-p lengths=@FILE` reads it.
 struct Published {
   const char* name;
   std::int32_t max_len;
+  std::string path() const { return published_dir() + "/" + name + ".csv"; }
   const std::vector<LengthCount>& histogram() const {  // read once
     static std::map<std::string, std::vector<LengthCount>> read;
     auto [at, fresh] = read.try_emplace(name);
-    if (fresh) at->second = parse_lengths(std::string("@") + SB_BENCH_DATA + "/" + name + ".csv").histogram;
+    if (fresh) at->second = parse_lengths(std::string("@").append(path())).histogram;
     return at->second;
   }
   std::int64_t sequences() const {
@@ -110,6 +123,14 @@ int main(int argc, char** argv) {
                                  [s](benchmark::State& st) { pack(st, s); })
         ->Unit(benchmark::kMillisecond);
   for (const Published* data : {&kWikipedia, &kSquad}) {
+    if (std::error_code ec; !std::filesystem::exists(data->path(), ec)) {
+      std::fprintf(stderr,
+                   "packing_bench: %s is absent (third-party data, not in the repository; read from "
+                   "$STALLBENCH_SHARED_DATA/data, default <source root>/../shared/data): histogram_%s and "
+                   "expanded_%s left out\n",
+                   data->path().c_str(), data->name, data->name);
+      continue;
+    }
     benchmark::RegisterBenchmark((std::string("histogram_") + data->name + "/pack-hist").c_str(),
                                  [data](benchmark::State& st) { pack_histogram(st, *data); })
         ->Unit(benchmark::kMillisecond);

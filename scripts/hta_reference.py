@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Reference numbers from Holistic Trace Analysis (HTA) for the real traces in tests/data/traces.
+"""Reference numbers from Holistic Trace Analysis (HTA) for the real traces of HTA's test data.
 
-For each trace (default: tests/data/traces/*.json.gz) this runs HTA, the PyPI package
+The traces are third-party data, not in the repository: they are read from
+$STALLBENCH_SHARED_DATA/traces (default: ../shared/traces beside the source root).
+For each trace (default: every *.json.gz there) this runs HTA, the PyPI package
 `HolisticTraceAnalysis`, in a child process of its own (so that its peak RSS is that trace's),
 with the trace copied alone into a temporary folder (HTA reads a folder of rank traces), and
 writes tests/data/traces/hta/<trace name without .json.gz>.json with:
@@ -42,8 +44,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
-TRACE_DIR = REPO / "tests" / "data" / "traces"
-OUT_DIR = TRACE_DIR / "hta"
+# HTA's traces (third-party data) are outside the repository; the answers computed here are the
+# project's own and are committed.
+TRACE_DIR = Path(os.environ.get("STALLBENCH_SHARED_DATA") or REPO.parent / "shared") / "traces"
+OUT_DIR = REPO / "tests" / "data" / "traces" / "hta"
 
 # HTA's defaults (hta/trace_analysis.py, TraceAnalysis, version 0.5.0), passed explicitly.
 CONSECUTIVE_KERNEL_DELAY = 30  # get_idle_time_breakdown(consecutive_kernel_delay=30)
@@ -393,7 +397,7 @@ def run_one(trace: str, out_dir: Path, perf: bool = True) -> Dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("traces", nargs="*", help="trace files (default: tests/data/traces/*.json.gz)")
+    ap.add_argument("traces", nargs="*", help=f"trace files (default: {TRACE_DIR}/*.json.gz)")
     ap.add_argument("--out-dir", default=str(OUT_DIR))
     ap.add_argument(
         "--no-perf",
@@ -410,7 +414,8 @@ def main() -> int:
 
     traces = args.traces or sorted(glob.glob(str(TRACE_DIR / "*.json.gz")))
     if not traces:
-        print("no traces", file=sys.stderr)
+        where = "" if args.traces else f" in {TRACE_DIR} (set STALLBENCH_SHARED_DATA)"
+        print("no traces" + where, file=sys.stderr)
         return 1
     status = 0
     for trace in traces:

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Peer check: `stallbench diagnose --trace` against Holistic Trace Analysis on the real traces of
-tests/data/traces (from HTA's own test data, MIT licence).
+HTA's own test data (MIT licence). They are third-party data, not in the repository: read from
+TRACE_DIR, or from $STALLBENCH_SHARED_DATA/traces when it is set; where they are absent the test
+exits 77 (SKIP) saying where they are expected.
 
 For each trace, HTA is run now (scripts/hta_reference.py, one child process per trace) when it is
-installed (scripts/test installs it); otherwise the committed answers in tests/data/traces/hta/
-(HTA 0.5.0) stand in, and the test says so. Required, per the issue:
+installed (scripts/test installs it); otherwise the project's committed answers in ANSWER_DIR
+(tests/data/traces/hta/, HTA 0.5.0 run by scripts/hta_reference.py) stand in, and the test says
+so. Required, per the issue:
   - temporal breakdown per rank: idle, compute and non-compute % within 1 percentage point;
   - idle time per stream: host wait, kernel wait and other, as shares of the stream's idle time,
     within 1 percentage point;
@@ -15,7 +18,7 @@ invent it; where HTA pairs no launch (the AMD trace: HTA 0.5 knows no hip* call)
 skipped with that reason and stallbench must have paired the hip calls itself.
 Also printed: stallbench's read throughput and peak memory beside HTA's parse time and peak RSS.
 
-usage: test_hta_agreement.py STALLBENCH SCHEMA TRACE_DIR HTA_SCRIPT
+usage: test_hta_agreement.py STALLBENCH SCHEMA TRACE_DIR HTA_SCRIPT ANSWER_DIR
 """
 import glob
 import json
@@ -26,6 +29,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scenario"))
 import schema_check  # noqa: E402
+import shared_data  # noqa: E402  the third-party data's directory
 
 failures = []
 
@@ -56,7 +60,7 @@ def stem(path):
     return b
 
 
-def hta_answers(traces, script, tmp):
+def hta_answers(traces, script, answers, tmp):
     """{stem: HTA's answer}, from a run of HTA now, or from the committed fixtures."""
     have = subprocess.run([sys.executable, "-c", "import hta"], capture_output=True).returncode == 0
     out = {}
@@ -74,10 +78,10 @@ def hta_answers(traces, script, tmp):
         print(f"HTA run now: {next(iter(out.values()), {}).get('hta_version', '?')}")
     else:
         print("HTA is not installed (python3 -m pip install HolisticTraceAnalysis psutil): compared with the "
-              "committed answers of HTA 0.5.0 in tests/data/traces/hta/")
+              f"committed answers of HTA 0.5.0 in {answers}")
     for t in traces:
         if stem(t) not in out:
-            f = os.path.join(os.path.dirname(t), "hta", stem(t) + ".json")
+            f = os.path.join(answers, stem(t) + ".json")
             with open(f) as fh:
                 out[stem(t)] = json.load(fh)
     return out
@@ -148,14 +152,18 @@ def compare(name, doc, ref):
 
 
 def main():
-    exe, schema, trace_dir, script = sys.argv[1:5]
+    exe, schema, trace_dir, script, answers = sys.argv[1:6]
+    trace_dir = shared_data.directory(trace_dir, "traces")
     traces = sorted(glob.glob(os.path.join(trace_dir, "*.json.gz")))
+    if not traces:
+        print(f"SKIP: HTA's traces (*.json.gz) are not in {trace_dir}: {shared_data.WHERE}")
+        return shared_data.SKIP
     with open(schema) as f:
         schema_doc = json.load(f)
     check(len(traces) >= 5, f"expected the five HTA traces in {trace_dir}, found {len(traces)}")
     seen = {"batch": 0, "fp16": 0}  # the two line checks below ran (the MI250 and V100 traces hold them)
     with tempfile.TemporaryDirectory() as tmp:
-        refs = hta_answers(traces, script, tmp)
+        refs = hta_answers(traces, script, answers, tmp)
         for t in traces:
             name = stem(t)
             out = os.path.join(tmp, name + ".stallbench.json")

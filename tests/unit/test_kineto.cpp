@@ -1,5 +1,6 @@
-// The Kineto trace reader (readers/kineto.hpp): the five real traces of
-// tests/data/traces (HTA's test data) against counts computed independently
+// The Kineto trace reader (readers/kineto.hpp): the five real traces of HTA's
+// test data ($STALLBENCH_SHARED_DATA/traces, outside the repository: those
+// tests skip without it) against counts computed independently
 // with python3's json module; gzip, plain file and text in memory giving the
 // same Trace; the bare-array form; string pids, args, fractional ts, memory
 // samples, copies; an 8+ MiB trace whose kernel names imitate event
@@ -28,17 +29,15 @@
 
 #include "harness/errors.hpp"  // sb::UsageError
 #include "readers/kineto.hpp"
+#include "shared_data.hpp"  // sb::test::shared_data, SB_NEED_SHARED_DATA
 
 namespace sb::readers {
 namespace {
 
 namespace fs = std::filesystem;
 
-#ifdef SB_TEST_DATA
-const std::string kTraces = std::string(SB_TEST_DATA) + "/traces";
-#else
-const std::string kTraces = (fs::path(__FILE__).parent_path() / ".." / "data" / "traces").lexically_normal().string();
-#endif
+// HTA's traces (third-party data, not in the repository).
+const std::string kTraces = sb::test::shared_data("traces");
 
 class TempDir {
  public:
@@ -207,6 +206,7 @@ const std::vector<Expected>& expected_traces() {
 }
 
 TEST(KinetoRealTraces, CountsMatchAnIndependentReading) {
+  for (const auto& x : expected_traces()) SB_NEED_SHARED_DATA(kTraces + "/" + x.file);
   for (const auto& x : expected_traces()) {
     SCOPED_TRACE(x.file);
     const std::string path = kTraces + "/" + x.file;
@@ -247,6 +247,9 @@ TEST(KinetoRealTraces, CountsMatchAnIndependentReading) {
 }
 
 TEST(KinetoRealTraces, NamedFlagsAndFields) {
+  for (const char* f : {"ns_resolution_trace__rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
+                        "timeline_analysis__sampled_rank-0.json.gz", "nccl_parser_config__nccl_data.json.gz"})
+    SB_NEED_SHARED_DATA(kTraces + "/" + f);
   // ns_resolution's timestamps have fractions; timeline_analysis's are whole µs.
   const Trace ns = read_kineto(kTraces + "/ns_resolution_trace__rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz");
   EXPECT_TRUE(ns.fractional_ts);
@@ -279,6 +282,7 @@ TEST(KinetoRealTraces, NamedFlagsAndFields) {
 }
 
 TEST(KinetoRealTraces, GzipPlainFileAndTextGiveTheSameTrace) {
+  for (const auto& x : expected_traces()) SB_NEED_SHARED_DATA(kTraces + "/" + x.file);
   TempDir dir("same");
   for (const auto& x : expected_traces()) {
     SCOPED_TRACE(x.file);
@@ -683,6 +687,7 @@ TEST(KinetoRefusals, FilesFifosAndDirectories) {
 }
 
 TEST(KinetoRefusals, CorruptGzip) {
+  SB_NEED_SHARED_DATA(kTraces + "/cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz");
   TempDir dir("gz");
   const std::string gz = read_file(kTraces + "/cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz");
   ASSERT_GT(gz.size(), 100u);

@@ -5,7 +5,8 @@
 // histogram and for explicit lengths; edge cases (a length of max_len,
 // lengths over it under split and drop, count 0, length 0, one class, max_len
 // 1, counts of 2^40); the published histograms (Wikipedia at 512, SQuAD 1.1
-// at 384, tests/data). No timing here: bench/packing_bench measures it.
+// at 384, $STALLBENCH_SHARED_DATA/data, outside the repository: those tests
+// skip without it). No timing here: bench/packing_bench measures it.
 #include <gtest/gtest.h>
 
 #include <algorithm>   // std::sort, std::shuffle, std::upper_bound
@@ -22,10 +23,7 @@
 
 #include "harness/errors.hpp"  // sb::UsageError
 #include "workloads/packers.hpp"
-
-#ifndef SB_TEST_DATA
-#error "SB_TEST_DATA (the tests/data directory) is set by tests/meson.build"
-#endif
+#include "shared_data.hpp"  // sb::test::shared_data, SB_NEED_SHARED_DATA
 
 namespace sb::packing {
 namespace {
@@ -291,8 +289,11 @@ TEST(PackHist, HugeCountsArePlannedWithoutExpanding) {
   EXPECT_THROW(pack_counts({quarter, quarter, quarter}, 512, Overflow::drop), UsageError);
 }
 
+// Graphcore's histograms (third-party data, not in the repository).
+const std::string kPublished = sb::test::shared_data("data");
+
 std::vector<LengthCount> published(const std::string& name) {
-  const LengthSpec spec = parse_lengths(std::string("@") + SB_TEST_DATA + "/" + name);
+  const LengthSpec spec = parse_lengths("@" + kPublished + "/" + name);
   EXPECT_EQ(spec.kind, LengthSpec::Kind::file_histogram);
   return spec.histogram;
 }
@@ -304,6 +305,7 @@ double percent_2dp(double efficiency) { return std::round(efficiency * 1e4) / 10
 // checks it row for row. LPFHP, the best published packer, reaches 97.74%;
 // best fit makes 40631 rows, 97.7386%.
 TEST(PackHist, SquadHistogramMatchesPackBfdAndLpfhp) {
+  SB_NEED_SHARED_DATA(kPublished + "/squad11_max384.csv");
   const auto hist = published("squad11_max384.csv");
   expect_same_as_bfd(hist, 384, Overflow::split, 11);
   const Plan p = plan_histogram(hist, 384, Overflow::split);
@@ -317,6 +319,7 @@ TEST(PackHist, SquadHistogramMatchesPackBfdAndLpfhp) {
 // 99.9494%, 4115 over the 8134368 that the tokens need. (pack-bfd on the
 // 16M expanded lengths, 1.2 GB, is in bench/packing_bench, not here.)
 TEST(PackHist, WikipediaHistogramMatchesLpfhp) {
+  SB_NEED_SHARED_DATA(kPublished + "/wikipedia_max512.csv");
   const auto hist = published("wikipedia_max512.csv");
   EXPECT_EQ(hist.size(), 508u);
   const Plan p = plan_histogram(hist, 512, Overflow::split);

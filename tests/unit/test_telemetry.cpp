@@ -1,7 +1,8 @@
 // The telemetry log reader (readers/telemetry.hpp): the real recordings of
-// tests/data/telemetry (an nvidia-smi CSV of a V100S, dcgmi dmon output of an
+// $STALLBENCH_SHARED_DATA/telemetry (outside the repository: those tests skip
+// without it; an nvidia-smi CSV of a V100S, dcgmi dmon output of an
 // H800, a log without header it must refuse and one without index it reads as
-// one GPU) and the made fixtures of 400+ rows (8 GPUs interleaved with a
+// one GPU) and the made fixtures of tests/data/telemetry, of 400+ rows (8 GPUs interleaved with a
 // restart, 4 GPUs with dcgmi's header reprints) read to exact values, and of 3
 // GPUs without index (refused: they cannot be told apart); each rule of the formats on small texts
 // (units or none, N/A, hex reasons, column aliases, CRLF, repeated and changed
@@ -29,6 +30,7 @@
 
 #include "harness/errors.hpp"  // sb::UsageError
 #include "readers/telemetry.hpp"
+#include "shared_data.hpp"  // sb::test::shared_data, SB_NEED_SHARED_DATA
 
 namespace sb::telemetry {
 namespace {
@@ -36,10 +38,12 @@ namespace {
 namespace fs = std::filesystem;
 
 #ifdef SB_TEST_DATA
-const std::string kDir = std::string(SB_TEST_DATA) + "/telemetry";
+const std::string kDir = std::string(SB_TEST_DATA) + "/telemetry";  // the made fixtures (make_fixtures.py)
 #else
 const std::string kDir = (fs::path(__FILE__).parent_path() / ".." / "data" / "telemetry").lexically_normal().string();
 #endif
+// The real recordings, copied from public repositories (third-party data, not in the repository).
+const std::string kReal = sb::test::shared_data("telemetry");
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -91,8 +95,9 @@ struct TempDir {
 // ---------------------------------------------------------------- real recordings
 
 TEST(TelemetryReal, NvidiaSmiV100S) {
+  SB_NEED_SHARED_DATA(kReal + "/nvsmi_v100s_1gpu.csv");
   // AndyZzzZzzZzz/miris gpu_log.csv: nvidia-smi --format=csv -l 1 on one Tesla V100S
-  const Recording r = read_telemetry(kDir + "/nvsmi_v100s_1gpu.csv");
+  const Recording r = read_telemetry(kReal + "/nvsmi_v100s_1gpu.csv");
   EXPECT_EQ(r.format, "nvidia-smi");
   EXPECT_EQ(r.columns, (std::vector<std::string>{"timestamp", "index", "name", "utilization.gpu [%]", "utilization.memory [%]",
                                                  "memory.total [MiB]", "memory.used [MiB]", "temperature.gpu"}));
@@ -121,7 +126,7 @@ TEST(TelemetryReal, NvidiaSmiV100S) {
   EXPECT_EQ(last.temp_c, 28.0);
   for (std::size_t i = 1; i < r.samples.size(); ++i) EXPECT_GT(r.samples[i].t_s, r.samples[i - 1].t_s);
   // the same text in memory, and with Windows line endings
-  std::string text = read_file(kDir + "/nvsmi_v100s_1gpu.csv");
+  std::string text = read_file(kReal + "/nvsmi_v100s_1gpu.csv");
   EXPECT_EQ(parse_telemetry(text, "x").samples.size(), 107u);
   std::string crlf;
   for (char c : text) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
@@ -133,8 +138,9 @@ TEST(TelemetryReal, NvidiaSmiV100S) {
 }
 
 TEST(TelemetryReal, DcgmiH800Pcie) {
+  SB_NEED_SHARED_DATA(kReal + "/dcgmi_h800_pcie.txt");
   // liguodongiot/llm-action docs/llm-base/dcgmi.md: dcgmi dmon -i 0 -e 1011,1012,1009,1010 -c 5 (DCGM 3.1.8, H800)
-  const Recording r = read_telemetry(kDir + "/dcgmi_h800_pcie.txt");
+  const Recording r = read_telemetry(kReal + "/dcgmi_h800_pcie.txt");
   EXPECT_EQ(r.format, "dcgmi");
   EXPECT_EQ(r.columns, (std::vector<std::string>{"NVLTX", "NVLRX", "PCITX", "PCIRX"}));
   EXPECT_EQ(r.ignored, (std::vector<std::string>{"NVLTX", "NVLRX"}));
@@ -154,21 +160,23 @@ TEST(TelemetryReal, DcgmiH800Pcie) {
   EXPECT_DOUBLE_EQ(*r.samples[4].pcie_tx_mb_s, 0.548740);
   EXPECT_FALSE(r.samples[4].util_pct);
   // -d 100: the ticks 100 ms apart
-  const Recording fast = read_telemetry(kDir + "/dcgmi_h800_pcie.txt", 100);
+  const Recording fast = read_telemetry(kReal + "/dcgmi_h800_pcie.txt", 100);
   EXPECT_DOUBLE_EQ(fast.samples[4].t_s, 0.4);
   EXPECT_TRUE(has_note(fast, "100 ms apart")) << notes(fast);
 }
 
 TEST(TelemetryReal, RefusedRecordings) {
+  SB_NEED_SHARED_DATA(kReal + "/nvsmi_noheader.csv");
   // beam11221/plato gpu_log.csv: --format=csv,noheader
-  std::string msg = usage_error([&] { read_telemetry(kDir + "/nvsmi_noheader.csv"); });
+  std::string msg = usage_error([&] { read_telemetry(kReal + "/nvsmi_noheader.csv"); });
   EXPECT_TRUE(has(msg, "nvsmi_noheader.csv:1: no header line")) << msg;
   EXPECT_TRUE(has(msg, "noheader")) << msg;
 }
 
 TEST(TelemetryReal, OneGpuWithoutAnIndexIsGpuZero) {
+  SB_NEED_SHARED_DATA(kReal + "/nvsmi_no_index.csv");
   // PranavDani/Flame nvidia-smi.csv: timestamp and power.draw only, no index
-  const Recording r = read_telemetry(kDir + "/nvsmi_no_index.csv");
+  const Recording r = read_telemetry(kReal + "/nvsmi_no_index.csv");
   ASSERT_EQ(r.samples.size(), 5u);
   EXPECT_EQ(r.gpus, 1);
   EXPECT_EQ(r.samples[4].gpu, 0);
@@ -628,12 +636,24 @@ TEST(TelemetryRefusals, FilesFifosAndDirectories) {
 }
 
 // Every fixture cut, with bytes flipped, dropped or doubled, must parse or be
-// refused with a UsageError: no other exception, no crash, no hang.
+// refused with a UsageError: no other exception, no crash, no hang. Without the
+// shared data, the made fixtures alone are mutated, and the test then skips.
 TEST(TelemetryRefusals, MutatedFixturesNeverCrash) {
   std::mt19937 rng(20240501);
   int parsed = 0, refused = 0;
-  for (const char* f : {"nvsmi_v100s_1gpu.csv", "nvsmi_8gpu_100ms.csv", "dcgmi_h800_pcie.txt", "dcgmi_4gpu_100ms.txt"}) {
-    const std::string base = read_file(kDir + "/" + f);
+  std::string missing;  // why a real recording was left out
+  struct Fixture {
+    bool real;
+    const char* f;
+  };
+  for (const auto& [real, f] : {Fixture{true, "nvsmi_v100s_1gpu.csv"}, Fixture{false, "nvsmi_8gpu_100ms.csv"},
+                                Fixture{true, "dcgmi_h800_pcie.txt"}, Fixture{false, "dcgmi_4gpu_100ms.txt"}}) {
+    const std::string path = (real ? kReal : kDir) + "/" + f;
+    if (std::string why = real ? sb::test::shared_data_missing(path) : ""; !why.empty()) {
+      if (missing.empty()) missing = why;
+      continue;
+    }
+    const std::string base = read_file(path);
     ASSERT_FALSE(base.empty()) << f;
     for (int i = 0; i < 300; ++i) {
       std::string t = base;
@@ -660,6 +680,7 @@ TEST(TelemetryRefusals, MutatedFixturesNeverCrash) {
   }
   EXPECT_GT(parsed, 0);
   EXPECT_GT(refused, 0);
+  if (!missing.empty()) GTEST_SKIP() << "mutated the made fixtures only; the real recordings were left out: " << missing;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The rules' inputs diagnose --trace reads from a profiler trace (diagnose/trace/trace_analysis): which
-// kernels are GEMMs and in which dtype (kernel names from the real traces of tests/data/traces and
-// cuBLAS's, CUTLASS's and cuDNN's naming), the DataLoader's share as PyTorch records it, and the
+// kernels are GEMMs and in which dtype (kernel names from HTA's real traces, kept outside the repository
+// in $STALLBENCH_SHARED_DATA/traces, and cuBLAS's, CUTLASS's and cuDNN's naming), the DataLoader's share as PyTorch records it, and the
 // stream whose idle time speaks for the device.
 #include <fstream>
 #include <string>

@@ -12,6 +12,7 @@
 #include "diagnose/run/curves.hpp"    // analyze_curves, logged_throughput
 #include "harness/errors.hpp"         // UsageError
 #include "readers/trainer_state.hpp"  // parse_trainer_state
+#include "shared_data.hpp"  // sb::test::shared_data
 
 namespace sb {
 namespace {
@@ -123,10 +124,7 @@ TEST(Curves, APlateauNeedsAFlatSecondHalfAboveZero) {
 
 // ---- the real runs -------------------------------------------------------------------------------
 
-std::string shared_logs() {
-  const char* env = std::getenv("STALLBENCH_SHARED_DATA");
-  return std::string(env && *env ? env : SB_SHARED_DATA) + "/trainer-logs";
-}
+std::string shared_logs() { return test::shared_data("trainer-logs"); }
 
 struct Real {
   const char* file;
