@@ -122,7 +122,7 @@ json run_meta(const RunArgs& a, int argc, char** argv, const DeviceInfo& di, con
   const json fingerprint = machine_fingerprint(all_backends());
   for (const auto& [k, v] : fingerprint.items()) meta[k] = v;
   meta["device"] = json{{"id", di.id},
-                        {"kind", di.kind == DeviceKind::cpu ? "cpu" : di.kind == DeviceKind::cuda ? "cuda" : "sim"},
+                        {"kind", to_string(di.kind)},
                         {"name", di.name},
                         {"simulated", di.simulated},
                         {"props", di.props}};

@@ -6,9 +6,11 @@
 #include <set>        // std::set
 
 #include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
 
 #include "harness/dtype.hpp"     // parse_dtype
 #include "harness/errors.hpp"    // UsageError
+#include "harness/files.hpp"     // terminal_safe
 #include "harness/expected.hpp"  // ExpectedFile, expected_from_json, expected_mismatch (DeviceInfo, CpuInfo)
 #include "harness/json_read.hpp"  // JsonRef, reading_file
 #include "harness/printer.hpp"   // format_number
@@ -114,7 +116,12 @@ void recorded_hardware(const Result& r, DeviceInfo& dev, CpuInfo& cpu, std::vect
   dev.name = str(d, "name");
   // As run_meta writes it (cpu, cuda, sim); without it, as the id reads (cuda:0, sim:h100).
   const std::string kind = str(d, "kind").empty() ? dev.id.substr(0, dev.id.find(':')) : str(d, "kind");
-  dev.kind = kind == "cuda" ? DeviceKind::cuda : kind == "sim" ? DeviceKind::sim : DeviceKind::cpu;
+  // a kind this build does not know is not a cpu: the result names no device to match expected numbers for
+  const auto parsed = parse_device_kind(kind);
+  if (!parsed)
+    throw UsageError(fmt::format("meta.device.kind: expected {}, got '{}'", fmt::join(kDeviceKindNames.names(), "|"),
+                                 terminal_safe(kind)));
+  dev.kind = *parsed;
   dev.simulated = r.simulated();
   if (d.contains("props") && d["props"].is_object()) dev.props = d["props"];
   const json c = r.meta.contains("cpu") && r.meta["cpu"].is_object() ? r.meta["cpu"] : json::object();

@@ -31,6 +31,10 @@ class KinetoTrace;
 class TrainOps;  // harness/train_ops.hpp
 
 enum class DeviceKind { cpu, cuda, sim };
+inline constexpr NameTable<DeviceKind, 3> kDeviceKindNames{
+    {{{DeviceKind::cpu, "cpu"}, {DeviceKind::cuda, "cuda"}, {DeviceKind::sim, "sim"}}}};
+inline std::string_view to_string(DeviceKind v) { return kDeviceKindNames.name(v); }
+inline std::optional<DeviceKind> parse_device_kind(std::string_view s) { return kDeviceKindNames.parse(s); }
 
 // What a user names on the command line: "cpu", "cuda:0", "sim:h100", "auto".
 struct DeviceSpec {

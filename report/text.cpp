@@ -27,6 +27,23 @@ std::string trace_line(const Point& p) {
                      p.metrics[i].unit);
   return s;
 }
+// A finding's gain and how it was had, for its lead line: ": 1.13x measured on your loop".
+std::string lead_gain(const Finding& f, bool simulated) {
+  const std::string check = f.evidence.value("check", std::string());
+  const std::string verdict = f.evidence.value("verdict", std::string());
+  std::string how = simulated               ? "modelled (simulated device)"
+                    : check == "memory"     ? "modelled from your config"
+                    : !verdict.empty()      ? "measured"
+                                            : "measured at your shape (its scenario alone)";
+  if (!verdict.empty()) {
+    std::string v = verdict;  // "confirmed on their loop" -> "confirmed on your loop"
+    if (const auto at = v.find("their loop"); at != std::string::npos) v.replace(at, 10, "your loop");
+    how += ": " + v;
+  }
+  if (!f.speedup) return " (" + how + ")";
+  return fmt::format(": {:.2f}x, {}", *f.speedup, how);
+}
+
 }  // namespace
 
 std::string format_text(const Result& r) {
@@ -122,7 +139,18 @@ std::string format_text(const Result& r) {
                      : "\nfindings, by their verdict on your training loop, then by measured gain:\n");
   int i = 0;
   for (const Finding& f : r.findings) {
-    o << fmt::format("  {}. [{}] {}\n", ++i, f.cause, f.summary);
+    if (from_trace || f.cause == "none found") {
+      o << fmt::format("  {}. [{}] {}\n", ++i, f.cause, f.summary);
+    } else {
+      // diagnose CONFIG: one short line to act on (the cause, the line to change, the gain and how it was had),
+      // the evidence under it
+      o << fmt::format("  {}. {}{}{}\n", ++i, f.cause,
+                       f.evidence.value("config_line", std::string()).empty()
+                           ? std::string()
+                           : " -> " + f.evidence.value("config_line", std::string()),
+                       lead_gain(f, r.simulated()));
+      o << "     " << f.summary << "\n";
+    }
     if (f.evidence.contains("figures") && f.evidence["figures"].is_array())
       for (const auto& line : f.evidence["figures"])
         if (line.is_string()) o << "     " << line.get<std::string>() << "\n";
