@@ -1,7 +1,7 @@
 #include "harness/fingerprint.hpp"
+#include "harness/text.hpp"  // parse_whole
 
 #include <algorithm>  // std::find
-#include <charconv>   // std::from_chars
 #include <chrono>     // std::chrono::system_clock
 #include <fstream>    // std::ifstream
 #include <sstream>    // std::stringstream
@@ -41,9 +41,7 @@ CpuInfo parse_cpuinfo(const std::string& text, int logical_cores) {
     if (key == "model name" && c.model.empty()) c.model = val;
     if (key == "vendor_id" && c.vendor.empty()) c.vendor = val;
     if (key == "cpu family" && c.family < 0) {
-      int f = -1;
-      const auto [end, ec] = std::from_chars(val.data(), val.data() + val.size(), f);
-      if (ec == std::errc() && end == val.data() + val.size() && f >= 0) c.family = f;
+      if (const auto f = text::parse_whole<int>(val); f && *f >= 0) c.family = *f;
     }
     // aarch64 has no "model name": the implementer and part identify the core.
     if (key == "CPU implementer" && implementer.empty()) implementer = val;

@@ -1,9 +1,9 @@
 #include "workloads/loader.hpp"
+#include "harness/text.hpp"  // parse_whole
 
 #include <algorithm>   // std::min, std::max, std::count
 #include <bit>         // std::endian
 #include <cerrno>      // errno
-#include <charconv>    // std::from_chars
 #include <cstring>     // std::memcpy, std::strerror
 #include <limits>      // std::numeric_limits
 #include <mutex>       // std::once_flag
@@ -179,11 +179,11 @@ Fault parse_fault(const std::string& text) {
   if (kind == "hang") f.kind = Fault::Kind::hang;
   else if (kind == "throw") f.kind = Fault::Kind::fail;
   else throw fail();
-  const char* b = text.data() + at + 1;
-  const char* e = text.data() + text.size();
-  // from_chars accepts no sign or space, so "hang@-1" and "hang@ 3" fail here.
-  const auto [ptr, ec] = std::from_chars(b, e, f.sample);
-  if (b == e || ec != std::errc() || ptr != e || *b == '-') throw fail();
+  // the whole field, no sign or space: "hang@-1" and "hang@ 3" fail here
+  const std::string_view digits = std::string_view(text).substr(at + 1);
+  const auto n = digits.empty() || digits.front() == '-' ? std::nullopt : text::parse_whole<decltype(f.sample)>(digits);
+  if (!n) throw fail();
+  f.sample = *n;
   return f;
 }
 

@@ -3,6 +3,7 @@
 // waits on whom. What it follows and what it does not model: readers/torch_fr.hpp's header and
 // diagnose/hang/torch_fr_analysis.hpp.
 #include "diagnose/hang/torch_fr_analysis.hpp"
+#include "harness/text.hpp"  // parse_whole
 
 
 #include <algorithm>  // std::sort, std::max, std::min, std::count
@@ -10,7 +11,6 @@
 #include <map>        // std::map
 #include <memory>     // std::shared_ptr: what frames_of reads from
 #include <deque>      // std::deque
-#include <charconv>  // std::from_chars: the ranks a p2p call names
 #include <optional>   // std::optional
 #include <queue>      // std::priority_queue: recvs from any source
 #include <set>        // std::set
@@ -161,8 +161,10 @@ bool parse_p2p(std::string_view op, bool& send, int& me, int& peer) {
   const std::size_t arrow = op.find(is_send ? "->" : "<-");
   if (arrow == std::string_view::npos) return false;
   auto number = [](std::string_view t, int& out) {
-    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), out);
-    return ec == std::errc() && end == t.data() + t.size() && out >= 0 && out <= kMaxRank;
+    const auto v = text::parse_whole<int>(t);
+    if (!v || *v < 0 || *v > kMaxRank) return false;
+    out = *v;
+    return true;
   };
   const std::string_view other = op.substr(arrow + 2);
   send = is_send;

@@ -1,6 +1,6 @@
 #include "scenarios/collective/coll_schedule.hpp"
+#include "harness/text.hpp"  // parse_whole
 
-#include <charconv>  // std::from_chars
 #include <utility>   // std::swap
 
 #include <fmt/format.h>  // fmt::format
@@ -14,9 +14,10 @@ constexpr MismatchKind kKinds[] = {MismatchKind::skip, MismatchKind::order, Mism
                                    MismatchKind::dtype, MismatchKind::root, MismatchKind::straggler};
 
 bool parse_int(std::string_view s, int& out) {
-  if (s.empty()) return false;
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return ec == std::errc{} && p == s.data() + s.size() && out >= 0;
+  const auto v = text::parse_whole<int>(s);
+  if (!v || *v < 0) return false;
+  out = *v;
+  return true;
 }
 }  // namespace
 
