@@ -103,6 +103,10 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
   opt.cfg = a.config.empty() ? diagnose::default_config() : diagnose::read_axolotl_yaml(a.config);
   if (!a.model_config.empty()) {
     diagnose::apply_model_config(opt.cfg, a.model_config);
+  } else if (!opt.cfg.base_model.empty() && diagnose::source_of(opt.cfg, "model.hidden_size") != "default") {
+    opt.cfg.notes.push_back(fmt::format("the model's dims from the config's own keys ({}), not base_model {}'s "
+                                        "config.json",
+                                        diagnose::source_of(opt.cfg, "model.hidden_size"), opt.cfg.base_model));
   } else if (!opt.cfg.base_model.empty()) {
     // the model's dims where the machine has them: the hub cache from_pretrained filled, never the network
     const std::vector<std::string> dirs = diagnose::hf_cache_dirs();
@@ -116,9 +120,7 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
           "base_model {} is not in the Hugging Face cache ({}): the model's dims are {} (--model-config FILE, or "
           "HF_HUB_CACHE pointing at the cache that has it)",
           opt.cfg.base_model, dirs.empty() ? std::string("none found") : fmt::format("{}", fmt::join(dirs, ", ")),
-          opt.cfg.sources.count("model.hidden_size") && opt.cfg.sources.at("model.hidden_size").where != "default"
-              ? "the config's own keys"
-              : "the default's (a Llama-2-7B layer)"));
+          "the default's (a Llama-2-7B layer)"));
     }
   }
   if (!a.config.empty()) {
