@@ -31,8 +31,11 @@ std::string trace_line(const Point& p) {
 std::string lead_gain(const Finding& f, bool simulated) {
   const std::string check = f.evidence.value("check", std::string());
   const std::string verdict = f.evidence.value("verdict", std::string());
+  // the loader's runs load a sample at an assumed cost (the dataloader scenario's supply), not the user's:
+  // its gain is modelled whatever the loop showed
   std::string how = simulated               ? "modelled (simulated device)"
                     : check == "memory"     ? "modelled from your config"
+                    : check == "loader"     ? "modelled: your per-sample load cost is assumed, not measured"
                     : !verdict.empty()      ? "measured"
                                             : "measured at your shape (its scenario alone)";
   if (!verdict.empty()) {
