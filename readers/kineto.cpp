@@ -51,8 +51,16 @@ Cat cat_of(std::string_view c) {
   switch (c.size()) {
     case 6:
       if (c == "kernel") return Cat::kernel;
-      if (c == "Kernel") return Cat::kernel;  // some ROCm traces
+      if (c == "Kernel") return Cat::kernel;  // some ROCm traces, and the Kineto of 2021
       if (c == "cpu_op") return Cat::cpu_op;
+      if (c == "Memcpy") return Cat::gpu_memcpy;  // the Kineto of 2021
+      if (c == "Memset") return Cat::gpu_memset;
+      break;
+    case 7:
+      if (c == "Runtime") return Cat::cuda_runtime;  // the Kineto of 2021
+      break;
+    case 8:
+      if (c == "Operator") return Cat::cpu_op;  // the Kineto of 2021: ProfilerStep#N and __next__ too
       break;
     case 9:
       if (c == "cuda_sync") return Cat::cuda_sync;
@@ -69,6 +77,7 @@ Cat cat_of(std::string_view c) {
       break;
     case 15:
       if (c == "user_annotation") return Cat::user_annotation;
+      if (c == "python_function") return Cat::python_function;
       break;
     case 19:
       if (c == "gpu_user_annotation") return Cat::gpu_user_annotation;
@@ -132,7 +141,8 @@ class Source {
 
 class Reader {
  public:
-  Reader(Source& src, std::string what, Trace& out) : src_(src), what_(std::move(what)), t_(out) {
+  Reader(Source& src, std::string what, Trace& out, const ReadOptions& opt)
+      : src_(src), what_(std::move(what)), t_(out), opt_(opt) {
     buf_.resize(kChunk + simdjson::SIMDJSON_PADDING);
   }
 
@@ -160,6 +170,7 @@ class Reader {
   Source& src_;
   std::string what_;
   Trace& t_;
+  ReadOptions opt_;
   std::vector<char> buf_;
   std::size_t pos_ = 0, len_ = 0;
   std::uint64_t consumed_ = 0;  // bytes dropped before buf_[0]
@@ -582,7 +593,8 @@ class Reader {
     if (ph != "X") return;
     if (!has_ts || !has_dur) fail("a complete event (\"ph\": \"X\") without ts or dur", at);
     ev.cat = has_cat ? cat_of(cat) : Cat::other;
-    if (ev.cat == Cat::other) return;  // python_function, Trace and the rest: counted above
+    // Trace and the rest, python_function unless asked for: counted above
+    if (ev.cat == Cat::other || (ev.cat == Cat::python_function && !opt_.python_functions)) return;
     if (ev.cat == Cat::gpu_memcpy) copy_kind(name, ev);
     auto it = name_ids_.find(name);
     if (it == name_ids_.end()) {
@@ -607,12 +619,13 @@ const char* to_string(Cat c) {
     case Cat::user_annotation: return "user_annotation";
     case Cat::gpu_user_annotation: return "gpu_user_annotation";
     case Cat::cuda_sync: return "cuda_sync";
+    case Cat::python_function: return "python_function";
     case Cat::other: return "other";
   }
   return "other";
 }
 
-Trace read_kineto(const std::string& path) {
+Trace read_kineto(const std::string& path, const ReadOptions& opt) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw UsageError(fmt::format("{}: cannot open the trace: {}", path, std::strerror(errno)));
   struct stat st {};
@@ -631,17 +644,17 @@ Trace read_kineto(const std::string& path) {
   Trace t;
   t.file_bytes = std::uint64_t(st.st_size);
   Source src(gz);
-  Reader r(src, path, t);
+  Reader r(src, path, t, opt);
   r.run();
   t.gzip = src.gzip();
   return t;
 }
 
-Trace parse_kineto(const std::string& text) {
+Trace parse_kineto(const std::string& text, const ReadOptions& opt) {
   Trace t;
   t.file_bytes = text.size();
   Source src(text);
-  Reader r(src, "trace", t);
+  Reader r(src, "trace", t, opt);
   r.run();
   return t;
 }

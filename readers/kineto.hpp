@@ -4,7 +4,8 @@
 // knows only strings and brackets, and each object is parsed where it lies by
 // simdjson's on-demand parser. Memory is the events kept (about 100 bytes
 // each) plus one chunk, not the file: python_function events (often most of
-// a trace) and the other categories nothing reads are counted, not kept.
+// a trace; kept only when ReadOptions asks) and the other categories nothing
+// reads are counted, not kept.
 //
 // What is kept, from each "ph": "X" event:
 //   kernel, gpu_memcpy, gpu_memset (pid = device, tid = stream; args: stream,
@@ -13,6 +14,11 @@
 //     cudaMemcpyAsync, hipLaunchKernel, ...),
 //   cpu_op, user_annotation, gpu_user_annotation (ProfilerStep#N, the
 //     DataLoader's __next__), cuda_sync;
+//   the Kineto of 2021's names for the same: Operator (cpu_op, ProfilerStep#N
+//     and the DataLoader's __next__ included), Runtime (cuda_runtime), Kernel,
+//     Memcpy, Memset;
+//   python_function only when ReadOptions asks (diagnose's host attribution:
+//     what the host was doing while the GPU waited); counted otherwise;
 // from "ph": "i" events: [memory] (args "Total Allocated", "Device Id");
 // from the top level: deviceProperties, distributedInfo (rank, world_size),
 // baseTimeNanoseconds.
@@ -42,6 +48,7 @@ enum class Cat : std::uint8_t {
   user_annotation,
   gpu_user_annotation,
   cuda_sync,
+  python_function,  // kept only with ReadOptions::python_functions
   other,
 };
 const char* to_string(Cat c);
@@ -94,11 +101,17 @@ struct Trace {
   const std::string& name(const Event& e) const { return names[e.name]; }
 };
 
+struct ReadOptions {
+  // Keep python_function events (with_stack=True traces: often most of the
+  // events); off, they are counted in category_counts only.
+  bool python_functions = false;
+};
+
 // Reads the file at `path` (a regular file: a FIFO or device is refused).
 // Throws UsageError (exit 2) with the path and byte offset when it is not a
 // Kineto trace.
-Trace read_kineto(const std::string& path);
+Trace read_kineto(const std::string& path, const ReadOptions& opt = {});
 // The same from JSON text in memory (tests, fuzzing).
-Trace parse_kineto(const std::string& text);
+Trace parse_kineto(const std::string& text, const ReadOptions& opt = {});
 
 }  // namespace sb::readers

@@ -162,9 +162,7 @@ bool parse_p2p(std::string_view op, bool& send, int& me, int& peer) {
   if (arrow == std::string_view::npos) return false;
   auto number = [](std::string_view t, int& out) {
     const auto v = text::parse_whole<int>(t);
-    if (!v || *v < 0 || *v > kMaxRank) return false;
-    out = *v;
-    return true;
+    return v && *v >= 0 && *v <= kMaxRank && (out = *v, true);
   };
   const std::string_view other = op.substr(arrow + 2);
   send = is_send;

@@ -155,6 +155,49 @@ std::string attention_family(const std::string& name) {
   return "";
 }
 
+HtaRows hta_rows(const Trace& t, const AnalysisOptions& opt) {
+  HtaRows r;
+  // rounded to whole µs when any ts is a float
+  const std::size_t n = t.events.size();
+  r.ts.resize(n);
+  r.te.resize(n);
+  r.rounded = opt.hta_rounding && t.fractional_ts;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Event& e = t.events[i];
+    if (r.rounded) {
+      r.ts[i] = std::ceil(e.ts);
+      r.te[i] = r.ts[i] + (std::floor(e.ts + e.dur) - r.ts[i]);
+    } else {
+      r.ts[i] = e.ts;
+      r.te[i] = e.ts + e.dur;
+    }
+  }
+  // HTA's rows: GPU rows have args.stream >= 0 and a correlation; the iteration filter (two or more
+  // ProfilerStep names): CPU rows before the last step's start, GPU rows whose correlation a kept CPU row has
+  auto gpu_row = [&](const Event& e) { return e.stream >= 0 && e.correlation >= 0; };
+  r.kept.assign(n, 1);
+  std::vector<std::uint32_t> step_names;
+  double last = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < n; ++i) {
+    const Event& e = t.events[i];
+    if (gpu_row(e) || !contains(t.name(e), "ProfilerStep")) continue;
+    if (std::find(step_names.begin(), step_names.end(), e.name) == step_names.end()) step_names.push_back(e.name);
+    last = std::max(last, r.ts[i]);
+  }
+  r.iteration_filter = opt.iteration_filter && step_names.size() >= 2;
+  if (!r.iteration_filter) return r;
+  std::unordered_set<std::int64_t> cpu_corr;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Event& e = t.events[i];
+    if (gpu_row(e)) continue;
+    r.kept[i] = r.ts[i] < last;
+    if (r.kept[i] && e.correlation >= 0) cpu_corr.insert(e.correlation);
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (gpu_row(t.events[i])) r.kept[i] = cpu_corr.count(t.events[i].correlation) > 0;
+  return r;
+}
+
 TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
   TraceAnalysis a;
   // each name classified once (a trace repeats a few hundred kernel names thousands of times)
@@ -178,49 +221,14 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
   if (!t.device_properties.empty() && t.device_properties[0].is_object())
     a.device_name = t.device_properties[0].value("name", std::string());
 
-  // ---- times as HTA sees them: rounded to whole µs when any ts is a float ----
+  // ---- times as HTA sees them, and the rows its iteration filter keeps ----
+  const HtaRows rows = hta_rows(t, opt);
   const std::size_t n = t.events.size();
-  std::vector<double> ts(n), te(n);  // start, end
-  const bool round = opt.hta_rounding && t.fractional_ts;
-  a.rounded = round;
-  for (std::size_t i = 0; i < n; ++i) {
-    const Event& e = t.events[i];
-    if (round) {
-      ts[i] = std::ceil(e.ts);
-      te[i] = ts[i] + (std::floor(e.ts + e.dur) - ts[i]);
-    } else {
-      ts[i] = e.ts;
-      te[i] = e.ts + e.dur;
-    }
-  }
-
-  // ---- HTA's rows: GPU rows have args.stream >= 0 and a correlation; the iteration
-  // filter (two or more ProfilerStep names): CPU rows before the last step's start, GPU rows
-  // whose correlation a kept CPU row has ----
-  auto gpu_row = [&](const Event& e) { return e.stream >= 0 && e.correlation >= 0; };
-  std::vector<char> kept(n, 1);
-  {
-    std::vector<std::uint32_t> step_names;
-    double last = -std::numeric_limits<double>::infinity();
-    for (std::size_t i = 0; i < n; ++i) {
-      const Event& e = t.events[i];
-      if (gpu_row(e) || !contains(t.name(e), "ProfilerStep")) continue;
-      if (std::find(step_names.begin(), step_names.end(), e.name) == step_names.end()) step_names.push_back(e.name);
-      last = std::max(last, ts[i]);
-    }
-    a.iteration_filter = opt.iteration_filter && step_names.size() >= 2;
-    if (a.iteration_filter) {
-      std::unordered_set<std::int64_t> cpu_corr;
-      for (std::size_t i = 0; i < n; ++i) {
-        const Event& e = t.events[i];
-        if (gpu_row(e)) continue;
-        kept[i] = ts[i] < last;
-        if (kept[i] && e.correlation >= 0) cpu_corr.insert(e.correlation);
-      }
-      for (std::size_t i = 0; i < n; ++i)
-        if (gpu_row(t.events[i])) kept[i] = cpu_corr.count(t.events[i].correlation) > 0;
-    }
-  }
+  const std::vector<double>& ts = rows.ts;
+  const std::vector<double>& te = rows.te;
+  const std::vector<char>& kept = rows.kept;
+  a.rounded = rows.rounded;
+  a.iteration_filter = rows.iteration_filter;
 
   // ---- GPU events by device and stream; the launching CPU row by correlation ----
   std::map<std::int64_t, std::vector<std::size_t>> by_device;
@@ -256,6 +264,9 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
         else if (contains(nm, "_SingleProcessDataLoaderIter") && a.steps.loader_iter.empty()) a.steps.loader_iter = "single";
       }
     }
+    // ProfilerStep#N: a user_annotation, a cpu_op in the Kineto of 2021 (its category Operator)
+    if ((e.cat == Cat::user_annotation || e.cat == Cat::cpu_op) && t.name(e).rfind("ProfilerStep#", 0) == 0)
+      steps.push_back(i);
     if (e.cat == Cat::cpu_op) {
       ++a.cpu_ops;
       const std::string& nm = t.name(e);
@@ -264,8 +275,6 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
         if (std::find(a.families.sdpa_ops.begin(), a.families.sdpa_ops.end(), nm) == a.families.sdpa_ops.end())
           a.families.sdpa_ops.push_back(nm);
       }
-    } else if (e.cat == Cat::user_annotation && t.name(e).rfind("ProfilerStep#", 0) == 0) {
-      steps.push_back(i);
     }
   }
 

@@ -145,6 +145,15 @@ struct TraceAnalysis {
 
 TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt = {});
 
+// The events as HTA's figures see them: each event's start and end (rounded to whole µs as HTA rounds
+// them when any ts is a float) and whether HTA's iteration filter keeps it (all kept without the filter).
+struct HtaRows {
+  std::vector<double> ts, te;
+  std::vector<char> kept;
+  bool rounded = false, iteration_filter = false;
+};
+HtaRows hta_rows(const Trace& t, const AnalysisOptions& opt = {});
+
 // The figures as JSON (for the peer test and the result's point info).
 nlohmann::ordered_json to_json(const TraceAnalysis& a);
 

@@ -9,9 +9,11 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "harness/units.hpp"          // format_bytes
-#include "readers/kineto.hpp"         // read_kineto
-#include "diagnose/trace/trace_analysis.hpp"  // analyze
+#include "diagnose/trace/host_attribution.hpp"  // attribute_host, find_iterations
+#include "diagnose/trace/trace_analysis.hpp"    // analyze
+#include "diagnose/trace/trace_rules.hpp"       // Ctx, find
+#include "harness/units.hpp"                    // format_bytes
+#include "readers/kineto.hpp"                   // read_kineto
 
 namespace sb::diagnose {
 namespace {
@@ -36,16 +38,9 @@ constexpr double kHealthyPct = 90;
 
 double amdahl(double share, double speedup) { return 1.0 / (1.0 - share + share / speedup); }
 
-struct Ctx {
-  const readers::Trace& t;
-  const TraceAnalysis& a;
-  std::string device;  // for the reproduce commands: this machine's device
-  std::vector<Finding> found;
-  // the device the figures speak for: the one with the most GPU time
-  const readers::Temporal* dev = nullptr;
-  double window = 0;   // its GPU window, µs
-  double windows = 0;  // every device's GPU window, summed (the denominator of a figure summed over devices)
-};
+}  // namespace
+
+namespace trace_rules {
 
 Point check(const std::string& name) {
   Point p;
@@ -62,25 +57,32 @@ Point skipped(const std::string& name, const std::string& why) {
 // bound: the gain is an upper bound (the cost removed entirely), said "up to".
 void find(Ctx& c, Point& p, const std::string& cause, const std::string& check_name, std::optional<double> gain,
           double share_pct, const std::string& confidence, const std::string& evidence, const std::string& line,
-          const std::string& command, bool bound = false) {
-  const std::string cmd = fmt::format("stallbench run {} --device {}", command, c.device);
+          const std::string& command, bool bound) {
+  const std::string cmd = command.empty() ? "" : fmt::format("stallbench run {} --device {}", command, c.device);
   std::string summary = gain ? fmt::format("{}: {} {:.2f}x estimated from the trace -> {} ({})", check_name,
                                            bound ? "up to" : "about", *gain, line, evidence)
                              : fmt::format("{}: {} -> {}", check_name, evidence, line);
-  c.found.push_back({cause, summary, gain,
-                     json{{"check", check_name},
-                          {"config_line", line},
-                          {"command", cmd},
-                          {"evidence", evidence},
-                          {"share_pct", share_pct},
-                          {"confidence", confidence},
-                          {"estimated", true},
-                          {"upper_bound", bound}}});
+  json ev{{"check", check_name},
+          {"config_line", line},
+          {"command", cmd},
+          {"evidence", evidence},
+          {"share_pct", share_pct},
+          {"confidence", confidence},
+          {"estimated", true},
+          {"upper_bound", bound}};
+  if (cmd.empty()) ev.erase("command");
+  c.found.push_back({cause, summary, gain, ev});
   p.info["finding"] = cause;
   p.info["evidence"] = evidence;
   p.info["confidence"] = confidence;
   if (gain) p.add({"gain_estimate", *gain, "x", Direction::higher, std::nullopt, "Amdahl over the GPU window; see note"});
 }
+
+}  // namespace trace_rules
+
+namespace {
+
+using namespace trace_rules;
 
 Point utilization(Ctx& c) {
   if (!c.dev) return skipped("utilization", "the trace has no GPU events (a CPU-only profile)");
@@ -118,11 +120,16 @@ Point utilization(Ctx& c) {
 }
 
 Point loader(Ctx& c) {
-  const auto& s = c.a.steps;
+  const auto& s = c.steps;
   if (s.count == 0)
-    return skipped("loader", "no ProfilerStep#N annotations: profile with torch.profiler.schedule(...) and call "
+    return skipped("loader", "no ProfilerStep#N annotations, and no iterations to recover from the DataLoader's "
+                             "__next__ or Optimizer.step calls: profile with torch.profiler.schedule(...) and call "
                              "prof.step() once per step");
   Point p = check("loader");
+  // Where the steps come from: ProfilerStep#N, else the iterations between the loader's (or the optimizer's)
+  // calls, after the warm-up when the first was over 3x the others.
+  p.info["iterations"] = c.steps_source;
+  if (c.iterations && c.iterations->warmup > 0) p.info["warmup_iterations_left_out"] = c.iterations->warmup;
   // The TensorBoard plugin's figure: the loader's time with the device idle (no kernel, copy or memset,
   // no CUDA runtime call), over the steps' time; __next__'s wall time beside it. Until 2026-12-05 the
   // wall time was the share: a stallbench trace read 98.0% where the plugin reads 71.3%.
@@ -133,7 +140,9 @@ Point loader(Ctx& c) {
          "time"});
   p.add({"dataloader_wall_pct_of_step", s.total_us > 0 ? 100 * s.dataloader_us / s.total_us : 0, "%",
          Direction::lower, std::nullopt, "the DataLoader's __next__ inside ProfilerStep#N, all of it, over the steps' time"});
-  p.add({"steps", double(s.count), "steps", Direction::higher, std::nullopt, "ProfilerStep#N annotations"});
+  p.add({"steps", double(s.count), "steps", Direction::higher, std::nullopt,
+         c.steps_source == "ProfilerStep#N" ? "ProfilerStep#N annotations"
+                                            : "iterations between consecutive " + c.steps_source + " calls"});
   p.add({"step_median_ms", s.median_us / 1e3, "ms", Direction::lower, std::nullopt, "ProfilerStep#N durations"});
   if (s.dataloader_us <= 0) p.info["note"] = "no DataLoader __next__ inside the steps";
   // Hidden entirely, the wait leaves a step no shorter than the GPU's work in it.
@@ -143,10 +152,14 @@ Point loader(Ctx& c) {
          std::nullopt, "GPU events' union inside the steps over the steps' time"});
   if (100 * share > kLoaderPct)
     find(c, p, "a slow host dataloader", "loader", gain, 100 * share, "high",
-         fmt::format("the device waits on the DataLoader's __next__ for {:.1f}% of step time (over {:.0f}%: the "
+         fmt::format("the device waits on the DataLoader's __next__ for {:.1f}% of step time{} (over {:.0f}%: the "
                      "TensorBoard plugin's rule; __next__ itself spans {:.1f}%); the gain is the wait hidden "
                      "entirely, bounded by the GPU's {:.1f}% of the step: an upper bound",
-                     100 * share, kLoaderPct, s.total_us > 0 ? 100 * s.dataloader_us / s.total_us : 0,
+                     100 * share,
+                     c.steps_source == "ProfilerStep#N"
+                         ? ""
+                         : fmt::format(" over {} iterations between its calls (no ProfilerStep#N)", s.count),
+                     kLoaderPct, s.total_us > 0 ? 100 * s.dataloader_us / s.total_us : 0,
                      s.total_us > 0 ? 100 * s.gpu_busy_us / s.total_us : 0),
          // What the trace says of the loader it has: PyTorch's iterator names num_workers 0 or more.
          s.loader_iter == "multi"
@@ -237,7 +250,38 @@ Point attention(Ctx& c) {
   return p;
 }
 
-Point batch(Ctx& c, bool loader_found) {
+// The share of the GPU's wait the host's issuing of work explains (launch calls, op dispatch, Python, the
+// optimizer's ops, time with nothing recorded), from the host attribution: a loader, a sync, the allocator,
+// set-up and a slow op already named are not launch overhead. Without one (no stream), HTA's host wait.
+struct IssuingWait {
+  double of_idle = 0;    // of the GPU's wait (the device idle)
+  double of_window = 0;  // of the GPU window (after warm-up)
+  double late = 0;       // the stream's events whose launch came after it ran dry
+  bool attributed = false;
+};
+IssuingWait issuing_wait(const Ctx& c, double busy_pct) {
+  IssuingWait w;
+  const readers::HostAttribution* h = c.host;
+  if (h && h->stream >= 0 && h->steady_window_us > 0) {
+    double idle = 0;
+    for (std::size_t k = 0; k < readers::kHostCauses; ++k)
+      if (readers::HostCause(k) != readers::HostCause::other_stream) idle += h->by_cause[k];
+    const double issuing = std::max(0.0, readers::issuing_us(*h) - c.slow_op_us);
+    w.attributed = true;
+    w.of_idle = idle > 0 ? issuing / idle : 0;
+    w.of_window = std::min(1.0, issuing / h->steady_window_us);
+    w.late = h->events > 0 ? double(h->late_launches) / double(h->events) : 0;
+    return w;
+  }
+  double hw = 0, tot = 0;  // on the device's busiest stream, as the utilization check reads it
+  if (const readers::StreamIdle* cs = readers::busiest_stream(c.a.idle, c.dev->device))
+    hw = cs->host_wait_us, tot = cs->host_wait_us + cs->kernel_wait_us + cs->other_us;
+  w.of_idle = tot > 0 ? hw / tot : 0;
+  w.of_window = (1 - busy_pct / 100) * w.of_idle;
+  return w;
+}
+
+Point batch(Ctx& c) {
   if (!c.dev) return skipped("batch", "the trace has no GPU events");
   Point p = check("batch");
   const auto& l = c.a.launch;
@@ -250,37 +294,49 @@ Point batch(Ctx& c, bool loader_found) {
            "GPU start - launch call end (HTA, clipped at 0)"});
   }
   // Utilization as the TensorBoard plugin defined it where the trace has steps (GPU busy over the
-  // steps' time), else over the GPU window.
-  const auto& st = c.a.steps;
+  // steps' time; iterations recovered from the loader's or optimizer's calls count), else over the GPU window.
+  const auto& st = c.steps;
   const bool per_step = st.count > 0 && st.total_us > 0;
   const double busy = per_step ? 100 * st.gpu_busy_us / st.total_us : 100 - c.dev->idle_pct;
   p.add({"gpu_busy_pct", busy, "%", Direction::higher, std::nullopt,
-         per_step ? "GPU busy inside the ProfilerStep#N steps over their time" : "over the GPU window"});
-  double hw = 0, tot = 0;  // on the device's busiest stream, as the utilization check reads it
-  if (const readers::StreamIdle* cs = readers::busiest_stream(c.a.idle, c.dev->device))
-    hw = cs->host_wait_us, tot = cs->host_wait_us + cs->kernel_wait_us + cs->other_us;
-  const double hw_share = tot > 0 ? hw / tot : 0;
-  p.info["reading"] = fmt::format("{:.1f}% busy {}; {:.0f}% of the idle time is host wait", busy,
-                                  per_step ? "in the steps" : "over the GPU window", 100 * hw_share);
-  // steady-low (under 90% busy: the sampler's rule, harness/sampler.hpp) with the host's launches as
-  // the wait, and no loader to blame
+         per_step ? "GPU busy inside the steps over their time" : "over the GPU window"});
+  const IssuingWait w = issuing_wait(c, busy);
+  if (w.attributed)
+    p.add({"late_launch_pct", 100 * w.late, "%", Direction::lower, std::nullopt,
+           "the busiest stream's kernels, copies and memsets whose launch came after the stream ran dry (HTA's host "
+           "wait), after warm-up"});
+  p.add({"issuing_pct_of_wait", 100 * w.of_idle, "%", Direction::lower, std::nullopt,
+         w.attributed ? "of the GPU's wait, the host issuing work: launch calls, op dispatch, Python, the optimizer's "
+                        "ops, nothing recorded (the host attribution; a loader, sync, allocator or slow op apart)"
+                      : "HTA's host wait over the busiest stream's idle time"});
+  p.info["reading"] = fmt::format("{:.1f}% busy {}; {:.0f}% of the GPU's wait is the host issuing work", busy,
+                                  per_step ? "in the steps" : "over the GPU window", 100 * w.of_idle);
+  // steady-low (under 90% busy: the sampler's rule, harness/sampler.hpp) and launch-bound: the host's issuing
+  // of work (launches, op dispatch, Python) is most of the GPU's wait, or most of the stream's kernels waited
+  // for their launch (the GPU paced by the host all through the step, not only in the ramp after a loader's
+  // or a sync's drain) and that issuing is 5% of the window or more (a stall before every kernel, an
+  // allocator's, is not launches), whatever else is named beside it (a loader, a sync: each finding is its
+  // own; until 2026-12-07 any loader hid this one, and any host wait read as launches).
   // Without steps the window holds whatever ran between them (setup, evaluation): only the
   // plugin's 50% line, at low confidence.
-  if (busy < (per_step ? kHealthyPct : kUtilPct) && !loader_found && hw_share >= 0.5) {
-    const double idle_share = 1 - busy / 100;
+  const bool launch_bound = w.of_idle >= 0.5 || (w.late >= 0.5 && w.of_window >= 0.05);
+  if (busy < (per_step ? kHealthyPct : kUtilPct) && launch_bound && w.of_window >= 0.02) {
     // The line's change, not all the wait: twice the micro batch issues half the launches per sample, so at
     // most half the host wait per sample goes (under 2x); all of it (CUDA graphs) is the upper bound named.
     // (The wait removed whole read 71x on a trace 1.4% busy, beside a line that doubles the batch.)
-    const double wait = idle_share * hw_share;
+    const double wait = w.of_window;
     const double gain = 1.0 / std::max(1e-9, 1 - wait / 2);
     const double all = 1.0 / std::max(1e-9, 1 - wait);
     find(c, p, "a batch too small (launch-bound)", "batch", gain, 100 * wait, per_step ? "medium" : "low",
-         fmt::format("the GPU is {:.1f}% busy {} ({}) and {:.0f}% of its idle time waits on the host's launches{}; "
-                     "the gain is half that wait removed, what twice the micro batch can buy at most (all of it, "
-                     "with CUDA graphs or a far larger batch: up to {:.2g}x)",
+         fmt::format("the GPU is {:.1f}% busy {} ({}) and the host takes longer to issue the work than the GPU to "
+                     "run it{}: the GPU waited on launches, op dispatch and Python for {:.0f}% of the window, {:.0f}% "
+                     "of its wait{}; the gain assumes half that wait removed, what twice the micro batch can buy at "
+                     "most (all of it, with CUDA graphs or a far larger batch: up to {:.2g}x)",
                      busy, per_step ? "in the steps" : "over the GPU window",
                      busy < kUtilPct ? "under 50%: the TensorBoard plugin's rule" : "steady-low: under 90%",
-                     100 * hw_share,
+                     w.attributed ? fmt::format(" ({:.0f}% of its kernels waited for their launch)", 100 * w.late)
+                                  : "",
+                     100 * wait, 100 * w.of_idle,
                      l.pairs > 0 ? fmt::format(", {:.0f}% of kernels shorter than their launch",
                                                100.0 * double(l.short_kernels) / double(l.pairs))
                                  : "",
@@ -393,7 +449,9 @@ Point copies(Ctx& c) {
 
 Result diagnose_trace(const std::string& path, const json& meta) {
   const auto t0 = std::chrono::steady_clock::now();
-  const readers::Trace t = readers::read_kineto(path);
+  readers::ReadOptions ro;
+  ro.python_functions = true;  // the host attribution names the Python function the host was in
+  const readers::Trace t = readers::read_kineto(path, ro);
   const double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -402,7 +460,7 @@ Result diagnose_trace(const std::string& path, const json& meta) {
   Result r;
   r.scenario = "diagnose";
   r.meta = meta;
-  r.params = json{{"check", json::array({"utilization", "loader", "dtype", "padding", "attention", "batch", "memory",
+  r.params = json{{"check", json::array({"utilization", "host", "loader", "dtype", "padding", "attention", "batch", "memory",
                                          "communication", "copies"})}};
   json devs = json::array();
   for (const auto& d : t.device_properties)
@@ -424,21 +482,34 @@ Result diagnose_trace(const std::string& path, const json& meta) {
                          {"devices", devs}};
   r.meta["trace_analysis"] = readers::to_json(a);
 
-  Ctx c{t, a, meta.value("/device/id"_json_pointer, std::string("cpu")), {}, nullptr, 0};
+  Ctx c{t, a, meta.value("/device/id"_json_pointer, std::string("cpu"))};
   for (const auto& d : a.temporal)
     if (!c.dev || d.kernel_us > c.dev->kernel_us) c.dev = &d;
   c.window = c.dev ? c.dev->window_us : 0;
   for (const auto& t : c.a.temporal) c.windows += t.window_us;
+  // iterations (ProfilerStep#N, else recovered from the loader's or the optimizer's calls) and what the host
+  // did while the GPU waited
+  const readers::HtaRows rows = readers::hta_rows(t);
+  const readers::Iterations its = readers::find_iterations(t, rows);
+  c.iterations = &its;
+  c.steps_source = its.source;
+  if (its.warmup > 0 || (a.steps.count == 0 && !its.spans.empty()))
+    c.steps = readers::steps_over(t, rows, {its.spans.begin() + std::ptrdiff_t(its.warmup), its.spans.end()});
+  else
+    c.steps = a.steps;
+  const readers::HostAttribution host =
+      c.dev ? readers::attribute_host(t, a, rows, its, c.dev->device) : readers::HostAttribution{};
+  c.host = &host;
+  r.meta["host_attribution"] = readers::to_json(host, its);
 
   r.points.push_back(utilization(c));
-  Point ld = loader(c);
-  const bool loader_found = ld.info.contains("finding");
-  r.points.push_back(std::move(ld));
+  r.points.push_back(trace_rules::host(c));
+  r.points.push_back(loader(c));
   r.points.push_back(dtype(c));
   r.points.push_back(skipped("padding", "a profiler trace has no token counts: padding is measured by diagnose "
                                         "--config with --lengths (the packing scenario)"));
   r.points.push_back(attention(c));
-  r.points.push_back(batch(c, loader_found));
+  r.points.push_back(batch(c));
   r.points.push_back(memory(c));
   r.points.push_back(communication(c));
   r.points.push_back(copies(c));
@@ -446,6 +517,7 @@ Result diagnose_trace(const std::string& path, const json& meta) {
   std::stable_sort(c.found.begin(), c.found.end(), [](const Finding& x, const Finding& y) {
     return x.speedup.value_or(0) > y.speedup.value_or(0);
   });
+  trace_rules::attach_host_evidence(c, c.found);
   r.findings = c.found;
   if (r.findings.empty())
     r.findings.push_back({"none found",

@@ -11,7 +11,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string file = "fuzz-trainer_state.json";
   sb::fuzz::usage_errors_only(file, [&] {
-    const sb::TrainerState s = sb::parse_trainer_state(sb::fuzz::as_text(data, size), file);
+    const sb::TrainerState s = sb::parse_trainer_state(std::string(sb::fuzz::as_text(data, size)), file);
     const auto found = sb::diagnose::analyze_curves(s);
     for (const auto& f : found) {
       bool logged = false;
