@@ -245,7 +245,7 @@ Point attention(Ctx& c) {
          fmt::format("the math path (softmax between two GEMMs{}) takes {:.1f}% of the GPU window; the estimate assumes "
                      "it 2x faster fused (the low end of the 2-4x of FlashAttention)",
                      math_op ? "; aten::_scaled_dot_product_attention_math in the trace" : "", 100 * share),
-         "flash_attention: true  # or sdp_attention: true",
+         "attn_implementation: flash_attention_2  # or sdpa; flash_attention: true before Axolotl 0.12",
          c.device.rfind("cuda", 0) == 0 ? "attention -p impl=naive,cudnn" : "attention -p impl=naive,flash");
   return p;
 }
