@@ -1,5 +1,6 @@
 // What the host was doing while the GPU waited (definitions in host_attribution.hpp).
 #include "diagnose/trace/host_attribution.hpp"
+#include "diagnose/trace/intervals.hpp"  // merged, length, overlap, intersected
 
 #include <algorithm>      // std::sort, std::stable_sort, std::max, std::min
 #include <limits>         // std::numeric_limits
@@ -13,49 +14,16 @@ namespace sb::readers {
 namespace {
 
 using json = nlohmann::ordered_json;
-using Interval = std::pair<double, double>;
+using intervals::Interval;
+using intervals::merged;
+using intervals::length;
+using intervals::overlap;
+using intervals::intersected;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 bool starts(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 bool contains(std::string_view s, std::string_view w) { return s.find(w) != std::string_view::npos; }
 
-std::vector<Interval> merged(std::vector<Interval> v) {
-  std::sort(v.begin(), v.end());
-  std::vector<Interval> out;
-  for (const auto& iv : v) {
-    if (iv.second <= iv.first) continue;
-    if (!out.empty() && iv.first <= out.back().second) out.back().second = std::max(out.back().second, iv.second);
-    else out.push_back(iv);
-  }
-  return out;
-}
-double length(const std::vector<Interval>& m) {
-  double s = 0;
-  for (const auto& [a, b] : m) s += b - a;
-  return s;
-}
-double overlap(const std::vector<Interval>& a, const std::vector<Interval>& b) {
-  double s = 0;
-  std::size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    const double lo = std::max(a[i].first, b[j].first), hi = std::min(a[i].second, b[j].second);
-    if (hi > lo) s += hi - lo;
-    if (a[i].second < b[j].second) ++i;
-    else ++j;
-  }
-  return s;
-}
-std::vector<Interval> intersected(const std::vector<Interval>& a, const std::vector<Interval>& b) {
-  std::vector<Interval> out;
-  std::size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    const double lo = std::max(a[i].first, b[j].first), hi = std::min(a[i].second, b[j].second);
-    if (hi > lo) out.emplace_back(lo, hi);
-    if (a[i].second < b[j].second) ++i;
-    else ++j;
-  }
-  return out;
-}
 // [x, y) less the merged list m, in order.
 std::vector<Interval> minus(double x, double y, const std::vector<Interval>& m) {
   std::vector<Interval> out;

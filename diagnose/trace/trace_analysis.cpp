@@ -1,6 +1,7 @@
 // The trace's figures (definitions in trace_analysis.hpp and
 // docs/trace-analysis.md).
 #include "diagnose/trace/trace_analysis.hpp"
+#include "diagnose/trace/intervals.hpp"  // merged, length, overlap, intersected
 
 #include <algorithm>      // std::sort, std::max, std::min
 #include <cmath>          // std::ceil, std::floor
@@ -13,7 +14,11 @@ namespace sb::readers {
 namespace {
 
 using json = nlohmann::ordered_json;
-using Interval = std::pair<double, double>;
+using intervals::Interval;
+using intervals::merged;
+using intervals::length;
+using intervals::overlap;
+using intervals::intersected;
 
 bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
 
@@ -24,46 +29,6 @@ std::string lower(std::string_view s) {
   return o;
 }
 
-// Sorts and merges; the merged intervals.
-std::vector<Interval> merged(std::vector<Interval> v) {
-  std::sort(v.begin(), v.end());
-  std::vector<Interval> out;
-  for (const auto& iv : v) {
-    if (iv.second <= iv.first) continue;
-    if (!out.empty() && iv.first <= out.back().second) out.back().second = std::max(out.back().second, iv.second);
-    else out.push_back(iv);
-  }
-  return out;
-}
-double length(const std::vector<Interval>& m) {
-  double s = 0;
-  for (const auto& [a, b] : m) s += b - a;
-  return s;
-}
-// |a ∩ b| for two merged lists.
-double overlap(const std::vector<Interval>& a, const std::vector<Interval>& b) {
-  double s = 0;
-  std::size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    const double lo = std::max(a[i].first, b[j].first), hi = std::min(a[i].second, b[j].second);
-    if (hi > lo) s += hi - lo;
-    if (a[i].second < b[j].second) ++i;
-    else ++j;
-  }
-  return s;
-}
-// a ∩ b for two merged lists, merged.
-std::vector<Interval> intersected(const std::vector<Interval>& a, const std::vector<Interval>& b) {
-  std::vector<Interval> out;
-  std::size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    const double lo = std::max(a[i].first, b[j].first), hi = std::min(a[i].second, b[j].second);
-    if (hi > lo) out.emplace_back(lo, hi);
-    if (a[i].second < b[j].second) ++i;
-    else ++j;
-  }
-  return out;
-}
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
