@@ -55,19 +55,24 @@ void refuse_stdout_targets(const DiagnoseArgs& a) {
       throw UsageError(fmt::format("{} -: diagnose prints its report on stdout; give {} a file", flag, flag));
 }
 
-int cmd_diagnose_trace(const DiagnoseArgs& a, int argc, char** argv) {
+// What --trace and a run directory share: the meta of a read (nothing measured; the reproduce
+// commands name this machine's device), and the result written and the report printed.
+json read_meta(const DiagnoseArgs& a, const std::vector<NamedPath>& inputs, int argc, char** argv,
+               std::string* device_id) {
   refuse_stdout_targets(a);
   check_writable_target(a.json_path, "--json");
   if (!a.html_path.empty()) check_writable_target(a.html_path, "--html");
-  refuse_clobbering({{a.json_path, "--json"}, {a.html_path, "--html"}}, {{a.trace, "the trace"}});
-  const DeviceSpec spec = parse_device_spec(a.device);
-  auto dev = open_device(spec);
+  refuse_clobbering({{a.json_path, "--json"}, {a.html_path, "--html"}}, inputs);
+  auto dev = open_device(parse_device_spec(a.device));
   RunArgs ra;
   ra.device = a.device;
-  json meta = run_meta(ra, argc, argv, dev->info(), MeasureConfig{});
-  std::cerr << fmt::format("stallbench: diagnose --trace {} (reproduce commands for {})\n", a.trace, dev->info().id);
-  Result r = diagnose::diagnose_trace(a.trace, meta);
+  *device_id = dev->info().id;
+  return run_meta(ra, argc, argv, dev->info(), MeasureConfig{});
+}
+
+int write_report(const DiagnoseArgs& a, const Result& r) {
   const std::string report = report::format_text(r);
+  // a path or config value that is not UTF-8 is written with U+FFFD, not thrown on at the end
   write_file_atomic(a.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
   if (!a.html_path.empty()) write_file_atomic(a.html_path, report::format_html(r));
   std::cout << "\n" << report << fmt::format("\nresult: {}{}\n", a.json_path,
@@ -75,24 +80,19 @@ int cmd_diagnose_trace(const DiagnoseArgs& a, int argc, char** argv) {
   return kExitOk;
 }
 
+int cmd_diagnose_trace(const DiagnoseArgs& a, int argc, char** argv) {
+  std::string device;
+  const json meta = read_meta(a, {{a.trace, "the trace"}}, argc, argv, &device);
+  std::cerr << fmt::format("stallbench: diagnose --trace {} (reproduce commands for {})\n", a.trace, device);
+  return write_report(a, diagnose::diagnose_trace(a.trace, meta));
+}
+
 // `diagnose DIR`: a run's output directory read, nothing measured.
 int cmd_diagnose_run(const DiagnoseArgs& a, const std::string& dir, int argc, char** argv) {
-  refuse_stdout_targets(a);
-  check_writable_target(a.json_path, "--json");
-  if (!a.html_path.empty()) check_writable_target(a.html_path, "--html");
-  const DeviceSpec spec = parse_device_spec(a.device);
-  auto dev = open_device(spec);
-  RunArgs ra;
-  ra.device = a.device;
-  json meta = run_meta(ra, argc, argv, dev->info(), MeasureConfig{});
+  std::string device;
+  const json meta = read_meta(a, {{dir, "the run"}}, argc, argv, &device);
   std::cerr << fmt::format("stallbench: diagnose {}: the run as its trainer logged it (nothing measured)\n", dir);
-  Result r = diagnose::diagnose_run(dir, meta);
-  const std::string report = report::format_text(r);
-  write_file_atomic(a.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
-  if (!a.html_path.empty()) write_file_atomic(a.html_path, report::format_html(r));
-  std::cout << "\n" << report << fmt::format("\nresult: {}{}\n", a.json_path,
-                                             a.html_path.empty() ? "" : ", report: " + a.html_path);
-  return kExitOk;
+  return write_report(a, diagnose::diagnose_run(dir, meta));
 }
 
 int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
@@ -176,13 +176,7 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
                                             : " with " + a.config);
   Result r = diagnose::run(ctx, opt, meta);
   wd.disarm();
-  const std::string report = report::format_text(r);
-  // a path or config value that is not UTF-8 is written with U+FFFD, not thrown on at the end
-  write_file_atomic(a.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
-  if (!a.html_path.empty()) write_file_atomic(a.html_path, report::format_html(r));
-  std::cout << "\n" << report << fmt::format("\nresult: {}{}\n", a.json_path,
-                                             a.html_path.empty() ? "" : ", report: " + a.html_path);
-  return kExitOk;
+  return write_report(a, r);
 }
 
 }  // namespace
