@@ -19,6 +19,7 @@ using intervals::merged;
 using intervals::length;
 using intervals::overlap;
 using intervals::intersected;
+using intervals::median;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 bool starts(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
@@ -37,12 +38,6 @@ std::vector<Interval> minus(double x, double y, const std::vector<Interval>& m) 
   }
   if (at < y) out.emplace_back(at, y);
   return out;
-}
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 bool loader_name(std::string_view n) {

@@ -1,5 +1,5 @@
 // Time intervals [start, end) as the trace analyses use them (HTA's interval arithmetic): sort and merge,
-// total length, and the overlap and intersection of two merged lists.
+// total length, and the overlap and intersection of two merged lists; and the median of durations.
 #pragma once
 
 #include <algorithm>  // std::sort, std::max, std::min
@@ -52,6 +52,14 @@ inline std::vector<Interval> intersected(const std::vector<Interval>& a, const s
     else ++j;
   }
   return out;
+}
+
+// The median (the mean of the two middle values for an even count); 0 for none.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace sb::readers::intervals

@@ -19,6 +19,7 @@ using intervals::merged;
 using intervals::length;
 using intervals::overlap;
 using intervals::intersected;
+using intervals::median;
 
 bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
 
@@ -29,12 +30,6 @@ std::string lower(std::string_view s) {
   return o;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // HTA's launch calls (cuda_kernel_analysis.py), and ROCm's, which HTA 0.5 does not know.
 bool launch_call(std::string_view n) {
