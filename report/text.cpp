@@ -65,6 +65,12 @@ std::string format_text(const Result& r) {
                          ? fmt::format(" of {}", rm.value("max_steps", std::int64_t(0)))
                          : "",
                      rm.value("resumed", false) ? " (resumed: the step goes back in the log)" : "");
+    if (rm.contains("adapter") && rm["adapter"].is_object() && rm["adapter"].contains("peft_type"))
+      o << fmt::format("  trains adapters: {} r={} ({}){}\n", rm["adapter"].value("peft_type", std::string()),
+                       rm["adapter"].value("r", std::int64_t(0)), rm["adapter"].value("file", std::string()),
+                       rm["adapter"].value("base_model", std::string()).empty()
+                           ? ""
+                           : ", base " + rm["adapter"].value("base_model", std::string()));
     o << "  the curves the trainer logged, read as they are: each finding names the real step\n";
   } else if (from_trace) {
     const json& tm = r.meta.contains("trace") ? r.meta["trace"] : json::object();

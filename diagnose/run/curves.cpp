@@ -204,7 +204,7 @@ std::optional<CurveFinding> gradients(const std::vector<const TrainerLogEntry*>&
   return f;
 }
 
-std::optional<CurveFinding> plateau(const std::vector<const TrainerLogEntry*>& t) {
+std::optional<CurveFinding> plateau(const std::vector<const TrainerLogEntry*>& t, const CurveContext& ctx) {
   std::vector<const TrainerLogEntry*> v;
   for (const auto* e : t)
     if (finite(e->loss)) v.push_back(e);
@@ -237,7 +237,11 @@ std::optional<CurveFinding> plateau(const std::vector<const TrainerLogEntry*>& t
                                       : "");
   f.evidence.push_back(fmt::format("median loss {} over the first quarter of the second half, {} over its last",
                                    num(ma), num(mb)));
-  if (low)
+  if (low && ctx.adapters)
+    f.evidence.push_back(fmt::format("this run trains adapters ({}, adapter_config.json): they usually train at 1e-4 to "
+                                     "2e-4, so a peak of {} is {:.0f}x under the low end: the likely limit (assumed)",
+                                     ctx.adapter_text, num(peak_lr), 1e-4 / peak_lr));
+  else if (low)
     f.evidence.push_back(fmt::format("a peak learning rate under {} is a full fine-tune's rate; LoRA adapters usually "
                                      "train at 1e-4 to 2e-4: if this run trains adapters, the likely limit (assumed: "
                                      "the log does not say what it trains)",
@@ -310,7 +314,7 @@ std::optional<CurveFinding> past_best(const TrainerState& s) {
 
 }  // namespace
 
-std::vector<CurveFinding> analyze_curves(const TrainerState& s) {
+std::vector<CurveFinding> analyze_curves(const TrainerState& s, const CurveContext& ctx) {
   const auto t = training(s);
   std::vector<CurveFinding> out;
   if (auto f = nonfinite(t)) out.push_back(*f);
@@ -320,7 +324,7 @@ std::vector<CurveFinding> analyze_curves(const TrainerState& s) {
   if (d) out.push_back(*d);
   // a flat curve after a divergence, or at a loss of 0 without gradients, is that cause's, not a plateau's
   if (!d && !(g && g->kind == "vanishing"))
-    if (auto f = plateau(t)) out.push_back(*f);
+    if (auto f = plateau(t, ctx)) out.push_back(*f);
   if (auto f = past_best(s)) out.push_back(*f);
   std::stable_sort(out.begin(), out.end(), [](const CurveFinding& a, const CurveFinding& b) { return a.step < b.step; });
   return out;

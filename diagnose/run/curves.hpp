@@ -51,7 +51,14 @@ struct LoggedThroughput {
   std::vector<std::string> caveats;  // "resumed: ...", "a checkpoint's file has no summary"
 };
 
-std::vector<CurveFinding> analyze_curves(const TrainerState& s);
+// What the run's directory says beside the log (adapter_config.json: PEFT adapters are trained, not the
+// whole model), which sharpens a reading (a plateau's learning rate).
+struct CurveContext {
+  bool adapters = false;
+  std::string adapter_text;  // "LORA r=16 on q_proj, v_proj", for the evidence
+};
+
+std::vector<CurveFinding> analyze_curves(const TrainerState& s, const CurveContext& ctx = {});
 LoggedThroughput logged_throughput(const TrainerState& s);
 
 }  // namespace sb::diagnose

@@ -5,9 +5,12 @@
 #include <system_error>  // std::error_code
 
 #include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
 
 #include "diagnose/run/curves.hpp"    // analyze_curves, logged_throughput
 #include "harness/errors.hpp"         // UsageError
+#include "harness/files.hpp"          // read_regular_file
+#include "harness/json_read.hpp"      // parse_json_text
 #include "harness/text.hpp"           // parse_whole
 #include "readers/trainer_state.hpp"  // read_trainer_state
 
@@ -59,6 +62,34 @@ struct CheckSpec {
   const char* none;  // its reading when nothing fired
 };
 
+// PEFT's adapter_config.json beside the state (the checkpoint's, else the output directory's): what
+// the run trains. Read only for the reading it sharpens; a file that is not one is ignored, said in meta.
+json adapter_of_run(const std::string& state_file, CurveContext& ctx) {
+  const fs::path dir = fs::path(state_file).parent_path();
+  for (const fs::path& p : {dir / "adapter_config.json", dir.parent_path() / "adapter_config.json"}) {
+    if (!is_file(p)) continue;
+    try {
+      const json j = parse_json_text(read_regular_file(p.string(), "adapter_config.json", 1 << 20), p.string());
+      if (!j.is_object()) return json{{"file", p.string()}, {"ignored", "not a JSON object"}};
+      std::vector<std::string> targets;
+      if (j.contains("target_modules") && j["target_modules"].is_array())
+        for (const auto& t : j["target_modules"])
+          if (t.is_string()) targets.push_back(t.get<std::string>());
+      if (j.contains("target_modules") && j["target_modules"].is_string()) targets.push_back(j["target_modules"].get<std::string>());
+      const std::string type = j.value("peft_type", std::string("adapter"));
+      const std::int64_t r = j.contains("r") && j["r"].is_number_integer() ? j["r"].get<std::int64_t>() : 0;
+      ctx.adapters = true;
+      ctx.adapter_text = fmt::format("{}{}{}", type, r > 0 ? fmt::format(" r={}", r) : "",
+                                     targets.empty() ? "" : fmt::format(" on {}", fmt::join(targets, ", ")));
+      return json{{"file", p.string()}, {"peft_type", type}, {"r", r}, {"target_modules", targets},
+                  {"base_model", j.value("base_model_name_or_path", std::string())}};
+    } catch (const std::exception& e) {  // UsageError, a JSON type error: not an adapter config
+      return json{{"file", p.string()}, {"ignored", e.what()}};
+    }
+  }
+  return json();
+}
+
 }  // namespace
 
 bool looks_like_run(const std::string& path) {
@@ -75,7 +106,9 @@ Result diagnose_run(const std::string& path, const json& meta) {
                                  "output directory (diagnose CONFIG.yml reads a config; --trace a profiler trace)",
                                  path, kStateFile));
   const TrainerState s = read_trainer_state(file);
-  const auto found = analyze_curves(s);
+  CurveContext ctx;
+  const json adapter = adapter_of_run(file, ctx);
+  const auto found = analyze_curves(s, ctx);
   Result r;
   r.scenario = "diagnose";
   r.meta = meta;
@@ -91,7 +124,8 @@ Result diagnose_run(const std::string& path, const json& meta) {
                        {"training_logs", train_logs},
                        {"evaluation_logs", eval_logs},
                        {"resumed", s.resumed},
-                       {"not_read", json::array({"training_args.bin", "adapter_config.json", "config.json",
+                       {"adapter", adapter},
+                       {"not_read", json::array({"training_args.bin", "config.json",
                                                  "the Axolotl config", "events.out.tfevents.*", "profiler traces"})}};
   const CheckSpec specs[] = {
       {"nan", {"nan"}, "no NaN or Inf in the logged loss or grad_norm"},

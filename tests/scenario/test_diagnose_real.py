@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """diagnose on what a real job has, end to end through the binary, nothing measured:
-  - an Axolotl config read as Axolotl reads it (--plan: under a second, every setting with its source);
+  - an Axolotl config read as Axolotl reads it (--plan: nothing measured, every setting with its source);
   - the model's dims from a Hugging Face cache (HF_HUB_CACHE), never the network;
   - configs Axolotl refuses are exit 2 saying so;
   - a run's output directory (trainer_state.json in checkpoint-N/) and the real trainer logs of
@@ -80,7 +80,8 @@ with tempfile.TemporaryDirectory() as tmp:
     # --plan: the settings as used, their sources, the checks the config excludes; no device opened
     p, took = run(["diagnose", cfg, "--plan", "--device", "sim:h100"], env={"HF_HUB_CACHE": hub, "HOME": tmp})
     check(p.returncode == 0, f"--plan: exit {p.returncode}: {p.stderr[-400:]}")
-    check(took < 1.0, f"--plan took {took:.2f} s (wanted under 1 s)")
+    # no timing claim here (a loaded CI machine): a bound that only catches a plan that measures or hangs
+    check(took < 30.0, f"--plan took {took:.2f} s: it should open nothing and measure nothing")
     for want in ["model.hidden_size              2048", os.path.join(snap, "config.json"),
                  "default_dataloader_opts", "loader       skipped", "attention    skipped",
                  "dtype        skipped: already bf16", "padding      skipped: sample_packing is on",
@@ -120,8 +121,12 @@ with tempfile.TemporaryDirectory() as tmp:
             logs.append(f'{{"epoch": {s / 10}, "grad_norm": {gn}, "learning_rate": 1e-4, "loss": {2.0 - s / 10}, "step": {s}}}')
         with open(os.path.join(d, "trainer_state.json"), "w") as f:
             f.write('{"global_step": %d, "log_history": [%s]}' % (step, ", ".join(logs)))
+    with open(os.path.join(out, "adapter_config.json"), "w") as f:  # as PEFT saves it beside the checkpoints
+        json.dump({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "v_proj"],
+                   "base_model_name_or_path": "NousResearch/Llama-3.2-1B"}, f)
     res = os.path.join(tmp, "run.json")
     p, _ = run(["diagnose", out, "--json", res])
+    check("trains adapters: LORA r=16" in p.stdout, f"diagnose DIR: the adapter not read: {p.stdout[:800]}")
     check(p.returncode == 0, f"diagnose DIR: exit {p.returncode}: {p.stderr[-500:]}")
     check("checkpoint-4" in p.stdout and "grad_norm is NaN at step 3" in p.stdout and
           "reproduce: stallbench run numerics -p case=fp16" in p.stdout, f"diagnose DIR report: {p.stdout[-2000:]}")

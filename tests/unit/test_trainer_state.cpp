@@ -2,6 +2,7 @@
 // (diagnose/run/curves): hostile and version-shaped files made here, then the twelve real runs of
 // ../shared/trainer-logs (STALLBENCH_SHARED_DATA overrides the place), each held to what its
 // README says it shows. Those tests skip, naming the place, where the data is absent.
+#include <algorithm>   // std::any_of
 #include <cmath>       // std::isnan, std::isinf
 #include <cstdlib>     // std::getenv
 #include <filesystem>  // std::filesystem::exists
@@ -118,6 +119,13 @@ TEST(Curves, APlateauNeedsAFlatSecondHalfAboveZero) {
   ASSERT_NE(kind(f, "plateau"), nullptr);
   EXPECT_EQ(kind(f, "plateau")->step, 250);
   EXPECT_EQ(kind(f, "plateau")->basis, "assumed");  // the low learning rate as the cause is a judgement
+  // with adapters known (adapter_config.json), the reading says so and by how much the rate is under
+  const auto lora = analyze_curves(parse_trainer_state(log_of(rows), "a"), {true, "LORA r=16 on q_proj, v_proj"});
+  ASSERT_NE(kind(lora, "plateau"), nullptr);
+  const auto& ev = kind(lora, "plateau")->evidence;
+  EXPECT_TRUE(std::any_of(ev.begin(), ev.end(), [](const std::string& e) {
+    return e.find("LORA r=16 on q_proj, v_proj") != std::string::npos && e.find("20x under") != std::string::npos;
+  })) << ev[1];
   for (auto& r : rows) std::get<1>(r) = "0.001";  // converged to ~0: no plateau to fix
   EXPECT_EQ(kind(analyze_curves(parse_trainer_state(log_of(rows), "b")), "plateau"), nullptr);
 }
