@@ -220,6 +220,17 @@ class Diagnosis {
     return p;
   }
 
+  // A check whose cause the config itself excludes (plan.cpp's rule, the one --plan prints): its point,
+  // skipped with the reason; nothing when the check runs.
+  std::optional<Point> excluded(const std::string& name) {
+    const auto why = skipped_by_config(name, opt_.cfg);
+    if (!why) return std::nullopt;
+    Point p = check_point(name);
+    p.status = Status::skipped;
+    p.reason = *why;
+    return p;
+  }
+
   // A sub-run's points, compact, for the evidence.
   static json compact(const Sub& s) {
     json pts = json::array();
@@ -400,11 +411,7 @@ class Diagnosis {
     Point p = check_point("loader");
     const TrainConfig& c = opt_.cfg;
     const int rec = std::min(64, std::max(2, c.dataloader_num_workers));  // the dataloader scenario's bound
-    if (const auto why = skipped_by_config("loader", c)) {
-      p.status = Status::skipped;
-      p.reason = *why;
-      return p;
-    }
+    if (auto skipped = excluded("loader")) return *skipped;
     // the step the loader must feed: their step's time; a sample: seq_len tokens of input_ids,
     // attention_mask and labels (int64 each)
     // (the model is a ratio, supply, and scale-free: the emulated step is capped at 50 ms, 20 ms with --quick,
@@ -524,11 +531,7 @@ class Diagnosis {
   Point dtype() {
     step("dtype: fp32 against bf16 at their GEMM shape");
     Point p = check_point("dtype");
-    if (const auto why = skipped_by_config("dtype", opt_.cfg)) {
-      p.status = Status::skipped;
-      p.reason = *why;
-      return p;
-    }
+    if (auto skipped = excluded("dtype")) return *skipped;
     const bool has_bf16 = !ctx_.device.gemm_unsupported(DType::bf16);
     const std::string to = has_bf16 ? "bf16" : "fp16";
     if (!has_bf16 && ctx_.device.gemm_unsupported(DType::fp16)) {
@@ -574,11 +577,7 @@ class Diagnosis {
     step("padding: padded against packed");
     Point p = check_point("padding");
     const TrainConfig& c = opt_.cfg;
-    if (const auto why = skipped_by_config("padding", c)) {
-      p.status = Status::skipped;
-      p.reason = *why;
-      return p;
-    }
+    if (auto skipped = excluded("padding")) return *skipped;
     const std::string base = c.pad_to_sequence_len ? "pad-max" : "pad-longest";
     std::string lengths;
     const std::int64_t seq = long_seq();
@@ -623,11 +622,7 @@ class Diagnosis {
     step("attention: eager against fused");
     Point p = check_point("attention");
     const TrainConfig& c = opt_.cfg;
-    if (const auto why = skipped_by_config("attention", c)) {
-      p.status = Status::skipped;
-      p.reason = *why;
-      return p;
-    }
+    if (auto skipped = excluded("attention")) return *skipped;
     const std::string fused = ctx_.device.info().kind == DeviceKind::cuda ? "cudnn" : "flash";
     // 10 trials a round up to 512 tokens (3 took 10 ms at 256 tokens on 2 cores: three rounds cost under a
     // second there), 3 past it (the measure's own minimum; eager at 2048 tokens is 0.7 s a call on 2 cores)
