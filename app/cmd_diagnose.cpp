@@ -15,6 +15,7 @@
 #include "diagnose/plan.hpp"                  // format_plan
 #include "diagnose/trainer.hpp"               // resolve_axolotl
 #include "diagnose/run/run_diagnose.hpp"      // diagnose_run, looks_like_run
+#include "diagnose/trace/job_diagnose.hpp"    // trace_files, diagnose_job
 #include "diagnose/trace/trace_diagnose.hpp"  // diagnose_trace
 #include "harness/errors.hpp"                 // UsageError
 #include "harness/exit_codes.hpp"             // kExit*
@@ -29,7 +30,8 @@ namespace {
 using json = nlohmann::ordered_json;
 
 struct DiagnoseArgs {
-  std::string config, model_config, lengths, html_path, trace;
+  std::string config, model_config, lengths, html_path;
+  std::vector<std::string> trace;  // --trace: files, or a directory of one job's rank traces
   std::string device = "auto";
   std::string json_path = "stallbench-diagnose.json";
   bool quick = false;
@@ -82,9 +84,14 @@ int write_report(const DiagnoseArgs& a, const Result& r) {
 
 int cmd_diagnose_trace(const DiagnoseArgs& a, int argc, char** argv) {
   std::string device;
-  const json meta = read_meta(a, {{a.trace, "the trace"}}, argc, argv, &device);
-  std::cerr << fmt::format("stallbench: diagnose --trace {} (reproduce commands for {})\n", a.trace, device);
-  return write_report(a, diagnose::diagnose_trace(a.trace, meta));
+  const std::vector<std::string> files = diagnose::trace_files(a.trace);
+  std::vector<NamedPath> inputs;
+  for (const auto& f : files) inputs.push_back({f, "the trace"});
+  const json meta = read_meta(a, inputs, argc, argv, &device);
+  const std::string label = fmt::format("{}", fmt::join(a.trace, " "));
+  std::cerr << fmt::format("stallbench: diagnose --trace {} (reproduce commands for {})\n", label, device);
+  if (files.size() == 1) return write_report(a, diagnose::diagnose_trace(files[0], meta));
+  return write_report(a, diagnose::diagnose_job(files, label, meta));
 }
 
 // `diagnose DIR`: a run's output directory read, nothing measured.
@@ -194,7 +201,9 @@ Command add_diagnose(CLI::App& app, int& argc, char**& argv) {
                           ->check(non_empty_path());
   auto* trace_opt = diag->add_option("--trace", da->trace,
                                      "read a PyTorch profiler trace (.json or .json.gz) and name its causes, "
-                                     "measuring nothing")
+                                     "measuring nothing; several files or a directory: one job's ranks, side by "
+                                     "side, and the straggler the others wait for")
+                        ->expected(1, -1)
                         ->check(non_empty_path());
   diag->add_option("--device", da->device, "auto | cpu | cuda:N | sim:<gpu>")->capture_default_str();
   diag->add_option("--json", da->json_path, "result JSON path")->capture_default_str()->check(non_empty_path());

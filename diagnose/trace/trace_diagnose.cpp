@@ -447,16 +447,27 @@ Point copies(Ctx& c) {
 
 }  // namespace
 
-Result diagnose_trace(const std::string& path, const json& meta) {
+TraceRead read_trace(const std::string& path) {
   const auto t0 = std::chrono::steady_clock::now();
   readers::ReadOptions ro;
   ro.python_functions = true;  // the host attribution names the Python function the host was in
-  const readers::Trace t = readers::read_kineto(path, ro);
-  const double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  TraceRead r{path, readers::read_kineto(path, ro), 0, 0};
+  r.read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  const TraceAnalysis a = readers::analyze(t);
+  r.peak_rss_mib = double(ru.ru_maxrss) / 1024.0;
+  return r;
+}
 
+Result diagnose_trace(const std::string& path, const json& meta) {
+  const TraceRead tr = read_trace(path);
+  return diagnose_read(tr, readers::analyze(tr.trace), meta);
+}
+
+Result diagnose_read(const TraceRead& tr, const TraceAnalysis& a, const json& meta) {
+  const readers::Trace& t = tr.trace;
+  const std::string& path = tr.path;
+  const double read_s = tr.read_s;
   Result r;
   r.scenario = "diagnose";
   r.meta = meta;
@@ -474,7 +485,7 @@ Result diagnose_trace(const std::string& path, const json& meta) {
                          {"gzip", t.gzip},
                          {"read_s", read_s},
                          {"read_mb_per_s", read_s > 0 ? double(t.json_bytes) / 1e6 / read_s : 0},
-                         {"peak_rss_mib", double(ru.ru_maxrss) / 1024.0},
+                         {"peak_rss_mib", tr.peak_rss_mib},
                          {"events_kept", t.events.size()},
                          {"categories", cats},
                          {"rank", t.rank ? json(*t.rank) : json(nullptr)},

@@ -27,7 +27,9 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
 
-#include "harness/result.hpp"  // Result
+#include "diagnose/trace/trace_analysis.hpp"  // TraceAnalysis
+#include "harness/result.hpp"                  // Result
+#include "readers/kineto.hpp"                   // Trace
 
 namespace sb::diagnose {
 
@@ -36,5 +38,16 @@ namespace sb::diagnose {
 // time and rate, rank, devices) is added under meta["trace"], and HTA's
 // figures under meta["trace_analysis"].
 Result diagnose_trace(const std::string& path, const nlohmann::ordered_json& meta);
+
+// A trace as read: the events kept, how long the read took and the process's peak memory after it.
+struct TraceRead {
+  std::string path;
+  readers::Trace trace;
+  double read_s = 0, peak_rss_mib = 0;
+};
+// Reads a trace for diagnosis (python_function events kept: the host attribution names them).
+TraceRead read_trace(const std::string& path);
+// diagnose_trace on a trace already read and analysed (a job's ranks are read in parallel).
+Result diagnose_read(const TraceRead& tr, const readers::TraceAnalysis& a, const nlohmann::ordered_json& meta);
 
 }  // namespace sb::diagnose
