@@ -10,6 +10,8 @@
 #include "harness/printer.hpp"              // format_number
 #include "report/html.hpp"
 
+#include "report/html_trace.hpp"  // trace_timeline_html, job_ranks_html, trace_origin_html
+
 namespace sb::report {
 namespace {
 
@@ -161,9 +163,15 @@ std::string format_html(const Result& r) {
   if (r.scenario == "watch") return watch_html(r);
   o << page_head("stallbench diagnose");
   o << "<h1>stallbench diagnose</h1>\n";
-  o << fmt::format("<p>Device <b>{}</b> {} &middot; stallbench {} ({}) &middot; {}</p>\n", esc(dev), esc(dev_name),
-                   esc(r.meta.value("version", std::string())), esc(r.meta.value("git_sha", std::string())),
-                   esc(r.meta.value("time_utc", std::string())));
+  if (dm.value("source", std::string()) == "trace")  // read, not measured: the machine is the trace's
+    o << trace_origin_html(r.meta)
+      << fmt::format("<p class='note'>Read by stallbench {} ({}) &middot; {}; reproduce commands for {}</p>\n",
+                     esc(r.meta.value("version", std::string())), esc(r.meta.value("git_sha", std::string())),
+                     esc(r.meta.value("time_utc", std::string())), esc(dev));
+  else
+    o << fmt::format("<p>Device <b>{}</b> {} &middot; stallbench {} ({}) &middot; {}</p>\n", esc(dev), esc(dev_name),
+                     esc(r.meta.value("version", std::string())), esc(r.meta.value("git_sha", std::string())),
+                     esc(r.meta.value("time_utc", std::string())));
   if (dm.contains("wall_s") && dm["wall_s"].is_number())
     o << fmt::format("<p>The diagnosis took {:.0f} s.</p>\n", dm["wall_s"].get<double>());
   if (simulated)
@@ -196,6 +204,7 @@ std::string format_html(const Result& r) {
             d.value("device", 0), 4.6 * c, 4.6 * n, 4.6 * (c + n), 4.6 * i, c, n, i);
       }
     }
+    o << job_ranks_html(r.meta) << trace_timeline_html(r.meta);
   }
   o << (from_trace ? "<h2>Findings, by estimated gain</h2>\n" : "<h2>Findings, by their verdict on your training loop, then by measured gain</h2>\n");
   for (const Finding& f : r.findings) {

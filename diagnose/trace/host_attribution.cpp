@@ -242,8 +242,9 @@ class Attributor {
   }
 
   void add(bool warm, HostCause cause, const std::string& name, const std::string& where, double us,
-           double call_us) {
+           double call_us, double at) {
     if (us <= 0) return;
+    h_.pieces.push_back({at, at + us, cause});
     auto& index = warm ? warm_index_ : index_;
     auto& items = warm ? h_.warmup_items : h_.items;
     auto& last = warm ? warm_last_gap_ : last_gap_;
@@ -306,10 +307,10 @@ class Attributor {
       const double s = std::min(budget, y - x);
       budget -= s;
       add(warm, HostCause::sync, drain_name, drain_where, s,
-          rows_.te[std::size_t(drain)] - rows_.ts[std::size_t(drain)]);
+          rows_.te[std::size_t(drain)] - rows_.ts[std::size_t(drain)], x);
       x += s;
     }
-    add(warm, cause, name, where, y - x, call);
+    add(warm, cause, name, where, y - x, call, x);
   }
 
   const Trace& t_;
@@ -493,9 +494,10 @@ HostAttribution attribute_host(const Trace& t, const TraceAnalysis& a, const Hta
     const bool warm = x < h.warmup_end;
     // another stream's work: NCCL first, then the rest
     for (const auto& iv : intersected({{x, y}}, comm_m))
-      at.add(warm, HostCause::other_stream, "NCCL kernels on another stream", "", iv.second - iv.first, 0);
+      at.add(warm, HostCause::other_stream, "NCCL kernels on another stream", "", iv.second - iv.first, 0, iv.first);
     for (const auto& iv : intersected(minus(x, y, comm_m), other_m))
-      at.add(warm, HostCause::other_stream, "kernels or copies on another stream", "", iv.second - iv.first, 0);
+      at.add(warm, HostCause::other_stream, "kernels or copies on another stream", "", iv.second - iv.first, 0,
+             iv.first);
     const auto rt = cpu_by_corr.find(t.events[i].correlation);
     const bool host = rt != cpu_by_corr.end() && ts[rt->second] > x;
     if (host && !warm) ++h.late_launches;
@@ -503,10 +505,10 @@ HostAttribution attribute_host(const Trace& t, const TraceAnalysis& a, const Hta
     for (const auto& [p, q] : minus(x, y, any_m)) {
       if (!host) {
         if (y - x < opt.consecutive_kernel_delay_us)
-          at.add(warm, HostCause::kernel_wait, "back-to-back kernels (gaps under 30 us)", "", q - p, 0);
+          at.add(warm, HostCause::kernel_wait, "back-to-back kernels (gaps under 30 us)", "", q - p, 0, p);
         else
           at.add(warm, HostCause::gpu_wait, "the next kernel launched already (an event or another stream)", "",
-                 q - p, 0);
+                 q - p, 0, p);
         continue;
       }
       const Event& r = t.events[rt->second];
@@ -598,6 +600,50 @@ json to_json(const HostAttribution& h, const Iterations& it) {
     j["warmup_items"] = items(h.warmup_items);
   }
   return j;
+}
+
+json timeline_json(const Trace& t, const HtaRows& rows, const HostAttribution& h, const Iterations& it,
+                   std::size_t max_iterations) {
+  json out = json::array();
+  if (h.device < 0) return out;
+  std::vector<Interval> busy;
+  for (std::size_t i = 0; i < t.events.size(); ++i)
+    if (t.events[i].is_gpu() && t.events[i].pid == h.device && rows.te[i] > rows.ts[i])
+      busy.push_back({rows.ts[i], rows.te[i]});
+  const auto busy_m = merged(std::move(busy));
+  std::vector<std::pair<double, double>> spans(it.spans.begin() + std::ptrdiff_t(std::min(it.warmup, it.spans.size())),
+                                               it.spans.end());
+  if (spans.empty()) spans.push_back({h.window_lo, h.window_hi});
+  if (spans.size() > max_iterations) spans.resize(max_iterations);
+  std::vector<HostPiece> pieces = h.pieces;
+  std::sort(pieces.begin(), pieces.end(), [](const HostPiece& a, const HostPiece& b) { return a.ts < b.ts; });
+  for (const auto& [a, b] : spans) {
+    const double len = b - a, min_us = len / 600;
+    if (len <= 0) continue;
+    json bj = json::array(), ij = json::array();
+    for (const auto& iv : intersected({{a, b}}, busy_m)) {
+      if (!bj.empty() && iv.first - (bj.back()[1].get<double>() * 1e3 + a) < min_us) {
+        bj.back()[1] = (iv.second - a) / 1e3;  // a gap too small to draw: one stretch
+        continue;
+      }
+      bj.push_back({(iv.first - a) / 1e3, (iv.second - a) / 1e3});
+    }
+    auto first = std::lower_bound(pieces.begin(), pieces.end(), a,
+                                  [](const HostPiece& p, double x) { return p.te <= x; });
+    for (auto p = first; p != pieces.end() && p->ts < b; ++p) {
+      const double x = std::max(p->ts, a), y = std::min(p->te, b);
+      if (y <= x) continue;
+      const char* c = to_string(p->cause);
+      if (!ij.empty() && ij.back()[2] == c && x - (ij.back()[1].get<double>() * 1e3 + a) < min_us) {
+        ij.back()[1] = (y - a) / 1e3;
+        continue;
+      }
+      if (y - x < min_us) continue;
+      ij.push_back({(x - a) / 1e3, (y - a) / 1e3, c});
+    }
+    out.push_back({{"start_us", a}, {"ms", len / 1e3}, {"busy", bj}, {"idle", ij}});
+  }
+  return out;
 }
 
 }  // namespace sb::readers

@@ -64,6 +64,12 @@ struct HostItem {
   double longest_call_us = 0;  // the longest single event so named that covered some of the gaps
 };
 
+// One stretch of a gap and what covered it (the timeline the HTML report draws), µs as HtaRows has them.
+struct HostPiece {
+  double ts = 0, te = 0;
+  HostCause cause = HostCause::nothing;
+};
+
 struct Iterations {
   // "ProfilerStep#N", "enumerate(DataLoader)#...__next__", "Optimizer.step#...", "Optimizer.zero_grad#...", or ""
   std::string source;
@@ -90,6 +96,7 @@ struct HostAttribution {
   std::int64_t events = 0, late_launches = 0;
   bool python_functions = false;  // the trace has python_function events
   bool ops_recorded = false;      // the trace has CPU ops or Python functions, not only runtime calls
+  std::vector<HostPiece> pieces;  // every gap's stretches in time order within a gap (warm-up included)
   double us(HostCause c) const { return by_cause[std::size_t(c)]; }
 };
 // The host's time issuing work in the steady part: the issuing causes, and time with nothing recorded
@@ -111,5 +118,11 @@ HostAttribution attribute_host(const Trace& t, const TraceAnalysis& a, const Hta
 // warm-up over its part of the window). Another stream's work is not the host's and is left out.
 std::string host_line(const HostAttribution& h, bool warmup = false, std::size_t top = 5);
 nlohmann::ordered_json to_json(const HostAttribution& h, const Iterations& it);
+// The timeline the HTML report draws: for up to `max_iterations` iterations (the steady ones; the whole GPU
+// window as one without iterations), the device's busy stretches and each gap's stretches by cause, relative
+// to the iteration's start in ms, adjacent stretches of one kind merged and stretches under 1/600 of the
+// iteration dropped.
+nlohmann::ordered_json timeline_json(const Trace& t, const HtaRows& rows, const HostAttribution& h,
+                                     const Iterations& it, std::size_t max_iterations = 12);
 
 }  // namespace sb::readers

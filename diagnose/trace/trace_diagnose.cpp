@@ -512,6 +512,7 @@ Result diagnose_read(const TraceRead& tr, const TraceAnalysis& a, const json& me
       c.dev ? readers::attribute_host(t, a, rows, its, c.dev->device) : readers::HostAttribution{};
   c.host = &host;
   r.meta["host_attribution"] = readers::to_json(host, its);
+  r.meta["timeline"] = readers::timeline_json(t, rows, host, its);
 
   r.points.push_back(utilization(c));
   r.points.push_back(trace_rules::host(c));

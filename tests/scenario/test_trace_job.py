@@ -17,6 +17,7 @@ usage: test_trace_job.py STALLBENCH SCHEMA SHARED_TRACES_MORE OWN_JOB_DIR
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import schema_check  # noqa: E402
 import shared_data  # noqa: E402
+from test_diagnose import png_pixels  # noqa: E402
 
 failures = []
 
@@ -48,6 +50,49 @@ def first(doc):
     return doc["findings"][0] if doc and doc["findings"] else {}
 
 
+def screenshot(html, tmp, name):
+    """The report rendered by headless Chromium: a page with content, not a blank one (None without Chromium)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not chromium:
+        print("SKIP the screenshot: no chromium (scripts/test installs it)")
+        return None
+    png = os.path.join(tmp, name + ".png")
+    r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        "--window-size=1100,900", f"--screenshot={png}", "file://" + html],
+                       capture_output=True, text=True, timeout=120, cwd=tmp)
+    if not check(os.path.exists(png), f"{name}: no screenshot: {r.stderr[-300:]}"):
+        return None
+    w, h, values = png_pixels(png)
+    check((w, h) == (1100, 900) and len(values) > 64, f"{name}: screenshot {w}x{h}, {len(values)} byte values: blank?")
+    return png
+
+
+def timeline(exe, more, tmp):
+    """One real trace's HTML: a row per steady iteration, the loader's waits drawn in its colour."""
+    f = os.path.join(more, "pytorch__kineto__resnet50_v100_nw0.pt.trace.json.gz")
+    if not os.path.exists(f):
+        return
+    html = os.path.join(tmp, "resnet.html")
+    p = subprocess.run([exe, "diagnose", "--trace", f, "--device", "cpu", "--json", os.path.join(tmp, "resnet.json"),
+                        "--html", html], capture_output=True, text=True, timeout=120)
+    if not check(p.returncode == 0, f"resnet --html: exit {p.returncode}"):
+        return
+    with open(os.path.join(tmp, "resnet.json")) as fh:
+        doc = json.load(fh)
+    tl = doc["meta"]["timeline"]
+    check(len(tl) == 6, f"resnet timeline: {len(tl)} iterations, the trace has 6 steps")
+    loader = sum(b - a for it in tl for a, b, c in it["idle"] if c == "loader")
+    total = sum(it["ms"] for it in tl)
+    # its README: __next__ 39.6% of the window, the device waiting on it ~34% of step time
+    check(0.2 < loader / total < 0.45, f"resnet timeline: the loader's stretches {loader:.1f} of {total:.1f} ms")
+    with open(html, encoding="utf-8") as fh:
+        text = fh.read()
+    check("The trace came from: <b>Tesla V100-DGXS-32GB</b>" in text, "resnet: the header does not name the trace's GPU")
+    check(text.count("aria-label='step ") == 6 and "fill='#c0392b'" in text, "resnet: no per-step timeline with the loader")
+    screenshot(html, tmp, "resnet")
+    print(f"  resnet timeline: 6 iterations, the loader's waits {loader:.1f} ms of {total:.1f}")
+
+
 def dlrm(exe, schema_doc, more, tmp):
     job = os.path.join(more, "facebookresearch__param__dlrm_v100x8")
     why = shared_data.missing([job, os.path.join(more, "hta_reference.json")])
@@ -56,7 +101,8 @@ def dlrm(exe, schema_doc, more, tmp):
         return False
     with open(os.path.join(more, "hta_reference.json")) as f:
         ref = json.load(f)["facebookresearch__param__dlrm_v100x8/"]
-    p, doc = run(exe, [job], os.path.join(tmp, "dlrm.json"))
+    html = os.path.join(tmp, "dlrm.html")
+    p, doc = run(exe, [job, "--html", html], os.path.join(tmp, "dlrm.json"))
     if not check(p.returncode == 0, f"dlrm: exit {p.returncode}: {p.stderr[-400:]}"):
         return True
     errs = schema_check.errors(doc, schema_doc)
@@ -87,6 +133,11 @@ def dlrm(exe, schema_doc, more, tmp):
     check(max(waits, key=waits.get) == 1 and waits[7] == min(waits.values()), f"dlrm: waits {waits}")
     check(f.get("speedup") is not None and f["evidence"].get("basis") == "modelled" and f["evidence"]["upper_bound"],
           f"dlrm: the straggler's gain is not a modelled upper bound: {f.get('evidence')}")
+    with open(html, encoding="utf-8") as fh:
+        text = fh.read()
+    check(text.count("aria-label='rank ") == 8 and "rank 7 <b>(straggler)</b>" in text and "8 ranks" in text,
+          "dlrm: the HTML has no per-rank small multiples naming the straggler")
+    screenshot(html, tmp, "dlrm")
     print(f"  dlrm: first finding {f.get('cause')} (rank {job_meta['straggler']}), {f.get('speedup'):.2f}x "
           f"modelled; read in {doc['meta']['trace']['read_s']:.2f} s on {doc['meta']['trace']['threads']} threads")
     return True
@@ -143,6 +194,7 @@ def main():
         schema_doc = json.load(f)
     with tempfile.TemporaryDirectory() as tmp:
         real = dlrm(exe, schema_doc, more, tmp)
+        timeline(exe, more, tmp)
         own_jobs(exe, schema_doc, own, tmp)
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
