@@ -405,6 +405,18 @@ class Reader {
     out = d;
     return true;
   }
+  // The first element of an "Input type" array that names a tensor's element type ("" and "Scalar",
+  // "TensorList", ... name none); anything but an array of strings reads as none.
+  static ElemType first_elem_type(od::value v) {
+    od::array arr;
+    if (v.get_array().get(arr)) return ElemType::none;
+    for (auto x : arr) {
+      std::string_view s;
+      if (x.get_string().get(s)) return ElemType::none;
+      if (const ElemType e = elem_type(s); e != ElemType::none) return e;
+    }
+    return ElemType::none;
+  }
   static bool integer(od::value v, std::int64_t& out) {
     std::int64_t i = 0;
     if (!v.get_int64().get(i)) {
@@ -563,11 +575,13 @@ class Reader {
           else if (ak == "stream") integer(av, ev.stream);
           else if (ak == "bytes") integer(av, ev.bytes);
           else if (ak == "External id") integer(av, ev.external_id);
+          else if (ak == "Sequence number") integer(av, ev.sequence);
           else if (ak == "Device Id") integer(av, mem_device);
           else if (ak == "Device Type") integer(av, mem_type);
           else if (ak == "Total Allocated") integer(av, total_alloc);
           else if (ak == "Total Reserved") integer(av, total_reserved);
           else if (ak == "Limit") integer(av, mem_limit);
+          else if (ak == "Input type") ev.input_type = first_elem_type(av);
         }
       }
     }
@@ -623,6 +637,36 @@ const char* to_string(Cat c) {
     case Cat::other: return "other";
   }
   return "other";
+}
+
+const char* to_string(ElemType t) {
+  switch (t) {
+    case ElemType::none: return "";
+    case ElemType::f32: return "f32";
+    case ElemType::f64: return "f64";
+    case ElemType::bf16: return "bf16";
+    case ElemType::f16: return "f16";
+    case ElemType::f8: return "fp8";
+    case ElemType::integer: return "int";
+    case ElemType::other: return "other";
+  }
+  return "";
+}
+
+// c10's type names as the profiler writes them (c10::toString of a ScalarType's C++ type).
+ElemType elem_type(std::string_view s) {
+  if (s.empty() || s == "Scalar" || s == "ScalarList" || s == "TensorList" || s == "GenericList" || s == "None" ||
+      s == "Tensor(undefined)")
+    return ElemType::none;
+  if (s == "float") return ElemType::f32;
+  if (s == "double") return ElemType::f64;
+  if (s == "c10::BFloat16") return ElemType::bf16;
+  if (s == "c10::Half") return ElemType::f16;
+  if (s.substr(0, 12) == "c10::Float8_") return ElemType::f8;
+  if (s == "bool" || s == "long int" || s == "int" || s == "short int" || s == "signed char" ||
+      s == "unsigned char" || s == "long long int" || s == "unsigned int")
+    return ElemType::integer;
+  return ElemType::other;
 }
 
 Trace read_kineto(const std::string& path, const ReadOptions& opt) {

@@ -13,7 +13,10 @@
 //   cuda_runtime, cuda_driver (args: correlation; cudaLaunchKernel,
 //     cudaMemcpyAsync, hipLaunchKernel, ...),
 //   cpu_op, user_annotation, gpu_user_annotation (ProfilerStep#N, the
-//     DataLoader's __next__), cuda_sync;
+//     DataLoader's __next__), cuda_sync; args "Input type" (record_shapes=True):
+//     the element type of the op's first tensor input; args "Sequence number":
+//     the autograd node a forward op made, named again by its backward's
+//     autograd::engine::evaluate_function;
 //   the Kineto of 2021's names for the same: Operator (cpu_op, ProfilerStep#N
 //     and the DataLoader's __next__ included), Runtime (cuda_runtime), Kernel,
 //     Memcpy, Memset;
@@ -32,6 +35,7 @@
 #include <map>      // std::map
 #include <optional>  // std::optional
 #include <string>   // std::string
+#include <string_view>  // std::string_view
 #include <vector>   // std::vector
 
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
@@ -53,6 +57,13 @@ enum class Cat : std::uint8_t {
 };
 const char* to_string(Cat c);
 
+// The element type of an op's first tensor input, from args "Input type" (record_shapes=True:
+// ["float", "float", "Scalar"], "c10::BFloat16", "c10::Half", "long int", ...): what a CPU GEMM
+// computes in. none: no tensor input, or a trace without shapes.
+enum class ElemType : std::uint8_t { none, f32, f64, bf16, f16, f8, integer, other };
+const char* to_string(ElemType t);
+ElemType elem_type(std::string_view input_type);  // one element of "Input type"
+
 // The direction and host memory of a copy, from Kineto's name
 // ("Memcpy HtoD (Pageable -> Device)") or its args.
 enum class CopyKind : std::uint8_t { none, htod, dtoh, dtod, htoh, other };
@@ -64,11 +75,13 @@ struct Event {
   std::int64_t stream = -1;  // args.stream (GPU events have it), else -1
   std::int64_t bytes = -1;   // memcpy/memset
   std::int64_t external_id = -1;
+  std::int64_t sequence = -1;  // args "Sequence number": a forward op and its backward node share it
   std::uint32_t name = 0;  // index into Trace::names
   Cat cat = Cat::other;
   CopyKind copy = CopyKind::none;
   bool pageable = false;  // a copy from or to pageable host memory ("Pageable" in its name)
   bool pinned = false;    // from or to pinned host memory ("Pinned"; ROCm's "Host -> Device" says neither)
+  ElemType input_type = ElemType::none;  // the first tensor input's (args "Input type")
   bool is_gpu() const { return cat == Cat::kernel || cat == Cat::gpu_memcpy || cat == Cat::gpu_memset; }
   double end() const { return ts + dur; }
 };
