@@ -17,6 +17,7 @@
 #include "diagnose/run/run_diagnose.hpp"      // diagnose_run, looks_like_run
 #include "diagnose/trace/job_diagnose.hpp"    // trace_files, diagnose_job
 #include "diagnose/trace/trace_diagnose.hpp"  // diagnose_trace
+#include "diagnose/trace/trace_diff.hpp"      // diagnose_diff
 #include "harness/errors.hpp"                 // UsageError
 #include "harness/exit_codes.hpp"             // kExit*
 #include "harness/files.hpp"                  // check_writable_target, write_file_atomic, refuse_clobbering
@@ -32,6 +33,7 @@ using json = nlohmann::ordered_json;
 struct DiagnoseArgs {
   std::string config, model_config, lengths, html_path;
   std::vector<std::string> trace;  // --trace: files, or a directory of one job's rank traces
+  std::string baseline;            // --baseline OLD: the trace NEW is compared with
   std::string device = "auto";
   std::string json_path = "stallbench-diagnose.json";
   bool quick = false;
@@ -87,9 +89,18 @@ int cmd_diagnose_trace(const DiagnoseArgs& a, int argc, char** argv) {
   const std::vector<std::string> files = diagnose::trace_files(a.trace);
   std::vector<NamedPath> inputs;
   for (const auto& f : files) inputs.push_back({f, "the trace"});
+  if (!a.baseline.empty()) inputs.push_back({a.baseline, "the baseline trace"});
   const json meta = read_meta(a, inputs, argc, argv, &device);
   const std::string label = fmt::format("{}", fmt::join(a.trace, " "));
   std::cerr << fmt::format("stallbench: diagnose --trace {} (reproduce commands for {})\n", label, device);
+  if (!a.baseline.empty()) {
+    if (files.size() != 1)
+      throw UsageError("--baseline compares one trace with one trace: give --trace one file (a job's directory is "
+                       "not compared yet)");
+    const std::vector<std::string> base = diagnose::trace_files({a.baseline});
+    if (base.size() != 1) throw UsageError(fmt::format("--baseline {}: one trace file, not {}", a.baseline, base.size()));
+    return write_report(a, diagnose::diagnose_diff(diagnose::read_trace(files[0]), diagnose::read_trace(base[0]), meta));
+  }
   if (files.size() == 1) return write_report(a, diagnose::diagnose_trace(files[0], meta));
   return write_report(a, diagnose::diagnose_job(files, label, meta));
 }
@@ -218,6 +229,12 @@ Command add_diagnose(CLI::App& app, int& argc, char**& argv) {
                                       "120, --quick 60): each run's timed span is its share, at least 3 steps")
                          ->check(finite_range(1.0, 86400.0));
   for (CLI::Option* o : {config_opt, model_opt, lengths_opt, observed_opt, quick_opt, budget_opt}) trace_opt->excludes(o);
+  diag->add_option("--baseline", da->baseline,
+                   "with --trace NEW: the trace of an earlier run of the same model (before an upgrade, a config "
+                   "change, on another machine); the step's change explained by category, by the kernels and ops "
+                   "that moved, and named where a rule knows it")
+      ->check(non_empty_path())
+      ->needs(trace_opt);
   auto* version_opt = diag->add_option("--axolotl-version", da->axolotl_version,
                                        "the Axolotl release the config is for: its defaults decide the workers, the "
                                        "attention, bf16, packing (default: the newest encoded, 0.18.0)");

@@ -139,6 +139,47 @@ class Source {
   std::string error_;
 };
 
+// record_shapes=True's arrays, read as far as they are what they should be: "Input Dims" a list of lists of
+// integers ([[32, 3, 224, 224], [64, 3, 7, 7], [], ...]), "Input type" and "Concrete Inputs" lists of strings.
+// At most 32 inputs of at most 8 dims: anything else ends the read, what was read so far stays.
+void shape_dims(od::value v, OpShape& s) {
+  od::array arr;
+  if (v.get_array().get(arr)) return;
+  for (auto x : arr) {
+    if (s.dims.size() >= 32) return;
+    od::array inner;
+    std::vector<std::int64_t> d;
+    if (x.get_array().get(inner)) {
+      s.dims.push_back({});  // a nested list (TensorList) or a scalar: no dims of its own
+      continue;
+    }
+    for (auto y : inner) {
+      std::int64_t i = 0;
+      if (y.get_int64().get(i) || d.size() >= 8) {
+        d.clear();
+        break;
+      }
+      d.push_back(i);
+    }
+    s.dims.push_back(std::move(d));
+  }
+}
+void shape_strings(od::value v, std::vector<std::string>& out) {
+  od::array arr;
+  if (v.get_array().get(arr)) return;
+  for (auto x : arr) {
+    if (out.size() >= 32) return;
+    std::string_view sv;
+    out.emplace_back(x.get_string().get(sv) ? std::string_view() : sv);
+  }
+}
+void shape_types(od::value v, OpShape& s) {
+  std::vector<std::string> t;
+  shape_strings(v, t);
+  for (const auto& x : t) s.types.push_back(elem_type(x));
+}
+void shape_concrete(od::value v, OpShape& s) { shape_strings(v, s.concrete); }
+
 class Reader {
  public:
   Reader(Source& src, std::string what, Trace& out, const ReadOptions& opt)
@@ -538,6 +579,8 @@ class Reader {
     std::string_view ph, cat, name;
     bool has_ts = false, has_dur = false, has_cat = false;
     std::int64_t mem_device = -2, mem_type = -1, total_alloc = -1, total_reserved = -1, mem_limit = 0;
+    OpShape shape;  // read for the ops counted_op() names only (or before the name is known)
+    bool has_shape = false;
     for (auto field : obj) {
       std::string_view k;
       if (field.unescaped_key().get(k)) fail("an event's field name is not a string", at);
@@ -581,7 +624,23 @@ class Reader {
           else if (ak == "Total Allocated") integer(av, total_alloc);
           else if (ak == "Total Reserved") integer(av, total_reserved);
           else if (ak == "Limit") integer(av, mem_limit);
-          else if (ak == "Input type") ev.input_type = first_elem_type(av);
+          else if (ak == "Input type" && (name.empty() || counted_op(name))) {
+            shape_types(av, shape);
+            ev.input_type = ElemType::none;
+            for (auto t : shape.types)
+              if (t != ElemType::none) {
+                ev.input_type = t;
+                break;
+              }
+            has_shape = true;
+          } else if (ak == "Input type") {
+            ev.input_type = first_elem_type(av);
+          } else if (ak == "Input Dims" && (name.empty() || counted_op(name))) {
+            shape_dims(av, shape);
+            has_shape = true;
+          } else if (ak == "Concrete Inputs" && (name.empty() || counted_op(name))) {
+            shape_concrete(av, shape);
+          }
         }
       }
     }
@@ -616,6 +675,10 @@ class Reader {
       t_.names.emplace_back(name);
     }
     ev.name = it->second;
+    if (ev.cat == Cat::cpu_op && has_shape && !shape.dims.empty() && counted_op(name)) {
+      t_.shapes.push_back(std::move(shape));
+      ev.shape = std::uint32_t(t_.shapes.size());
+    }
     t_.events.push_back(ev);
   }
 };
@@ -651,6 +714,18 @@ const char* to_string(ElemType t) {
     case ElemType::other: return "other";
   }
   return "";
+}
+
+bool counted_op(std::string_view n) {
+  static constexpr std::string_view ops[] = {
+      "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation", "aten::convolution",
+      "aten::convolution_backward", "aten::_scaled_dot_product_flash_attention",
+      "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention",
+      "aten::_scaled_dot_product_flash_attention_backward", "aten::_scaled_dot_product_efficient_attention_backward",
+      "aten::_scaled_dot_product_cudnn_attention_backward"};
+  for (auto o : ops)
+    if (n == o) return true;
+  return false;
 }
 
 // c10's type names as the profiler writes them (c10::toString of a ScalarType's C++ type).

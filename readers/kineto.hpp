@@ -68,6 +68,16 @@ ElemType elem_type(std::string_view input_type);  // one element of "Input type"
 // ("Memcpy HtoD (Pageable -> Device)") or its args.
 enum class CopyKind : std::uint8_t { none, htod, dtoh, dtod, htoh, other };
 
+// An op's inputs as record_shapes=True writes them (args "Input Dims", "Input type", "Concrete Inputs"),
+// kept for the ops whose FLOPs can be counted: GEMMs, convolutions, attention (the roofline).
+struct OpShape {
+  std::vector<std::vector<std::int64_t>> dims;  // per input; [] for a scalar or none
+  std::vector<ElemType> types;                   // per input
+  std::vector<std::string> concrete;             // per input: a scalar's value as text ("[2, 2]", "1"), or ""
+};
+// The ops whose shapes the reader keeps.
+bool counted_op(std::string_view name);
+
 struct Event {
   double ts = 0, dur = 0;  // µs
   std::int64_t pid = 0, tid = 0;
@@ -82,6 +92,7 @@ struct Event {
   bool pageable = false;  // a copy from or to pageable host memory ("Pageable" in its name)
   bool pinned = false;    // from or to pinned host memory ("Pinned"; ROCm's "Host -> Device" says neither)
   ElemType input_type = ElemType::none;  // the first tensor input's (args "Input type")
+  std::uint32_t shape = 0;  // 1 + its index in Trace::shapes (an op whose FLOPs can be counted), 0: none
   bool is_gpu() const { return cat == Cat::kernel || cat == Cat::gpu_memcpy || cat == Cat::gpu_memset; }
   double end() const { return ts + dur; }
 };
@@ -97,6 +108,7 @@ struct Trace {
   std::vector<Event> events;  // in file order
   std::vector<std::string> names;
   std::vector<MemorySample> memory;
+  std::vector<OpShape> shapes;         // of the cpu ops counted_op() names, where the trace has record_shapes
   nlohmann::ordered_json device_properties = nlohmann::ordered_json::array();
   std::optional<std::int64_t> rank, world_size;
   std::optional<std::int64_t> base_time_ns;

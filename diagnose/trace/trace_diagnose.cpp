@@ -10,6 +10,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "diagnose/trace/host_attribution.hpp"  // attribute_host, find_iterations
+#include "diagnose/trace/roofline.hpp"          // roofline, expected_for_trace
 #include "diagnose/trace/trace_analysis.hpp"    // analyze
 #include "diagnose/trace/trace_rules.hpp"       // Ctx, find
 #include "harness/units.hpp"                    // format_bytes
@@ -250,6 +251,42 @@ Point attention(Ctx& c) {
   return p;
 }
 
+// Each counted op (GEMM, convolution, attention) against the card's roofline (roofline.hpp): what the
+// top ones achieve, of what the card can at their intensity.
+Point roofline_check(Ctx& c) {
+  if (c.t.shapes.empty())
+    return skipped("roofline", "no op shapes: profile with record_shapes=True to hold each GEMM, convolution and "
+                               "attention against the card's peak");
+  const json card = expected_for_trace(c.t);
+  const Roofline rl = roofline(c.t, card);
+  if (rl.rows.empty())
+    return skipped("roofline", fmt::format("{} ops with shapes, none with GPU time (a CPU trace, or their kernels "
+                                           "outside it)",
+                                           rl.ops_with_shapes));
+  Point p = check("roofline");
+  p.add({"counted_pct_of_kernel_time", rl.kernel_us > 0 ? 100 * rl.counted_gpu_us / rl.kernel_us : 0, "%",
+         Direction::none, std::nullopt, "the GPU time of the ops whose FLOPs their shapes give, over all kernel time"});
+  p.add({"counted_tflops", rl.counted_gpu_us > 0 ? rl.flops / rl.counted_gpu_us / 1e6 : 0, "TFLOP/s",
+         Direction::higher, std::nullopt, "their FLOPs over their GPU time"});
+  p.info["roofline"] = to_json(rl);
+  std::string s;
+  for (std::size_t i = 0; i < rl.rows.size() && i < 3; ++i) {
+    const auto& x = rl.rows[i];
+    s += fmt::format("{}{} {} {} x{}: {:.1f} ms, {:.1f} TFLOP/s{}", i ? "; " : "", x.op, x.shapes, x.dtype, x.calls,
+                     x.gpu_us / 1e3, x.tflops,
+                     x.attainable_tflops > 0 ? fmt::format(", {:.0f}% of the {:.0f} attainable ({}-bound)",
+                                                           x.pct_of_attainable, x.attainable_tflops, x.bound)
+                                             : "");
+  }
+  const RooflineRow* h = holds_back(rl);
+  p.info["reading"] = fmt::format("{:.0f}% of kernel time in counted ops{}; {}{}",
+                                  rl.kernel_us > 0 ? 100 * rl.counted_gpu_us / rl.kernel_us : 0,
+                                  rl.card.empty() ? " (no peaks: the trace's GPU is not in results/expected)"
+                                                  : " against " + rl.card + "'s datasheet peaks",
+                                  s, h ? fmt::format("; most time lost: {} {} ({})", h->op, h->shapes, fix_hint(*h)) : "");
+  return p;
+}
+
 // The share of the GPU's wait the host's issuing of work explains (launch calls, op dispatch, Python, the
 // optimizer's ops, time with nothing recorded), from the host attribution: a loader, a sync, the allocator,
 // set-up and a slow op already named are not launch overhead. Without one (no stream), HTA's host wait.
@@ -472,7 +509,7 @@ Result diagnose_read(const TraceRead& tr, const TraceAnalysis& a, const json& me
   r.scenario = "diagnose";
   r.meta = meta;
   r.params = json{{"check", json::array({"utilization", "host", "loader", "dtype", "padding", "attention", "batch", "memory",
-                                         "communication", "copies"})}};
+                                         "communication", "copies", "roofline"})}};
   json devs = json::array();
   for (const auto& d : t.device_properties)
     if (d.is_object()) devs.push_back(d.value("name", std::string()));
@@ -521,6 +558,7 @@ Result diagnose_read(const TraceRead& tr, const TraceAnalysis& a, const json& me
   r.points.push_back(skipped("padding", "a profiler trace has no token counts: padding is measured by diagnose "
                                         "--config with --lengths (the packing scenario)"));
   r.points.push_back(attention(c));
+  r.points.push_back(roofline_check(c));
   r.points.push_back(batch(c));
   r.points.push_back(memory(c));
   r.points.push_back(communication(c));
