@@ -1304,12 +1304,14 @@ class Diagnosis {
   // What their loop showed of a line (the applied check), in ranking order. A line whose part gained but
   // whose loop did not is named, but below the lines that are what limits their loop on this device.
   static constexpr const char* kConfirmed = "confirmed on their loop";
+  // the loader's loop loads each sample at an assumed cost (its supply), not theirs: never confirmed
+  static constexpr const char* kModelled = "modelled on their loop (a per-sample load cost assumed, not theirs)";
   static constexpr const char* kOnceOthers = "a limit once the others are fixed";
   static constexpr const char* kUnsteady = "unsteady on their loop";
   static constexpr const char* kNoGain = "no gain on their loop here";
   static int verdict_rank(const Finding& f) {
     const std::string v = f.evidence.value("verdict", std::string(kConfirmed));  // not applied: its part's figure
-    return v == kConfirmed ? 0 : v == kOnceOthers ? 1 : v == kUnsteady ? 2 : 3;
+    return v == kConfirmed ? 0 : v == kModelled ? 1 : v == kOnceOthers ? 2 : v == kUnsteady ? 3 : 4;
   }
   // confirmed: at least 1.10x alone in both passes; once the others are fixed: under 1.10x alone in both,
   // at least 1.10x added last to every other line (a loader that keeps up with a slow step falls behind a
@@ -1365,7 +1367,10 @@ class Diagnosis {
     const std::string evidence = f.evidence.value("evidence", std::string());
     const char* how = ctx_.device.info().simulated ? "modelled" : "measured";
     const char* verdict = step_level ? verdict_of(step_gain, again, last) : kConfirmed;
+    if (check == "loader" && verdict == kConfirmed) verdict = kModelled;
     if (step_level) f.evidence["verdict"] = verdict;
+    // how the gain was had: the loader's rests on an assumed load cost whatever the loop showed
+    f.evidence["basis"] = ctx_.device.info().simulated || check == "loader" || check == "memory" ? "modelled" : "measured";
     if (step_level)
       f.summary = fmt::format("{}: {}{}: {:.2f}x {} on their training loop with {} alone ({:.2f}x on {} alone){} -> {} ({})",
                               check, verdict,

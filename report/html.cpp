@@ -152,26 +152,28 @@ std::string watch_html(const Result& r) {
   return o.str();
 }
 
+// The machine the figures are of: the device measured on, or (a trace: read, not measured) the trace's own.
+std::string header_line(const Result& r, const json& dm) {
+  const std::string dev = r.meta.value("/device/id"_json_pointer, std::string("?"));
+  const std::string version = esc(r.meta.value("version", std::string())), sha = esc(r.meta.value("git_sha", std::string())),
+                    when = esc(r.meta.value("time_utc", std::string()));
+  if (dm.value("source", std::string()) == "trace")
+    return trace_origin_html(r.meta) +
+           fmt::format("<p class='note'>Read by stallbench {} ({}) &middot; {}; reproduce commands for {}</p>\n",
+                       version, sha, when, esc(dev));
+  return fmt::format("<p>Device <b>{}</b> {} &middot; stallbench {} ({}) &middot; {}</p>\n", esc(dev),
+                     esc(r.meta.value("/device/name"_json_pointer, std::string())), version, sha, when);
+}
+
 }  // namespace
 
 std::string format_html(const Result& r) {
   std::ostringstream o;
   const json& dm = r.meta.contains("diagnose") ? r.meta["diagnose"] : json::object();
-  const std::string dev = r.meta.value("/device/id"_json_pointer, std::string("?"));
-  const std::string dev_name = r.meta.value("/device/name"_json_pointer, std::string());
   const bool simulated = r.meta.value("/device/simulated"_json_pointer, false);
   if (r.scenario == "watch") return watch_html(r);
   o << page_head("stallbench diagnose");
-  o << "<h1>stallbench diagnose</h1>\n";
-  if (dm.value("source", std::string()) == "trace")  // read, not measured: the machine is the trace's
-    o << trace_origin_html(r.meta)
-      << fmt::format("<p class='note'>Read by stallbench {} ({}) &middot; {}; reproduce commands for {}</p>\n",
-                     esc(r.meta.value("version", std::string())), esc(r.meta.value("git_sha", std::string())),
-                     esc(r.meta.value("time_utc", std::string())), esc(dev));
-  else
-    o << fmt::format("<p>Device <b>{}</b> {} &middot; stallbench {} ({}) &middot; {}</p>\n", esc(dev), esc(dev_name),
-                     esc(r.meta.value("version", std::string())), esc(r.meta.value("git_sha", std::string())),
-                     esc(r.meta.value("time_utc", std::string())));
+  o << "<h1>stallbench diagnose</h1>\n" << header_line(r, dm);
   if (dm.contains("wall_s") && dm["wall_s"].is_number())
     o << fmt::format("<p>The diagnosis took {:.0f} s.</p>\n", dm["wall_s"].get<double>());
   if (simulated)
