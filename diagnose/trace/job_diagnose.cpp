@@ -304,8 +304,14 @@ void rank_causes(const std::vector<RankRead>& rs, std::vector<Finding>& found) {
 
 json job_json(const JobAnalysis& j, const std::vector<RankRead>& rs) {
   json ranks = json::array();
+  double job_peak = 0;
+  json peak_rank = nullptr;
   for (std::size_t i = 0; i < rs.size(); ++i) {
     const auto& f = j.ranks[i];
+    // its devices' largest Total Allocated ([memory] events, profile_memory=True), GiB
+    double peak = 0;
+    for (const auto& m : rs[i].analysis.memory) peak = std::max(peak, double(m.peak_allocated) / double(1ull << 30));
+    if (peak > job_peak) job_peak = peak, peak_rank = rs[i].rank;
     json findings = json::array();
     for (const Finding& x : rs[i].own.findings)
       findings.push_back({{"cause", x.cause}, {"speedup", x.speedup ? json(*x.speedup) : json(nullptr)}});
@@ -319,6 +325,7 @@ json job_json(const JobAnalysis& j, const std::vector<RankRead>& rs) {
                      {"wait_ms", f.wait_us / 1e3},
                      {"late_ms", f.late_us / 1e3},
                      {"last_at", f.last_count},
+                     {"peak_allocated_gib", peak},
                      {"findings", findings},
                      {"trace_analysis", readers::to_json(rs[i].analysis)}});
   }
@@ -329,6 +336,8 @@ json job_json(const JobAnalysis& j, const std::vector<RankRead>& rs) {
                     {"spread_us", c.spread_us},
                     {"over_median_us", c.over_median_us}});
   return json{{"ranks", ranks},
+              {"peak_allocated_gib", job_peak},
+              {"peak_allocated_rank", peak_rank},
               {"collectives", cols},
               {"unmatched_kernels", j.unmatched},
               {"match_note", j.match_note},
