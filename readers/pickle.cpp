@@ -21,8 +21,12 @@ using json = nlohmann::ordered_json;
 using Node = PickleDoc::Node;
 
 // torch.jit._pickle's helpers: each returns its first argument.
-constexpr const char* kIdentityGlobals[] = {"restore_type_tag", "build_intlist", "build_doublelist",
-                                            "build_boollist"};
+constexpr PickleGlobal kTorchJitGlobals[] = {
+    {"torch.jit._pickle", "restore_type_tag", PickleGlobal::Call::identity},
+    {"torch.jit._pickle", "build_intlist", PickleGlobal::Call::identity},
+    {"torch.jit._pickle", "build_doublelist", PickleGlobal::Call::identity},
+    {"torch.jit._pickle", "build_boollist", PickleGlobal::Call::identity},
+};
 
 // Well-formed UTF-8 (harness/files: first_invalid_utf8): what the JSON writer accepts later.
 bool valid_utf8(std::string_view s) { return !first_invalid_utf8(s); }
@@ -37,7 +41,7 @@ class PickleParser {
   // The stack, MARKs, memo and the list of containers filled in several
   // batches live in `scratch` (cleared here; their capacity is reused).
   PickleParser(std::string_view b, const std::string& file, PickleDoc& doc, PickleScratch& scratch)
-      : b_(b), file_(file), doc_(doc), nodes_(doc.nodes_), stack_(scratch.stack), marks_(scratch.marks),
+      : b_(b), file_(file), doc_(doc), allow_(doc.allow_), nodes_(doc.nodes_), stack_(scratch.stack), marks_(scratch.marks),
         memo_(scratch.memo), multi_(scratch.multi) {
     stack_.clear();
     marks_.clear();
@@ -91,9 +95,14 @@ class PickleParser {
         case 0x87: tuple(at, 3); break;               // TUPLE3
         case 0x74: tuple(at, -1); break;              // TUPLE
         case 0x63: global(at); break;                 // GLOBAL
+        case 0x93: stack_global(at); break;           // STACK_GLOBAL
         case 0x52: reduce(at); break;                 // REDUCE
+        case 0x81: newobj(at, false); break;          // NEWOBJ
+        case 0x92: newobj(at, true); break;           // NEWOBJ_EX
+        case 0x62: build(at); break;                  // BUILD
         default:
-          fail(at, fmt::format("opcode 0x{:02x}{} is not in the subset a Flight Recorder dump uses", op,
+          fail(at, fmt::format("opcode 0x{:02x}{} is not in the subset a Flight Recorder dump or a torch.save'd "
+                               "object uses", op,
                                op >= 0x20 && op < 0x7f ? fmt::format(" ('{}')", char(op)) : std::string()));
       }
     }
@@ -272,27 +281,85 @@ class PickleParser {
       return s;
     };
     const std::string_view mod = line(), name = line();
-    if (mod == "torch.jit._pickle")
-      for (std::size_t k = 0; k < std::size(kIdentityGlobals); ++k)
-        if (name == kIdentityGlobals[k]) {
-          const std::uint32_t n = make(Node::K::global);
-          nodes_[n].i = std::int64_t(k);
-          return push(n);
-        }
-    fail(at, fmt::format("global {}.{} refused: only torch.jit._pickle's identity helpers are accepted",
-                         std::string(mod), std::string(name)));
+    accept(at, mod, name);
+  }
+  // STACK_GLOBAL (protocol 4+): the module and the name are the two strings on the stack.
+  void stack_global(std::size_t at) {
+    const std::uint32_t name = pop(at), mod = pop(at);
+    if (nodes_[name].k != Node::K::str || nodes_[mod].k != Node::K::str)
+      fail(at, "STACK_GLOBAL of values that are not two strings");
+    accept(at, b_.substr(nodes_[mod].first, nodes_[mod].count), b_.substr(nodes_[name].first, nodes_[name].count));
+  }
+  // A global on the allow-list is recorded (its entry), never imported; any other ends the read.
+  void accept(std::size_t at, std::string_view mod, std::string_view name) {
+    for (std::size_t k = 0; k < allow_.globals.size(); ++k)
+      if (allow_.globals[k].module == mod && allow_.globals[k].name == name) {
+        const std::uint32_t n = make(Node::K::global);
+        nodes_[n].i = std::int64_t(k);
+        return push(n);
+      }
+    fail(at, fmt::format("global {}.{} refused (nothing is imported or executed): only {} are accepted",
+                         printable(mod), printable(name), allow_.accepted));
+  }
+  // A name from the input, for a message: bytes outside printable ASCII as \xNN, at most 80.
+  static std::string printable(std::string_view s) {
+    std::string out;
+    for (std::size_t k = 0; k < s.size() && k < 80; ++k) {
+      const auto c = static_cast<unsigned char>(s[k]);
+      out += c >= 0x20 && c < 0x7f ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
+    }
+    return s.size() > 80 ? out + "..." : out;
+  }
+  const PickleGlobal& callable(std::size_t at, std::uint32_t n, const char* op) const {
+    if (nodes_[n].k != Node::K::global) fail(at, fmt::format("{} of something that is not an accepted global", op));
+    return allow_.globals[std::size_t(nodes_[n].i)];
+  }
+  // An object of class `cls` (a global node), its state `state` (kNoState: none yet).
+  std::uint32_t object(std::uint32_t cls, std::uint32_t state) {
+    const std::uint32_t n = make(Node::K::object);
+    nodes_[n].i = nodes_[cls].i;
+    nodes_[n].first = state == kNoState ? 0 : state + 1;
+    return n;
   }
   void reduce(std::size_t at) {
-    const std::uint32_t args = pop(at), callable = pop(at);
-    if (nodes_[callable].k != Node::K::global) fail(at, "REDUCE of something that is not an accepted global");
-    if (nodes_[args].k != Node::K::tuple || nodes_[args].count == 0) fail(at, "REDUCE with no argument tuple");
-    push(doc_.kid(args, 0));  // the helpers return their first argument
+    const std::uint32_t args = pop(at), cls = pop(at);
+    const PickleGlobal& g = callable(at, cls, "REDUCE");
+    if (nodes_[args].k != Node::K::tuple) fail(at, "REDUCE with no argument tuple");
+    switch (g.call) {
+      case PickleGlobal::Call::identity:  // the helpers return their first argument
+        if (nodes_[args].count == 0) fail(at, "REDUCE with no argument tuple");
+        return push(doc_.kid(args, 0));
+      case PickleGlobal::Call::enum_value:
+        if (nodes_[args].count != 1) fail(at, fmt::format("REDUCE of enum {}.{} with {} arguments, not 1", g.module,
+                                                          g.name, nodes_[args].count));
+        return push(object(cls, doc_.kid(args, 0)));
+      case PickleGlobal::Call::object: return push(object(cls, args));
+    }
+  }
+  // NEWOBJ cls args / NEWOBJ_EX cls args kwargs: an object with no state yet (BUILD gives it one).
+  void newobj(std::size_t at, bool ex) {
+    if (ex && nodes_[pop(at)].k != Node::K::dict) fail(at, "NEWOBJ_EX whose keyword arguments are not a dict");
+    const std::uint32_t args = pop(at), cls = pop(at);
+    const PickleGlobal& g = callable(at, cls, ex ? "NEWOBJ_EX" : "NEWOBJ");
+    if (nodes_[args].k != Node::K::tuple) fail(at, "NEWOBJ with no argument tuple");
+    if (g.call == PickleGlobal::Call::identity) fail(at, fmt::format("NEWOBJ of {}.{}, which is no class", g.module, g.name));
+    if (g.call == PickleGlobal::Call::enum_value && nodes_[args].count == 1) return push(object(cls, doc_.kid(args, 0)));
+    push(object(cls, kNoState));
+  }
+  // BUILD state: the object below it takes it (a dataclass's __dict__, or (dict, slots)).
+  void build(std::size_t at) {
+    const std::uint32_t state = pop(at), obj = top(at);
+    if (nodes_[obj].k != Node::K::object || allow_.globals[std::size_t(nodes_[obj].i)].call != PickleGlobal::Call::object)
+      fail(at, "BUILD on a value that is not an object of an accepted class");
+    nodes_[obj].first = state + 1;
   }
 
   std::string_view b_;
   const std::string& file_;
   std::size_t pos_ = 0;
   PickleDoc& doc_;
+  const PickleAllow& allow_;
+  static constexpr std::uint32_t kNoState = 0xFFFFFFFFu;
   std::vector<Node>& nodes_;
   std::vector<std::uint32_t>& stack_;
   std::vector<std::size_t>& marks_;
@@ -318,6 +385,10 @@ json to_json_rec(const PickleDoc& doc, PickleDoc::Ref x, std::size_t& budget, in
     throw UsageError(fmt::format("{}: pickle: values nested deeper than {} (or a container that holds itself)", file,
                                  kMaxPickleDepth));
   if (x.is_global()) throw UsageError(fmt::format("{}: pickle: a global left unapplied (no REDUCE)", file));
+  if (x.is_object()) {
+    const auto st = x.state();
+    return st ? to_json_rec(doc, *st, budget, depth + 1, file) : json(nullptr);
+  }
   if (x.is_null()) return nullptr;
   if (x.is_bool()) return x.integer() != 0;
   if (x.is_int()) return x.integer();
@@ -375,8 +446,18 @@ std::optional<PickleDoc::Ref> PickleDoc::Ref::find(std::string_view key, std::si
   return std::nullopt;
 }
 
-PickleDoc::PickleDoc(std::string_view bytes, const std::string& file, PickleScratch* scratch)
-    : bytes_(bytes), file_(file), scratch_(scratch) {
+const PickleGlobal* PickleDoc::Ref::global() const {
+  if (!is_global() && !is_object()) return nullptr;
+  return &doc_->allow_.globals[std::size_t(node().i)];
+}
+
+std::optional<PickleDoc::Ref> PickleDoc::Ref::state() const {
+  if (!is_object() || node().first == 0) return std::nullopt;
+  return Ref{doc_, node().first - 1};
+}
+
+PickleDoc::PickleDoc(std::string_view bytes, const std::string& file, PickleScratch* scratch, PickleAllow allow)
+    : bytes_(bytes), file_(file), scratch_(scratch), allow_(allow) {
   PickleScratch own;
   PickleScratch& s = scratch ? *scratch : own;
   if (scratch) {  // borrowed until the destructor: cleared, capacity kept
@@ -471,10 +552,14 @@ json PickleDoc::to_json() const {
   return to_json_rec(*this, root(), budget, 0, file_);
 }
 
+PickleAllow torch_jit_globals() { return {kTorchJitGlobals, "torch.jit._pickle's identity helpers"}; }
+
 bool looks_like_pickle(std::string_view bytes) {
   return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x80 && bytes[1] >= 2 && bytes[1] <= 5;
 }
 
-json read_pickle(std::string_view bytes, const std::string& file) { return PickleDoc(bytes, file).to_json(); }
+json read_pickle(std::string_view bytes, const std::string& file, PickleAllow allow) {
+  return PickleDoc(bytes, file, nullptr, allow).to_json();
+}
 
 }  // namespace sb

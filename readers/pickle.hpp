@@ -1,13 +1,20 @@
 // A strict reader of the pickle subset that PyTorch's Flight Recorder dumps
-// use (protocol 2 from torch's C++ pickler; protocols up to 5 from Python's),
+// and torch.save'd Python objects (a TrainingArguments) use (protocol 2 from
+// torch's C++ pickler and torch.save; protocols up to 5 from Python's),
 // read in place (PickleDoc) or turned into JSON values: dict -> object (keys must be strings or ints, ints
 // become their decimal text), list and tuple -> array, None -> null, bool,
-// int (up to 64 bits), float, str. Nothing is ever executed or imported: the
-// only globals accepted are torch.jit._pickle's identity helpers
-// (restore_type_tag, build_intlist, build_doublelist, build_boollist,
-// build_tensorlist is refused), which return their first argument. Any other
-// opcode or global, a truncated stream, a bad memo index or more than
-// kMaxPickleNodes values is a UsageError naming the file, the opcode and its
+// int (up to 64 bits), float, str, an object -> its state. Nothing is ever
+// executed or imported: a global is accepted only when the caller's allow-list
+// names it (module and name), and then only recorded, never looked up:
+//   - identity: REDUCE returns its first argument (torch.jit._pickle's
+//     restore_type_tag, build_intlist, build_doublelist, build_boollist: the
+//     default list; build_tensorlist is refused);
+//   - enum_value: REDUCE of one argument (IntervalStrategy('steps')) is an
+//     object of that class whose state is the argument;
+//   - object: NEWOBJ (or NEWOBJ_EX, or REDUCE) makes an object of that class
+//     with no state, and BUILD gives it one (a dataclass's field dict).
+// Any other opcode or global, a truncated stream, a bad memo index or more than
+// kMaxPickleNodes values is a UsageError naming the file, the opcode or global and its
 // byte offset; nesting deeper than kMaxPickleDepth (or a container that holds
 // itself) is one where the values are walked whole (to_json).
 #pragma once
@@ -15,6 +22,7 @@
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::int64_t, std::uint32_t, std::uint8_t
 #include <optional>     // std::optional
+#include <span>         // std::span
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 #include <vector>       // std::vector
@@ -29,6 +37,20 @@ inline constexpr std::size_t kMaxPickleNodes = std::size_t(1) << 24;  // ~1 GiB 
 // True when bytes start like a pickle (PROTO 2..5).
 bool looks_like_pickle(std::string_view bytes);
 
+// A global a reader accepts, and what applying it means (see the top of this file).
+struct PickleGlobal {
+  enum class Call : std::uint8_t { identity, enum_value, object };
+  std::string_view module, name;
+  Call call = Call::identity;
+};
+// A reader's allow-list: its globals, and how a refusal names what is accepted.
+struct PickleAllow {
+  std::span<const PickleGlobal> globals;
+  std::string_view accepted;  // "torch.jit._pickle's identity helpers"
+};
+// The Flight Recorder's: torch.jit._pickle's identity helpers.
+PickleAllow torch_jit_globals();
+
 struct PickleScratch;
 
 // A parsed pickle: its values in an arena, read in place (a large dump's
@@ -40,13 +62,13 @@ class PickleDoc {
   // live in one shared pool, in chunks (one per APPENDS/SETITEMS batch, as
   // picklers fill a memoized container in batches), chained from the node.
   struct Node {
-    enum class K : std::uint8_t { none, boolean, integer, real, str, list, tuple, dict, global };
+    enum class K : std::uint8_t { none, boolean, integer, real, str, list, tuple, dict, global, object };
     K k = K::none;
     std::uint32_t count = 0;  // str: bytes; containers: items (a dict's keys and values both)
-    std::uint32_t first = 0;  // str: offset in the input; containers: first chunk + 1 (0: none)
+    std::uint32_t first = 0;  // str: offset in the input; containers: first chunk + 1 (0: none); object: state + 1
     std::uint32_t last = 0;   // containers: last chunk + 1
     union {
-      std::int64_t i;  // boolean, integer; global: which helper
+      std::int64_t i;  // boolean, integer; global, object: its entry in the allow-list
       double d;
     };
     Node() : i(0) {}
@@ -70,6 +92,11 @@ class PickleDoc {
     bool is_seq() const { return node().k == Node::K::list || node().k == Node::K::tuple; }
     bool is_dict() const { return node().k == Node::K::dict; }
     bool is_global() const { return node().k == Node::K::global; }
+    bool is_object() const { return node().k == Node::K::object; }
+    // An object's class (or a global's), as the allow-list names it; nullptr for other values.
+    const PickleGlobal* global() const;
+    // An object's state (BUILD's argument, an enum's value, REDUCE's argument tuple); nullopt: none.
+    std::optional<Ref> state() const;
     std::string_view str() const { return doc_->bytes_.substr(node().first, node().count); }
     std::int64_t integer() const { return node().i; }  // also a boolean's 0 or 1
     double real() const { return node().d; }
@@ -93,7 +120,10 @@ class PickleDoc {
   // outlive the document (strings are read in place). With scratch, the
   // arena is the scratch's storage, handed back when the document ends
   // (the scratch must outlive it, and serve one document at a time).
-  PickleDoc(std::string_view bytes, const std::string& file, PickleScratch* scratch = nullptr);
+  // allow: the globals accepted (by default torch.jit._pickle's identity helpers); its globals must
+  // outlive the document.
+  PickleDoc(std::string_view bytes, const std::string& file, PickleScratch* scratch = nullptr,
+            PickleAllow allow = torch_jit_globals());
   ~PickleDoc();
   PickleDoc(const PickleDoc&) = delete;
   PickleDoc& operator=(const PickleDoc&) = delete;
@@ -114,6 +144,7 @@ class PickleDoc {
   std::uint32_t root_ = 0;
   std::string file_;
   PickleScratch* scratch_ = nullptr;
+  PickleAllow allow_;
 };
 
 // Storage that a reader of many documents (a thread reading a directory of
@@ -155,6 +186,7 @@ class PickleKeys {
 };
 
 // The document as JSON values. Throws UsageError as PickleDoc does.
-nlohmann::ordered_json read_pickle(std::string_view bytes, const std::string& file);
+nlohmann::ordered_json read_pickle(std::string_view bytes, const std::string& file,
+                                   PickleAllow allow = torch_jit_globals());
 
 }  // namespace sb

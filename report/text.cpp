@@ -58,8 +58,11 @@ std::string format_text(const Result& r) {
   if (from_run) {
     const json& rm = r.meta.contains("run") ? r.meta["run"] : json::object();
     o << "diagnose " << dm.value("run", std::string()) << "\n";
+    // the curves' file: trainer_state.json, or the event files where the run has none
+    const std::string curves = rm.contains("curves") && rm["curves"].is_string() ? rm["curves"].get<std::string>()
+                                                                                 : rm.value("trainer_state", std::string());
     o << fmt::format("  {}: {} training and {} evaluation logs to step {}{}{}\n",
-                     rm.value("trainer_state", std::string()), rm.value("training_logs", std::int64_t(0)),
+                     curves.empty() ? "no curves" : curves, rm.value("training_logs", std::int64_t(0)),
                      rm.value("evaluation_logs", std::int64_t(0)), rm.value("global_step", std::int64_t(0)),
                      rm.value("max_steps", std::int64_t(0)) > 0
                          ? fmt::format(" of {}", rm.value("max_steps", std::int64_t(0)))
@@ -71,6 +74,12 @@ std::string format_text(const Result& r) {
                        rm["adapter"].value("base_model", std::string()).empty()
                            ? ""
                            : ", base " + rm["adapter"].value("base_model", std::string()));
+    if (rm.contains("training_args") && rm["training_args"].is_object())
+      o << fmt::format("  settings: {} ({}{})\n", rm["training_args"].value("file", std::string()),
+                       rm["training_args"].value("class", std::string()),
+                       rm["training_args"].value("version_hint", std::string()).empty()
+                           ? ""
+                           : "; " + rm["training_args"].value("version_hint", std::string()));
     o << "  the curves the trainer logged, read as they are: each finding names the real step\n";
   } else if (from_trace) {
     const json& tm = r.meta.contains("trace") ? r.meta["trace"] : json::object();

@@ -2,7 +2,7 @@
 #include "diagnose/run/curves.hpp"
 
 #include <algorithm>  // std::nth_element, std::max_element, std::min
-#include <cmath>      // std::isfinite, std::isnan, std::fabs
+#include <cmath>      // std::isfinite, std::isnan, std::fabs, std::cos
 #include <optional>   // std::optional
 
 #include <fmt/format.h>  // fmt::format
@@ -21,6 +21,8 @@ constexpr double kPlateauFloor = 0.05;
 constexpr double kLowPeakLr = 2e-5;
 constexpr int kEvalsPastBest = 3;
 constexpr std::size_t kSpikeLogs = 5;  // logs in a row over 3x that make a recovered spike divergence
+
+constexpr double kPi = 3.14159265358979323846;
 
 std::string num(double x) {
   if (std::isnan(x)) return "NaN";
@@ -46,7 +48,27 @@ std::vector<const TrainerLogEntry*> training(const TrainerState& s) {
 
 std::string lr_at(const TrainerLogEntry& e) { return e.learning_rate ? num(*e.learning_rate) : "not logged"; }
 
-std::optional<CurveFinding> nonfinite(const std::vector<const TrainerLogEntry*>& t) {
+// What training_args.bin says of the precision: "fp16", "bf16", "none", "" (no file, or not said).
+std::string amp_of(const CurveContext& ctx) {
+  if (!ctx.args) return "";
+  if (ctx.args->fp16.value_or(false)) return "fp16";
+  if (ctx.args->bf16.value_or(false)) return "bf16";
+  return ctx.args->fp16 && ctx.args->bf16 ? "none" : "";
+}
+
+// Why the logged loss is finite beside a non-finite grad_norm: the filter, as the run set it.
+std::string nan_filter_line(const CurveContext& ctx) {
+  if (!ctx.args || !ctx.args->logging_nan_inf_filter)
+    return "the Trainer's logging_nan_inf_filter (on by default) keeps non-finite losses out of the logged loss, so "
+           "grad_norm is the evidence";
+  if (*ctx.args->logging_nan_inf_filter)
+    return "logging_nan_inf_filter is True in training_args.bin: non-finite losses are left out of the logged "
+           "loss, so grad_norm is the evidence";
+  return "logging_nan_inf_filter is False in training_args.bin: a non-finite loss would have been logged as one; "
+         "the losses logged are finite, so the forward pass stayed finite and the backward overflowed";
+}
+
+std::optional<CurveFinding> nonfinite(const std::vector<const TrainerLogEntry*>& t, const CurveContext& ctx) {
   std::vector<const TrainerLogEntry*> bad;
   bool loss_bad = false;
   for (const auto* e : t) {
@@ -66,33 +88,53 @@ std::optional<CurveFinding> nonfinite(const std::vector<const TrainerLogEntry*>&
   f.basis = "measured";
   const bool early_few = !loss_bad && bad.size() <= 3 && t.size() >= 20 && bad.back()->step <= t[t.size() / 10]->step;
   if (loss_bad) {
-    f.summary = fmt::format("the loss is {} from step {} ({} of {} logs: steps {})", num(*first.loss), first.step,
-                            bad.size(), t.size(), fmt::join(steps, ", "));
-    f.change = "find the first bad batch or layer (torch.autograd.detect_anomaly on a short run); max_grad_norm: 1.0; "
-               "bf16: true instead of fp16";
+    // the first log whose loss is bad; a grad_norm may have gone bad before it
+    const TrainerLogEntry* first_loss = nullptr;
+    for (const auto* e : bad)
+      if (!first_loss && e->loss && !std::isfinite(*e->loss)) first_loss = e;
+    f.summary = fmt::format("{}the loss is {} from step {} ({} of {} logs: steps {})",
+                            first_loss == &first ? "" : fmt::format("grad_norm is {} at step {}, and ", num(*first.grad_norm), first.step),
+                            num(*first_loss->loss), first_loss->step, bad.size(), t.size(), fmt::join(steps, ", "));
+    f.change = amp_of(ctx) == "bf16"
+                   ? "find the first bad batch or layer (torch.autograd.detect_anomaly on a short run); max_grad_norm: "
+                     "1.0; a lower learning_rate"
+                   : "find the first bad batch or layer (torch.autograd.detect_anomaly on a short run); max_grad_norm: "
+                     "1.0; bf16: true instead of fp16";
     f.reproduce = "stallbench run numerics -p case=nan,inf -p fix=off,on";
   } else {
     f.summary = fmt::format("grad_norm is {} at step {} ({} of {} logs: steps {}) while the loss stays finite: the "
                             "optimizer skipped {}",
                             num(*first.grad_norm), first.step, bad.size(), t.size(), fmt::join(steps, ", "),
                             bad.size() == 1 ? "that step" : "those steps");
-    f.change = early_few ? "nothing, if the job trains in fp16: a few skipped steps at the start are its loss scaler "
-                           "calibrating; bf16: true avoids them"
-                         : "bf16: true instead of fp16 (no overflow to skip); else a lower learning_rate and "
-                           "max_grad_norm: 1.0";
+    const std::string amp = amp_of(ctx);
+    f.change = amp == "bf16"   ? "bf16 has no loss scaler to skip a step: find the batch or layer that overflows "
+                                 "(torch.autograd.detect_anomaly on a short run); a lower learning_rate; max_grad_norm: 1.0"
+               : early_few && amp == "fp16" ? "nothing: a few skipped steps at the start are fp16's loss scaler "
+                                              "calibrating; bf16: true avoids them"
+               : early_few ? "nothing, if the job trains in fp16: a few skipped steps at the start are its loss scaler "
+                             "calibrating; bf16: true avoids them"
+                           : "bf16: true instead of fp16 (no overflow to skip); else a lower learning_rate and "
+                             "max_grad_norm: 1.0";
     f.reproduce = "stallbench run numerics -p case=fp16 -p fix=off,on";
   }
   for (std::size_t i = 0; i < bad.size() && i < 5; ++i)
     f.evidence.push_back(fmt::format("step {}: loss {}, grad_norm {}, learning_rate {}", bad[i]->step,
                                      bad[i]->loss ? num(*bad[i]->loss) : "not logged",
                                      bad[i]->grad_norm ? num(*bad[i]->grad_norm) : "not logged", lr_at(*bad[i])));
-  if (early_few)
+  const std::string amp = amp_of(ctx);
+  if (early_few && amp == "fp16")
+    f.evidence.push_back(fmt::format("all {} within the first tenth of the run and the loss finite, and the run trains "
+                                     "in fp16 (training_args.bin): fp16's GradScaler finding its scale",
+                                     bad.size()));
+  else if (early_few && amp.empty())
     f.evidence.push_back(fmt::format("all {} within the first tenth of the run and the loss finite: the pattern of fp16's "
                                      "GradScaler finding its scale (assumed: the log does not say the dtype)",
                                      bad.size()));
-  if (!loss_bad)
-    f.evidence.push_back("the Trainer's logging_nan_inf_filter (on by default) keeps non-finite losses out of the "
-                         "logged loss, so grad_norm is the evidence");
+  else if (amp == "bf16" || amp == "none")
+    f.evidence.push_back(fmt::format("the run trains {} (training_args.bin): no loss scaler skips steps, so each is a "
+                                     "real overflow or a bad batch",
+                                     amp == "bf16" ? "in bf16" : "without mixed precision"));
+  if (!loss_bad) f.evidence.push_back(nan_filter_line(ctx));
   return f;
 }
 
@@ -204,7 +246,29 @@ std::optional<CurveFinding> gradients(const std::vector<const TrainerLogEntry*>&
   return f;
 }
 
-std::optional<CurveFinding> plateau(const std::vector<const TrainerLogEntry*>& t, const CurveContext& ctx) {
+// The configured schedule beside a plateau (training_args.bin): the peak, the scheduler, the warm-up
+// and, where the log has no learning rate there, what the schedule gives where the loss flattened.
+void schedule_evidence(const TrainingArgs& a, std::int64_t total, std::int64_t flat_step, bool logged_there,
+                       CurveFinding& f) {
+  const std::int64_t warm = warmup_of(a, total);
+  f.evidence.push_back(fmt::format("configured (training_args.bin): learning_rate {}, lr_scheduler_type {}, warm-up "
+                                   "{} steps{}",
+                                   a.learning_rate ? num(*a.learning_rate) : "not recorded",
+                                   a.lr_scheduler_type.value_or("not recorded"), warm,
+                                   total > 0 ? fmt::format(" of {}", total) : ""));
+  const auto at = scheduled_lr(a, total, flat_step);
+  if (!at || !a.learning_rate || *a.learning_rate <= 0 || logged_there) return;  // the log says it already
+  const double share = *at / *a.learning_rate;
+  f.evidence.push_back(fmt::format("the schedule gives {} at step {}, where it flattened ({:.0f}% of the peak){}",
+                                   num(*at), flat_step, 100 * share,
+                                   flat_step < warm ? ": still warming up"
+                                   : share < 0.1    ? ": the schedule had decayed it, so the flat end may be the "
+                                                      "schedule's, not the rate's level"
+                                                    : ""));
+}
+
+std::optional<CurveFinding> plateau(const std::vector<const TrainerLogEntry*>& t, const CurveContext& ctx,
+                                    std::int64_t state_max_steps) {
   std::vector<const TrainerLogEntry*> v;
   for (const auto* e : t)
     if (finite(e->loss)) v.push_back(e);
@@ -224,6 +288,9 @@ std::optional<CurveFinding> plateau(const std::vector<const TrainerLogEntry*>& t
     if (finite(e->learning_rate)) peak_lr = std::max(peak_lr, *e->learning_rate);
   if (finite(v[from]->learning_rate)) lr_flat = *v[from]->learning_rate;
   if (finite(v.back()->learning_rate)) lr_end = *v.back()->learning_rate;
+  // the log without learning_rate (or all 0): the configured peak, from training_args.bin
+  const bool configured = peak_lr <= 0 && ctx.args && ctx.args->learning_rate && *ctx.args->learning_rate > 0;
+  if (configured) peak_lr = *ctx.args->learning_rate;
   const bool low = peak_lr > 0 && peak_lr < kLowPeakLr;
   CurveFinding f;
   f.kind = "plateau";
@@ -232,8 +299,10 @@ std::optional<CurveFinding> plateau(const std::vector<const TrainerLogEntry*>& t
   f.basis = low ? "assumed" : "measured";
   f.summary = fmt::format("the loss is flat from step {}: {} -> {} over the second half ({:+.1f}%){}", v[from]->step,
                           num(*v[from]->loss), num(*v.back()->loss), (mb - ma) / ma * 100,
-                          peak_lr > 0 ? fmt::format(", at a learning rate of {} peak{}", num(peak_lr),
-                                                    lr_end >= 0 ? " decaying to " + num(lr_end) : "")
+                          peak_lr > 0 ? fmt::format(", at a learning rate of {} peak{}{}", num(peak_lr),
+                                                    configured ? " (configured)" : "",
+                                                    lr_end >= 0 && lr_end < 0.99 * peak_lr ? " decaying to " + num(lr_end)
+                                                                                           : "")
                                       : "");
   f.evidence.push_back(fmt::format("median loss {} over the first quarter of the second half, {} over its last",
                                    num(ma), num(mb)));
@@ -241,6 +310,10 @@ std::optional<CurveFinding> plateau(const std::vector<const TrainerLogEntry*>& t
     f.evidence.push_back(fmt::format("this run trains adapters ({}, adapter_config.json): they usually train at 1e-4 to "
                                      "2e-4, so a peak of {} is {:.0f}x under the low end: the likely limit (assumed)",
                                      ctx.adapter_text, num(peak_lr), 1e-4 / peak_lr));
+  else if (low && peak_lr < kLowPeakLr / 10)
+    f.evidence.push_back(fmt::format("a peak of {} is {:.0f}x under even a full fine-tune's usual 1e-5 (adapters train "
+                                     "at 1e-4 to 2e-4): the likely limit (assumed)",
+                                     num(peak_lr), 1e-5 / peak_lr));
   else if (low)
     f.evidence.push_back(fmt::format("a peak learning rate under {} is a full fine-tune's rate; LoRA adapters usually "
                                      "train at 1e-4 to 2e-4: if this run trains adapters, the likely limit (assumed: "
@@ -251,7 +324,11 @@ std::optional<CurveFinding> plateau(const std::vector<const TrainerLogEntry*>& t
                                      "the limit, or the run has converged",
                                      num(peak_lr)));
   if (lr_flat >= 0) f.evidence.push_back(fmt::format("learning_rate {} where it flattened", num(lr_flat)));
-  f.change = low ? "learning_rate: 10x higher (with warmup), then compare the first few hundred steps"
+  const std::int64_t total =
+      ctx.args && ctx.args->max_steps.value_or(0) > 0 ? *ctx.args->max_steps : state_max_steps;
+  if (ctx.args) schedule_evidence(*ctx.args, total, v[from]->step, lr_flat >= 0, f);
+  f.change = low ? fmt::format("learning_rate: 10x higher ({}{}), then compare the first few hundred steps",
+                               num(10 * peak_lr), ctx.args && warmup_of(*ctx.args, total) == 0 ? ", with warmup_steps" : "")
                  : "stop earlier (the curve has nothing left), or more data";
   f.reproduce = "stallbench run numerics -p case=lr-low -p fix=off,on";
   return f;
@@ -314,17 +391,42 @@ std::optional<CurveFinding> past_best(const TrainerState& s) {
 
 }  // namespace
 
+std::int64_t warmup_of(const TrainingArgs& a, std::int64_t total) {
+  // transformers: warmup_steps when over 0 (in 5, a value under 1 is a ratio), else ceil(warmup_ratio x total)
+  if (a.warmup_steps && *a.warmup_steps >= 1) return std::int64_t(*a.warmup_steps);
+  const double ratio = a.warmup_steps && *a.warmup_steps > 0 ? *a.warmup_steps : a.warmup_ratio.value_or(0);
+  return ratio > 0 && total > 0 ? std::int64_t(std::ceil(ratio * double(total))) : 0;
+}
+
+// transformers' optimization.py: get_linear_schedule_with_warmup, get_cosine_schedule_with_warmup
+// (num_cycles 0.5), get_constant_schedule (no warm-up), get_constant_schedule_with_warmup.
+std::optional<double> scheduled_lr(const TrainingArgs& a, std::int64_t total, std::int64_t step) {
+  if (!a.learning_rate || !a.lr_scheduler_type) return std::nullopt;
+  const std::string& kind = *a.lr_scheduler_type;
+  const double peak = *a.learning_rate;
+  if (kind == "constant") return peak;
+  const std::int64_t warm = warmup_of(a, total);
+  if (step < warm && (kind == "linear" || kind == "cosine" || kind == "constant_with_warmup"))
+    return peak * double(step) / double(std::max<std::int64_t>(1, warm));
+  if (kind == "constant_with_warmup") return peak;
+  if (total <= 0) return std::nullopt;
+  const double progress = double(step - warm) / double(std::max<std::int64_t>(1, total - warm));
+  if (kind == "linear") return peak * std::max(0.0, 1.0 - progress);
+  if (kind == "cosine") return peak * std::max(0.0, 0.5 * (1.0 + std::cos(kPi * progress)));
+  return std::nullopt;
+}
+
 std::vector<CurveFinding> analyze_curves(const TrainerState& s, const CurveContext& ctx) {
   const auto t = training(s);
   std::vector<CurveFinding> out;
-  if (auto f = nonfinite(t)) out.push_back(*f);
+  if (auto f = nonfinite(t, ctx)) out.push_back(*f);
   const auto g = gradients(t);
   if (g) out.push_back(*g);
   const auto d = divergence(t);
   if (d) out.push_back(*d);
   // a flat curve after a divergence, or at a loss of 0 without gradients, is that cause's, not a plateau's
   if (!d && !(g && g->kind == "vanishing"))
-    if (auto f = plateau(t, ctx)) out.push_back(*f);
+    if (auto f = plateau(t, ctx, s.max_steps)) out.push_back(*f);
   if (auto f = past_best(s)) out.push_back(*f);
   std::stable_sort(out.begin(), out.end(), [](const CurveFinding& a, const CurveFinding& b) { return a.step < b.step; });
   return out;

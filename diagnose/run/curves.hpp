@@ -25,11 +25,13 @@
 //     callback stopped the run.
 #pragma once
 
-#include <cstdint>  // std::int64_t
-#include <string>   // std::string
+#include <cstdint>   // std::int64_t
+#include <optional>  // std::optional
+#include <string>    // std::string
 #include <vector>   // std::vector
 
 #include "readers/trainer_state.hpp"  // TrainerState
+#include "readers/training_args.hpp"  // TrainingArgs
 
 namespace sb::diagnose {
 
@@ -51,12 +53,22 @@ struct LoggedThroughput {
   std::vector<std::string> caveats;  // "resumed: ...", "a checkpoint's file has no summary"
 };
 
-// What the run's directory says beside the log (adapter_config.json: PEFT adapters are trained, not the
-// whole model), which sharpens a reading (a plateau's learning rate).
+// What the run's directory says beside the log, which sharpens a reading: adapter_config.json (PEFT
+// adapters are trained, not the whole model: a plateau's learning rate), training_args.bin (the
+// configured learning rate, scheduler and warm-up a plateau sits in; fp16 or bf16 for skipped steps;
+// logging_nan_inf_filter for a NaN that the logged loss hides).
 struct CurveContext {
   bool adapters = false;
   std::string adapter_text;  // "LORA r=16 on q_proj, v_proj", for the evidence
+  const TrainingArgs* args = nullptr;  // the run's training_args.bin, where read
 };
+
+// The learning rate transformers' scheduler `args.lr_scheduler_type` gives at `step` of `total` steps
+// (linear, cosine, constant, constant_with_warmup; warm-up from warmup_steps, else warmup_ratio; a
+// warmup_steps under 1 is a ratio, as transformers 5 reads it); nullopt for another scheduler or
+// without a learning rate or a length.
+std::optional<double> scheduled_lr(const TrainingArgs& args, std::int64_t total, std::int64_t step);
+std::int64_t warmup_of(const TrainingArgs& args, std::int64_t total);
 
 std::vector<CurveFinding> analyze_curves(const TrainerState& s, const CurveContext& ctx = {});
 LoggedThroughput logged_throughput(const TrainerState& s);

@@ -1,18 +1,26 @@
-// diagnose on a run directory (run_diagnose.hpp): find trainer_state.json, read its curves, report.
+// diagnose on a run directory (run_diagnose.hpp): find the run's files, read its curves and settings,
+// report.
 #include "diagnose/run/run_diagnose.hpp"
 
+#include <algorithm>     // std::sort
+#include <cstdint>       // std::int64_t, SIZE_MAX
 #include <filesystem>    // std::filesystem
+#include <optional>      // std::optional
 #include <system_error>  // std::error_code
 
 #include <fmt/format.h>  // fmt::format
 #include <fmt/ranges.h>  // fmt::join
 
-#include "diagnose/run/curves.hpp"    // analyze_curves, logged_throughput
-#include "harness/errors.hpp"         // UsageError
-#include "harness/files.hpp"          // read_regular_file
-#include "harness/json_read.hpp"      // parse_json_text
-#include "harness/text.hpp"           // parse_whole
-#include "readers/trainer_state.hpp"  // read_trainer_state
+#include "diagnose/run/curves.hpp"        // analyze_curves, logged_throughput
+#include "diagnose/run/event_curves.hpp"  // state_from_events
+#include "diagnose/run/run_settings.hpp"  // settings_findings, training_args_json
+#include "harness/errors.hpp"             // UsageError
+#include "harness/files.hpp"              // read_regular_file
+#include "harness/json_read.hpp"          // parse_json_text
+#include "harness/text.hpp"               // parse_whole
+#include "readers/tfevents.hpp"           // read_tfevents, is_tfevents_name
+#include "readers/trainer_state.hpp"      // read_trainer_state
+#include "readers/training_args.hpp"      // read_training_args
 
 namespace sb::diagnose {
 
@@ -22,21 +30,32 @@ using json = nlohmann::ordered_json;
 namespace {
 
 constexpr const char* kStateFile = "trainer_state.json";
+constexpr const char* kArgsFile = "training_args.bin";
+constexpr std::size_t kMaxEventFiles = 256;
 
 bool is_file(const fs::path& p) {
   std::error_code ec;
   return fs::is_regular_file(p, ec);
 }
 
+bool is_dir(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec);
+}
+
+bool ends_with(const std::string& s, std::string_view tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 // The run's trainer_state.json: the directory's own (written when training ends), else the newest
 // checkpoint-N/'s (N the largest), else "".
 std::string state_file(const std::string& path) {
-  std::error_code ec;
-  if (is_file(path)) return path;  // the file itself: its reader says whether it is one
-  if (!fs::is_directory(path, ec)) return {};
+  if (is_file(path)) return ends_with(fs::path(path).filename().string(), kStateFile) ? path : std::string();
+  if (!is_dir(path)) return {};
   if (is_file(fs::path(path) / kStateFile)) return (fs::path(path) / kStateFile).string();
   std::int64_t best = -1;
   std::string out;
+  std::error_code ec;
   for (const auto& e : fs::directory_iterator(path, ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind("checkpoint-", 0) != 0) continue;
@@ -49,23 +68,54 @@ std::string state_file(const std::string& path) {
   return out;
 }
 
-Point check(const std::string& name) {
-  Point p;
-  p.params = json{{"check", name}};
-  return p;
+// Event files in `dir` and up to `depth` levels under it (runs/<name>/), sorted by path.
+void find_events(const fs::path& dir, int depth, std::vector<std::string>& out) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (out.size() >= kMaxEventFiles) return;
+    const std::string name = e.path().filename().string();
+    if (is_tfevents_name(name) && is_file(e.path())) out.push_back(e.path().string());
+    else if (depth > 0 && !e.is_symlink(ec) && is_dir(e.path())) find_events(e.path(), depth - 1, out);
+  }
 }
 
-// The checks in the order the report prints them, each the kinds of finding it covers.
-struct CheckSpec {
-  const char* name;
-  std::vector<std::string> kinds;
-  const char* none;  // its reading when nothing fired
-};
+std::vector<std::string> event_files(const std::string& path) {
+  std::vector<std::string> out;
+  if (is_file(path)) {
+    if (is_tfevents_name(fs::path(path).filename().string())) out.push_back(path);
+    return out;
+  }
+  if (!is_dir(path)) return out;
+  find_events(path, 2, out);
+  // a checkpoint-N/ holds none: its output directory's runs/ has them
+  const fs::path dir = fs::path(path).lexically_normal();
+  const fs::path self = dir.filename().empty() ? dir.parent_path() : dir;
+  if (out.empty() && self.filename().string().rfind("checkpoint-", 0) == 0 && is_dir(self.parent_path() / "runs"))
+    find_events(self.parent_path() / "runs", 1, out);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The run's directory: `path`, or the directory of the file given.
+fs::path run_dir(const std::string& path) { return is_dir(path) ? fs::path(path) : fs::path(path).parent_path(); }
+
+// A file of the run beside its curves: the state's directory, the run's directory, then, for a
+// checkpoint-N/, its output directory.
+std::string beside(const std::string& path, const std::string& state, const char* name) {
+  std::vector<fs::path> dirs;
+  if (!state.empty()) dirs.push_back(fs::path(state).parent_path());
+  const fs::path dir = run_dir(path).lexically_normal();
+  dirs.push_back(dir);
+  const fs::path self = dir.filename().empty() ? dir.parent_path() : dir;
+  if (self.filename().string().rfind("checkpoint-", 0) == 0) dirs.push_back(self.parent_path());
+  for (const fs::path& d : dirs)
+    if (is_file(d / name)) return (d / name).string();
+  return {};
+}
 
 // PEFT's adapter_config.json beside the state (the checkpoint's, else the output directory's): what
 // the run trains. Read only for the reading it sharpens; a file that is not one is ignored, said in meta.
-json adapter_of_run(const std::string& state_file, CurveContext& ctx) {
-  const fs::path dir = fs::path(state_file).parent_path();
+json adapter_of_run(const fs::path& dir, CurveContext& ctx) {
   for (const fs::path& p : {dir / "adapter_config.json", dir.parent_path() / "adapter_config.json"}) {
     if (!is_file(p)) continue;
     try {
@@ -90,43 +140,101 @@ json adapter_of_run(const std::string& state_file, CurveContext& ctx) {
   return json();
 }
 
-}  // namespace
-
-bool looks_like_run(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) return !state_file(path).empty();
-  const std::string name = fs::path(path).filename().string();  // trainer_state.json, or a copy named *trainer_state.json
-  return name.size() >= 18 && name.compare(name.size() - 18, 18, kStateFile) == 0;
+// config.json's torch_dtype (dtype from transformers 5): the dtype save_pretrained saw the model in.
+// Anything else of the file is the config checks' (diagnose CONFIG --model-config); a file that is not
+// one is ignored, said in meta.
+SavedModel saved_model(const std::string& file, json& meta) {
+  SavedModel m;
+  if (file.empty()) return m;
+  try {
+    const json j = parse_json_text(read_regular_file(file, "config.json", 4 << 20), file);
+    for (const char* key : {"torch_dtype", "dtype"})
+      if (j.is_object() && j.contains(key) && j[key].is_string()) {
+        m.file = file;
+        m.torch_dtype = j[key].get<std::string>().substr(0, 64);
+        meta = json{{"file", file}, {"torch_dtype", m.torch_dtype}, {"source", fmt::format("config.json {}", key)}};
+        return m;
+      }
+    meta = json{{"file", file}, {"ignored", "no torch_dtype"}};
+  } catch (const std::exception& e) {
+    meta = json{{"file", file}, {"ignored", e.what()}};
+  }
+  return m;
 }
 
-Result diagnose_run(const std::string& path, const json& meta) {
-  const std::string file = state_file(path);
-  if (file.empty())
-    throw UsageError(fmt::format("{}: no {} here or in a checkpoint-N/ inside it: not a Hugging Face Trainer's "
-                                 "output directory (diagnose CONFIG.yml reads a config; --trace a profiler trace)",
-                                 path, kStateFile));
-  const TrainerState s = read_trainer_state(file);
+// Everything read of the run.
+struct RunRead {
+  TrainerState state;
+  std::string curves_from;  // "trainer_state.json" or "events.out.tfevents.*"; "" neither
+  json events = json();     // the event files read, their records and tags
+  std::optional<TrainingArgs> args;
+  SavedModel model;
+  json adapter, model_meta;
   CurveContext ctx;
-  const json adapter = adapter_of_run(file, ctx);
-  const auto found = analyze_curves(s, ctx);
-  Result r;
-  r.scenario = "diagnose";
-  r.meta = meta;
-  std::size_t train_logs = 0, eval_logs = 0;
+};
+
+json events_meta(const std::vector<TfEvents>& files) {
+  json list = json::array(), tags = json::object();
+  std::size_t records = 0;
+  for (const TfEvents& f : files) {
+    list.push_back(f.truncated_at ? json{{"file", f.path}, {"truncated_at", *f.truncated_at}} : json{{"file", f.path}});
+    records += f.records;
+    for (const auto& [tag, v] : f.scalars) tags[tag] = tags.value(tag, std::size_t(0)) + v.size();
+  }
+  return json{{"files", list}, {"records", records}, {"scalars", tags}};
+}
+
+RunRead read_run(const std::string& path) {
+  RunRead rr;
+  const std::string state = state_file(path);
+  const std::vector<std::string> events = state.empty() ? event_files(path) : std::vector<std::string>();
+  const std::string args = is_file(path) && fs::path(path).filename() == kArgsFile ? path : beside(path, state, kArgsFile);
+  if (state.empty() && events.empty() && args.empty())
+    throw UsageError(fmt::format("{}: no {}, {} or events.out.tfevents.* here (or in a checkpoint-N/ or runs/ inside "
+                                 "it): not a Hugging Face Trainer's output directory (diagnose CONFIG.yml reads a "
+                                 "config; --trace a profiler trace)",
+                                 path, kStateFile, kArgsFile));
+  if (!state.empty()) {
+    rr.state = read_trainer_state(state);
+    rr.curves_from = state;
+  } else if (!events.empty()) {
+    std::vector<TfEvents> files;
+    for (const auto& f : events) files.push_back(read_tfevents(f));
+    rr.state = state_from_events(files, events.size() == 1 ? events.front() : fmt::format("{} event files", events.size()));
+    rr.curves_from = rr.state.path;
+    rr.events = events_meta(files);
+  }
+  if (!args.empty()) {
+    rr.args = read_training_args(args);  // ctx.args is set where rr ends up (diagnose_run)
+    if (rr.state.max_steps <= 0 && rr.args->max_steps.value_or(0) > 0) rr.state.max_steps = *rr.args->max_steps;
+  }
+  const fs::path dir = state.empty() ? run_dir(path) : fs::path(state).parent_path();
+  rr.adapter = adapter_of_run(dir, rr.ctx);
+  rr.model = saved_model(beside(path, state, "config.json"), rr.model_meta);
+  return rr;
+}
+
+Point check(const std::string& name) {
+  Point p;
+  p.params = json{{"check", name}};
+  return p;
+}
+
+// The checks in the order the report prints them, each the kinds of finding it covers.
+struct CheckSpec {
+  const char* name;
+  std::vector<std::string> kinds;
+  const char* none;  // its reading when nothing fired
+};
+
+void curve_points(const RunRead& rr, const std::vector<CurveFinding>& found, Result& r) {
+  const TrainerState& s = rr.state;
+  std::size_t train_logs = 0;
+  bool any_norm = false;
   for (const auto& e : s.log) {
     train_logs += e.is_train() ? 1 : 0;
-    eval_logs += e.is_eval() ? 1 : 0;
+    any_norm = any_norm || e.grad_norm.has_value();
   }
-  r.meta["diagnose"] = json{{"source", "run"}, {"run", path}};
-  r.meta["run"] = json{{"trainer_state", file},
-                       {"global_step", s.global_step},
-                       {"max_steps", s.max_steps},
-                       {"training_logs", train_logs},
-                       {"evaluation_logs", eval_logs},
-                       {"resumed", s.resumed},
-                       {"adapter", adapter},
-                       {"not_read", json::array({"training_args.bin", "config.json",
-                                                 "the Axolotl config", "events.out.tfevents.*", "profiler traces"})}};
   const CheckSpec specs[] = {
       {"nan", {"nan"}, "no NaN or Inf in the logged loss or grad_norm"},
       {"gradients", {"exploding", "vanishing"}, "grad_norm neither over 1e3 nor all under 1e-6"},
@@ -140,50 +248,137 @@ Result diagnose_run(const std::string& path, const json& meta) {
     for (const auto& f : found)
       for (const auto& k : spec.kinds)
         if (f.kind == k && !hit) hit = &f;
-    if (spec.name == std::string("gradients") && train_logs > 0) {
-      bool any = false;
-      for (const auto& e : s.log) any = any || e.grad_norm.has_value();
-      if (!any && !hit) {
-        p.status = Status::skipped;
-        p.reason = "no grad_norm in the log (transformers before ~4.38 does not log it)";
-        r.points.push_back(std::move(p));
-        continue;
-      }
-    }
-    if (spec.name == std::string("best") && !s.best_global_step && !hit) {
+    const std::string name = spec.name;
+    if (rr.curves_from.empty()) {
       p.status = Status::skipped;
-      p.reason = "no best checkpoint recorded (no evaluation with metric_for_best_model, or load_best_model_at_end off)";
-      r.points.push_back(std::move(p));
-      continue;
+      p.reason = "no curves: no trainer_state.json or event file in the run";
+    } else if (name == "gradients" && train_logs > 0 && !any_norm && !hit) {
+      p.status = Status::skipped;
+      p.reason = "no grad_norm in the log (transformers before ~4.38 does not log it)";
+    } else if (name == "best" && !s.best_global_step && !hit) {
+      p.status = Status::skipped;
+      p.reason = rr.events.is_null() ? "no best checkpoint recorded (no evaluation with metric_for_best_model, or "
+                                       "load_best_model_at_end off)"
+                                     : "the event files do not record the best checkpoint (trainer_state.json does)";
+    } else {
+      p.info["reading"] = hit ? hit->summary : spec.none;
+      if (hit) p.info["evidence"] = hit->summary;
     }
-    p.info["reading"] = hit ? hit->summary : spec.none;
-    if (hit) p.info["evidence"] = hit->summary;
     r.points.push_back(std::move(p));
   }
+}
+
+// The throughput the trainer logged; tokens/s from the tokens it counted, else samples/s x the
+// sequence length the settings record (an upper bound without packing).
+Point throughput_point(const RunRead& rr) {
   Point tp = check("throughput");
-  const LoggedThroughput t = logged_throughput(s);
+  const LoggedThroughput t = logged_throughput(rr.state);
   if (!t.present) {
     tp.status = Status::skipped;
     tp.reason = t.caveats.empty() ? "no final summary" : t.caveats.front();
+    return tp;
+  }
+  const char* src = rr.events.is_null() ? "the Trainer's own summary" : "the Trainer's summary, from the event file";
+  tp.add({"samples_per_s", t.samples_per_s, "samples/s", Direction::higher, std::nullopt, src});
+  tp.add({"steps_per_s", t.steps_per_s, "steps/s", Direction::higher, std::nullopt, src});
+  tp.add({"train_runtime_s", t.runtime_s, "s", Direction::lower, std::nullopt, src});
+  std::string tokens;
+  std::optional<std::int64_t> seen;
+  for (const auto& e : rr.state.log)
+    if (e.num_input_tokens_seen) seen = e.num_input_tokens_seen;
+  const TrainingArgs* a = rr.args ? &*rr.args : nullptr;
+  if (seen && *seen > 0 && t.runtime_s > 0) {
+    const double tps = double(*seen) / t.runtime_s;
+    tp.add({"tokens_per_s", tps, "tokens/s", Direction::higher, std::nullopt,
+            "num_input_tokens_seen / train_runtime (the Trainer's count)"});
+    tokens = fmt::format("; {:.4g} tokens/s ({} input tokens seen / {:.0f} s)", tps, *seen, t.runtime_s);
+  } else if (a && a->max_seq_length && t.samples_per_s > 0) {
+    const double tps = t.samples_per_s * double(*a->max_seq_length);
+    const bool packed = a->packing.value_or(false);
+    tp.add({"tokens_per_s_upper", tps, "tokens/s", Direction::higher, std::nullopt,
+            fmt::format("samples/s x max_seq_length {} (training_args.bin)", *a->max_seq_length)});
+    tokens = fmt::format("; {} {:.4g} tokens/s (samples/s x max_seq_length {}{})", packed ? "about" : "at most", tps,
+                         *a->max_seq_length,
+                         packed ? ", packed: each sample that long" : ": unpacked samples are shorter");
   } else {
-    tp.add({"samples_per_s", t.samples_per_s, "samples/s", Direction::higher, std::nullopt, "the Trainer's own summary"});
-    tp.add({"steps_per_s", t.steps_per_s, "steps/s", Direction::higher, std::nullopt, "the Trainer's own summary"});
-    tp.add({"train_runtime_s", t.runtime_s, "s", Direction::lower, std::nullopt, "the Trainer's own summary"});
-    tp.info["reading"] = fmt::format("{} samples/s, {} steps/s over {:.0f} s (logged by the Trainer; tokens/s and MFU "
-                                     "need the sequence length and the model: diagnose the config for those){}",
-                                     t.samples_per_s, t.steps_per_s, t.runtime_s,
-                                     t.caveats.empty() ? "" : "; " + t.caveats.front());
-    if (!t.caveats.empty()) tp.info["warning"] = t.caveats.front();
+    tokens = a ? "; tokens/s needs the sequence length, which training_args.bin does not record "
+                 "(TrainingArguments has none; TRL's SFTConfig and Axolotl's do): diagnose the config for tokens/s and MFU"
+               : "; tokens/s and MFU need the sequence length and the model: diagnose the config for those";
   }
-  r.points.push_back(std::move(tp));
-  for (const auto& f : found) {
-    Finding out;
-    out.cause = f.cause;
-    out.summary = f.summary;
-    out.evidence = json{{"check", f.kind}, {"step", f.step}, {"basis", f.basis}, {"figures", f.evidence},
-                        {"change", f.change}, {"command", f.reproduce}};
-    r.findings.push_back(std::move(out));
+  tp.info["reading"] = fmt::format("{:.4g} samples/s, {:.4g} steps/s over {:.0f} s (logged by the Trainer){}{}", t.samples_per_s,
+                                   t.steps_per_s, t.runtime_s, tokens, t.caveats.empty() ? "" : "; " + t.caveats.front());
+  if (!t.caveats.empty()) tp.info["warning"] = t.caveats.front();
+  return tp;
+}
+
+json run_meta(const std::string& path, const RunRead& rr) {
+  const TrainerState& s = rr.state;
+  std::size_t train_logs = 0, eval_logs = 0;
+  for (const auto& e : s.log) {
+    train_logs += e.is_train() ? 1 : 0;
+    eval_logs += e.is_eval() ? 1 : 0;
   }
+  json not_read = json::array({"config.json beyond torch_dtype (diagnose CONFIG --model-config reads the dims)",
+                               "the Axolotl config", "profiler traces (diagnose --trace)"});
+  if (!rr.events.is_null() || rr.curves_from.empty()) not_read.push_back("trainer_state.json: none found");
+  else if (!event_files(path).empty())
+    not_read.push_back("events.out.tfevents.*: trainer_state.json holds the same log");
+  return json{{"trainer_state", rr.events.is_null() ? rr.curves_from : std::string()},
+              {"curves", rr.curves_from.empty() ? json() : json(rr.curves_from)},
+              {"events", rr.events},
+              {"global_step", s.global_step},
+              {"max_steps", s.max_steps},
+              {"training_logs", train_logs},
+              {"evaluation_logs", eval_logs},
+              {"resumed", s.resumed},
+              {"training_args", rr.args ? training_args_json(*rr.args) : json("none found")},
+              {"model", rr.model_meta},
+              {"adapter", rr.adapter},
+              {"not_read", not_read}};
+}
+
+Finding to_finding(const CurveFinding& f) {
+  Finding out;
+  out.cause = f.cause;
+  out.summary = f.summary;
+  out.evidence = json{{"check", f.kind}, {"basis", f.basis}, {"figures", f.evidence},
+                      {"change", f.change}, {"command", f.reproduce}};
+  if (f.step >= 0) out.evidence["step"] = f.step;
+  return out;
+}
+
+}  // namespace
+
+bool looks_like_run(const std::string& path) {
+  if (is_dir(path)) return !state_file(path).empty() || is_file(fs::path(path) / kArgsFile) || !event_files(path).empty();
+  const std::string name = fs::path(path).filename().string();  // trainer_state.json, or a copy named *trainer_state.json
+  return ends_with(name, kStateFile) || name == kArgsFile || is_tfevents_name(name);
+}
+
+Result diagnose_run(const std::string& path, const json& meta) {
+  RunRead rr = read_run(path);
+  rr.ctx.args = rr.args ? &*rr.args : nullptr;
+  const std::vector<CurveFinding> found = analyze_curves(rr.state, rr.ctx);
+  const std::string device = meta.value("/device/id"_json_pointer, std::string("cpu"));
+  const std::vector<CurveFinding> settings =
+      rr.args ? settings_findings(*rr.args, rr.model, device) : std::vector<CurveFinding>();
+  Result r;
+  r.scenario = "diagnose";
+  r.meta = meta;
+  r.meta["diagnose"] = json{{"source", "run"}, {"run", path}};
+  r.meta["run"] = run_meta(path, rr);
+  Point sp = check("settings");
+  if (rr.args) {
+    sp.info["reading"] = settings_reading(*rr.args, rr.model);
+  } else {
+    sp.status = Status::skipped;
+    sp.reason = "no training_args.bin beside the curves (the Trainer saves one with each checkpoint)";
+  }
+  r.points.push_back(std::move(sp));
+  curve_points(rr, found, r);
+  r.points.push_back(throughput_point(rr));
+  for (const auto& f : found) r.findings.push_back(to_finding(f));
+  for (const auto& f : settings) r.findings.push_back(to_finding(f));
   if (r.findings.empty())
     r.findings.push_back({"none found", "none of the detectors fired on the logged curves (each check's reading is in "
                                         "its point)", std::nullopt, json::object()});

@@ -1,0 +1,219 @@
+// `diagnose DIR` with a run's settings and event files (diagnose/run/run_diagnose, run_settings,
+// curves' schedule): the real Trainer runs of tests/data/run (transformers 4.46.3 and 5.25.0: a
+// plateau at a learning rate of 1e-7, fp32, no loader workers), the same runs with only their event
+// files, a bf16 run with gradient checkpointing whose curves turn NaN, and a run directory whose
+// training_args.bin names a forbidden global (exit 2, never executed).
+#include <cstdio>      // std::fopen
+#include <filesystem>  // std::filesystem
+#include <string>      // std::string
+
+#include <fmt/format.h>  // fmt::format
+#include <gtest/gtest.h>
+
+#include "diagnose/run/curves.hpp"        // scheduled_lr
+#include "diagnose/run/run_diagnose.hpp"  // diagnose_run, looks_like_run
+#include "harness/errors.hpp"             // UsageError
+
+namespace sb {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+const std::string kData = SB_TEST_DATA "/run";
+const char* kVersions[] = {"transformers-4.46.3", "transformers-5.25.0"};
+
+const json kMeta = json{{"device", {{"id", "cpu"}}}};
+
+const Finding* finding(const Result& r, const std::string& check) {
+  for (const auto& f : r.findings)
+    if (f.evidence.value("check", std::string()) == check) return &f;
+  return nullptr;
+}
+const Point* point(const Result& r, const std::string& check) {
+  for (const auto& p : r.points)
+    if (p.params.value("check", std::string()) == check) return &p;
+  return nullptr;
+}
+std::string figures(const Finding& f) { return f.evidence.value("figures", json::array()).dump(); }
+
+// A scratch directory, removed at the end.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / fs::path("sb-run-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+                                                "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+TEST(RunDiagnose, ARealRunsSettingsAndItsPlateauAtATinyLearningRate) {
+  for (const char* v : kVersions) {
+    SCOPED_TRACE(v);
+    const std::string dir = kData + "/" + v + "/tiny_run";
+    ASSERT_TRUE(diagnose::looks_like_run(dir));
+    const Result r = diagnose::diagnose_run(dir, kMeta);
+    const json& ta = r.meta["run"]["training_args"];
+    EXPECT_EQ(ta["class"], "transformers.training_args.TrainingArguments");
+    EXPECT_EQ(ta["fields"]["learning_rate"]["value"], 1e-7);
+    EXPECT_EQ(ta["fields"]["learning_rate"]["source"], "TrainingArguments.learning_rate");
+    EXPECT_EQ(ta["fields"]["world_size"]["source"], "TrainingArguments.distributed_state.num_processes");
+    EXPECT_EQ(ta["fields"]["per_device_train_batch_size"]["value"], 4);
+    EXPECT_EQ(r.meta["run"]["model"]["torch_dtype"], "float32");
+    EXPECT_EQ(r.meta["run"]["trainer_state"], dir + "/trainer_state.json");
+    // the plateau names the configured rate and schedule
+    const Finding* p = finding(r, "plateau");
+    ASSERT_TRUE(p) << to_json(r).dump(1);
+    EXPECT_EQ(p->cause, "numerical stall: a learning rate too low");
+    EXPECT_NE(figures(*p).find("configured (training_args.bin): learning_rate 1e-07, lr_scheduler_type constant, "
+                               "warm-up 0 steps of 48"),
+              std::string::npos)
+        << figures(*p);
+    EXPECT_NE(figures(*p).find("100x under even a full fine-tune's usual 1e-5"), std::string::npos) << figures(*p);
+    // what the settings prove: fp32 throughout (config.json float32), no loader workers; no recompute
+    const Finding* d = finding(r, "dtype");
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->summary.rfind("assumed gain", 0), 0u) << d->summary;
+    EXPECT_NE(d->summary.find("fp32 throughout"), std::string::npos) << d->summary;
+    const Finding* l = finding(r, "loader");
+    ASSERT_TRUE(l);
+    EXPECT_EQ(l->summary.rfind("assumed cost", 0), 0u) << l->summary;
+    EXPECT_EQ(l->evidence["command"], "stallbench run dataloader -p workers=0,2,4 --device cpu");
+    EXPECT_FALSE(finding(r, "recompute"));
+    const Point* s = point(r, "settings");
+    ASSERT_TRUE(s);
+    EXPECT_NE(s->info["reading"].get<std::string>().find("no mixed precision"), std::string::npos);
+    const Point* t = point(r, "throughput");
+    ASSERT_TRUE(t && t->metric("samples_per_s"));
+    EXPECT_NE(t->info["reading"].get<std::string>().find("does not record"), std::string::npos);
+    // the event file is there, and said not read (the state holds the same log)
+    EXPECT_NE(r.meta["run"]["not_read"].dump().find("events.out.tfevents.*: trainer_state.json holds the same log"),
+              std::string::npos);
+  }
+}
+
+TEST(RunDiagnose, TheSameRunFromItsEventFilesAlone) {
+  for (const char* v : kVersions) {
+    SCOPED_TRACE(v);
+    const std::string dir = kData + "/" + v + "/tiny_run_tb_only";
+    ASSERT_TRUE(diagnose::looks_like_run(dir));
+    const Result r = diagnose::diagnose_run(dir, kMeta);
+    EXPECT_EQ(r.meta["run"]["curves"], dir + "/runs/tiny/events.out.tfevents.0.tiny");
+    EXPECT_EQ(r.meta["run"]["trainer_state"], "");
+    EXPECT_EQ(r.meta["run"]["training_logs"], 24);
+    EXPECT_EQ(r.meta["run"]["max_steps"], 48);  // from training_args.bin: the events do not say
+    const Finding* p = finding(r, "plateau");
+    ASSERT_TRUE(p);
+    EXPECT_EQ(p->cause, "numerical stall: a learning rate too low");
+    const Point* best = point(r, "best");
+    ASSERT_TRUE(best);
+    EXPECT_EQ(best->status, Status::skipped);
+    EXPECT_NE(best->reason.find("event files"), std::string::npos);
+    const Point* t = point(r, "throughput");
+    ASSERT_TRUE(t && t->metric("samples_per_s"));
+  }
+}
+
+TEST(RunDiagnose, ABf16RunWithCheckpointingWhoseCurvesTurnNaN) {
+  const TempDir tmp;
+  fs::create_directories(tmp.path / "runs" / "x");
+  fs::copy_file(kData + "/transformers-5.25.0/bf16_w4_gc.bin", tmp.path / "training_args.bin");
+  fs::copy_file(kData + "/hf_tags_nan.tfevents", tmp.path / "runs" / "x" / "events.out.tfevents.1.host");
+  const Result r = diagnose::diagnose_run(tmp.path.string(), kMeta);
+  const Finding* n = finding(r, "nan");
+  ASSERT_TRUE(n);
+  EXPECT_EQ(n->evidence["step"], 25);
+  EXPECT_EQ(n->summary.rfind("grad_norm is NaN at step 25, and the loss is NaN from step 30 (12 of 40 logs", 0), 0u)
+      << n->summary;
+  EXPECT_NE(figures(*n).find("no loss scaler"), std::string::npos) << figures(*n);
+  EXPECT_EQ(n->evidence["change"].get<std::string>().find("instead of fp16"), std::string::npos);
+  EXPECT_FALSE(finding(r, "dtype"));
+  EXPECT_FALSE(finding(r, "loader"));
+  const Finding* g = finding(r, "recompute");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->summary.rfind("modelled cost", 0), 0u);
+  EXPECT_NE(point(r, "settings")->info["reading"].get<std::string>().find("bf16 mixed precision"), std::string::npos);
+  // the curve findings first, by step, then the settings'
+  EXPECT_EQ(r.findings.front().evidence["check"], "nan");
+  EXPECT_EQ(r.findings.back().evidence["check"], "recompute");
+}
+
+// A log without learning_rate: the plateau takes the configured peak, and the schedule says where it was.
+TEST(RunDiagnose, APlateauWithoutALoggedRateTakesTheConfiguredSchedule) {
+  const TempDir tmp;
+  fs::copy_file(kData + "/transformers-4.46.3/bf16_w4_gc.bin", tmp.path / "training_args.bin");  // cosine, warm-up 100 of 1000
+  std::string log = "{\"global_step\": 900, \"max_steps\": 1000, \"log_history\": [";
+  for (int step = 500; step <= 900; step += 10)
+    log += fmt::format("{}{{\"step\": {}, \"epoch\": 1.0, \"loss\": {}}}", step == 500 ? "" : ",", step,
+                       1.0 + 0.001 * (step % 20 == 0));
+  std::FILE* f = std::fopen((tmp.path / "trainer_state.json").c_str(), "w");
+  ASSERT_TRUE(f);
+  std::fputs((log + "]}").c_str(), f);
+  std::fclose(f);
+  const Result r = diagnose::diagnose_run(tmp.path.string(), kMeta);
+  const Finding* p = finding(r, "plateau");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->cause, "numerical stall: plateau");  // 2e-4 is no low rate
+  EXPECT_NE(p->summary.find("at a learning rate of 0.0002 peak (configured)"), std::string::npos) << p->summary;
+  // cosine after 100 warm-up steps of 1000: at step 500, 0.5 (1 + cos(pi 400/900)) = 58.7% of the peak
+  EXPECT_NE(figures(*p).find("the schedule gives 0.0001174 at step 500, where it flattened (59% of the peak)"),
+            std::string::npos)
+      << figures(*p);
+}
+
+TEST(RunDiagnose, AForbiddenGlobalInTheRunIsExit2NamingIt) {
+  const TempDir tmp;
+  fs::copy_file(kData + "/forbidden_global.bin", tmp.path / "training_args.bin");
+  fs::copy_file(kData + "/transformers-5.25.0/tiny_run/trainer_state.json", tmp.path / "trainer_state.json");
+  try {
+    diagnose::diagnose_run(tmp.path.string(), kMeta);
+    FAIL() << "read";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("global os.system refused"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("at offset 2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RunDiagnose, WhatIsARun) {
+  const TempDir tmp;
+  EXPECT_FALSE(diagnose::looks_like_run(tmp.path.string()));
+  EXPECT_THROW(diagnose::diagnose_run(tmp.path.string(), kMeta), UsageError);
+  fs::copy_file(kData + "/transformers-4.46.3/defaults.bin", tmp.path / "training_args.bin");
+  EXPECT_TRUE(diagnose::looks_like_run(tmp.path.string()));
+  // settings only: the curve checks skipped, the settings' findings made
+  const Result r = diagnose::diagnose_run(tmp.path.string(), kMeta);
+  EXPECT_EQ(point(r, "nan")->status, Status::skipped);
+  EXPECT_TRUE(finding(r, "loader"));
+  EXPECT_NE(finding(r, "dtype")->summary.find("unless the model was loaded in half precision"), std::string::npos);
+}
+
+TEST(Schedule, TransformersSchedulersAtTheirSteps) {
+  TrainingArgs a;
+  a.learning_rate = 1e-4;
+  a.warmup_steps = 10;
+  a.lr_scheduler_type = "linear";
+  EXPECT_DOUBLE_EQ(*diagnose::scheduled_lr(a, 110, 5), 5e-5);
+  EXPECT_DOUBLE_EQ(*diagnose::scheduled_lr(a, 110, 60), 5e-5);
+  EXPECT_DOUBLE_EQ(*diagnose::scheduled_lr(a, 110, 110), 0.0);
+  a.lr_scheduler_type = "cosine";
+  EXPECT_NEAR(*diagnose::scheduled_lr(a, 110, 60), 5e-5, 1e-15);
+  EXPECT_NEAR(*diagnose::scheduled_lr(a, 110, 10), 1e-4, 1e-15);
+  a.lr_scheduler_type = "constant";
+  EXPECT_DOUBLE_EQ(*diagnose::scheduled_lr(a, 110, 3), 1e-4);  // constant has no warm-up
+  a.lr_scheduler_type = "constant_with_warmup";
+  EXPECT_DOUBLE_EQ(*diagnose::scheduled_lr(a, 0, 3), 3e-5);
+  a.lr_scheduler_type = "polynomial";
+  EXPECT_FALSE(diagnose::scheduled_lr(a, 110, 3));
+  // warm-up as a ratio: warmup_ratio (transformers 4), a warmup_steps under 1 (transformers 5)
+  a.warmup_steps.reset();
+  a.warmup_ratio = 0.1;
+  EXPECT_EQ(diagnose::warmup_of(a, 95), 10);
+  a.warmup_ratio.reset();
+  a.warmup_steps = 0.05;
+  EXPECT_EQ(diagnose::warmup_of(a, 200), 10);
+}
+
+}  // namespace
+}  // namespace sb
