@@ -158,43 +158,55 @@ HtaRows hta_rows(const Trace& t, const AnalysisOptions& opt) {
   return r;
 }
 
-TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
-  TraceAnalysis a;
-  // each name classified once (a trace repeats a few hundred kernel names thousands of times)
+namespace {
+
+// What every stage of analyze() reads: the trace, its rows as HTA times them, each name classified once (a
+// trace repeats a few hundred kernel names thousands of times), the GPU events by device and stream, the
+// launching CPU row of each correlation, the steps and the DataLoader's calls.
+struct Pass {
   struct NameInfo {
     bool done = false;
     KernelType type = KernelType::computation;
     std::string gemm, attention;
   };
-  std::vector<NameInfo> names(t.names.size());
-  auto info = [&](const Event& e) -> const NameInfo& {
-    NameInfo& i = names[e.name];
-    if (!i.done) {
-      const std::string& n = t.names[e.name];
-      i.type = kernel_type(n);
-      i.gemm = gemm_dtype(n);
-      i.attention = attention_family(n);
-      i.done = true;
-    }
-    return i;
-  };
-  if (!t.device_properties.empty() && t.device_properties[0].is_object())
-    a.device_name = t.device_properties[0].value("name", std::string());
-
-  // ---- times as HTA sees them, and the rows its iteration filter keeps ----
-  const HtaRows rows = hta_rows(t, opt);
-  const std::size_t n = t.events.size();
+  const Trace& t;
+  const AnalysisOptions& opt;
+  const HtaRows rows;
   const std::vector<double>& ts = rows.ts;
   const std::vector<double>& te = rows.te;
   const std::vector<char>& kept = rows.kept;
-  a.rounded = rows.rounded;
-  a.iteration_filter = rows.iteration_filter;
-
-  // ---- GPU events by device and stream; the launching CPU row by correlation ----
+  const std::size_t n = t.events.size();
+  std::vector<NameInfo> names = std::vector<NameInfo>(t.names.size());
   std::map<std::int64_t, std::vector<std::size_t>> by_device;
   std::map<std::pair<std::int64_t, std::int64_t>, std::vector<std::size_t>> by_stream;
   std::unordered_map<std::int64_t, std::size_t> cpu_by_corr;
   std::vector<std::size_t> steps, loader_ops;
+
+  Pass(const Trace& tr, const AnalysisOptions& o) : t(tr), opt(o), rows(hta_rows(tr, o)) {}
+  const NameInfo& info(const Event& e) {
+    NameInfo& i = names[e.name];
+    if (!i.done) {
+      const std::string& nm = t.names[e.name];
+      i.type = kernel_type(nm);
+      i.gemm = gemm_dtype(nm);
+      i.attention = attention_family(nm);
+      i.done = true;
+    }
+    return i;
+  }
+};
+
+// GPU events by device and stream; the launching CPU row by correlation; the steps, the loader's calls and
+// the SDPA ops (every event: the steps see all, not HTA's filter)
+void index_events(Pass& x, TraceAnalysis& a) {
+  const Trace& t = x.t;
+  const std::size_t n = x.n;
+  const auto& kept = x.kept;
+  auto& by_device = x.by_device;
+  auto& by_stream = x.by_stream;
+  auto& cpu_by_corr = x.cpu_by_corr;
+  auto& steps = x.steps;
+  auto& loader_ops = x.loader_ops;
   for (std::size_t i = 0; i < n; ++i) {
     const Event& e = t.events[i];
     if (!kept[i]) continue;
@@ -237,7 +249,14 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
       }
     }
   }
+}
 
+void temporal(Pass& x, TraceAnalysis& a) {
+  const Trace& t = x.t;
+  const auto& ts = x.ts;
+  const auto& te = x.te;
+  auto info = [&x](const Event& e) -> const Pass::NameInfo& { return x.info(e); };
+  auto& by_device = x.by_device;
   // ---- temporal breakdown per device (HTA: the union over every stream) ----
   for (auto& [dev, idx] : by_device) {
     a.devices.push_back(dev);
@@ -275,7 +294,16 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
     a.families.nccl_us += tp.communication_us;
     a.families.nccl_exposed_us += tp.communication_us - overlap(comm_m, comp_m);
   }
+}
 
+void stream_idle(Pass& x, TraceAnalysis& a) {
+  const Trace& t = x.t;
+  const auto& ts = x.ts;
+  const auto& te = x.te;
+  const AnalysisOptions& opt = x.opt;
+  auto info = [&x](const Event& e) -> const Pass::NameInfo& { return x.info(e); };
+  auto& by_stream = x.by_stream;
+  const auto& cpu_by_corr = x.cpu_by_corr;
   // ---- idle time per stream (HTA: kernels, memcpy, memset; host wait first) ----
   for (auto& [key, idx] : by_stream) {
     std::stable_sort(idx.begin(), idx.end(), [&](std::size_t x, std::size_t y) { return ts[x] < ts[y]; });
@@ -298,7 +326,16 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
     si.idle_us = si.host_wait_us + si.kernel_wait_us + si.other_us;
     a.idle.push_back(si);
   }
+}
 
+void launch_stats(Pass& x, TraceAnalysis& a) {
+  const Trace& t = x.t;
+  const std::size_t n = x.n;
+  const auto& ts = x.ts;
+  const auto& te = x.te;
+  const auto& kept = x.kept;
+  const AnalysisOptions& opt = x.opt;
+  const auto& cpu_by_corr = x.cpu_by_corr;
   // ---- launch statistics (HTA's launch names; hip's too, which HTA 0.5 does not pair) ----
   {
     std::vector<double> cpu, gpu, delay;
@@ -325,7 +362,12 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
     a.launch.gpu_median_us = median(gpu);
     a.launch.delay_median_us = median(delay);
   }
+}
 
+void copies(Pass& x, TraceAnalysis& a) {
+  const Trace& t = x.t;
+  const std::size_t n = x.n;
+  const auto& kept = x.kept;
   // ---- copies ----
   // bytes and µs of the copies whose size the trace gives, by the host memory their name says
   std::pair<std::int64_t, double> rated_pageable{0, 0}, rated_pinned{0, 0}, rated_unnamed{0, 0};
@@ -362,7 +404,15 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
   a.copies.htod_pinned_gbps = gbps(rated_pinned);
   a.copies.htod_gbps = gbps({rated_pageable.first + rated_pinned.first + rated_unnamed.first,
                              rated_pageable.second + rated_pinned.second + rated_unnamed.second});
+}
 
+void steps_and_loader(Pass& x, TraceAnalysis& a) {
+  const Trace& t = x.t;
+  const std::size_t n = x.n;
+  const auto& ts = x.ts;
+  const auto& te = x.te;
+  const auto& steps = x.steps;
+  const auto& loader_ops = x.loader_ops;
   // ---- steps and the DataLoader inside them ----
   {
     std::vector<Interval> step_iv;
@@ -396,9 +446,14 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
       if (t.events[i].stream >= 0) gpu_all.emplace_back(ts[i], te[i]);
     a.steps.gpu_busy_us = step_m.empty() ? 0 : overlap(merged(std::move(gpu_all)), step_m);
   }
+}
 
+void families(Pass& x, TraceAnalysis& a) {
+  const Trace& t = x.t;
+  auto info = [&x](const Event& e) -> const Pass::NameInfo& { return x.info(e); };
+  auto& by_stream = x.by_stream;
   // ---- kernel families ----
-  for (auto& [key, idx] : by_stream) {  // sorted by ts above
+  for (auto& [key, idx] : by_stream) {  // sorted by start in stream_idle()
     std::vector<const Event*> evs;
     for (std::size_t i : idx) evs.push_back(&t.events[i]);
     for (std::size_t i = 0; i < evs.size(); ++i) {
@@ -429,7 +484,10 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
       }
     }
   }
+}
 
+void memory_peaks(Pass& x, TraceAnalysis& a) {
+  const Trace& t = x.t;
   // ---- memory: peak allocated per device against its capacity ----
   {
     std::map<std::int64_t, MemoryPeak> peaks;
@@ -452,6 +510,26 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
       a.memory.push_back(p);
     }
   }
+}
+
+}  // namespace
+
+TraceAnalysis analyze(const Trace& t, const AnalysisOptions& opt) {
+  TraceAnalysis a;
+  if (!t.device_properties.empty() && t.device_properties[0].is_object())
+    a.device_name = t.device_properties[0].value("name", std::string());
+  // times as HTA sees them, and the rows its iteration filter keeps
+  Pass x(t, opt);
+  a.rounded = x.rows.rounded;
+  a.iteration_filter = x.rows.iteration_filter;
+  index_events(x, a);
+  temporal(x, a);
+  stream_idle(x, a);
+  launch_stats(x, a);
+  copies(x, a);
+  steps_and_loader(x, a);
+  families(x, a);
+  memory_peaks(x, a);
   return a;
 }
 
