@@ -18,6 +18,7 @@
 #include <memory>              // std::make_shared, std::shared_ptr
 #include <mutex>               // std::mutex
 #include <string>              // std::string
+#include <cstdio>              // std::fprintf
 #include <thread>              // std::this_thread::sleep_until
 #include <vector>              // std::vector
 
@@ -50,6 +51,13 @@ constexpr std::chrono::minutes kHostBlockTimeout{5};
 // clock; host-side waits (synchronize, wait_event, a pageable copy) still
 // end no earlier than the modelled time, since they wait out the rest.
 constexpr std::chrono::microseconds kMinStreamWait{100};
+
+// Modelled time is not wall time: an operation modelled longer than this is waited out for this long only,
+// and the modelled clock runs ahead of the wall clock by the rest (the offset). Events, elapsed_ms and
+// --trace keep the modelled durations; host waits wait for the modelled end less the offset. An attention
+// point at a huge sequence (minutes modelled) then takes a fraction of a second, not minutes; every figure
+// is modelled either way, and the device says on stderr, once, that it fast-forwarded.
+constexpr std::chrono::milliseconds kMaxRealWait{100};
 
 std::vector<ExpectedFile> gpu_files() {
   std::vector<ExpectedFile> out;
@@ -217,12 +225,12 @@ class SimDevice final : public Device {
   double elapsed_ms(const EventPtr& a, const EventPtr& b) override { return cpu::stream_elapsed_ms(a, b); }
   void synchronize(std::chrono::milliseconds timeout) override {
     cs_.synchronize(timeout);
-    std::this_thread::sleep_until(steady_clock::time_point(steady_clock::duration(modelled_end_.load())));
+    std::this_thread::sleep_until(steady_clock::time_point(steady_clock::duration(modelled_end_.load() - offset_.load())));
   }
   void wait_event(const EventPtr& e, std::chrono::milliseconds timeout) override {
     const cpu::StreamEvent& se = cpu::as_stream_event(e);
     cs_.wait_done(se.seq, timeout);
-    std::this_thread::sleep_until(se.t);
+    std::this_thread::sleep_until(se.t - steady_clock::duration(offset_.load()));
   }
   // The stream thread's busy fraction: time inside modelled operations.
   // The modelled busy time over real time: the stream thread skips waits
@@ -264,9 +272,19 @@ class SimDevice final : public Device {
     cs_.enqueue(std::move(label), [this, submitted, dur] {
       advance(submitted, dur);
       cpu::stream_interval(clock_ - dur, clock_);  // --trace: the modelled interval
-      if (clock_ - steady_clock::now() < kMinStreamWait) return;
+      if (dur > kMaxRealWait) {  // fast-forward: wait kMaxRealWait of it, the clock runs ahead by the rest
+        offset_.fetch_add((dur - kMaxRealWait).count());
+        if (!told_) {
+          told_ = true;
+          std::fprintf(stderr, "%s: a modelled operation of %.1f s was not waited out in real time (sim: modelled "
+                               "time runs ahead of the wall clock; every figure is modelled)\n",
+                       info_.id.c_str(), std::chrono::duration<double>(dur).count());
+        }
+      }
+      const auto real_end = clock_ - steady_clock::duration(offset_.load());
+      if (real_end - steady_clock::now() < kMinStreamWait) return;
       std::unique_lock lk(mu_);
-      cv_.wait_until(lk, clock_, [this] { return closing_; });  // a timed wait: no CPU
+      cv_.wait_until(lk, real_end, [this] { return closing_; });  // a timed wait: no CPU
     });
   }
 
@@ -274,7 +292,8 @@ class SimDevice final : public Device {
   // Stream thread only: the modelled clock moves to the end of an operation
   // submitted at `submitted` that lasts `dur`; published for host waits.
   void advance(steady_clock::time_point submitted, steady_clock::duration dur) {
-    clock_ = std::max(clock_, submitted) + dur;
+    // submitted on the wall clock: on the modelled one it is that plus what was fast-forwarded so far
+    clock_ = std::max(clock_, submitted + steady_clock::duration(offset_.load())) + dur;
     modelled_end_.store(clock_.time_since_epoch().count());
     modelled_busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(dur).count());
   }
@@ -295,6 +314,8 @@ class SimDevice final : public Device {
   steady_clock::time_point clock_{};  // modelled end of the last operation; stream thread only
   std::atomic<steady_clock::rep> modelled_end_{0};  // clock_, for host threads
   std::atomic<std::int64_t> modelled_busy_ns_{0};  // sum of modelled op durations
+  std::atomic<steady_clock::rep> offset_{0};  // modelled time not waited out (kMaxRealWait); stream thread writes
+  bool told_ = false;                         // the fast-forward said on stderr; stream thread only
   std::mutex mu_;
   std::condition_variable cv_;
   bool closing_ = false;

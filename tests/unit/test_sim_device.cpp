@@ -281,6 +281,32 @@ TEST(SimDevice, AnEnqueuedOpTakesItsModelledTimeWithoutCpu) {
   EXPECT_EQ(probe->source(), "simulated: modelled busy time of the stream");
 }
 
+// Modelled time is not wall time: a fused attention forward modelled at seconds (a 1M-token sequence) is
+// waited out for 100 ms only; its events still measure the modelled time, and the next op starts after it
+// on the modelled clock.
+TEST(SimDevice, ALongModelledOpIsNotWaitedOutInRealTime) {
+  auto dev = open("sim:h100");
+  AttnShape s;
+  s.batch = 1, s.heads = 8, s.seq = 1'000'000, s.head_dim = 128, s.backward = false;
+  auto op = dev->make_attention(s, AttnImpl::flash, DType::bf16, 1);
+  dev->synchronize(10s);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto a = dev->record();
+  op->forward();
+  auto b = dev->record();
+  op->forward();
+  auto c = dev->record();
+  dev->wait_event(c, 10s);
+  dev->synchronize(10s);
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double modelled_s = 4.0 * 8 * 1e12 * 128 / (make_sim_model(expected("h100-sxm")).peak_tflops.at(DType::bf16).value * 1e12);
+  ASSERT_GT(modelled_s, 2.0);
+  EXPECT_GE(dev->elapsed_ms(a, b), 1e3 * modelled_s * 0.99);
+  EXPECT_NEAR(dev->elapsed_ms(b, c), dev->elapsed_ms(a, b), 1e-3 * dev->elapsed_ms(a, b));
+  EXPECT_LT(wall_s, 2.0) << "two modelled forwards of " << modelled_s << " s each took " << wall_s << " s of wall time";
+  EXPECT_GE(wall_s, 0.19);  // each waited its 100 ms
+}
+
 // Short ops (a 5 us launch each) are not waited out one by one on the stream
 // thread, but they are busy time in the model: the probe counts them.
 TEST(SimDevice, ShortOpsCountAsBusyTime) {
