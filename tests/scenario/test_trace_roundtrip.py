@@ -45,6 +45,30 @@ def check(cond, msg):
     return cond
 
 
+def no_steps(t, tag, tmp, dev, schema):
+    """The same trace as a user profiling without a schedule writes it: no ProfilerStep#N. The loader must
+    still be named, its iterations recovered from the DataLoader's own __next__ calls."""
+    t = dict(t)
+    t["traceEvents"] = [e for e in t["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    trace = os.path.join(tmp, f"nosteps-{dev.replace(':', '_')}.trace.json")
+    with open(trace, "w") as f:
+        json.dump(t, f)
+    out = trace + ".diag.json"
+    q = subprocess.run([EXE, "diagnose", "--trace", trace, "--device", "cpu", "--json", out],
+                       capture_output=True, text=True, timeout=300)
+    if not check(q.returncode == 0, f"{tag} without steps: exit {q.returncode}: {q.stderr[-400:]}"):
+        return
+    with open(out) as f:
+        doc = json.load(f)
+    check(not schema_check.errors(doc, schema), f"{tag} without steps: schema")
+    loader = next(pt for pt in doc["points"] if pt["params"]["check"] == "loader")
+    causes = [f["cause"] for f in doc["findings"]]
+    check(loader["status"] == "ok" and "DataLoader" in loader["info"].get("iterations", ""),
+          f"{tag} without steps: the loader's iterations not recovered: {loader.get('reason') or loader['info']}")
+    check("a slow host dataloader" in causes, f"{tag} without steps: named {causes}")
+    print(f"{tag} without ProfilerStep#N: iterations from {loader['info'].get('iterations')}; {causes}")
+
+
 def main():
     with open(SCHEMA) as f:
         schema = json.load(f)
@@ -84,6 +108,8 @@ def main():
                 if cause:
                     check(cause in causes, f"{tag}: diagnose --trace named {causes}, not '{cause}'")
                 print(f"{tag}: {len(evs)} events; diagnose --trace: {causes}")
+                if sc == "dataloader":
+                    no_steps(t, tag, tmp, dev, schema)
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1
