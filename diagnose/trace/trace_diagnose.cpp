@@ -509,7 +509,7 @@ Result diagnose_read(const TraceRead& tr, const TraceAnalysis& a, const json& me
   r.scenario = "diagnose";
   r.meta = meta;
   r.params = json{{"check", json::array({"utilization", "host", "loader", "dtype", "padding", "attention", "batch", "memory",
-                                         "communication", "copies", "roofline"})}};
+                                         "communication", "copies", "cpu", "roofline"})}};
   json devs = json::array();
   for (const auto& d : t.device_properties)
     if (d.is_object()) devs.push_back(d.value("name", std::string()));
@@ -531,6 +531,7 @@ Result diagnose_read(const TraceRead& tr, const TraceAnalysis& a, const json& me
   r.meta["trace_analysis"] = readers::to_json(a);
 
   Ctx c{t, a, meta.value("/device/id"_json_pointer, std::string("cpu"))};
+  trace_rules::read_cpu_isa(c, meta);  // whether bf16 is native on this CPU (a trace without GPU events)
   for (const auto& d : a.temporal)
     if (!c.dev || d.kernel_us > c.dev->kernel_us) c.dev = &d;
   c.window = c.dev ? c.dev->window_us : 0;
@@ -563,11 +564,13 @@ Result diagnose_read(const TraceRead& tr, const TraceAnalysis& a, const json& me
   r.points.push_back(memory(c));
   r.points.push_back(communication(c));
   r.points.push_back(copies(c));
+  r.points.push_back(trace_rules::cpu(c));  // a trace without GPU events, read from its CPU ops
 
   std::stable_sort(c.found.begin(), c.found.end(), [](const Finding& x, const Finding& y) {
     return x.speedup.value_or(0) > y.speedup.value_or(0);
   });
   trace_rules::attach_host_evidence(c, c.found);
+  trace_rules::finish_cpu(c, c.found);
   r.findings = c.found;
   if (r.findings.empty())
     r.findings.push_back({"none found",

@@ -7,6 +7,7 @@
 #include <string>    // std::string
 #include <vector>    // std::vector
 
+#include "diagnose/trace/cpu_breakdown.hpp"     // CpuBreakdown
 #include "diagnose/trace/host_attribution.hpp"  // HostAttribution, Iterations
 #include "diagnose/trace/trace_analysis.hpp"    // TraceAnalysis, Steps
 #include "harness/result.hpp"                   // Point, Finding
@@ -30,6 +31,11 @@ struct Ctx {
   readers::Steps steps;
   std::string steps_source;  // "ProfilerStep#N", "enumerate(DataLoader)#...__next__", ... or ""
   double slow_op_us = 0;     // the host time a slow-op finding claimed (not launch overhead's too)
+  // Without GPU events: the CPU ops' breakdown (cpu(), from the iterations), and the ISA extensions of the CPU
+  // reading the trace (meta's cpu.isa; a trace does not name its CPU), which say whether bf16 is native.
+  std::optional<readers::CpuBreakdown> cpu;
+  std::vector<std::string> cpu_isa;
+  bool cpu_isa_known = false;
 };
 
 Point check(const std::string& name);
@@ -46,5 +52,13 @@ Point host(Ctx& c);
 // The host attribution as every finding's evidence: evidence.figures gets its line (warm-up's for the
 // warm-up finding), evidence.host_attribution its leading items.
 void attach_host_evidence(const Ctx& c, std::vector<Finding>& findings);
+
+// cpu_rules.cpp: a trace without GPU events read from its CPU ops (a sync per step, allocator churn, a slow
+// custom layer, the GEMMs' dtype, framework overhead, collectives, CPU-only), and, after the ranking, the
+// breakdown as every finding's evidence (CPU-only first where the steps hold no compute). read_cpu_isa takes
+// meta's cpu.isa.
+void read_cpu_isa(Ctx& c, const nlohmann::ordered_json& meta);
+Point cpu(Ctx& c);
+void finish_cpu(const Ctx& c, std::vector<Finding>& findings);
 
 }  // namespace sb::diagnose::trace_rules
