@@ -248,9 +248,10 @@ Command add_diagnose(CLI::App& app, int& argc, char**& argv) {
                                   "check will run or why the config excludes its cause; measure nothing");
   trace_opt->excludes(plan_opt);
   auto* run_opt = diag->add_option("--run", da->run,
-                                   "a training run's output directory (or a checkpoint-N/ in it): its "
-                                   "trainer_state.json's curves diagnosed, nothing measured; a directory given as "
-                                   "the config is read so too")
+                                   "a training run's output directory (or a checkpoint-N/ in it): the curves of "
+                                   "its trainer_state.json (else its TensorBoard event files) diagnosed with its "
+                                   "training_args.bin's settings, nothing measured or executed; a directory given "
+                                   "as the config is read so too")
                       ->check(non_empty_path());
   for (CLI::Option* o : {config_opt, model_opt, lengths_opt, observed_opt, quick_opt, budget_opt, trace_opt, plan_opt})
     run_opt->excludes(o);

@@ -4,7 +4,9 @@
   - the model's dims from a Hugging Face cache (HF_HUB_CACHE), never the network;
   - configs Axolotl refuses are exit 2 saying so;
   - a run's output directory (trainer_state.json in checkpoint-N/) and the real trainer logs of
-    $STALLBENCH_SHARED_DATA/trainer-logs (those cases skip where the data is absent).
+    $STALLBENCH_SHARED_DATA/trainer-logs (those cases skip where the data is absent);
+  - a real Trainer run's directory with its training_args.bin and event file (tests/data/run), and a
+    training_args.bin whose pickle names os.system (exit 2 naming it).
 The configs are written here in the shape of Axolotl's examples (the tag and path each mirrors is named).
 
 usage: test_diagnose_real.py STALLBENCH SCHEMA TRAINER_LOGS_DIR
@@ -148,6 +150,25 @@ with tempfile.TemporaryDirectory() as tmp:
         f.write('{"log_history": [{"step": "five"}')
     p, _ = run(["diagnose", bad])
     check(p.returncode == 2 and "trainer_state.json" in p.stderr, f"truncated: {p.returncode} {p.stderr}")
+
+    # a real Trainer run's directory with its training_args.bin (tests/data/run, made with transformers 5.25.0):
+    # the settings and the plateau at lr 1e-7; the same run from its event file alone; a training_args.bin
+    # naming os.system is exit 2 naming it, and nothing runs
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "run", "transformers-5.25.0")
+    p, _ = run(["diagnose", os.path.join(data, "tiny_run"), "--json", res])
+    check(p.returncode == 0 and "settings: " in p.stdout and "learning_rate 1e-07 constant (training_args.bin)" in p.stdout
+          and "configured (training_args.bin): learning_rate 1e-07" in p.stdout,
+          f"diagnose DIR with training_args.bin: {p.returncode} {p.stdout[-1500:]} {p.stderr}")
+    p, _ = run(["diagnose", "--run", os.path.join(data, "tiny_run_tb_only"), "--json", res])
+    check(p.returncode == 0 and "events.out.tfevents.0.tiny: 24 training" in p.stdout
+          and "a learning rate too low" in p.stdout, f"diagnose DIR from events: {p.returncode} {p.stdout[-1500:]}")
+    evil = os.path.join(tmp, "evil")
+    os.makedirs(evil)
+    shutil.copy(os.path.join(data, "..", "forbidden_global.bin"), os.path.join(evil, "training_args.bin"))
+    shutil.copy(os.path.join(data, "tiny_run", "trainer_state.json"), evil)
+    p, _ = run(["diagnose", evil, "--json", res])
+    check(p.returncode == 2 and "global os.system refused" in p.stderr and "at offset 2" in p.stderr,
+          f"forbidden global: {p.returncode} {p.stderr}")
 
     # the real runs: each names its README's cause first
     logs = shared_data.directory(LOGS, "trainer-logs")
