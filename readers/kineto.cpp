@@ -426,7 +426,7 @@ class Reader {
       std::int64_t i = 0;
       if (!v.get_int64().get(i)) return i;
       double d = 0;
-      if (!v.get_double().get(d)) return std::int64_t(d);
+      if (!v.get_double().get(d)) return in_int64(d) ? std::int64_t(d) : 0;
       return 0;
     }
     if (ty == od::json_type::string) {
@@ -440,6 +440,8 @@ class Reader {
     }
     return 0;
   }
+  // Whether a double converts to int64 (finite, inside its range): an id or count written as 1e65 is none.
+  static bool in_int64(double d) { return d > -9.2e18 && d < 9.2e18; }
   static bool number(od::value v, double& out) {
     double d = 0;
     if (v.get_double().get(d)) return false;
@@ -466,6 +468,7 @@ class Reader {
     }
     double d = 0;
     if (!v.get_double().get(d)) {
+      if (!in_int64(d)) return false;  // 1e65, NaN: no integer (the cast would be undefined)
       out = std::int64_t(d);
       return true;
     }
