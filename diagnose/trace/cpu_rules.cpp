@@ -175,6 +175,9 @@ void overhead(Ctx& c, Point& p, const CpuBreakdown& b, const readers::CpuModule*
   // not in either)
   const double layer_compute = layer ? layer->compute_us : 0;
   frame = std::max(0.0, frame - (layer ? layer->own_us + layer->backward_us - layer_compute - layer->alloc_us : 0));
+  // unrecorded time while a collective ran on another thread is the step waiting on it (c10d's work.wait() is
+  // no op): the collective's, not the framework's (a gloo rank waiting for a straggler read as overhead-bound)
+  frame = std::max(0.0, frame - std::min(b.us(CpuCause::nothing) + b.us(CpuCause::python), b.communication_exposed_us));
   const double compute = std::max(0.0, b.us(CpuCause::gemm) + b.us(CpuCause::compute) - layer_compute);
   const double rest = frame + compute;
   p.add({"framework_pct_of_rest", rest > 0 ? 100 * frame / rest : 0, "%", Direction::lower, std::nullopt,
