@@ -43,7 +43,9 @@ KinetoTrace::KinetoTrace() : pid_(::getpid()) {
   epoch_offset_us_ = wall - steady_us();
 }
 
-double KinetoTrace::now_us() const { return steady_us() + epoch_offset_us_; }
+double KinetoTrace::now_us() const {
+  return steady_us() + epoch_offset_us_ + (follow_ ? double(follow_->load()) / 1e3 : 0.0);
+}
 
 double KinetoTrace::at_us(std::chrono::steady_clock::time_point t) const {
   return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count() + epoch_offset_us_;

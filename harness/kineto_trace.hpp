@@ -49,6 +49,9 @@ class KinetoTrace {
 
   KinetoTrace();
   double now_us() const;          // on the trace's clock
+  // A device whose clock runs ahead of the wall clock (sim: modelled time not waited out) puts its device
+  // intervals on that clock; host events then follow it: now_us() adds *ns (nanoseconds) when set.
+  void follow_offset(const std::atomic<std::int64_t>* ns) { follow_ = ns; }
   double at_us(std::chrono::steady_clock::time_point t) const;  // a steady_clock time on it
   std::int64_t next_correlation();  // 1, 2, ...
   static std::int64_t this_tid();   // the calling thread's id (gettid)
@@ -96,6 +99,7 @@ class KinetoTrace {
   std::atomic<std::int64_t> correlation_{0};
   std::int64_t pid_ = 0;
   double epoch_offset_us_ = 0;
+  const std::atomic<std::int64_t>* follow_ = nullptr;
   std::string device_name_ = "device", note_;
   std::int64_t total_bytes_ = 0;
   int compute_major_ = 0;

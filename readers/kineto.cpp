@@ -10,6 +10,7 @@
 #include <algorithm>      // std::min
 #include <array>          // std::array
 #include <charconv>       // std::from_chars
+#include <cmath>          // std::isfinite
 #include <cstring>        // std::memmove
 #include <string_view>    // std::string_view
 #include <system_error>   // std::errc
@@ -668,6 +669,11 @@ class Reader {
     }
     if (ph != "X") return;
     if (!has_ts || !has_dur) fail("a complete event (\"ph\": \"X\") without ts or dur", at);
+    // an end that is no number (1e308 + 1e308) is no interval; a negative length is read as an instant (what
+    // happened, not when it ended: no wait or window may come out negative)
+    if (!std::isfinite(ev.ts) || !std::isfinite(ev.dur) || !std::isfinite(ev.ts + ev.dur))
+      fail("a complete event whose ts + dur is not a finite number", at);
+    if (ev.dur < 0) ev.dur = 0;
     ev.cat = has_cat ? cat_of(cat) : Cat::other;
     // Trace and the rest, python_function unless asked for: counted above
     if (ev.cat == Cat::other || (ev.cat == Cat::python_function && !opt_.python_functions)) return;

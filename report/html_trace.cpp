@@ -106,10 +106,19 @@ std::string job_ranks_html(const json& meta) {
     const long rank = r.value("rank", 0L);
     const double step = r.value("step_ms", 0.0), wait = r.value("wait_ms", 0.0);
     double c = 0, n = 0, idle = 0;
-    if (r.contains("trace_analysis") && r["trace_analysis"].contains("temporal") &&
-        !r["trace_analysis"]["temporal"].empty()) {
-      const json& t = r["trace_analysis"]["temporal"][0];
-      c = t.value("compute_pct", 0.0), n = t.value("non_compute_pct", 0.0), idle = t.value("idle_pct", 0.0);
+    bool gpu = false;
+    double most = -1;
+    if (r.contains("trace_analysis") && r["trace_analysis"].contains("temporal"))
+      for (const auto& t : r["trace_analysis"]["temporal"])  // its busiest device, as the text reads it
+        if (t.is_object() && t.value("kernel_us", 0.0) > most) {
+          most = t.value("kernel_us", 0.0);
+          c = t.value("compute_pct", 0.0), n = t.value("non_compute_pct", 0.0), idle = t.value("idle_pct", 0.0);
+          gpu = true;
+        }
+    if (!gpu) {  // a CPU job's rank: no GPU time to draw
+      o += fmt::format("<div class='note'>rank {}: no GPU events (a CPU job); step {:.1f} ms &middot; waits {:.0f}%</div>\n",
+                       rank, step, step > 0 ? std::min(100.0, 100 * wait / step) : 0);
+      continue;
     }
     const double wp = step > 0 ? std::min(100.0, 100 * wait / step) : 0;
     const bool straggler = job.contains("straggler") && job["straggler"].is_number() && job["straggler"].get<long>() == rank;

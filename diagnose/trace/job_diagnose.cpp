@@ -69,6 +69,7 @@ std::vector<RankRead> read_all(const std::vector<std::string>& files, const json
 void assign_ranks(std::vector<RankRead>& rs) {
   static const std::regex digits(R"(rank[_-]?(\d{1,7}))", std::regex::icase);
   std::map<std::int64_t, std::string> seen;
+  std::vector<std::size_t> unnamed;  // neither distributedInfo nor the name says: numbered after the others
   for (std::size_t i = 0; i < rs.size(); ++i) {
     RankRead& r = rs[i];
     const std::string base = std::filesystem::path(r.read.path).filename().string();
@@ -78,11 +79,18 @@ void assign_ranks(std::vector<RankRead>& rs) {
     } else if (std::regex_search(base, m, digits)) {
       r.rank = std::stoll(m[1].str()), r.rank_source = "file name";
     } else {
-      r.rank = std::int64_t(i), r.rank_source = "order of the files";
+      unnamed.push_back(i);
+      continue;
     }
     if (auto [it, fresh] = seen.emplace(r.rank, r.read.path); !fresh)
       throw UsageError(fmt::format("{} and {} both say rank {} ({}): give one job's traces, each rank once",
                                    it->second, r.read.path, r.rank, r.rank_source));
+  }
+  std::int64_t next = 0;  // the lowest numbers no file claims, in the files' order
+  for (std::size_t i : unnamed) {
+    while (seen.count(next)) ++next;
+    rs[i].rank = next, rs[i].rank_source = "order of the files";
+    seen.emplace(next, rs[i].read.path);
   }
   std::sort(rs.begin(), rs.end(), [](const RankRead& a, const RankRead& b) { return a.rank < b.rank; });
 }
@@ -361,8 +369,9 @@ std::vector<std::string> trace_files(const std::vector<std::string>& args) {
       continue;
     }
     std::vector<std::string> in;
+    std::error_code fe;  // a broken link or an unreadable entry is left out, not the listing's error
     for (const auto& e : std::filesystem::directory_iterator(a, ec))
-      if (is_trace_name(e.path().filename().string()) && e.is_regular_file(ec)) in.push_back(e.path().string());
+      if (is_trace_name(e.path().filename().string()) && e.is_regular_file(fe)) in.push_back(e.path().string());
     if (ec) throw UsageError(fmt::format("{}: cannot list the directory: {}", a, ec.message()));
     if (in.empty()) throw UsageError(fmt::format("{}: no .json or .json.gz trace in the directory", a));
     // the profiler's own names (tensorboard_trace_handler: <worker>.<ts>.pt.trace.json) when there are some: a
@@ -377,7 +386,17 @@ std::vector<std::string> trace_files(const std::vector<std::string>& args) {
     std::sort(in.begin(), in.end());
     out.insert(out.end(), in.begin(), in.end());
   }
-  return out;
+  // one file given twice (a directory and a file in it, or a path twice) is one rank, read once
+  std::vector<std::string> unique;
+  for (const auto& f : out) {
+    bool dup = false;
+    for (const auto& u : unique) {
+      std::error_code eq;
+      dup = dup || std::filesystem::equivalent(f, u, eq);
+    }
+    if (!dup) unique.push_back(f);
+  }
+  return unique;
 }
 
 Result diagnose_job(const std::vector<std::string>& files, const std::string& label, const json& meta) {

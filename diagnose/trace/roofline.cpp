@@ -3,6 +3,7 @@
 
 #include <algorithm>  // std::sort, std::min, std::max
 #include <charconv>   // std::from_chars
+#include <cmath>      // std::floor
 #include <map>        // std::map
 #include <numeric>    // std::accumulate
 #include <unordered_map>  // std::unordered_map
@@ -103,11 +104,11 @@ OpWork conv(const readers::OpShape& s, bool backward) {
   bool known = false;
   const bool transposed = truth(s, 6, known);
   double out = 1;
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::int64_t k = wt[i + 2], in = x[i + 2];
-    const std::int64_t o = transposed ? (in - 1) * st[i] - 2 * pad[i] + dil[i] * (k - 1) + 1
-                                      : (in + 2 * pad[i] - dil[i] * (k - 1) - 1) / std::max<std::int64_t>(1, st[i]) + 1;
-    out *= double(std::max<std::int64_t>(o, 0));
+  for (std::size_t i = 0; i < n; ++i) {  // in double: a hostile stride or padding must not overflow int64
+    const double k = double(wt[i + 2]), in = double(x[i + 2]), sd = double(st[i]), p = double(pad[i]), d = double(dil[i]);
+    const double o = transposed ? (in - 1) * sd - 2 * p + d * (k - 1) + 1
+                                : std::floor((in + 2 * p - d * (k - 1) - 1) / std::max(1.0, sd)) + 1;
+    out *= std::max(o, 0.0);
   }
   const double kernel = numel({wt.begin() + 2, wt.end()});
   // a transposed convolution's weight is [C_in, C_out/groups, k...]: its work counted from its input side
@@ -133,10 +134,15 @@ OpWork attention(const std::string& name, const readers::OpShape& s) {
   const double fwd = 4 * double(q[0]) * double(q[1]) * double(q[2]) * double(k[2]) * double(q[3]);
   // is_causal: the flash op's 5th input, the efficient op's 7th, the cuDNN op's 7th
   bool known = false;
-  const bool causal = name == "aten::_scaled_dot_product_flash_attention" ? truth(s, 4, known)
-                      : name == "aten::_scaled_dot_product_efficient_attention" || name == "aten::_scaled_dot_product_cudnn_attention"
-                          ? truth(s, 6, known)
-                          : false;
+  // (the backward ops: flash's and efficient's 12th input, cuDNN's 15th, in ATen's native_functions.yaml)
+  const std::size_t at = name == "aten::_scaled_dot_product_flash_attention"                     ? 4
+                         : name == "aten::_scaled_dot_product_efficient_attention"                ? 6
+                         : name == "aten::_scaled_dot_product_cudnn_attention"                    ? 6
+                         : name == "aten::_scaled_dot_product_flash_attention_backward"           ? 11
+                         : name == "aten::_scaled_dot_product_efficient_attention_backward"       ? 11
+                         : name == "aten::_scaled_dot_product_cudnn_attention_backward"           ? 14
+                                                                                                  : 99;
+  const bool causal = truth(s, at, known);
   w.assumed = !known;
   w.flops = (causal ? 0.5 : 1.0) * fwd * (bwd ? 2.5 : 1.0);
   const double es = elem_bytes(type(s, q0));
@@ -165,7 +171,7 @@ OpWork op_work(const std::string& name, const readers::OpShape& s) {
                n = double(B[batched ? 2 : 1]);
   w.flops = 2 * b * m * n * kk;
   const double es = elem_bytes(type(s, a));
-  w.bytes = es * b * (m * kk + kk * n + m * n * (bias ? 2 : 1));
+  w.bytes = es * (b * (m * kk + kk * n + m * n) + (bias ? numel(dim(s, 0)) : 0));
   w.dtype = readers::to_string(type(s, a));
   return w;
 }

@@ -59,7 +59,7 @@ bool is_alloc(const std::string& n) {
 }
 bool is_cpu_gemm(const std::string& n) {
   return n == "aten::mm" || n == "aten::addmm" || n == "aten::bmm" || n == "aten::baddbmm" ||
-         n == "aten::_addmm_activation" || n == "aten::mkldnn_convolution" || n == "aten::_convolution";
+         n == "aten::_addmm_activation" || n == "aten::mkldnn_convolution";  // not aten::_convolution: its parent
 }
 
 // The CPU side: every op's self time (its time less its children's, per thread) and calls; the syncs, the
@@ -193,12 +193,19 @@ Profile profile(const TraceRead& tr, const readers::TraceAnalysis& a) {
   return p;
 }
 
+// The dtype most GEMM time ran in; "" when the trace does not say (no record_shapes on a CPU, or GEMM kernels
+// whose names give none), so that a trace without shapes is no dtype change.
 std::string dominant(const std::map<std::string, double>& m) {
   std::string best;
-  double v = 0;
-  for (const auto& [k, x] : m)
+  double v = 0, unknown = 0;
+  for (const auto& [k, x] : m) {
+    if (k == "unknown" || k.empty()) {
+      unknown += x;
+      continue;
+    }
     if (x > v) v = x, best = k;
-  return best;
+  }
+  return v >= unknown ? best : std::string();
 }
 
 struct Change {
@@ -217,13 +224,17 @@ void named_changes(const Profile& now, const Profile& base, std::vector<Change>&
   // the GEMMs' element type
   const std::string d0 = dominant(base.gemm_by_dtype), d1 = dominant(now.gemm_by_dtype);
   if (!d0.empty() && !d1.empty() && d0 != d1) {
-    const bool widened = (d1 == "f32" || d1 == "tf32" || d1 == "f64") && d0 != "f32" && d0 != "f64";
+    const bool lost_tf32 = d0 == "tf32" && d1 == "f32";
+    const bool widened = !lost_tf32 && (d1 == "f32" || d1 == "tf32" || d1 == "f64") && d0 != "f32" && d0 != "f64";
     out.push_back({"the GEMMs' dtype changed",
                    fmt::format("the GEMMs now run in {} (were {}): {:.2f} ms of GEMM per step against {:.2f}{}", d1, d0,
                                now.gemm_us / 1e3, base.gemm_us / 1e3,
-                               widened ? "; autocast or bf16/fp16 is off in the new run" : ""),
-                   widened ? "bf16: true  # as the baseline ran (or torch.autocast back on)"
-                           : "the dtype the baseline ran in, where it was faster",
+                               lost_tf32 ? "; TF32 is off in the new run"
+                               : widened ? "; autocast or bf16/fp16 is off in the new run"
+                                         : ""),
+                   lost_tf32 ? "torch.backends.cuda.matmul.allow_tf32 = True  # as the baseline ran (tf32: true)"
+                   : widened ? "bf16: true  # as the baseline ran (or torch.autocast back on)"
+                             : "the dtype the baseline ran in, where it was faster",
                    now.gemm_us - base.gemm_us,
                    {{"base_dtype", d0}, {"now_dtype", d1}}});
   }
@@ -240,8 +251,9 @@ void named_changes(const Profile& now, const Profile& base, std::vector<Change>&
     out.push_back({"the DataLoader's wait changed",
                    fmt::format("the step waits {:.2f} ms per step on the DataLoader's __next__ (baseline {:.2f}){}",
                                now.loader_us / 1e3, base.loader_us / 1e3, iter),
-                   now.loader_iter == "single" ? "dataloader_num_workers: as the baseline had (more than 0)"
-                                               : "dataloader_num_workers: as the baseline had",
+                   now.loader_iter == "single" && base.loader_iter == "multi"
+                       ? "dataloader_num_workers: as the baseline had (more than 0)"
+                       : "dataloader_num_workers: more, or the baseline's dataset and transforms",
                    dl,
                    {{"base_iter", base.loader_iter}, {"now_iter", now.loader_iter}}});
   }
@@ -256,7 +268,10 @@ void named_changes(const Profile& now, const Profile& base, std::vector<Change>&
                                now.gpu ? fmt::format("; the GPU's idle time in syncs {:+.2f} ms per step", idle / 1e3)
                                        : "",
                                now.gpu ? "" : "; on a CPU it waits for nothing, on a GPU it drains the queue each step"),
-                   "drop the .item() (or log every N steps, on a detached tensor)", now.sync.us - base.sync.us + idle,
+                   "drop the .item() (or log every N steps, on a detached tensor)",
+                   // on a GPU the call's own length is the host waiting for work already queued, paid anyway: its
+                   // cost is the GPU's idle after it; on a CPU there is no queue, its length is all it costs
+                   now.gpu ? idle : now.sync.us - base.sync.us,
                    {{"calls_per_step", now.sync.calls}, {"baseline_calls_per_step", base.sync.calls}}});
   }
   // allocator churn

@@ -20,6 +20,7 @@
 #include <string>              // std::string
 #include <cstdio>              // std::fprintf
 #include <thread>              // std::this_thread::sleep_until
+#include <type_traits>         // std::is_same_v
 #include <vector>              // std::vector
 
 #include <fmt/format.h>  // fmt::format
@@ -128,6 +129,7 @@ class SimDevice final : public Device {
   }
 
   ~SimDevice() override {
+    if (followed_) followed_->follow_offset(nullptr);
     // Waits still queued are cut short: the stream drains at once.
     {
       std::lock_guard lk(mu_);
@@ -165,7 +167,13 @@ class SimDevice final : public Device {
     return ledger_->stats("simulated: what the modelled device would hold (nothing is allocated for ops)");
   }
   void reset_peak_memory() override { ledger_->reset_peak(); }
-  void set_trace(KinetoTrace* t) override { trace_.attach(t, cs_, *ledger_, info_, "a simulated device (sim:): every GPU event lasts its modelled time; nothing was measured on a GPU"); }
+  void set_trace(KinetoTrace* t) override {
+    trace_.attach(t, cs_, *ledger_, info_, "a simulated device (sim:): every GPU event lasts its modelled time; nothing was measured on a GPU");
+    // host events on the modelled clock too, once it runs ahead of the wall clock (the fast-forward)
+    if (followed_) followed_->follow_offset(nullptr);
+    followed_ = t;
+    if (t) t->follow_offset(&offset_);
+  }
   void range_push(const char* name) override { trace_.push(name); }
   void range_pop() override { trace_.pop(); }
   void set_memory_limit(std::size_t bytes) override { ledger_->set_limit(bytes); }
@@ -314,7 +322,10 @@ class SimDevice final : public Device {
   steady_clock::time_point clock_{};  // modelled end of the last operation; stream thread only
   std::atomic<steady_clock::rep> modelled_end_{0};  // clock_, for host threads
   std::atomic<std::int64_t> modelled_busy_ns_{0};  // sum of modelled op durations
-  std::atomic<steady_clock::rep> offset_{0};  // modelled time not waited out (kMaxRealWait); stream thread writes
+  // modelled time not waited out (kMaxRealWait), steady_clock ns; the stream thread writes it
+  std::atomic<std::int64_t> offset_{0};
+  static_assert(std::is_same_v<steady_clock::duration, std::chrono::nanoseconds>, "offset_ counts steady_clock ns");
+  KinetoTrace* followed_ = nullptr;  // the trace whose host events follow offset_ (released in the destructor)
   bool told_ = false;                         // the fast-forward said on stderr; stream thread only
   std::mutex mu_;
   std::condition_variable cv_;

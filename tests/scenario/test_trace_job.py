@@ -168,8 +168,12 @@ def own_jobs(exe, schema_doc, own, tmp):
     files = sorted(glob.glob(os.path.join(d, "rank*.pt.trace.json.gz")))
     p, doc = run(exe, files, os.path.join(tmp, "files.json"))
     check(p.returncode == 0 and doc["meta"]["job"]["straggler"] == 2, f"three files given: exit {p.returncode}")
-    # the same rank twice
-    p, _ = run(exe, [files[0], files[0]], os.path.join(tmp, "twice.json"))
+    # one file given twice is one rank, read once; two files that both say rank 0 are exit 2
+    p, doc = run(exe, [files[0], files[0]], os.path.join(tmp, "twice.json"))
+    check(p.returncode == 0 and "job" not in doc["meta"], f"one file twice: exit {p.returncode}: {p.stderr[-300:]}")
+    copy = os.path.join(tmp, "copy-of-" + os.path.basename(files[0]))
+    shutil.copy(files[0], copy)
+    p, _ = run(exe, [files[0], copy], os.path.join(tmp, "dup.json"))
     check(p.returncode == 2 and "both say rank 0" in p.stderr, f"one rank twice: exit {p.returncode}: {p.stderr[-300:]}")
     # an empty directory, a missing path, a directory of no trace
     empty = os.path.join(tmp, "empty")

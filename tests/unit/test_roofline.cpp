@@ -27,11 +27,11 @@ TEST(Roofline, GemmsCountTwoMnkAndTheirOperandsOnce) {
   EXPECT_DOUBLE_EQ(mm.bytes, 2.0 * (64 * 128 + 128 * 256 + 64 * 256));
   EXPECT_EQ(mm.dtype, "bf16");
   EXPECT_EQ(mm.category, "gemm");
-  // addmm: the bias read as well as the output written
+  // addmm: the bias (a row of N, broadcast) read as well as the output written
   const OpWork add = op_work("aten::addmm", shape({{256}, {64, 128}, {128, 256}, {}, {}},
                                                   {ElemType::f32, ElemType::f32, ElemType::f32}));
   EXPECT_DOUBLE_EQ(add.flops, 2.0 * 64 * 256 * 128);
-  EXPECT_DOUBLE_EQ(add.bytes, 4.0 * (64 * 128 + 128 * 256 + 2 * 64 * 256));
+  EXPECT_DOUBLE_EQ(add.bytes, 4.0 * (64 * 128 + 128 * 256 + 64 * 256 + 256));
   const OpWork bmm = op_work("aten::bmm", shape({{4, 8, 16}, {4, 16, 32}}, {ElemType::f16, ElemType::f16}));
   EXPECT_DOUBLE_EQ(bmm.flops, 2.0 * 4 * 8 * 32 * 16);
   // inner dims that disagree, or a rank that is not a GEMM's: not counted
@@ -69,6 +69,14 @@ TEST(Roofline, AttentionCountsBothGemmsAndHalvesCausal) {
   OpShape nc = q;
   nc.concrete[4] = "False";
   EXPECT_DOUBLE_EQ(op_work("aten::_scaled_dot_product_flash_attention", nc).flops, 4.0 * 2 * 8 * 1024 * 1024 * 64);
+  // the backward (grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal):
+  // 2.5x the forward, halved when causal as the forward is
+  OpShape b = shape({{2, 8, 1024, 64}, {2, 8, 1024, 64}, {2, 8, 1024, 64}, {2, 8, 1024, 64}},
+                    {ElemType::bf16, ElemType::bf16, ElemType::bf16, ElemType::bf16},
+                    {"", "", "", "", "", "", "", "", "", "", "0.", "True"});
+  const OpWork bw = op_work("aten::_scaled_dot_product_flash_attention_backward", b);
+  EXPECT_DOUBLE_EQ(bw.flops, 2.5 * 0.5 * 4.0 * 2 * 8 * 1024 * 1024 * 64);
+  EXPECT_FALSE(bw.assumed);
 }
 
 TEST(Roofline, RealH100TraceGemmsAgainstTheDatasheet) {
