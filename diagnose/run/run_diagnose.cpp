@@ -14,6 +14,8 @@
 #include "diagnose/run/curves.hpp"        // analyze_curves, logged_throughput
 #include "diagnose/run/event_curves.hpp"  // state_from_events
 #include "diagnose/run/run_settings.hpp"  // settings_findings, training_args_json
+#include "diagnose/trace/job_diagnose.hpp"  // diagnose_job
+#include "diagnose/trace/trace_diagnose.hpp"  // diagnose_trace
 #include "harness/errors.hpp"             // UsageError
 #include "harness/files.hpp"              // read_regular_file
 #include "harness/json_read.hpp"          // parse_json_text
@@ -94,6 +96,20 @@ std::vector<std::string> event_files(const std::string& path) {
     find_events(self.parent_path() / "runs", 1, out);
   std::sort(out.begin(), out.end());
   return out;
+}
+
+// The profiler's traces in the run's directory and up to 3 levels under it (tensorboard_trace_handler writes
+// <dir>/<worker>.<ts>.pt.trace.json[.gz]), sorted; at most 64.
+void find_traces(const fs::path& dir, int depth, std::vector<std::string>& out) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (out.size() >= 64) return;
+    const std::string name = e.path().filename().string();
+    if ((ends_with(name, ".pt.trace.json") || ends_with(name, ".pt.trace.json.gz")) && is_file(e.path()))
+      out.push_back(e.path().string());
+    else if (depth > 0 && !e.is_symlink(ec) && is_dir(e.path()))
+      find_traces(e.path(), depth - 1, out);
+  }
 }
 
 // The run's directory: `path`, or the directory of the file given.
@@ -319,7 +335,7 @@ json run_meta(const std::string& path, const RunRead& rr) {
     eval_logs += e.is_eval() ? 1 : 0;
   }
   json not_read = json::array({"config.json beyond torch_dtype (diagnose CONFIG --model-config reads the dims)",
-                               "the Axolotl config", "profiler traces (diagnose --trace)"});
+                               "the Axolotl config"});
   if (!rr.events.is_null() || rr.curves_from.empty()) not_read.push_back("trainer_state.json: none found");
   else if (!event_files(path).empty())
     not_read.push_back("events.out.tfevents.*: trainer_state.json holds the same log");
@@ -345,6 +361,52 @@ Finding to_finding(const CurveFinding& f) {
                       {"change", f.change}, {"command", f.reproduce}};
   if (f.step >= 0) out.evidence["step"] = f.step;
   return out;
+}
+
+// The profiler traces the run left (find_traces), diagnosed as diagnose --trace does (one file, or one
+// job's ranks in one directory) and their findings added, marked as the trace's. A trace that cannot be
+// read is said in meta.run.traces, not fatal to the run's own reading.
+void add_traces(const std::string& path, const json& meta, Result& r) {
+  std::vector<std::string> files;
+  find_traces(run_dir(path), 3, files);
+  std::sort(files.begin(), files.end());
+  json info{{"files", files}};
+  Point p = check("trace");
+  if (files.empty()) {
+    p.status = Status::skipped;
+    p.reason = "no *.pt.trace.json(.gz) in the run's directory: profile a few steps (torch.profiler with "
+               "tensorboard_trace_handler) and diagnose --trace names the slow step's cause";
+    r.points.push_back(std::move(p));
+    r.meta["run"]["traces"] = info;
+    return;
+  }
+  // one directory's traces: the last directory's (a job's ranks sit side by side)
+  const fs::path last_dir = fs::path(files.back()).parent_path();
+  std::vector<std::string> one;
+  for (const auto& f : files)
+    if (fs::path(f).parent_path() == last_dir) one.push_back(f);
+  Result t;
+  try {
+    t = one.size() == 1 ? diagnose_trace(one[0], meta) : diagnose_job(one, last_dir.string(), meta);
+  } catch (const UsageError& e) {
+    if (one.size() == 1) throw;  // a lone trace that is not one: exit 2, as diagnose --trace says
+    t = diagnose_trace(one.back(), meta);  // several traces of one rank (ranks said twice): the newest name
+    info["note"] = std::string("not one job's ranks (") + e.what() + "): the last file read alone";
+    one = {one.back()};
+  }
+  info["read"] = one;
+  info["first_finding"] = t.findings.empty() ? json(nullptr) : json(t.findings.front().cause);
+  p.info["reading"] = fmt::format("{} ({} file{}): {}", last_dir.string(), one.size(), one.size() == 1 ? "" : "s",
+                                  t.findings.empty() ? "none found" : t.findings.front().summary);
+  r.points.push_back(std::move(p));
+  for (Finding f : t.findings) {
+    if (f.cause == "none found") continue;
+    f.summary = "(the profiler trace) " + f.summary;
+    f.evidence["source"] = "trace";
+    if (!f.evidence.contains("basis")) f.evidence["basis"] = "estimated from the trace";
+    r.findings.push_back(std::move(f));
+  }
+  r.meta["run"]["traces"] = info;
 }
 
 }  // namespace
@@ -379,6 +441,7 @@ Result diagnose_run(const std::string& path, const json& meta) {
   r.points.push_back(throughput_point(rr));
   for (const auto& f : found) r.findings.push_back(to_finding(f));
   for (const auto& f : settings) r.findings.push_back(to_finding(f));
+  add_traces(path, meta, r);
   if (r.findings.empty())
     r.findings.push_back({"none found", "none of the detectors fired on the logged curves (each check's reading is in "
                                         "its point)", std::nullopt, json::object()});
