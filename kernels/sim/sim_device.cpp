@@ -231,13 +231,21 @@ class SimDevice final : public Device {
     return e;
   }
   double elapsed_ms(const EventPtr& a, const EventPtr& b) override { return cpu::stream_elapsed_ms(a, b); }
+  // A host wait has its deadline in modelled time too: an operation modelled longer than the deadline
+  // would not end within it on the device, so the wait is a hang (HangError, naming the operation), though
+  // the fast-forward ended it in real time. The watchdog scenario (an 8 s modelled GEMM, --timeout 3) is one.
   void synchronize(std::chrono::milliseconds timeout) override {
+    const auto called = modelled_now();
     cs_.synchronize(timeout);
-    std::this_thread::sleep_until(steady_clock::time_point(steady_clock::duration(modelled_end_.load() - offset_.load())));
+    const auto end = steady_clock::time_point(steady_clock::duration(modelled_end_.load()));
+    check_modelled_deadline(called, end, timeout);
+    std::this_thread::sleep_until(end - steady_clock::duration(offset_.load()));
   }
   void wait_event(const EventPtr& e, std::chrono::milliseconds timeout) override {
+    const auto called = modelled_now();
     const cpu::StreamEvent& se = cpu::as_stream_event(e);
     cs_.wait_done(se.seq, timeout);
+    check_modelled_deadline(called, se.t, timeout);
     std::this_thread::sleep_until(se.t - steady_clock::duration(offset_.load()));
   }
   // The stream thread's busy fraction: time inside modelled operations.
@@ -277,10 +285,22 @@ class SimDevice final : public Device {
   void spend(std::string label, double seconds) {
     const auto submitted = steady_clock::now();
     const auto dur = std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(seconds));
-    cs_.enqueue(std::move(label), [this, submitted, dur] {
+    std::string what = dur > kMaxRealWait ? label : std::string();
+    cs_.enqueue(std::move(label), [this, submitted, dur, what = std::move(what)] {
       advance(submitted, dur);
       cpu::stream_interval(clock_ - dur, clock_);  // --trace: the modelled interval
+      // Host waits see the fast-forward once the operation's real wait is over (committed_): until then a
+      // host's modelled clock runs at wall speed from the operation's start, so a wait on it is judged
+      // against its modelled length.
+      struct Commit {
+        SimDevice* d;
+        ~Commit() { d->committed_.store(d->offset_.load()); }
+      } commit{this};
       if (dur > kMaxRealWait) {  // fast-forward: wait kMaxRealWait of it, the clock runs ahead by the rest
+        {
+          std::lock_guard lk(mu_);
+          long_label_ = what;
+        }
         offset_.fetch_add((dur - kMaxRealWait).count());
         if (!told_) {
           told_ = true;
@@ -297,6 +317,24 @@ class SimDevice final : public Device {
   }
 
  private:
+  // The host's clock on the modelled one: the wall clock plus what the fast-forwards that ended skipped.
+  steady_clock::time_point modelled_now() const {
+    return steady_clock::now() + steady_clock::duration(committed_.load());
+  }
+  void check_modelled_deadline(steady_clock::time_point called, steady_clock::time_point end,
+                               std::chrono::milliseconds timeout) {
+    if (end - called <= timeout) return;
+    std::string what;
+    {
+      std::lock_guard lk(mu_);
+      what = long_label_.empty() ? "a modelled operation" : long_label_;
+    }
+    throw HangError(fmt::format("{}: stream made no progress within {:.1f} s of modelled time; running: {} "
+                                "(the wait would end {:.1f} s after it began; sim: modelled)",
+                                info_.id, double(timeout.count()) / 1e3, what,
+                                std::chrono::duration<double>(end - called).count()));
+  }
+
   // Stream thread only: the modelled clock moves to the end of an operation
   // submitted at `submitted` that lasts `dur`; published for host waits.
   void advance(steady_clock::time_point submitted, steady_clock::duration dur) {
@@ -324,6 +362,8 @@ class SimDevice final : public Device {
   std::atomic<std::int64_t> modelled_busy_ns_{0};  // sum of modelled op durations
   // modelled time not waited out (kMaxRealWait), steady_clock ns; the stream thread writes it
   std::atomic<std::int64_t> offset_{0};
+  std::atomic<std::int64_t> committed_{0};  // offset_ as of the last operation whose real wait ended
+  std::string long_label_;                  // the last fast-forwarded operation's label; under mu_
   static_assert(std::is_same_v<steady_clock::duration, std::chrono::nanoseconds>, "offset_ counts steady_clock ns");
   KinetoTrace* followed_ = nullptr;  // the trace whose host events follow offset_ (released in the destructor)
   bool told_ = false;                         // the fast-forward said on stderr; stream thread only

@@ -296,8 +296,8 @@ TEST(SimDevice, ALongModelledOpIsNotWaitedOutInRealTime) {
   auto b = dev->record();
   op->forward();
   auto c = dev->record();
-  dev->wait_event(c, 10s);
-  dev->synchronize(10s);
+  dev->wait_event(c, 60s);  // 10.4 s modelled: a 10 s deadline would be a hang (the test below)
+  dev->synchronize(60s);
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double modelled_s = 4.0 * 8 * 1e12 * 128 / (make_sim_model(expected("h100-sxm")).peak_tflops.at(DType::bf16).value * 1e12);
   ASSERT_GT(modelled_s, 2.0);
@@ -305,6 +305,39 @@ TEST(SimDevice, ALongModelledOpIsNotWaitedOutInRealTime) {
   EXPECT_NEAR(dev->elapsed_ms(b, c), dev->elapsed_ms(a, b), 1e-3 * dev->elapsed_ms(a, b));
   EXPECT_LT(wall_s, 2.0) << "two modelled forwards of " << modelled_s << " s each took " << wall_s << " s of wall time";
   EXPECT_GE(wall_s, 0.19);  // each waited its 100 ms
+}
+
+// The deadline of a host wait is judged in modelled time: a forward modelled at seconds outlasts a 2 s
+// deadline on the device, so the wait is a hang naming the operation, though it ends in real time at once.
+TEST(SimDevice, AWaitIsAHangWhenTheModelledOpOutlastsItsDeadline) {
+  auto dev = open("sim:h100");
+  AttnShape s;
+  s.batch = 1, s.heads = 8, s.seq = 1'000'000, s.head_dim = 128, s.backward = false;
+  auto op = dev->make_attention(s, AttnImpl::flash, DType::bf16, 1);
+  dev->synchronize(10s);
+  const auto t0 = std::chrono::steady_clock::now();
+  op->forward();
+  auto e = dev->record();
+  try {
+    dev->wait_event(e, 2s);
+    ADD_FAILURE() << "a 5 s modelled forward ended within a 2 s deadline";
+  } catch (const HangError& err) {
+    EXPECT_NE(std::string(err.what()).find("no progress within 2.0 s of modelled time"), std::string::npos)
+        << err.what();
+    EXPECT_NE(std::string(err.what()).find("attention"), std::string::npos) << err.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.5);
+  // (once a fast-forward ended, the host's modelled clock is past it: a second wait on the same forward
+  // ends at once, where a GPU would still be on it; fast-forwarding cannot keep that)
+  dev->synchronize(60s);
+  // a wait begun after the fast-forward ended sees the modelled clock past it: a short op fits 2 s
+  op->forward();
+  EXPECT_THROW(dev->synchronize(2s), HangError);
+  AttnShape short_seq = s;
+  short_seq.seq = 4096;
+  auto small = dev->make_attention(short_seq, AttnImpl::flash, DType::bf16, 1);
+  small->forward();
+  EXPECT_NO_THROW(dev->synchronize(2s));
 }
 
 // Short ops (a 5 us launch each) are not waited out one by one on the stream
