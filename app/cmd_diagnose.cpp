@@ -44,6 +44,8 @@ struct DiagnoseArgs {
   std::string run;              // --run DIR (or a directory given as the config)
   bool plan = false;            // --plan: the settings and the checks, nothing measured
   int world_size = 1;
+  bool world_size_given = false;  // --world-size on the command line (a run directory reads or infers it)
+  std::string gpu;                // --gpu: the GPU a run directory's throughput is held against
 };
 
 // `diagnose`: the user's config read (exit 2 on a bad value, before any
@@ -110,13 +112,19 @@ int cmd_diagnose_run(const DiagnoseArgs& a, const std::string& dir, int argc, ch
   std::string device;
   const json meta = read_meta(a, {{dir, "the run"}}, argc, argv, &device);
   std::cerr << fmt::format("stallbench: diagnose {}: the run as its trainer logged it (nothing measured)\n", dir);
-  return write_report(a, diagnose::diagnose_run(dir, meta));
+  diagnose::RunOptions ro;
+  ro.gpu = a.gpu;
+  ro.world_size = a.world_size_given ? a.world_size : 0;
+  return write_report(a, diagnose::diagnose_run(dir, meta, ro));
 }
 
 int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
   if (!a.trace.empty()) return cmd_diagnose_trace(a, argc, argv);
   if (!a.run.empty()) return cmd_diagnose_run(a, a.run, argc, argv);
   if (!a.config.empty() && diagnose::looks_like_run(a.config)) return cmd_diagnose_run(a, a.config, argc, argv);
+  if (!a.gpu.empty())
+    throw UsageError("--gpu names the GPU a run directory's logged throughput is held against (diagnose DIR --gpu "
+                     "h100); a config is measured on --device");
   diagnose::Options opt;
   opt.cfg = a.config.empty() ? diagnose::default_config() : diagnose::read_axolotl_yaml(a.config);
   if (!a.model_config.empty()) {
@@ -243,6 +251,10 @@ Command add_diagnose(CLI::App& app, int& argc, char**& argv) {
                                      "loader workers by default")
                         ->capture_default_str()
                         ->check(CLI::Range(1, 1 << 20));
+  auto* gpu_opt = diag->add_option("--gpu", da->gpu,
+                                   "with a run directory: the GPU it trained on (h100, h200, a100), for its MFU: the "
+                                   "Trainer's FLOP count per GPU over that GPU's datasheet peak")
+                      ->check(non_empty_path());
   auto* plan_opt = diag->add_flag("--plan,--dry-run", da->plan,
                                   "print every setting as the checks will use it, with its source, and what each "
                                   "check will run or why the config excludes its cause; measure nothing");
@@ -256,11 +268,15 @@ Command add_diagnose(CLI::App& app, int& argc, char**& argv) {
   for (CLI::Option* o : {config_opt, model_opt, lengths_opt, observed_opt, quick_opt, budget_opt, trace_opt, plan_opt})
     run_opt->excludes(o);
   trace_opt->excludes(version_opt);
+  trace_opt->excludes(gpu_opt);
   trace_opt->excludes(world_opt);
   diag->add_option("--timeout", da->timeout_s, "seconds without progress before the run is ended as a hang (exit 4)")
       ->capture_default_str()
       ->check(finite_range(1.0, 86400.0));
-  return {diag, [da, &argc, &argv] { return cmd_diagnose(*da, argc, argv); }};
+  return {diag, [da, world_opt, &argc, &argv] {
+            da->world_size_given = world_opt->count() > 0;
+            return cmd_diagnose(*da, argc, argv);
+          }};
 }
 
 }  // namespace sb::app

@@ -139,6 +139,7 @@ TrainerState parse_trainer_state(const std::string& text, const std::string& pat
     s.train_batch_size = opt_integer(root, "train_batch_size");
     s.num_train_epochs = opt_integer(root, "num_train_epochs");
     s.best_metric = opt_number(root, "best_metric");
+    s.total_flos = opt_number(root, "total_flos");
     if (const auto b = root.find("best_model_checkpoint"); b && b->raw().is_string()) s.best_model_checkpoint = b->str();
     s.best_global_step = opt_integer(root, "best_global_step");
     if (!s.best_global_step && !s.best_model_checkpoint.empty()) s.best_global_step = step_of_checkpoint(s.best_model_checkpoint);
@@ -164,6 +165,7 @@ TrainerState parse_trainer_state(const std::string& text, const std::string& pat
         s.train_samples_per_second = opt_number(e, "train_samples_per_second");
         s.train_steps_per_second = opt_number(e, "train_steps_per_second");
         s.train_loss = opt_number(e, "train_loss");
+        if (const auto f = opt_number(e, "total_flos")) s.total_flos = f;
         continue;
       }
       TrainerLogEntry entry = read_entry(e);

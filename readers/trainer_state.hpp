@@ -44,6 +44,10 @@ struct TrainerState {
   std::string best_model_checkpoint;
   // the final summary entry (only in the top-level file, not in checkpoint-N/)
   std::optional<double> train_runtime_s, train_samples_per_second, train_steps_per_second, train_loss;
+  // the Trainer's count of the model FLOPs it ran, summed over the job's processes: 6 x the
+  // non-embedding parameters x the main input's elements per step (floating_point_ops; input_ids'
+  // tokens, padding included, for a text model); 0 where a trainer does not count (TRL's DPO)
+  std::optional<double> total_flos;
   // EarlyStoppingCallback's state (stateful_callbacks, transformers 4.41+)
   std::optional<std::int64_t> early_stopping_patience, early_stopping_patience_counter;
   std::optional<double> early_stopping_threshold;

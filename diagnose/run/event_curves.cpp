@@ -42,6 +42,7 @@ bool set_summary(TrainerState& s, std::string_view key, double v) {
   else if (key == "train_samples_per_second") s.train_samples_per_second = v;
   else if (key == "train_steps_per_second") s.train_steps_per_second = v;
   else if (key == "train_loss") s.train_loss = v;
+  else if (key == "total_flos") s.total_flos = v;
   else return false;
   return true;
 }

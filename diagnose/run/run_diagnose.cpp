@@ -14,6 +14,9 @@
 #include "diagnose/run/curves.hpp"        // analyze_curves, logged_throughput
 #include "diagnose/run/event_curves.hpp"  // state_from_events
 #include "diagnose/run/run_settings.hpp"  // settings_findings, training_args_json
+#include "diagnose/run/throughput.hpp"    // read_throughput, hf_counted_params
+#include "diagnose/config.hpp"            // default_config, apply_model_config_text
+#include "diagnose/hf_cache.hpp"          // hf_cache_dirs, find_model_config
 #include "diagnose/trace/job_diagnose.hpp"  // diagnose_job
 #include "diagnose/trace/trace_diagnose.hpp"  // diagnose_trace
 #include "harness/errors.hpp"             // UsageError
@@ -186,8 +189,40 @@ struct RunRead {
   std::optional<TrainingArgs> args;
   SavedModel model;
   json adapter, model_meta;
+  std::optional<ModelDims> dims;  // the model's shape: the run's config.json, else the adapter's base in the HF cache
+  json dims_meta;
   CurveContext ctx;
 };
+
+// The model's dims, as diagnose --model-config reads them (a family it cannot read is said, not
+// replaced by a default): the run's config.json, else the HF cache's for a PEFT adapter's base model.
+void read_dims(const std::string& config_json, RunRead& rr) {
+  std::string file = config_json;
+  std::string from = "the run's config.json";
+  if (file.empty() && rr.adapter.is_object() && !rr.adapter.value("base_model", std::string()).empty()) {
+    const std::string base = rr.adapter["base_model"].get<std::string>();
+    file = find_model_config(base, hf_cache_dirs());
+    from = fmt::format("base_model {} (adapter_config.json) in the Hugging Face cache", base);
+    if (file.empty()) {
+      rr.dims_meta = json{{"source", from}, {"ignored", "not in the Hugging Face cache"}};
+      return;
+    }
+  }
+  if (file.empty()) return;
+  try {
+    TrainConfig cfg = default_config();
+    apply_model_config_text(cfg, read_regular_file(file, "config.json", 4 << 20), file);
+    rr.dims = cfg.model;
+    rr.dims_meta = json{{"file", file},
+                        {"source", from},
+                        {"hidden_size", cfg.model.hidden_size},
+                        {"num_hidden_layers", cfg.model.num_hidden_layers},
+                        {"vocab_size", cfg.model.vocab_size},
+                        {"parameters_counted", hf_counted_params(cfg.model)}};
+  } catch (const std::exception& e) {  // a family whose layer is not read: said, no default put in its place
+    rr.dims_meta = json{{"file", file}, {"source", from}, {"ignored", e.what()}};
+  }
+}
 
 json events_meta(const std::vector<TfEvents>& files) {
   json list = json::array(), tags = json::object();
@@ -227,6 +262,7 @@ RunRead read_run(const std::string& path) {
   const fs::path dir = state.empty() ? run_dir(path) : fs::path(state).parent_path();
   rr.adapter = adapter_of_run(dir, rr.ctx);
   rr.model = saved_model(beside(path, state, "config.json"), rr.model_meta);
+  read_dims(beside(path, state, "config.json"), rr);
   return rr;
 }
 
@@ -284,46 +320,115 @@ void curve_points(const RunRead& rr, const std::vector<CurveFinding>& found, Res
   }
 }
 
-// The throughput the trainer logged; tokens/s from the tokens it counted, else samples/s x the
-// sequence length the settings record (an upper bound without packing).
-Point throughput_point(const RunRead& rr) {
+// The throughput the trainer logged, corrected where the summary overstates (throughput.hpp); tokens/s
+// from the tokens it counted, else from its FLOP count over the model's parameters, else samples/s x the
+// sequence length the settings record (an upper bound without packing); the model FLOP rate and the MFU
+// on the GPU named. A low MFU is a finding (low_mfu, filled in here).
+Point throughput_point(const RunRead& rr, const ThroughputOptions& o, std::optional<CurveFinding>& low_mfu) {
   Point tp = check("throughput");
-  const LoggedThroughput t = logged_throughput(rr.state);
+  const ThroughputReading t =
+      read_throughput(rr.state, rr.args ? &*rr.args : nullptr, rr.dims ? &*rr.dims : nullptr, rr.ctx.adapters,
+                      rr.model.torch_dtype, o);
   if (!t.present) {
+    const LoggedThroughput lt = logged_throughput(rr.state);
     tp.status = Status::skipped;
-    tp.reason = t.caveats.empty() ? "no final summary" : t.caveats.front();
+    tp.reason = lt.caveats.empty() ? "no final summary" : lt.caveats.front();
     return tp;
   }
   const char* src = rr.events.is_null() ? "the Trainer's own summary" : "the Trainer's summary, from the event file";
-  tp.add({"samples_per_s", t.samples_per_s, "samples/s", Direction::higher, std::nullopt, src});
-  tp.add({"steps_per_s", t.steps_per_s, "steps/s", Direction::higher, std::nullopt, src});
+  const std::string fixed = t.stopped_early ? std::string(src) + ", over the steps really trained" : std::string(src);
+  tp.add({"samples_per_s", t.samples_per_s, "samples/s", Direction::higher, std::nullopt, fixed});
+  tp.add({"steps_per_s", t.steps_per_s, "steps/s", Direction::higher, std::nullopt, fixed});
+  if (t.stopped_early) {
+    tp.add({"samples_per_s_logged", t.logged_samples_per_s, "samples/s", Direction::higher, std::nullopt,
+            std::string(src) + ": the planned run over the time it took"});
+    tp.add({"steps_per_s_logged", t.logged_steps_per_s, "steps/s", Direction::higher, std::nullopt,
+            std::string(src) + ": the planned run over the time it took"});
+  }
   tp.add({"train_runtime_s", t.runtime_s, "s", Direction::lower, std::nullopt, src});
-  std::string tokens;
+  std::vector<std::string> parts{fmt::format("{:.4g} samples/s, {:.4g} steps/s over {:.0f} s (logged by the Trainer{})",
+                                             t.samples_per_s, t.steps_per_s, t.runtime_s,
+                                             t.stopped_early ? ", corrected for its early stop" : "")};
   std::optional<std::int64_t> seen;
   for (const auto& e : rr.state.log)
     if (e.num_input_tokens_seen) seen = e.num_input_tokens_seen;
   const TrainingArgs* a = rr.args ? &*rr.args : nullptr;
-  if (seen && *seen > 0 && t.runtime_s > 0) {
+  if (seen && *seen > 0) {
     const double tps = double(*seen) / t.runtime_s;
     tp.add({"tokens_per_s", tps, "tokens/s", Direction::higher, std::nullopt,
             "num_input_tokens_seen / train_runtime (the Trainer's count)"});
-    tokens = fmt::format("; {:.4g} tokens/s ({} input tokens seen / {:.0f} s)", tps, *seen, t.runtime_s);
+    parts.push_back(fmt::format("{:.4g} tokens/s ({} input tokens seen / {:.0f} s)", tps, *seen, t.runtime_s));
+  } else if (t.tokens_per_s) {
+    tp.add({"tokens_per_s", *t.tokens_per_s, "tokens/s", Direction::higher, std::nullopt, t.tokens_source});
+    parts.push_back(fmt::format("about {:.4g} tokens/s ({})", *t.tokens_per_s, t.tokens_source));
   } else if (a && a->max_seq_length && t.samples_per_s > 0) {
     const double tps = t.samples_per_s * double(*a->max_seq_length);
     const bool packed = a->packing.value_or(false);
     tp.add({"tokens_per_s_upper", tps, "tokens/s", Direction::higher, std::nullopt,
             fmt::format("samples/s x max_seq_length {} (training_args.bin)", *a->max_seq_length)});
-    tokens = fmt::format("; {} {:.4g} tokens/s (samples/s x max_seq_length {}{})", packed ? "about" : "at most", tps,
-                         *a->max_seq_length,
-                         packed ? ", packed: each sample that long" : ": unpacked samples are shorter");
-  } else {
-    tokens = a ? "; tokens/s needs the sequence length, which training_args.bin does not record "
-                 "(TrainingArguments has none; TRL's SFTConfig and Axolotl's do): diagnose the config for tokens/s and MFU"
-               : "; tokens/s and MFU need the sequence length and the model: diagnose the config for those";
+    parts.push_back(fmt::format("{} {:.4g} tokens/s (samples/s x max_seq_length {}{})", packed ? "about" : "at most", tps,
+                                *a->max_seq_length,
+                                packed ? ", packed: each sample that long" : ": unpacked samples are shorter"));
+  } else if (!t.model_tflops) {
+    parts.push_back(a ? "tokens/s needs the sequence length, which training_args.bin does not record "
+                        "(TrainingArguments has none; TRL's SFTConfig and Axolotl's do), or the model's config.json "
+                        "beside a FLOP count: diagnose the config for tokens/s and MFU"
+                      : "tokens/s and MFU need the sequence length and the model: diagnose the config for those");
   }
-  tp.info["reading"] = fmt::format("{:.4g} samples/s, {:.4g} steps/s over {:.0f} s (logged by the Trainer){}{}", t.samples_per_s,
-                                   t.steps_per_s, t.runtime_s, tokens, t.caveats.empty() ? "" : "; " + t.caveats.front());
-  if (!t.caveats.empty()) tp.info["warning"] = t.caveats.front();
+  if (t.model_tflops) {
+    tp.add({"model_tflops", *t.model_tflops, "TFLOP/s", Direction::higher, std::nullopt,
+            "total_flos / train_runtime, the whole job (the Trainer's count)"});
+    parts.push_back(fmt::format("{:.4g} TFLOP/s of model FLOPs for the job (the Trainer's count)", *t.model_tflops));
+  } else if (!t.flops_note.empty()) {
+    parts.push_back("no model FLOP rate: " + t.flops_note);
+  }
+  if (t.global_batch) parts.push_back(fmt::format("{} samples per optimizer step", *t.global_batch));
+  parts.push_back("GPUs: " + t.world_source);
+  if (t.gpu && t.mfu_pct) {
+    const std::string how = fmt::format("model FLOPs per GPU over {}'s {} peak {} TFLOP/s ({}; the dtype from {})",
+                                        t.gpu->id, t.gpu->dtype, t.gpu->tflops, t.gpu->source, t.gpu->dtype_source);
+    tp.add({"mfu_pct", *t.mfu_pct, "%", Direction::higher, std::nullopt,
+            t.mfu_is_bound ? how + ": on one GPU, the most it can be" : how});
+    if (t.mfu_min_pct)
+      tp.add({"mfu_pct_min", *t.mfu_min_pct, "%", Direction::higher, std::nullopt,
+              fmt::format("{}: on {} GPUs, the least it can be", how, t.world_max)});
+    parts.push_back(fmt::format("MFU {}{:.1f}% of {}'s {} peak ({} TFLOP/s per GPU){}", t.mfu_is_bound ? "at most " : "",
+                                *t.mfu_pct, t.gpu->id, t.gpu->dtype, t.gpu->tflops,
+                                t.mfu_min_pct ? fmt::format(", {:.2g}% on {} GPUs", *t.mfu_min_pct, t.world_max) : ""));
+    if (*t.mfu_pct < kLowMfuPct) {
+      CurveFinding f;
+      f.kind = "mfu";
+      f.cause = "low model FLOPs utilization";
+      f.basis = t.mfu_is_bound ? "measured (the Trainer's FLOP count over its runtime), on one GPU: more GPUs only lower it"
+                               : "measured (the Trainer's FLOP count over its runtime; the GPUs " + t.world_source + ")";
+      f.summary = fmt::format("measured: MFU {}{:.1f}% on {} ({}); tuned training reaches 38-43%: a trace names why",
+                              t.mfu_is_bound ? "at most " : "", *t.mfu_pct, t.gpu->id, t.gpu->dtype);
+      f.evidence = {fmt::format("total_flos {:.4g} over train_runtime {:.0f} s: {:.4g} TFLOP/s for the job, {:.4g} per "
+                                "GPU{}",
+                                *rr.state.total_flos, t.runtime_s, *t.model_tflops,
+                                *t.model_tflops / double(t.world ? *t.world : 1), t.world ? "" : " if on one"),
+                    "GPUs: " + t.world_source, how, t.flops_note,
+                    fmt::format("expected: 38-43% MFU for bf16 training on H100 (Llama 3 405B, 'The Llama 3 Herd of "
+                                "Models' Table 4), 46.2% for PaLM 540B (its Table 3); under {:.0f}% (stallbench's "
+                                "threshold) half the throughput is left to a cause the logs do not name",
+                                kLowMfuPct)};
+      for (const auto& n : t.notes) f.evidence.push_back(n);
+      f.change = "torch.profiler over a few steps (tensorboard_trace_handler), then stallbench diagnose --trace DIR";
+      f.reproduce = "stallbench diagnose --trace <the profiler's output directory>";
+      low_mfu = f;
+    }
+  } else if (t.model_tflops && !t.gpu) {
+    parts.push_back(o.gpu.empty() ? "MFU: name the GPU (--gpu h100)" : "MFU: no peak for that GPU");
+  }
+  for (const auto& n : t.notes) parts.push_back(n);
+  for (const auto& c : t.caveats) parts.push_back(c);
+  tp.info["reading"] = fmt::format("{}", fmt::join(parts, "; "));
+  if (t.stopped_early) tp.info["warning"] = t.notes.front();
+  else if (!t.caveats.empty()) tp.info["warning"] = t.caveats.front();
+  tp.info["flops"] = t.flops_note;
+  tp.info["gpus"] = t.world_source;
+  if (t.gpu) tp.info["gpu"] = json{{"id", t.gpu->id}, {"dtype", t.gpu->dtype}, {"dtype_from", t.gpu->dtype_source},
+                                   {"peak_tflops", t.gpu->tflops}, {"source", t.gpu->source}, {"named_by", o.gpu_from}};
   return tp;
 }
 
@@ -334,8 +439,7 @@ json run_meta(const std::string& path, const RunRead& rr) {
     train_logs += e.is_train() ? 1 : 0;
     eval_logs += e.is_eval() ? 1 : 0;
   }
-  json not_read = json::array({"config.json beyond torch_dtype (diagnose CONFIG --model-config reads the dims)",
-                               "the Axolotl config"});
+  json not_read = json::array({"the Axolotl config"});
   if (!rr.events.is_null() || rr.curves_from.empty()) not_read.push_back("trainer_state.json: none found");
   else if (!event_files(path).empty())
     not_read.push_back("events.out.tfevents.*: trainer_state.json holds the same log");
@@ -349,6 +453,7 @@ json run_meta(const std::string& path, const RunRead& rr) {
               {"resumed", s.resumed},
               {"training_args", rr.args ? training_args_json(*rr.args) : json("none found")},
               {"model", rr.model_meta},
+              {"dims", rr.dims_meta},
               {"adapter", rr.adapter},
               {"not_read", not_read}};
 }
@@ -417,7 +522,7 @@ bool looks_like_run(const std::string& path) {
   return ends_with(name, kStateFile) || name == kArgsFile || is_tfevents_name(name);
 }
 
-Result diagnose_run(const std::string& path, const json& meta) {
+Result diagnose_run(const std::string& path, const json& meta, const RunOptions& opt) {
   RunRead rr = read_run(path);
   rr.ctx.args = rr.args ? &*rr.args : nullptr;
   const std::vector<CurveFinding> found = analyze_curves(rr.state, rr.ctx);
@@ -438,9 +543,20 @@ Result diagnose_run(const std::string& path, const json& meta) {
   }
   r.points.push_back(std::move(sp));
   curve_points(rr, found, r);
-  r.points.push_back(throughput_point(rr));
+  ThroughputOptions to{opt.gpu, opt.gpu_from, opt.world_size};
+  if (to.gpu.empty()) {  // the device diagnose runs on, when a GPU (sim:h100 names one)
+    const std::string id = meta.value("/device/id"_json_pointer, std::string());
+    const bool gpu = id.rfind("sim:", 0) == 0 || id.rfind("cuda", 0) == 0;
+    if (gpu) {
+      to.gpu = id.rfind("sim:", 0) == 0 ? id.substr(4) : meta.value("/device/name"_json_pointer, std::string());
+      to.gpu_from = "--device " + id;
+    }
+  }
+  std::optional<CurveFinding> low_mfu;
+  r.points.push_back(throughput_point(rr, to, low_mfu));
   for (const auto& f : found) r.findings.push_back(to_finding(f));
   for (const auto& f : settings) r.findings.push_back(to_finding(f));
+  if (low_mfu) r.findings.push_back(to_finding(*low_mfu));
   add_traces(path, meta, r);
   if (r.findings.empty())
     r.findings.push_back({"none found", "none of the detectors fired on the logged curves (each check's reading is in "

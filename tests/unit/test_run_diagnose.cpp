@@ -13,6 +13,7 @@
 #include "diagnose/run/curves.hpp"        // scheduled_lr
 #include "diagnose/run/run_diagnose.hpp"  // diagnose_run, looks_like_run
 #include "harness/errors.hpp"             // UsageError
+#include "shared_data.hpp"                // sb::test::shared_data
 
 namespace sb {
 namespace {
@@ -85,9 +86,18 @@ TEST(RunDiagnose, ARealRunsSettingsAndItsPlateauAtATinyLearningRate) {
     const Point* s = point(r, "settings");
     ASSERT_TRUE(s);
     EXPECT_NE(s->info["reading"].get<std::string>().find("no mixed precision"), std::string::npos);
+    // tokens/s from the Trainer's FLOP count over the parameters of the run's config.json (GPT-2, 2 layers of
+    // 32): the run fed 48 steps x 4 samples x 32 tokens; the count left out biases and norms (about 4% here)
     const Point* t = point(r, "throughput");
-    ASSERT_TRUE(t && t->metric("samples_per_s"));
-    EXPECT_NE(t->info["reading"].get<std::string>().find("does not record"), std::string::npos);
+    ASSERT_TRUE(t && t->metric("samples_per_s") && t->metric("tokens_per_s") && t->metric("model_tflops"))
+        << to_json(r).dump(1);
+    const double runtime = t->metric("train_runtime_s")->value;
+    EXPECT_NEAR(t->metric("tokens_per_s")->value, 48 * 4 * 32 / runtime, 0.05 * 48 * 4 * 32 / runtime);
+    EXPECT_EQ(r.meta["run"]["dims"]["hidden_size"], 32);
+    const std::string reading = t->info["reading"].get<std::string>();
+    EXPECT_NE(reading.find("about 33 tokens per sample"), std::string::npos) << reading;
+    EXPECT_NE(reading.find("MFU: name the GPU (--gpu h100)"), std::string::npos) << reading;
+    EXPECT_FALSE(t->metric("mfu_pct"));  // on the cpu device, no GPU named
     // the event file is there, and said not read (the state holds the same log)
     EXPECT_NE(r.meta["run"]["not_read"].dump().find("events.out.tfevents.*: trainer_state.json holds the same log"),
               std::string::npos);
@@ -187,6 +197,135 @@ TEST(RunDiagnose, WhatIsARun) {
   EXPECT_EQ(point(r, "nan")->status, Status::skipped);
   EXPECT_TRUE(finding(r, "loader"));
   EXPECT_NE(finding(r, "dtype")->summary.find("unless the model was loaded in half precision"), std::string::npos);
+}
+
+// The throughput of real runs (../shared/trainer-logs), read as the Trainer computed it: each file copied
+// into a run directory of its own as trainer_state.json.
+std::string real_log(const std::string& prefix) {
+  const std::string dir = test::shared_data("trainer-logs");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) return e.path().string();
+  return {};
+}
+struct RealRun {
+  TempDir tmp;
+  bool ok = false;
+  explicit RealRun(const std::string& prefix) {
+    const std::string f = real_log(prefix);
+    if (f.empty()) return;
+    fs::copy_file(f, tmp.path / "trainer_state.json");
+    ok = true;
+  }
+  Result diagnose(const std::string& gpu = "", std::int64_t world = 0) const {
+    diagnose::RunOptions o;
+    o.gpu = gpu;
+    o.world_size = world;
+    return diagnose::diagnose_run(tmp.path.string(), kMeta, o);
+  }
+};
+#define NEED_REAL(run)                                                                                    \
+  if (!(run).ok) GTEST_SKIP() << "the real trainer logs are expected in " << test::shared_data("trainer-logs")
+
+// Whisper stopped early at step 1500 of max_steps 10990: the Trainer's summary divides the planned run's
+// steps and samples by the time the run took (12.276 samples/s, 0.384 steps/s); really 1500 steps in
+// 28624.551 s at 32 samples a step. Its total_flos counts the log-mel features as tokens: 5694 TFLOP/s on
+// its one GPU (the per-device batch is the step's 32 samples), past any GPU: not model FLOPs, said, no MFU.
+TEST(RunThroughput, AnEarlyStoppedRunIsReadOverTheStepsItTrained) {
+  RealRun run("ByErenOzer__Whisper_Finetune");
+  NEED_REAL(run);
+  const Result r = run.diagnose("h100");
+  const Point* t = point(r, "throughput");
+  ASSERT_TRUE(t && t->metric("steps_per_s") && t->metric("samples_per_s_logged")) << to_json(r).dump(1);
+  EXPECT_NEAR(t->metric("steps_per_s")->value, 1500 / 28624.551, 1e-9);
+  EXPECT_NEAR(t->metric("samples_per_s")->value, 32 * 1500 / 28624.551, 1e-9);
+  EXPECT_DOUBLE_EQ(t->metric("samples_per_s_logged")->value, 12.276);
+  EXPECT_NE(t->info["warning"].get<std::string>().find("stopped at step 1500 of max_steps 10990"), std::string::npos);
+  EXPECT_NE(t->info["warning"].get<std::string>().find("7.3x over"), std::string::npos);
+  EXPECT_FALSE(t->metric("model_tflops"));
+  EXPECT_FALSE(t->metric("mfu_pct"));
+  EXPECT_EQ(t->info["flops"].get<std::string>().rfind("not model FLOPs", 0), 0u) << t->info["flops"];
+  EXPECT_FALSE(finding(r, "mfu"));
+  EXPECT_TRUE(finding(r, "early_stopping"));  // the curves' own finding is unchanged
+}
+
+// Mistral-7B SFT in bf16 (the healthy run): total_flos 2.3807e18 over 20387.7 s is 116.8 TFLOP/s of model
+// FLOPs. 16 samples a step over a per-device batch of 1: 1 to 16 GPUs, unknown without training_args.bin.
+// On an H100 that is at most 11.8% MFU (one GPU; more only lower it): a finding, measured. On an A100
+// (312 TFLOP/s bf16) up to 37%: not low enough to say without the GPUs' count; with --world-size 4 it is 9.4%.
+TEST(RunThroughput, TheTrainersFlopCountOverTheGpusPeakIsTheMfu) {
+  RealRun run("syGOAT__Mistral-v0.2");
+  NEED_REAL(run);
+  const double rate = 2.380746355434848e18 / 20387.7129 / 1e12;
+  {
+    const Result r = run.diagnose("h100");
+    const Point* t = point(r, "throughput");
+    ASSERT_TRUE(t && t->metric("model_tflops") && t->metric("mfu_pct") && t->metric("mfu_pct_min"));
+    EXPECT_NEAR(t->metric("model_tflops")->value, rate, 1e-9);
+    EXPECT_NEAR(t->metric("mfu_pct")->value, 100 * rate / 989.4, 1e-6);
+    EXPECT_NEAR(t->metric("mfu_pct_min")->value, 100 * rate / (16 * 989.4), 1e-6);
+    EXPECT_EQ(t->info["gpus"], "1 to 16: 16 samples per step over a per-device batch of 1, the accumulation unknown "
+                               "(--world-size N)");
+    EXPECT_EQ(t->info["gpu"]["dtype_from"], "assumed bf16 (neither training_args.bin nor config.json says)");
+    const Finding* f = finding(r, "mfu");
+    ASSERT_TRUE(f);
+    EXPECT_EQ(f->cause, "low model FLOPs utilization");
+    EXPECT_EQ(f->summary, "measured: MFU at most 11.8% on h100-sxm (bf16); tuned training reaches 38-43%: a trace "
+                          "names why");
+    EXPECT_EQ(f->evidence["basis"].get<std::string>().rfind("measured", 0), 0u);
+    EXPECT_EQ(r.findings.front().cause, f->cause);  // a healthy run: the only finding
+  }
+  {
+    const Result r = run.diagnose("a100");
+    const Point* t = point(r, "throughput");
+    ASSERT_TRUE(t && t->metric("mfu_pct"));
+    EXPECT_NEAR(t->metric("mfu_pct")->value, 100 * rate / 312, 1e-6);
+    EXPECT_FALSE(finding(r, "mfu"));
+  }
+  {
+    const Result r = run.diagnose("a100", 4);
+    const Point* t = point(r, "throughput");
+    ASSERT_TRUE(t && t->metric("mfu_pct"));
+    EXPECT_NEAR(t->metric("mfu_pct")->value, 100 * rate / (4 * 312), 1e-6);
+    EXPECT_FALSE(t->metric("mfu_pct_min"));
+    EXPECT_EQ(t->info["gpus"], "--world-size");
+    EXPECT_TRUE(finding(r, "mfu"));
+  }
+  {
+    const Result r = run.diagnose();  // no GPU named, the cpu device: the rate, and how to get the MFU
+    const Point* t = point(r, "throughput");
+    ASSERT_TRUE(t && t->metric("model_tflops"));
+    EXPECT_FALSE(t->metric("mfu_pct"));
+    EXPECT_FALSE(finding(r, "mfu"));
+  }
+  {  // the device names the GPU when it is one (sim:h100)
+    diagnose::RunOptions o;
+    const Result r = diagnose::diagnose_run(run.tmp.path.string(), json{{"device", {{"id", "sim:h100-sxm"}}}}, o);
+    const Point* t = point(r, "throughput");
+    ASSERT_TRUE(t && t->metric("mfu_pct"));
+    EXPECT_EQ(t->info["gpu"]["named_by"], "--device sim:h100-sxm");
+  }
+  EXPECT_THROW(run.diagnose("h"), UsageError);  // h100-sxm and h200-sxm: name one
+  const Result unknown = run.diagnose("mi300x");
+  EXPECT_NE(point(unknown, "throughput")->info["reading"].get<std::string>().find("no expected numbers for that GPU"),
+            std::string::npos);
+}
+
+// TRL's DPO trainer counts no FLOPs (total_flos 0); the NaN run keeps its NaN first, the MFU after it.
+TEST(RunThroughput, NoCountNoRateAndTheCurvesComeFirst) {
+  RealRun dpo("Silver-8ce__llamaTest");
+  NEED_REAL(dpo);
+  const Result r = dpo.diagnose("h100");
+  const Point* t = point(r, "throughput");
+  ASSERT_TRUE(t);
+  EXPECT_FALSE(t->metric("model_tflops"));
+  EXPECT_NE(t->info["flops"].get<std::string>().find("does not count FLOPs"), std::string::npos);
+  RealRun nan("ChenguangYang96UCR__KG-LLM");
+  NEED_REAL(nan);
+  const Result n = nan.diagnose("h100");
+  ASSERT_GE(n.findings.size(), 2u);
+  EXPECT_EQ(n.findings.front().evidence["check"], "nan");
+  EXPECT_TRUE(finding(n, "mfu"));
 }
 
 TEST(Schedule, TransformersSchedulersAtTheirSteps) {
