@@ -3,6 +3,7 @@
 // --trace, a real job's profiler trace read and diagnosed, nothing measured.
 #include "app/app.hpp"
 
+#include <algorithm>  // std::clamp
 #include <iostream>  // std::cout, std::cerr
 #include <memory>    // std::make_shared
 
@@ -160,6 +161,16 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
                                             a.axolotl_version, diagnose::to_string(diagnose::kNewestAxolotl)));
       t.axolotl = *v;
       t.version_given = true;
+    }
+    if (a.axolotl_version.empty() && !opt.cfg.card_axolotl_version.empty()) {
+      // the model card names the release the run used ("0.9.1.post1": its major.minor.patch)
+      if (const auto v = diagnose::parse_version(opt.cfg.card_axolotl_version)) {
+        t.axolotl = std::clamp(*v, diagnose::Version{0, 1, 0}, diagnose::kNewestAxolotl);
+        t.version_given = true;
+        opt.cfg.notes.push_back(fmt::format("Axolotl {}'s defaults: the release the model card names{}",
+                                            diagnose::to_string(t.axolotl),
+                                            *v > diagnose::kNewestAxolotl ? " (newer than encoded: the newest's)" : ""));
+      }
     }
     t.world_size = a.world_size;
     diagnose::resolve_axolotl(opt.cfg, t);

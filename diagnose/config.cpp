@@ -614,6 +614,34 @@ TrainConfig default_config() {
   return c;
 }
 
+std::optional<AxolotlCard> axolotl_card(const std::string& text) {
+  constexpr std::string_view kSummary = "<summary>See axolotl config</summary>";
+  const std::size_t at = text.find(kSummary);
+  if (at == std::string::npos) return std::nullopt;
+  AxolotlCard card;
+  std::size_t from = at + kSummary.size();
+  constexpr std::string_view kVersion = "axolotl version: `";
+  const std::size_t v = text.find(kVersion, from);
+  const std::size_t fence = text.find("```yaml", from);
+  if (fence == std::string::npos)
+    throw UsageError("the model card's axolotl config has no ```yaml block after 'See axolotl config'");
+  if (v != std::string::npos && v < fence) {
+    const std::size_t end = text.find('`', v + kVersion.size());
+    if (end != std::string::npos && end - (v + kVersion.size()) <= 64)
+      card.version = text.substr(v + kVersion.size(), end - (v + kVersion.size()));
+  }
+  const std::size_t body = text.find('\n', fence);
+  if (body == std::string::npos) throw UsageError("the model card's ```yaml block is cut short");
+  // the closing fence: a line that starts with ```
+  const std::size_t close = text.find("\n```", body);
+  if (close == std::string::npos) throw UsageError("the model card's ```yaml block is not closed (```)");
+  if (text.find(kSummary, body) < close)
+    throw UsageError("the model card's axolotl config holds another 'See axolotl config' block");
+  const auto lines_before = std::count(text.begin(), text.begin() + std::ptrdiff_t(body + 1), '\n');
+  card.yaml = std::string(std::size_t(lines_before), '\n') + text.substr(body + 1, close - body);
+  return card;
+}
+
 TrainConfig read_axolotl_yaml(const std::string& path) {
   return parse_axolotl_yaml_text(read_regular_file(path, "training config"), path);
 }
@@ -629,6 +657,22 @@ TrainConfig parse_axolotl_yaml_text(const std::string& text, const std::string& 
   if (const auto at = first_invalid_utf8(text)) {
     const auto line = 1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(*at), '\n');
     throw UsageError(fmt::format("{}:{}: not UTF-8 text (byte {})", path, line, *at));
+  }
+  // Axolotl's model card (README.md in output_dir): its embedded config, read as the file
+  std::optional<AxolotlCard> card;
+  try {
+    card = axolotl_card(text);
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("{}: {}", path, e.what()));
+  }
+  if (card) {
+    TrainConfig cfg = parse_axolotl_yaml_text(card->yaml, path);
+    cfg.card_axolotl_version = card->version;
+    cfg.notes.push_back(fmt::format("the config embedded in Axolotl's model card{}", card->version.empty()
+                                                                                        ? std::string()
+                                                                                        : " (axolotl version " +
+                                                                                              card->version + ")"));
+    return cfg;
   }
   const YDocs docs = load_yaml(text, path);
   if (!docs.first || docs.first->IsNull())

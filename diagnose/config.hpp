@@ -11,6 +11,7 @@
 
 #include <cstdint>  // std::int32_t, std::int64_t
 #include <map>      // std::map
+#include <optional>  // std::optional
 #include <string>   // std::string
 #include <vector>   // std::vector
 
@@ -101,7 +102,20 @@ struct TrainConfig {
   std::map<std::string, Source> sources;
   std::vector<std::string> unknown_keys;  // "key (line N)", in file order: ignored, listed
   std::vector<std::string> notes;         // e.g. "bf16: auto (line 40) taken as true"
+  // The file was Axolotl's model card (the README.md it writes in output_dir, the config in a ```yaml
+  // block under "See axolotl config"): the release it names there ("0.9.1.post1"), "" otherwise.
+  std::string card_axolotl_version;
 };
+
+// The config Axolotl embeds in the model card it writes (README.md in output_dir, pushed to the Hub
+// beside the weights): "<details><summary>See axolotl config</summary>", "axolotl version: `X`", then
+// the YAML in a ```yaml fence (Axolotl's setup_model_card since 0.4). nullopt when the text has no such
+// block; the yaml is padded with the lines before it, so a line number in it is the card's.
+struct AxolotlCard {
+  std::string version;  // "" when the card names none
+  std::string yaml;
+};
+std::optional<AxolotlCard> axolotl_card(const std::string& text);
 
 // Value ranges (a value outside is a UsageError). Generous: they exist so that
 // the diagnosis's products (hidden * intermediate * layers, tokens * vocab)

@@ -17,6 +17,7 @@
 #include "diagnose/run/throughput.hpp"    // read_throughput, hf_counted_params
 #include "diagnose/config.hpp"            // default_config, apply_model_config_text
 #include "diagnose/hf_cache.hpp"          // hf_cache_dirs, find_model_config
+#include "diagnose/trainer.hpp"           // resolve_axolotl, parse_version
 #include "diagnose/trace/job_diagnose.hpp"  // diagnose_job
 #include "diagnose/trace/trace_diagnose.hpp"  // diagnose_trace
 #include "harness/errors.hpp"             // UsageError
@@ -191,18 +192,74 @@ struct RunRead {
   json adapter, model_meta;
   std::optional<ModelDims> dims;  // the model's shape: the run's config.json, else the adapter's base in the HF cache
   json dims_meta;
+  std::optional<TrainConfig> axolotl;  // the Axolotl config of the model card (README.md), resolved by its release
+  std::string axolotl_file;
+  json axolotl_meta;
   CurveContext ctx;
 };
+
+// Axolotl's model card in the run (README.md, the output directory's: the checkpoint's parent's too): the
+// config the run was launched with, resolved with the defaults of the release the card names. A card
+// whose config cannot be read is said in meta, not fatal to the run's reading.
+void read_axolotl_card(const fs::path& dir, RunRead& rr) {
+  for (const fs::path& p : {dir / "README.md", dir.parent_path() / "README.md"}) {
+    if (!is_file(p)) continue;
+    std::string text;
+    try {
+      text = read_regular_file(p.string(), "model card", 4 << 20);
+    } catch (const UsageError& e) {
+      rr.axolotl_meta = json{{"file", p.string()}, {"ignored", e.what()}};
+      return;
+    }
+    if (text.find("See axolotl config") == std::string::npos) continue;
+    try {
+      TrainConfig cfg = parse_axolotl_yaml_text(text, p.string());
+      TrainerSpec t;
+      if (const auto v = parse_version(cfg.card_axolotl_version)) {
+        t.axolotl = std::clamp(*v, Version{0, 1, 0}, kNewestAxolotl);
+        t.version_given = true;
+      }
+      if (rr.args && rr.args->world_size && *rr.args->world_size > 0 && *rr.args->world_size < (1 << 20))
+        t.world_size = int(*rr.args->world_size);
+      resolve_axolotl(cfg, t);
+      rr.axolotl_file = p.string();
+      rr.axolotl_meta = json{{"file", p.string()},
+                             {"axolotl_version", cfg.card_axolotl_version},
+                             {"defaults_of", to_string(t.axolotl)},
+                             {"base_model", cfg.base_model},
+                             {"adapter", cfg.adapter},
+                             {"sequence_len", cfg.sequence_len},
+                             {"sample_packing", cfg.sample_packing},
+                             {"micro_batch_size", cfg.micro_batch_size},
+                             {"gradient_accumulation_steps", cfg.gradient_accumulation_steps},
+                             {"bf16", cfg.bf16},
+                             {"fp16", cfg.fp16},
+                             {"attn_implementation", cfg.attn_implementation},
+                             {"dataloader_num_workers", cfg.dataloader_num_workers}};
+      rr.axolotl = std::move(cfg);
+    } catch (const std::exception& e) {
+      rr.axolotl_meta = json{{"file", p.string()}, {"ignored", e.what()}};
+    }
+    return;
+  }
+}
 
 // The model's dims, as diagnose --model-config reads them (a family it cannot read is said, not
 // replaced by a default): the run's config.json, else the HF cache's for a PEFT adapter's base model.
 void read_dims(const std::string& config_json, RunRead& rr) {
   std::string file = config_json;
   std::string from = "the run's config.json";
-  if (file.empty() && rr.adapter.is_object() && !rr.adapter.value("base_model", std::string()).empty()) {
-    const std::string base = rr.adapter["base_model"].get<std::string>();
+  std::string base, base_from;
+  if (rr.adapter.is_object() && !rr.adapter.value("base_model", std::string()).empty()) {
+    base = rr.adapter["base_model"].get<std::string>();
+    base_from = "adapter_config.json";
+  } else if (rr.axolotl && !rr.axolotl->base_model.empty()) {
+    base = rr.axolotl->base_model;
+    base_from = "the Axolotl config";
+  }
+  if (file.empty() && !base.empty()) {
     file = find_model_config(base, hf_cache_dirs());
-    from = fmt::format("base_model {} (adapter_config.json) in the Hugging Face cache", base);
+    from = fmt::format("base_model {} ({}) in the Hugging Face cache", base, base_from);
     if (file.empty()) {
       rr.dims_meta = json{{"source", from}, {"ignored", "not in the Hugging Face cache"}};
       return;
@@ -262,6 +319,7 @@ RunRead read_run(const std::string& path) {
   const fs::path dir = state.empty() ? run_dir(path) : fs::path(state).parent_path();
   rr.adapter = adapter_of_run(dir, rr.ctx);
   rr.model = saved_model(beside(path, state, "config.json"), rr.model_meta);
+  read_axolotl_card(dir, rr);
   read_dims(beside(path, state, "config.json"), rr);
   return rr;
 }
@@ -327,8 +385,9 @@ void curve_points(const RunRead& rr, const std::vector<CurveFinding>& found, Res
 Point throughput_point(const RunRead& rr, const ThroughputOptions& o, std::optional<CurveFinding>& low_mfu) {
   Point tp = check("throughput");
   const ThroughputReading t =
-      read_throughput(rr.state, rr.args ? &*rr.args : nullptr, rr.dims ? &*rr.dims : nullptr, rr.ctx.adapters,
-                      rr.model.torch_dtype, o);
+      read_throughput(rr.state, rr.args ? &*rr.args : nullptr, rr.dims ? &*rr.dims : nullptr,
+                      rr.ctx.adapters || (rr.axolotl && !rr.axolotl->adapter.empty()), rr.model.torch_dtype, o,
+                      rr.axolotl ? &*rr.axolotl : nullptr);
   if (!t.present) {
     const LoggedThroughput lt = logged_throughput(rr.state);
     tp.status = Status::skipped;
@@ -369,6 +428,14 @@ Point throughput_point(const RunRead& rr, const ThroughputOptions& o, std::optio
     parts.push_back(fmt::format("{} {:.4g} tokens/s (samples/s x max_seq_length {}{})", packed ? "about" : "at most", tps,
                                 *a->max_seq_length,
                                 packed ? ", packed: each sample that long" : ": unpacked samples are shorter"));
+  } else if (rr.axolotl && t.samples_per_s > 0) {
+    const double tps = t.samples_per_s * double(rr.axolotl->sequence_len);
+    const bool packed = rr.axolotl->sample_packing;
+    tp.add({"tokens_per_s_upper", tps, "tokens/s", Direction::higher, std::nullopt,
+            fmt::format("samples/s x sequence_len {} (the Axolotl config)", rr.axolotl->sequence_len)});
+    parts.push_back(fmt::format("{} {:.4g} tokens/s (samples/s x sequence_len {}{})", packed ? "about" : "at most", tps,
+                                rr.axolotl->sequence_len,
+                                packed ? ", packed: each sample a packed sequence that long" : ": unpacked samples are shorter"));
   } else if (!t.model_tflops) {
     parts.push_back(a ? "tokens/s needs the sequence length, which training_args.bin does not record "
                         "(TrainingArguments has none; TRL's SFTConfig and Axolotl's do), or the model's config.json "
@@ -415,6 +482,18 @@ Point throughput_point(const RunRead& rr, const ThroughputOptions& o, std::optio
       for (const auto& n : t.notes) f.evidence.push_back(n);
       f.change = "torch.profiler over a few steps (tensorboard_trace_handler), then stallbench diagnose --trace DIR";
       f.reproduce = "stallbench diagnose --trace <the profiler's output directory>";
+      if (rr.axolotl) {  // what the config itself has that the checks measure (diagnose CONFIG)
+        const TrainConfig& c = *rr.axolotl;
+        std::vector<std::string> cand;
+        if (!c.sample_packing && c.packing_unavailable.empty()) cand.push_back("sample_packing off");
+        if (c.attn_implementation.empty() || c.attn_implementation == "eager") cand.push_back("eager attention");
+        if (c.dataloader_num_workers == 0) cand.push_back("no loader workers");
+        if (c.micro_batch_size == 1) cand.push_back("micro_batch_size 1");
+        if (c.gradient_checkpointing) cand.push_back("gradient checkpointing (about 1.33x the compute, not in the MFU)");
+        if (!cand.empty())
+          f.evidence.push_back(fmt::format("in the Axolotl config, what the checks measure: {}", fmt::join(cand, ", ")));
+        f.reproduce = "stallbench diagnose " + rr.axolotl_file + " (each cause of its config, measured)";
+      }
       low_mfu = f;
     }
   } else if (t.model_tflops && !t.gpu) {
@@ -439,7 +518,8 @@ json run_meta(const std::string& path, const RunRead& rr) {
     train_logs += e.is_train() ? 1 : 0;
     eval_logs += e.is_eval() ? 1 : 0;
   }
-  json not_read = json::array({"the Axolotl config"});
+  json not_read = json::array();
+  if (!rr.axolotl) not_read.push_back("an Axolotl config: no model card (README.md) with one");
   if (!rr.events.is_null() || rr.curves_from.empty()) not_read.push_back("trainer_state.json: none found");
   else if (!event_files(path).empty())
     not_read.push_back("events.out.tfevents.*: trainer_state.json holds the same log");
@@ -454,6 +534,7 @@ json run_meta(const std::string& path, const RunRead& rr) {
               {"training_args", rr.args ? training_args_json(*rr.args) : json("none found")},
               {"model", rr.model_meta},
               {"dims", rr.dims_meta},
+              {"axolotl", rr.axolotl_meta},
               {"adapter", rr.adapter},
               {"not_read", not_read}};
 }
@@ -535,8 +616,23 @@ Result diagnose_run(const std::string& path, const json& meta, const RunOptions&
   r.meta["diagnose"] = json{{"source", "run"}, {"run", path}};
   r.meta["run"] = run_meta(path, rr);
   Point sp = check("settings");
-  if (rr.args) {
-    sp.info["reading"] = settings_reading(*rr.args, rr.model);
+  if (rr.args || rr.axolotl) {
+    std::vector<std::string> read;
+    if (rr.args) read.push_back(settings_reading(*rr.args, rr.model));
+    if (rr.axolotl) {
+      const TrainConfig& c = *rr.axolotl;
+      read.push_back(fmt::format(
+          "the Axolotl config of its model card ({}{}): {}{}, sequence_len {}{}, micro batch {} x {} accumulated, {}, "
+          "attention {}, {} loader worker{}; its causes measured at these settings: stallbench diagnose {}",
+          rr.axolotl_file, c.card_axolotl_version.empty() ? "" : ", axolotl " + c.card_axolotl_version,
+          c.adapter.empty() ? "full fine-tune" : c.adapter,
+          c.load_in_4bit ? " on a 4-bit base" : c.load_in_8bit ? " on an 8-bit base" : "", c.sequence_len,
+          c.sample_packing ? ", packed" : ", not packed", c.micro_batch_size, c.gradient_accumulation_steps,
+          c.bf16 ? "bf16" : c.fp16 ? "fp16" : "fp32", c.attn_implementation.empty() ? "as the model loads" : c.attn_implementation,
+          c.dataloader_num_workers, c.dataloader_num_workers == 1 ? "" : "s", rr.axolotl_file));
+      sp.info["axolotl_command"] = "stallbench diagnose " + rr.axolotl_file;
+    }
+    sp.info["reading"] = fmt::format("{}", fmt::join(read, "; "));
   } else {
     sp.status = Status::skipped;
     sp.reason = "no training_args.bin beside the curves (the Trainer saves one with each checkpoint)";

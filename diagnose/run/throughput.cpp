@@ -25,13 +25,16 @@ bool gpu_file(const ExpectedFile& f) { return f.doc.value("/hardware/class"_json
 
 // The run's dtype for the peak: training_args.bin's mixed precision, else config.json's saved dtype
 // (bfloat16: a bf16 run, most likely), else bf16 assumed (what fine-tunes on these GPUs run).
-std::pair<DType, std::string> run_dtype(const TrainingArgs* a, const std::string& saved) {
+std::pair<DType, std::string> run_dtype(const TrainingArgs* a, const std::string& saved, const TrainConfig* axo) {
   if (a && a->bf16.value_or(false)) return {DType::bf16, "training_args.bin bf16"};
   if (a && a->fp16.value_or(false)) return {DType::fp16, "training_args.bin fp16"};
   if (a && a->bf16 && a->fp16) {
     if (a->tf32.value_or(false)) return {DType::tf32, "training_args.bin: no mixed precision, tf32 on"};
     return {DType::fp32, "training_args.bin: no mixed precision"};
   }
+  if (axo && (axo->bf16 || axo->bfloat16)) return {DType::bf16, "the Axolotl config's bf16"};
+  if (axo && (axo->fp16 || axo->float16)) return {DType::fp16, "the Axolotl config's fp16"};
+  if (axo) return {axo->tf32 ? DType::tf32 : DType::fp32, "the Axolotl config: no half precision"};
   if (saved == "bfloat16") return {DType::bf16, "config.json torch_dtype bfloat16 (no training_args.bin)"};
   if (saved == "float16") return {DType::fp16, "config.json torch_dtype float16 (no training_args.bin)"};
   return {DType::bf16, "assumed bf16 (neither training_args.bin nor config.json says)"};
@@ -81,7 +84,8 @@ double hf_counted_params(const ModelDims& d) {
 }
 
 ThroughputReading read_throughput(const TrainerState& s, const TrainingArgs* args, const ModelDims* dims,
-                                  bool adapters, const std::string& saved_dtype, const ThroughputOptions& o) {
+                                  bool adapters, const std::string& saved_dtype, const ThroughputOptions& o,
+                                  const TrainConfig* axolotl) {
   ThroughputReading t;
   if (!s.train_runtime_s || !(*s.train_runtime_s > 0) || !std::isfinite(*s.train_runtime_s)) return t;
   t.present = true;
@@ -119,9 +123,13 @@ ThroughputReading read_throughput(const TrainerState& s, const TrainingArgs* arg
                         "samples and FLOPs by the resumed part's time, so samples/s and the FLOP rate overstate");
 
   // The job's processes
-  const std::int64_t per_device =
-      s.train_batch_size.value_or(args && args->per_device_train_batch_size ? *args->per_device_train_batch_size : 0);
-  const std::optional<std::int64_t> accum = args ? args->gradient_accumulation_steps : std::nullopt;
+  const std::int64_t per_device = s.train_batch_size.value_or(
+      args && args->per_device_train_batch_size ? *args->per_device_train_batch_size
+      : axolotl                                 ? axolotl->micro_batch_size
+                                                : 0);
+  const std::optional<std::int64_t> accum = args && args->gradient_accumulation_steps ? args->gradient_accumulation_steps
+                                            : axolotl ? std::optional<std::int64_t>(axolotl->gradient_accumulation_steps)
+                                                      : std::nullopt;
   if (o.world_size > 0) {
     t.world = o.world_size;
     t.world_source = "--world-size";
@@ -198,7 +206,7 @@ ThroughputReading read_throughput(const TrainerState& s, const TrainingArgs* arg
       t.caveats.push_back(fmt::format("{} {}: no expected numbers for that GPU (known: {})", o.gpu_from, o.gpu,
                                       fmt::join(ids, ", ")));
     } else {
-      const auto [dt, dt_src] = run_dtype(args, saved_dtype);
+      const auto [dt, dt_src] = run_dtype(args, saved_dtype, axolotl);
       for (const auto& f : load_expected_files()) {
         if (f.id() != id) continue;
         const auto p = f.peak_tflops(dt);

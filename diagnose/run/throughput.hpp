@@ -76,8 +76,11 @@ struct ThroughputReading {
 // `dims` the model's (the run's config.json, or the HF cache's for an adapter's base), null when not
 // read; `adapters` true for a PEFT run (its frozen base computes no weight gradients: the Trainer's
 // 6N overstates the work); `saved_dtype` config.json's torch_dtype ("" none).
+// `axolotl` the run's Axolotl config (its model card), null when none: its accumulation and micro batch
+// where training_args.bin is absent, its precision for the peak.
 ThroughputReading read_throughput(const TrainerState& s, const TrainingArgs* args, const ModelDims* dims,
-                                  bool adapters, const std::string& saved_dtype, const ThroughputOptions& o);
+                                  bool adapters, const std::string& saved_dtype, const ThroughputOptions& o,
+                                  const TrainConfig* axolotl = nullptr);
 
 // HF's num_parameters(exclude_embeddings=True) as the dims give it, weights only (biases and norms
 // left out, a few percent): every layer's attention and MLP (all experts), and an untied LM head.

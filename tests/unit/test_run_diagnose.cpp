@@ -10,6 +10,7 @@
 #include <fmt/format.h>  // fmt::format
 #include <gtest/gtest.h>
 
+#include "diagnose/config.hpp"            // axolotl_card, parse_axolotl_yaml_text, source_of
 #include "diagnose/run/curves.hpp"        // scheduled_lr
 #include "diagnose/run/run_diagnose.hpp"  // diagnose_run, looks_like_run
 #include "harness/errors.hpp"             // UsageError
@@ -326,6 +327,81 @@ TEST(RunThroughput, NoCountNoRateAndTheCurvesComeFirst) {
   ASSERT_GE(n.findings.size(), 2u);
   EXPECT_EQ(n.findings.front().evidence["check"], "nan");
   EXPECT_TRUE(finding(n, "mfu"));
+}
+
+// Axolotl's model card (README.md in output_dir; Axolotl's setup_model_card embeds the config it ran with,
+// "axolotl version: `X`" and a ```yaml block under "See axolotl config", as Hub cards of Axolotl runs show).
+// tests/data/run/axolotl-card/README.md is one in that shape, written for the real Mistral SFT log: 16
+// samples a step over micro batch 1 x 4 accumulated is 4 GPUs; bf16: auto is bf16.
+TEST(AxolotlCard, TheConfigInTheModelCardIsReadAtItsLines) {
+  const std::string file = kData + "/axolotl-card/README.md";
+  std::FILE* f = std::fopen(file.c_str(), "rb");
+  ASSERT_TRUE(f);
+  std::string text;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+  std::fclose(f);
+  const auto card = diagnose::axolotl_card(text);
+  ASSERT_TRUE(card);
+  EXPECT_EQ(card->version, "0.9.1.post1");
+  const diagnose::TrainConfig c = diagnose::parse_axolotl_yaml_text(text, file);
+  EXPECT_EQ(c.card_axolotl_version, "0.9.1.post1");
+  EXPECT_EQ(c.micro_batch_size, 1);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  EXPECT_EQ(c.sequence_len, 1024);
+  EXPECT_EQ(c.base_model, "mistralai/Mistral-7B-v0.1");
+  // the line a key has in the card, not in the block
+  std::size_t line = 1;
+  for (std::size_t i = 0; i < text.find("micro_batch_size: 1"); ++i) line += text[i] == '\n';
+  EXPECT_EQ(diagnose::source_of(c, "micro_batch_size"), fmt::format("{}:{}", file, line));
+  // not a card, a card cut short, a card in a card
+  EXPECT_FALSE(diagnose::axolotl_card("# a model\n```yaml\nbf16: true\n```\n"));
+  const std::string head = "<details><summary>See axolotl config</summary>\n\naxolotl version: `0.4.1`\n";
+  EXPECT_THROW(diagnose::axolotl_card(head + "no block\n"), UsageError);
+  EXPECT_THROW(diagnose::axolotl_card(head + "```yaml\nbf16: true\n"), UsageError);
+  EXPECT_THROW(diagnose::axolotl_card(head + "```yaml\n" + head + "```yaml\nx: 1\n```\n```\n"), UsageError);
+  const auto bare = diagnose::axolotl_card("<summary>See axolotl config</summary>\n```yaml\nbf16: true\n```\n");
+  ASSERT_TRUE(bare);
+  EXPECT_EQ(bare->version, "");
+  EXPECT_EQ(bare->yaml, "\n\nbf16: true\n");  // bf16 on its line of the card, the third
+}
+
+TEST(AxolotlCard, ARunWithItsCardInfersTheGpusAndNamesTheConfigsCandidates) {
+  RealRun run("syGOAT__Mistral-v0.2");
+  NEED_REAL(run);
+  fs::copy_file(kData + "/axolotl-card/README.md", run.tmp.path / "README.md");
+  const Result r = run.diagnose("h100");
+  const json& ax = r.meta["run"]["axolotl"];
+  EXPECT_EQ(ax["axolotl_version"], "0.9.1.post1");
+  EXPECT_EQ(ax["defaults_of"], "0.9.1");
+  EXPECT_EQ(ax["attn_implementation"], "sdpa");  // Mistral under flash_attention: false loads SDPA
+  EXPECT_EQ(ax["dataloader_num_workers"], 0);     // before 0.11.0, HF's default
+  const Point* t = point(r, "throughput");
+  ASSERT_TRUE(t && t->metric("mfu_pct") && t->metric("tokens_per_s_upper"));
+  const double rate = 2.380746355434848e18 / 20387.7129 / 1e12;
+  EXPECT_NEAR(t->metric("mfu_pct")->value, 100 * rate / (4 * 989.4), 1e-6);
+  EXPECT_FALSE(t->metric("mfu_pct_min"));
+  EXPECT_EQ(t->info["gpus"], "inferred: 16 samples per step / (per-device batch 1 x accumulation 4)");
+  EXPECT_EQ(t->info["gpu"]["dtype_from"], "the Axolotl config's bf16");
+  EXPECT_NEAR(t->metric("tokens_per_s_upper")->value, 6.796 * 1024, 1e-9);
+  const Finding* f = finding(r, "mfu");
+  ASSERT_TRUE(f);
+  EXPECT_NE(figures(*f).find("sample_packing off, no loader workers, micro_batch_size 1, gradient checkpointing"),
+            std::string::npos)
+      << figures(*f);
+  EXPECT_EQ(f->evidence["command"], "stallbench diagnose " + (run.tmp.path / "README.md").string() +
+                                        " (each cause of its config, measured)");
+  EXPECT_NE(point(r, "settings")->info["reading"].get<std::string>().find("axolotl 0.9.1.post1"), std::string::npos);
+  // a card whose config cannot be read is said, the run still read
+  {
+    std::FILE* w = std::fopen((run.tmp.path / "README.md").c_str(), "wb");
+    ASSERT_TRUE(w);
+    std::fputs("<summary>See axolotl config</summary>\n```yaml\nmicro_batch_size: -3\n```\n", w);
+    std::fclose(w);
+    const Result bad = run.diagnose("h100");
+    EXPECT_TRUE(bad.meta["run"]["axolotl"].contains("ignored"));
+    EXPECT_TRUE(point(bad, "throughput")->metric("mfu_pct_min"));  // back to a range of GPUs
+  }
 }
 
 TEST(Schedule, TransformersSchedulersAtTheirSteps) {
