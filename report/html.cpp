@@ -167,6 +167,59 @@ std::string header_line(const Result& r, const json& dm) {
 
 }  // namespace
 
+// A finding's evidence beyond the lines shown above it, folded: the summary first, the figures under it
+// (a run's figures list, a trace rule's numbers, the basis of the gain, the step, the source).
+std::string evidence_details(const json& ev) {
+  static const char* const kShown[] = {"caveat", "config_line", "command", "explore", "change"};
+  std::ostringstream d;
+  std::size_t n = 0;
+  for (const auto& [k, v] : ev.items()) {
+    bool shown = false;
+    for (const char* s : kShown) shown = shown || k == s;
+    if (shown || v.is_null()) continue;
+    ++n;
+    if (v.is_array()) {
+      d << "<li>" << esc(k) << ":<ul>";
+      for (const auto& x : v) d << "<li>" << esc(x.is_string() ? x.get<std::string>() : x.dump()) << "</li>";
+      d << "</ul></li>";
+    } else {
+      d << "<li>" << esc(k) << ": " << esc(v.is_string() ? v.get<std::string>() : v.dump()) << "</li>";
+    }
+  }
+  if (n == 0) return {};
+  return "<details><summary>evidence</summary><ul class='note'>" + d.str() + "</ul></details>";
+}
+
+// The findings of a diagnosis: each one's cause and gain, its summary, the line to change and the command
+// that reproduces it, and its evidence folded under it.
+std::string findings_html(const Result& r, bool from_trace, bool from_run, bool simulated) {
+  std::ostringstream o;
+  o << (from_trace ? "<h2>Findings, by estimated gain</h2>\n"
+        : from_run ? "<h2>Findings, from what the run logged</h2>\n"
+                   : "<h2>Findings, by their verdict on your training loop, then by measured gain</h2>\n");
+  for (const Finding& f : r.findings) {
+    o << "<div class='finding'><b>" << esc(f.cause) << "</b>";
+    if (f.speedup)
+      o << fmt::format(" &mdash; {:.2f}x {}", *f.speedup,
+                       from_trace ? "estimated" : simulated ? "modelled" : "measured");
+    o << "<br>" << esc(f.summary);
+    if (f.evidence.contains("caveat") && f.evidence["caveat"].is_string())
+      o << "<br><span class='error'>Caveat: " << esc(f.evidence["caveat"].get<std::string>()) << "</span>";
+    if (f.evidence.contains("config_line") && !f.evidence["config_line"].get<std::string>().empty())
+      o << "<br>Change: <code>" << esc(f.evidence["config_line"].get<std::string>()) << "</code>";
+    if (f.evidence.contains("change") && f.evidence["change"].is_string() && !f.evidence["change"].get<std::string>().empty())
+      o << "<br>Change: " << esc(f.evidence["change"].get<std::string>());
+    if (f.evidence.contains("command") && f.evidence["command"].is_string())
+      o << "<br><span class='note'>Reproduce: <code>" << esc(f.evidence["command"].get<std::string>())
+        << "</code></span>";
+    if (f.evidence.contains("explore"))
+      o << "<br><span class='note'>Explore: <code>" << esc(f.evidence["explore"].get<std::string>())
+        << "</code></span>";
+    o << evidence_details(f.evidence) << "</div>\n";
+  }
+  return o.str();
+}
+
 std::string format_html(const Result& r) {
   std::ostringstream o;
   const json& dm = r.meta.contains("diagnose") ? r.meta["diagnose"] : json::object();
@@ -208,25 +261,8 @@ std::string format_html(const Result& r) {
     }
     o << job_ranks_html(r.meta) << trace_timeline_html(r.meta);
   }
-  o << (from_trace ? "<h2>Findings, by estimated gain</h2>\n" : "<h2>Findings, by their verdict on your training loop, then by measured gain</h2>\n");
-  for (const Finding& f : r.findings) {
-    o << "<div class='finding'><b>" << esc(f.cause) << "</b>";
-    if (f.speedup)
-      o << fmt::format(" &mdash; {:.2f}x {}", *f.speedup,
-                       from_trace ? "estimated" : simulated ? "modelled" : "measured");
-    o << "<br>" << esc(f.summary);
-    if (f.evidence.contains("caveat") && f.evidence["caveat"].is_string())
-      o << "<br><span class='error'>Caveat: " << esc(f.evidence["caveat"].get<std::string>()) << "</span>";
-    if (f.evidence.contains("config_line") && !f.evidence["config_line"].get<std::string>().empty())
-      o << "<br>Change: <code>" << esc(f.evidence["config_line"].get<std::string>()) << "</code>";
-    if (f.evidence.contains("command"))
-      o << "<br><span class='note'>Reproduce: <code>" << esc(f.evidence["command"].get<std::string>())
-        << "</code></span>";
-    if (f.evidence.contains("explore"))
-      o << "<br><span class='note'>Explore: <code>" << esc(f.evidence["explore"].get<std::string>())
-        << "</code></span>";
-    o << "</div>\n";
-  }
+  const bool from_run = dm.value("source", std::string()) == "run";
+  o << findings_html(r, from_trace, from_run, simulated);
 
   o << "<h2>Checks, in the standard order</h2>\n<table><tr><th>check</th><th>status</th><th>measured</th></tr>\n";
   for (const Point& p : r.points) {
@@ -249,6 +285,14 @@ std::string format_html(const Result& r) {
         << fmt::format("<br>{:.2f}x", g->value);
       if (p.info.contains("reading") && p.info["reading"].is_string())
         o << "<br><span class='note'>" << esc(p.info["reading"].get<std::string>()) << "</span>";
+    }
+    else if (from_run) {  // what the run's file says for this check, then its figures
+      if (p.info.contains("reading") && p.info["reading"].is_string()) o << esc(p.info["reading"].get<std::string>());
+      if (!p.metrics.empty()) o << "<br><span class='note'>";
+      for (std::size_t i = 0; i < p.metrics.size(); ++i)
+        o << (i ? "; " : "") << esc(p.metrics[i].name) << " " << esc(format_number(p.metrics[i].value)) << " "
+          << esc(p.metrics[i].unit);
+      if (!p.metrics.empty()) o << "</span>";
     }
     else if (name == "utilization" && p.metric("busy_pct"))
       o << fmt::format("{} tokens/s, {:.0f}% busy, {}", esc(format_number(p.metric("tokens_per_s")->value)),

@@ -499,8 +499,9 @@ Point throughput_point(const RunRead& rr, const ThroughputOptions& o, std::optio
   } else if (t.model_tflops && !t.gpu) {
     parts.push_back(o.gpu.empty() ? "MFU: name the GPU (--gpu h100)" : "MFU: no peak for that GPU");
   }
-  for (const auto& n : t.notes) parts.push_back(n);
-  for (const auto& c : t.caveats) parts.push_back(c);
+  for (std::size_t i = t.stopped_early ? 1 : 0; i < t.notes.size(); ++i) parts.push_back(t.notes[i]);  // [0]: the warning
+  for (std::size_t i = !t.stopped_early && !t.caveats.empty() ? 1 : 0; i < t.caveats.size(); ++i)
+    parts.push_back(t.caveats[i]);
   tp.info["reading"] = fmt::format("{}", fmt::join(parts, "; "));
   if (t.stopped_early) tp.info["warning"] = t.notes.front();
   else if (!t.caveats.empty()) tp.info["warning"] = t.caveats.front();
