@@ -77,6 +77,9 @@ std::string settings_reading(const TrainingArgs& a, const SavedModel& m) {
     s += fmt::format(", micro batch {} x {} accumulated", *a.per_device_train_batch_size,
                      a.gradient_accumulation_steps.value_or(1));
   if (a.world_size) s += fmt::format(" on {} process{}", *a.world_size, *a.world_size == 1 ? "" : "es");
+  if (a.max_seq_length)  // a subclass's (TRL's max_length, Axolotl's max_seq_length)
+    s += fmt::format(", sequences of {} tokens{}", *a.max_seq_length,
+                     a.packing ? (*a.packing ? " packed" : " unpacked") : "");
   if (a.dataloader_num_workers && *a.dataloader_num_workers == 0)
     s += ", batches loaded in the training process (0 workers)";
   else if (a.dataloader_num_workers)

@@ -200,6 +200,27 @@ TEST(TrainingArgs, TheRealFilesOfBothReleases) {
   EXPECT_NE(now.version_hint.find("5 or later"), std::string::npos) << now.version_hint;
 }
 
+// TRL's TrainingArguments subclasses as TRL 1.16.0 saves them (make_training_args.py --trl): the classes are
+// on the allow-list, max_length and packing are read, and TRL's own defaults are what the pickle holds
+// (bf16 and gradient checkpointing on though the script set neither on DPOConfig).
+TEST(TrainingArgs, TrlsConfigsAsTrlSavesThem) {
+  const std::string dir = kData + "/trl-1.16.0";
+  const TrainingArgs sft = read_training_args(dir + "/sft_packed_bf16.bin");
+  EXPECT_EQ(sft.class_name, "trl.trainer.sft_config.SFTConfig");
+  EXPECT_EQ(sft.max_seq_length, 2048);
+  EXPECT_EQ(sft.packing, true);
+  EXPECT_EQ(sft.bf16, true);
+  EXPECT_EQ(sft.per_device_train_batch_size, 4);
+  EXPECT_EQ(sft.gradient_accumulation_steps, 8);
+  EXPECT_DOUBLE_EQ(sft.learning_rate.value_or(0), 2e-5);
+  const TrainingArgs dpo = read_training_args(dir + "/dpo_lr5e-7.bin");
+  EXPECT_EQ(dpo.class_name, "trl.trainer.dpo_config.DPOConfig");
+  EXPECT_DOUBLE_EQ(dpo.learning_rate.value_or(0), 5e-7);
+  EXPECT_EQ(dpo.max_seq_length, 1024);
+  EXPECT_EQ(dpo.bf16, true);                    // TRL's default, not the script's
+  EXPECT_EQ(dpo.gradient_checkpointing, true);  // TRL's default
+}
+
 TEST(TrainingArgs, AForbiddenGlobalIsNamedWithItsOffsetAndNeverRun) {
   const std::string m = error_of(read_regular_file(kData + "/forbidden_global.bin", "t"));
   EXPECT_NE(m.find("global os.system refused"), std::string::npos) << m;

@@ -4,6 +4,7 @@ libraries (see README.md for the versions used): run it with a Python that has t
 accelerate and tensorboard.
 
     python3 tests/data/run/make_training_args.py [OUT_DIR]     (default: this script's directory)
+    python3 tests/data/run/make_training_args.py --trl          (TRL's SFTConfig and DPOConfig only)
 
 Writes, under OUT_DIR/transformers-<version>/ (one folder per transformers release it is run with):
   bf16_w4_gc.bin    TrainingArguments(bf16, 4 workers, gradient checkpointing, cosine, warmup 100, lr 2e-4,
@@ -137,8 +138,38 @@ def hf_tags_nan(path):
     shutil.rmtree(d)
 
 
+def trl_args(root):
+    """TRL's own TrainingArguments subclasses, as its trainers save them (torch.save of the config):
+    SFTConfig with packing at max_length 2048 in bf16, DPOConfig at a learning rate of 5e-7. Under
+    trl-<version>/; the reader must accept the classes (its allow-list) and read max_length and packing."""
+    import trl
+    from trl import DPOConfig, SFTConfig
+
+    folder = os.path.join(root, "trl-" + trl.__version__)
+    os.makedirs(folder, exist_ok=True)
+    scratch = os.path.join(folder, "scratch")
+    cpu = {} if torch.cuda.is_available() else {"use_cpu": True}
+    sft = SFTConfig(output_dir=scratch, report_to="none", max_length=2048, packing=True, bf16=True,
+                    per_device_train_batch_size=4, gradient_accumulation_steps=8, learning_rate=2e-5, **cpu)
+    _ = sft.device
+    save_args(sft, os.path.join(folder, "sft_packed_bf16.bin"))
+    dpo = DPOConfig(output_dir=scratch, report_to="none", learning_rate=5e-7, beta=0.1, max_length=1024,
+                    per_device_train_batch_size=2, **cpu)
+    _ = dpo.device
+    save_args(dpo, os.path.join(folder, "dpo_lr5e-7.bin"))
+    shutil.rmtree(scratch, ignore_errors=True)
+    with open(os.path.join(folder, "versions.json"), "w") as f:
+        json.dump({"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+                   "trl": trl.__version__}, f, indent=1)
+        f.write("\n")
+    print("wrote", folder)
+
+
 def main():
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+    root = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "--trl" else os.path.dirname(os.path.abspath(__file__))
+    if "--trl" in sys.argv:  # only TRL's configs (they need trl installed)
+        trl_args(root)
+        return
     folder = os.path.join(root, "transformers-" + transformers.__version__)
     os.makedirs(folder, exist_ok=True)
     scratch = os.path.join(folder, "scratch")  # output_dir: the args record it; nothing is written there
