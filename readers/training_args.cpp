@@ -2,6 +2,7 @@
 // this file's allow-list, then the fields read by name with their types checked.
 #include "readers/training_args.hpp"
 
+#include <iterator>  // std::size
 #include <cmath>   // std::isfinite
 #include <limits>  // std::numeric_limits
 
@@ -30,12 +31,28 @@ constexpr PickleGlobal kArgsClasses[] = {
     {"trl.trainer.cpo_config", "CPOConfig", Call::object},
     {"trl.trainer.grpo_config", "GRPOConfig", Call::object},
     {"trl.trainer.reward_config", "RewardConfig", Call::object},
+    // TRL 1.x moved ORPO and CPO under trl.experimental (checked with trl 1.16.0's classes' __module__)
+    {"trl.experimental.orpo.orpo_config", "ORPOConfig", Call::object},
+    {"trl.experimental.cpo.cpo_config", "CPOConfig", Call::object},
     {"axolotl.core.training_args", "AxolotlTrainingArguments", Call::object},
     {"axolotl.core.trainer_builder", "AxolotlTrainingArguments", Call::object},
+    // Axolotl 0.19.0's RL configs (its wheel's axolotl/core/training_args.py and core/trainers/*/args.py)
+    {"axolotl.core.training_args", "AxolotlORPOConfig", Call::object},
+    {"axolotl.core.training_args", "AxolotlKTOConfig", Call::object},
+    {"axolotl.core.training_args", "AxolotlCPOConfig", Call::object},
+    {"axolotl.core.training_args", "AxolotlRewardConfig", Call::object},
+    {"axolotl.core.training_args", "AxolotlPRMConfig", Call::object},
+    {"axolotl.core.trainers.dpo.args", "AxolotlDPOConfig", Call::object},
+    {"axolotl.core.trainers.grpo.args", "AxolotlGRPOConfig", Call::object},
 };
+static_assert(std::size(kArgsClasses) == 20, "kArgsGlobals lists every class of kArgsClasses");
 constexpr PickleGlobal kArgsGlobals[] = {
     kArgsClasses[0], kArgsClasses[1], kArgsClasses[2], kArgsClasses[3], kArgsClasses[4], kArgsClasses[5],
-    kArgsClasses[6], kArgsClasses[7], kArgsClasses[8], kArgsClasses[9], kArgsClasses[10],
+    kArgsClasses[6], kArgsClasses[7], kArgsClasses[8], kArgsClasses[9], kArgsClasses[10], kArgsClasses[11],
+    kArgsClasses[12], kArgsClasses[13], kArgsClasses[14], kArgsClasses[15], kArgsClasses[16], kArgsClasses[17],
+    kArgsClasses[18], kArgsClasses[19],
+    // Axolotl's image_resize_algorithm, when a multimodal config sets it (PIL's enum)
+    {"PIL.Image", "Resampling", Call::enum_value},
     // the dataclasses and state objects among the fields
     {"transformers.trainer_pt_utils", "AcceleratorConfig", Call::object},
     {"accelerate.state", "PartialState", Call::object},

@@ -221,6 +221,27 @@ TEST(TrainingArgs, TrlsConfigsAsTrlSavesThem) {
   EXPECT_EQ(dpo.gradient_checkpointing, true);  // TRL's default
 }
 
+// Axolotl 0.19.0's own classes as it saves them (make_training_args.py --axolotl): AxolotlTrainingArguments
+// with its sample_packing and max_seq_length, AxolotlDPOConfig (defined in axolotl.core.trainers.dpo.args).
+// Without a GPU transformers turns pin_memory off, so the file says False.
+TEST(TrainingArgs, AxolotlsConfigsAsAxolotlSavesThem) {
+  const std::string dir = kData + "/axolotl-0.19.0";
+  const TrainingArgs sft = read_training_args(dir + "/sft_packed_bf16.bin");
+  EXPECT_EQ(sft.class_name, "axolotl.core.training_args.AxolotlTrainingArguments");
+  EXPECT_EQ(sft.max_seq_length, 4096);
+  EXPECT_EQ(sft.packing, true);
+  EXPECT_EQ(sft.bf16, true);
+  EXPECT_EQ(sft.per_device_train_batch_size, 2);
+  EXPECT_EQ(sft.gradient_accumulation_steps, 4);
+  EXPECT_EQ(sft.dataloader_num_workers, 1);
+  EXPECT_EQ(sft.dataloader_prefetch_factor, 256);
+  EXPECT_EQ(sft.dataloader_pin_memory, false);
+  const TrainingArgs dpo = read_training_args(dir + "/dpo_lr5e-7.bin");
+  EXPECT_EQ(dpo.class_name, "axolotl.core.trainers.dpo.args.AxolotlDPOConfig");
+  EXPECT_DOUBLE_EQ(dpo.learning_rate.value_or(0), 5e-7);
+  EXPECT_EQ(dpo.max_seq_length, 2048);
+}
+
 TEST(TrainingArgs, AForbiddenGlobalIsNamedWithItsOffsetAndNeverRun) {
   const std::string m = error_of(read_regular_file(kData + "/forbidden_global.bin", "t"));
   EXPECT_NE(m.find("global os.system refused"), std::string::npos) << m;

@@ -5,6 +5,7 @@ accelerate and tensorboard.
 
     python3 tests/data/run/make_training_args.py [OUT_DIR]     (default: this script's directory)
     python3 tests/data/run/make_training_args.py --trl          (TRL's SFTConfig and DPOConfig only)
+    python3 tests/data/run/make_training_args.py --axolotl      (Axolotl's; see README.md for its PYTHONPATH)
 
 Writes, under OUT_DIR/transformers-<version>/ (one folder per transformers release it is run with):
   bf16_w4_gc.bin    TrainingArguments(bf16, 4 workers, gradient checkpointing, cosine, warmup 100, lr 2e-4,
@@ -165,10 +166,44 @@ def trl_args(root):
     print("wrote", folder)
 
 
+def axolotl_args(root):
+    """Axolotl's own TrainingArguments subclasses as its trainer builder saves them: the SFT one with
+    sample packing at max_seq_length 4096 in bf16 (micro batch 2 x 4, one worker, prefetch 256), and
+    AxolotlDPOConfig at a learning rate of 5e-7. Under axolotl-<version>/. Axolotl pins its own TRL; the
+    files were made with the axolotl 0.19.0 wheel installed --no-deps, trl 1.9.0 (its pin) and the few
+    modules its imports need on PYTHONPATH (see README.md), over this venv's torch and transformers."""
+    import axolotl
+    import trl
+    from axolotl.core.trainers.dpo.args import AxolotlDPOConfig
+    from axolotl.core.training_args import AxolotlTrainingArguments
+
+    folder = os.path.join(root, "axolotl-" + axolotl.__version__)
+    os.makedirs(folder, exist_ok=True)
+    scratch = os.path.join(folder, "scratch")
+    cpu = {} if torch.cuda.is_available() else {"use_cpu": True}
+    sft = AxolotlTrainingArguments(output_dir=scratch, report_to="none", bf16=True, per_device_train_batch_size=2,
+                                   gradient_accumulation_steps=4, sample_packing=True, max_seq_length=4096,
+                                   learning_rate=2e-4, dataloader_num_workers=1, dataloader_prefetch_factor=256, **cpu)
+    _ = sft.device
+    save_args(sft, os.path.join(folder, "sft_packed_bf16.bin"))
+    dpo = AxolotlDPOConfig(output_dir=scratch, report_to="none", learning_rate=5e-7, max_length=2048, **cpu)
+    _ = dpo.device
+    save_args(dpo, os.path.join(folder, "dpo_lr5e-7.bin"))
+    shutil.rmtree(scratch, ignore_errors=True)
+    with open(os.path.join(folder, "versions.json"), "w") as f:
+        json.dump({"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+                   "trl": trl.__version__, "axolotl": axolotl.__version__}, f, indent=1)
+        f.write("\n")
+    print("wrote", folder)
+
+
 def main():
-    root = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "--trl" else os.path.dirname(os.path.abspath(__file__))
+    root = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else os.path.dirname(os.path.abspath(__file__))
     if "--trl" in sys.argv:  # only TRL's configs (they need trl installed)
         trl_args(root)
+        return
+    if "--axolotl" in sys.argv:  # only Axolotl's (they need axolotl and its TRL)
+        axolotl_args(root)
         return
     folder = os.path.join(root, "transformers-" + transformers.__version__)
     os.makedirs(folder, exist_ok=True)
