@@ -491,7 +491,21 @@ bool YamlReader::read_trainer_key(const std::string& key, int line, const YNode&
     cfg_.max_packed_sequence_len = v.IsNull() ? 0 : integer(line, key, v, 1, kMaxSequenceLen);
   } else if (key == "fsdp_offload_params") {
     bool_key(cfg_.fsdp_offload_params);
+  } else if (key == "fsdp") {  // Axolotl's list of FSDP options: full_shard, shard_grad_op, auto_wrap, offload
+    std::vector<std::string> words;
+    if (v.IsScalar()) words.push_back(word);
+    else if (v.Type() == YType::Sequence)
+      for (const auto& item : v.items)
+        if (item.IsScalar()) words.push_back(item.Scalar());
+    for (const auto& w : words) {
+      if (w.find("shard_grad_op") != std::string::npos) cfg_.fsdp_shard = 2;
+      else if ((w.find("full_shard") != std::string::npos || w.find("hybrid_shard") != std::string::npos) &&
+               cfg_.fsdp_shard != 2)
+        cfg_.fsdp_shard = 3;
+      if (w.find("offload") != std::string::npos) cfg_.fsdp_offload_params = true;
+    }
   } else if (key == "fsdp_config") {
+    if (v.IsMap() && cfg_.fsdp_shard == 0) cfg_.fsdp_shard = 3;  // FSDP's default sharding: full
     if (v.IsMap())
       for (std::size_t i = 0; i < v.keys.size(); ++i)
         if (v.keys[i].IsScalar() && (v.keys[i].Scalar() == "offload_params" || v.keys[i].Scalar() == "fsdp_offload_params"))
@@ -612,34 +626,6 @@ TrainConfig default_config() {
   TrainConfig c;
   for (const auto key : kKeys) c.sources[std::string(key)] = Source{std::string(kDefault)};
   return c;
-}
-
-std::optional<AxolotlCard> axolotl_card(const std::string& text) {
-  constexpr std::string_view kSummary = "<summary>See axolotl config</summary>";
-  const std::size_t at = text.find(kSummary);
-  if (at == std::string::npos) return std::nullopt;
-  AxolotlCard card;
-  std::size_t from = at + kSummary.size();
-  constexpr std::string_view kVersion = "axolotl version: `";
-  const std::size_t v = text.find(kVersion, from);
-  const std::size_t fence = text.find("```yaml", from);
-  if (fence == std::string::npos)
-    throw UsageError("the model card's axolotl config has no ```yaml block after 'See axolotl config'");
-  if (v != std::string::npos && v < fence) {
-    const std::size_t end = text.find('`', v + kVersion.size());
-    if (end != std::string::npos && end - (v + kVersion.size()) <= 64)
-      card.version = text.substr(v + kVersion.size(), end - (v + kVersion.size()));
-  }
-  const std::size_t body = text.find('\n', fence);
-  if (body == std::string::npos) throw UsageError("the model card's ```yaml block is cut short");
-  // the closing fence: a line that starts with ```
-  const std::size_t close = text.find("\n```", body);
-  if (close == std::string::npos) throw UsageError("the model card's ```yaml block is not closed (```)");
-  if (text.find(kSummary, body) < close)
-    throw UsageError("the model card's axolotl config holds another 'See axolotl config' block");
-  const auto lines_before = std::count(text.begin(), text.begin() + std::ptrdiff_t(body + 1), '\n');
-  card.yaml = std::string(std::size_t(lines_before), '\n') + text.substr(body + 1, close - body);
-  return card;
 }
 
 TrainConfig read_axolotl_yaml(const std::string& path) {
@@ -780,6 +766,7 @@ json to_json(const TrainConfig& cfg) {
                         {"lora_target_modules", cfg.lora_target_modules},
                         {"batch_size", cfg.batch_size},   {"max_packed_sequence_len", cfg.max_packed_sequence_len},
                         {"fsdp_offload_params", cfg.fsdp_offload_params}, {"deepspeed", cfg.deepspeed},
+                        {"fsdp_shard", cfg.fsdp_shard},
                         {"fsdp_config", {{"offload_params", cfg.fsdp_offload_params}}},
                         {"base_model_config", cfg.base_model}};
   for (const auto& [k, src] : cfg.sources)

@@ -95,6 +95,10 @@ struct TrainConfig {
   std::int64_t max_packed_sequence_len = 0;  // Axolotl <= 0.3's concatenation packing, 0 unset
   bool fsdp_offload_params = false;          // fsdp_config.offload_params (fsdp_offload_params)
   std::string deepspeed;                     // the DeepSpeed config's path, "" none
+  int world_size = 1;                        // the job's processes (--world-size), for what sharding divides
+  // FSDP as configured: 3 full_shard / hybrid_shard (or an fsdp_config without a list), 2 shard_grad_op,
+  // 0 none (fsdp: and fsdp_config: absent)
+  int fsdp_shard = 0;
   // Why the trainer cannot pack this config ("" = it can): the finding must not advise it.
   std::string packing_unavailable;
   // Every key above ("model.hidden_size" for the dims, "lengths" too) -> where

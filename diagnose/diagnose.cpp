@@ -1,7 +1,8 @@
 // diagnose (equations and order in diagnose.hpp).
 #include "diagnose/diagnose.hpp"
 
-#include "diagnose/plan.hpp"  // skipped_by_config
+#include "diagnose/offload.hpp"  // offload_finding
+#include "diagnose/plan.hpp"     // skipped_by_config
 
 #include <algorithm>  // std::sort, std::min, std::max
 #include <chrono>     // std::chrono
@@ -818,16 +819,6 @@ class Diagnosis {
   }
 
   // 7. memory at full depth: the model, not measured
-  // What to try where checkpointing and a smaller micro batch are not enough: never what the config has.
-  static std::string memory_remedy(const TrainConfig& c, const Adapter& ad) {
-    std::vector<std::string> ways;
-    if (!ad.on) ways.push_back("an adapter (adapter: qlora, load_in_4bit: true)");
-    else if (ad.base_bits > 4) ways.push_back("a 4-bit base (adapter: qlora, load_in_4bit: true)");
-    if (!c.fsdp_offload_params && c.deepspeed.empty()) ways.push_back("sharding (FSDP/DeepSpeed) over more GPUs");
-    ways.push_back("a smaller model");
-    return fmt::format("{}", fmt::join(ways, ", or "));
-  }
-
   Point memory() {
     step("memory: the footprint at full depth");
     Point p = check_point("memory");
@@ -843,7 +834,8 @@ class Diagnosis {
     d.dtype = c.bf16 ? DType::bf16 : c.fp16 ? DType::fp16 : DType::fp32;
     d.checkpointing = c.gradient_checkpointing;
     const Adapter ad = adapter_of(c);  // what it trains: every weight, or LoRA adapters over a frozen base
-    const FullDepthFootprint full = full_depth_footprint(c.model, d, ad);
+    const Sharding sh = sharding_of(c);  // ZeRO / FSDP as configured: the states per GPU
+    const FullDepthFootprint full = full_depth_footprint(c.model, d, ad, sh);
     std::uint64_t capacity = 0;
     std::string cap_source;
     if (auto lim = ctx_.device.memory_stats().limit; lim > 0) {
@@ -874,16 +866,18 @@ class Diagnosis {
                                    "(bitsandbytes' 4-bit at 4.127 bits a weight); activations as a full fine-tune's"
                                  : "modelled, not measured: full fine-tuning (every weight trained, AdamW state for each)"}};
     if (capacity == 0) p.info["capacity"] = "unknown: no limit, GPU memory or host bound was found";
+    if (!full.sharded.empty()) p.info["sharded"] = full.sharded;
+    if (auto f = offload_finding(c, ad, full.parameters, ctx_.expected ? &*ctx_.expected : nullptr)) found_.push_back(*f);
     if (capacity > 0 && full.total > capacity) {
       batch::DecoderConfig ck = d;
       ck.checkpointing = true;
-      const FullDepthFootprint with_ck = full_depth_footprint(c.model, ck, ad);
+      const FullDepthFootprint with_ck = full_depth_footprint(c.model, ck, ad, sh);
       std::string line = with_ck.total <= capacity ? "gradient_checkpointing: true" : "";
       if (line.empty()) {
         for (std::int64_t mb = d.micro_batch / 2; mb >= 1; mb /= 2) {
           batch::DecoderConfig s2 = ck;
           s2.micro_batch = mb;
-          if (full_depth_footprint(c.model, s2, ad).total <= capacity) {
+          if (full_depth_footprint(c.model, s2, ad, sh).total <= capacity) {
             line = fmt::format("gradient_checkpointing: true, micro_batch_size: {}", mb);
             break;
           }
@@ -891,7 +885,7 @@ class Diagnosis {
       }
       found_.push_back({"memory pressure and out-of-memory recovery",
                         fmt::format("memory: the config needs about {} of {} ({}){}{}{} -> {}",
-                                    format_bytes(double(full.total)),
+                                    format_bytes(double(full.total)) + (full.sharded.empty() ? "" : " per GPU (" + full.sharded + ")"),
                                     // in GB too: the explore line's mem_limit_gb is in GB
                                     fmt::format("{} ({:.3g} GB)", format_bytes(double(capacity)), double(capacity) / 1e9),
                                     cap_source,

@@ -50,7 +50,8 @@ std::uint64_t adapter_parameters(const ModelDims& model, const Adapter& a) {
   return std::uint64_t(double(a.rank) * per_layer * double(model.num_hidden_layers));
 }
 
-FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::DecoderConfig& d, const Adapter& a) {
+FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::DecoderConfig& d, const Adapter& a,
+                                        const Sharding& sh) {
   const std::uint64_t e = std::uint64_t(storage_bytes(d.dtype));
   // one attention op's buffers: Q, O, dO, dQ, and K, V, dK, dV at the K/V heads' share (grouped-query
   // attention), and the log-sum-exp (a fused kernel's)
@@ -98,6 +99,19 @@ FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::Dec
                             std::uint64_t(model.active_intermediate()) * e
                       : 0;
   const std::uint64_t acts = m.activations + gate_extra;
+  // sharded over the GPUs (the embedding and head with the weights under stage 3), or kept on the CPU
+  if (sh.world > 1 || sh.offload_params || sh.offload_optimizer) {
+    const std::uint64_t n = std::uint64_t(std::max(1, sh.world));
+    if (sh.stage >= 1) o /= n;
+    if (sh.stage >= 2) g /= n;
+    if (sh.stage >= 3) {
+      w /= n;
+      embed_held /= n;
+    }
+    if (sh.offload_optimizer) o = 0;
+    if (sh.offload_params) w = 0;  // a layer's gathered weights are the working set (left out)
+    out.sharded = sh.what;
+  }
   out.total = w + g + o + acts + m.attention + m.backward + embed_held + logits;
   out.parts = json{{"weights", w},         {"gradients", g},      {"optimizer", o},
                    {"activations", acts}, {"attention", m.attention}, {"backward", m.backward},

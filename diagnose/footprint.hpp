@@ -34,12 +34,25 @@ Adapter adapter_of(const TrainConfig& c);
 // The adapters' trainable parameters over the model's layers (LoRA: rank x (in + out) a target).
 std::uint64_t adapter_parameters(const ModelDims& model, const Adapter& a);
 
+// How the job shards and offloads the model's states (weights, gradients, AdamW's): ZeRO's stage or
+// FSDP's (3: all three over the GPUs, 2: gradients and optimizer, 1: optimizer), over `world` GPUs, and
+// what it keeps on the CPU instead. The default: nothing sharded, one GPU.
+struct Sharding {
+  int stage = 0;
+  int world = 1;
+  bool offload_params = false, offload_optimizer = false;
+  std::string what;  // "ZeRO-3 over 8 GPUs, parameters and optimizer on the CPU"; "" none
+};
+
 struct FullDepthFootprint {
   std::uint64_t total = 0;  // bytes
   nlohmann::ordered_json parts;
   std::uint64_t parameters = 0;  // the model's, embedding and head included
   std::uint64_t trainable = 0;   // the parameters trained (all, or the adapters')
+  std::string sharded;           // how the states are divided (Sharding::what), "" not
 };
-FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::DecoderConfig& d, const Adapter& a = {});
+// Per GPU: the model's states divided as `sh` shards them, and left out where it offloads them.
+FullDepthFootprint full_depth_footprint(const ModelDims& model, const batch::DecoderConfig& d, const Adapter& a = {},
+                                        const Sharding& sh = {});
 
 }  // namespace sb::diagnose

@@ -335,6 +335,7 @@ std::string family_from_name(std::string_view hub_id) {
 }
 
 void resolve_axolotl(TrainConfig& cfg, const TrainerSpec& t) {
+  cfg.world_size = std::max(1, t.world_size);
   if (!t.version_given)
     cfg.notes.push_back(fmt::format("read as Axolotl {} reads it, the newest whose defaults are encoded here "
                                     "(--axolotl-version for yours)",
@@ -364,7 +365,7 @@ void resolve_axolotl(TrainConfig& cfg, const TrainerSpec& t) {
   }
   if (cfg.fsdp_offload_params || !cfg.deepspeed.empty())
     cfg.notes.push_back(fmt::format("{}: parameters or optimizer state move between the GPU and the CPU every step; "
-                                    "not modelled by the checks here",
+                                    "the memory check models what it moves over PCIe",
                                     cfg.fsdp_offload_params ? "fsdp offload_params" : "deepspeed " + cfg.deepspeed));
 }
 

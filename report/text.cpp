@@ -34,7 +34,7 @@ std::string lead_gain(const Finding& f, bool simulated) {
   // the loader's runs load a sample at an assumed cost (the dataloader scenario's supply), not the user's:
   // its gain is modelled whatever the loop showed
   std::string how = simulated               ? "modelled (simulated device)"
-                    : check == "memory"     ? "modelled from your config"
+                    : check == "memory" || check == "offload" ? "modelled from your config"
                     : check == "loader"     ? "modelled: your per-sample load cost is assumed, not measured"
                     : !verdict.empty()      ? "measured"
                                             : "measured at your shape (its scenario alone)";
@@ -44,6 +44,8 @@ std::string lead_gain(const Finding& f, bool simulated) {
     how += ": " + v;
   }
   if (!f.speedup) return " (" + how + ")";
+  if (f.evidence.contains("gain_serial") && f.evidence["gain_serial"].is_number())  // a range: overlapped to serial
+    return fmt::format(": {:.2f}x to {:.2f}x, {}", *f.speedup, f.evidence["gain_serial"].get<double>(), how);
   return fmt::format(": {:.2f}x, {}", *f.speedup, how);
 }
 

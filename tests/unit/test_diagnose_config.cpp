@@ -25,6 +25,8 @@
 #include "workloads/decoder.hpp"     // DecoderConfig
 #include "diagnose/config.hpp"
 #include "diagnose/diagnose.hpp"  // full_depth_footprint
+#include "diagnose/offload.hpp"   // offload_setting, offload_cost, offload_finding
+#include "diagnose/trainer.hpp"   // resolve_axolotl, TrainerSpec
 
 namespace sb::diagnose {
 namespace {
@@ -1161,6 +1163,133 @@ TEST(DiagnoseBatchLimit, LaunchBoundOnlyWhereTheStepsFiguresSaySo) {
   // the knee at their own micro batch: no per-token comparison to make
   const BatchLimit same = batch_limit(batch_point(r, 16, 8), batch_point(r, 16, 8), 32);
   EXPECT_EQ(same.reading.find("device time per token"), std::string::npos) << same.reading;
+}
+
+// Offload to the CPU (diagnose/offload.hpp), modelled from the config. Axolotl's shipped DeepSpeed configs
+// (deepspeed_configs/zero3_bf16_cpuoffload_all.json: offload_param and offload_optimizer to the CPU;
+// ..._cpuoffload_params.json: offload_param only) as a config names them; the file read where it is beside
+// the config, judged by its name where it is not. Llama-2-7B (the default dims), bf16, micro batch 1 x 4
+// accumulated at 2048 tokens, 8 GPUs: against the H100's published pinned host-to-device 52 GB/s and its
+// 794.5 TFLOP/s bf16 matmul (results/expected/h100-sxm.json).
+namespace offload_test {
+
+diagnose::TrainConfig config(const TempDir& dir, const std::string& yaml, int world) {
+  diagnose::TrainConfig c = diagnose::read_axolotl_yaml(dir.write("cfg.yml", yaml));
+  diagnose::TrainerSpec t;
+  t.world_size = world;
+  diagnose::resolve_axolotl(c, t);
+  return c;
+}
+
+const char* kBase = "bf16: true\nmicro_batch_size: 1\ngradient_accumulation_steps: 4\nsequence_len: 2048\n";
+
+}  // namespace offload_test
+
+TEST(DiagnoseOffload, ZeroThreeOffloadAllMovesTheWeightsTwiceAndTheGradientsOnceAMicroStep) {
+  using namespace offload_test;
+  TempDir dir("offload_all");
+  const auto c = config(dir, std::string(kBase) + "deepspeed: deepspeed_configs/zero3_bf16_cpuoffload_all.json\n", 8);
+  EXPECT_EQ(c.world_size, 8);
+  const diagnose::OffloadSetting s = diagnose::offload_setting(c);
+  EXPECT_TRUE(s.params && s.optimizer);
+  EXPECT_NE(s.read_from.find("judged by its name"), std::string::npos) << s.read_from;
+  const diagnose::Adapter none;
+  const double n = 6.74e9;
+  const auto k = diagnose::offload_cost(c, s, std::uint64_t(n), none, nullptr);
+  ASSERT_TRUE(k);
+  // weights: 2 passes x 4 micro-steps x n/8 x 2 bytes; gradients: 4 x n/8 x 2 bytes
+  EXPECT_NEAR(k->gb_per_step, (2 * 4 * n / 8 * 2 + 4 * n / 8 * 2) / 1e9, 1e-9);
+  EXPECT_NEAR(k->pcie_s, k->gb_per_step / 52, 1e-9);
+  EXPECT_NEAR(k->compute_s, 6 * n * 4 * 2048 / 794.5e12, 1e-9);
+  EXPECT_NEAR(k->gain_serial, (k->compute_s + k->pcie_s) / k->compute_s, 1e-12);
+  EXPECT_NEAR(k->gain_overlapped, std::max(k->compute_s, k->pcie_s) / k->compute_s, 1e-12);
+  EXPECT_NEAR(k->sharded_gib, n * 16 / 8 / double(1ull << 30), 1e-9);
+  EXPECT_NE(k->gpu.find("h100-sxm"), std::string::npos);
+  const auto f = diagnose::offload_finding(c, none, std::uint64_t(n), nullptr);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->evidence["check"], "offload");
+  EXPECT_EQ(f->evidence["basis"], "modelled");
+  EXPECT_EQ(f->evidence["config_line"], "deepspeed: deepspeed_configs/zero3_bf16.json");
+  EXPECT_EQ(f->summary.rfind("offload: modelled from your config", 0), 0u) << f->summary;
+}
+
+TEST(DiagnoseOffload, TheDeepSpeedFileBesideTheConfigDecidesAndFsdpAndLoraAreTheirOwn) {
+  using namespace offload_test;
+  TempDir dir("offload_file");
+  // the file says offload_optimizer only, whatever its name: the weights stay, the updated ones come back once
+  dir.write("ds_cpuoffload_all.json",
+            R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}})");
+  const auto c = config(dir, std::string(kBase) + "deepspeed: ds_cpuoffload_all.json\n", 2);
+  const diagnose::OffloadSetting s = diagnose::offload_setting(c);
+  EXPECT_FALSE(s.params);
+  EXPECT_TRUE(s.optimizer);
+  EXPECT_EQ(s.read_from, dir.path("ds_cpuoffload_all.json"));
+  const double n = 1e9;
+  const auto k = diagnose::offload_cost(c, s, std::uint64_t(n), diagnose::Adapter{}, nullptr);
+  ASSERT_TRUE(k);
+  EXPECT_NEAR(k->gb_per_step, (4 * n / 2 * 2 + n / 2 * 2) / 1e9, 1e-9);
+  // a broken file is judged by its name, said
+  dir.write("ds_cpuoffload_all.json", "{not json");
+  EXPECT_TRUE(diagnose::offload_setting(c).params);
+  EXPECT_NE(diagnose::offload_setting(c).read_from.find("not read"), std::string::npos);
+  // FSDP's CPUOffload: both; its line is fsdp's own
+  const auto fsdp = config(dir, std::string(kBase) + "fsdp_config:\n  offload_params: true\n", 8);
+  const auto ff = diagnose::offload_finding(fsdp, diagnose::Adapter{}, 6'740'000'000ull, nullptr);
+  ASSERT_TRUE(ff);
+  EXPECT_EQ(ff->evidence["config_line"], "fsdp_config: offload_params: false");
+  // LoRA: no full gradients to the CPU, 4N of compute
+  diagnose::Adapter lora;
+  lora.on = true;
+  const auto kl = diagnose::offload_cost(fsdp, diagnose::offload_setting(fsdp), std::uint64_t(n), lora, nullptr);
+  ASSERT_TRUE(kl);
+  EXPECT_NEAR(kl->gb_per_step, 2 * 4 * n / 8 * 2 / 1e9, 1e-9);
+  EXPECT_NEAR(kl->compute_s, 4 * n * 4 * 2048 / 794.5e12, 1e-9);
+  // no offload: no finding
+  EXPECT_FALSE(diagnose::offload_finding(config(dir, kBase, 8), diagnose::Adapter{}, 6'740'000'000ull, nullptr));
+  EXPECT_FALSE(diagnose::offload_finding(config(dir, std::string(kBase) + "deepspeed: deepspeed_configs/zero3_bf16.json\n", 8),
+                                         diagnose::Adapter{}, 6'740'000'000ull, nullptr));
+}
+
+// The memory check per GPU, as the config shards: ZeRO-3 over 8 GPUs divides the weights, gradients, AdamW's
+// state and the embedding by 8, ZeRO-2 the gradients and the state, offloaded parts leave the GPU, FSDP's
+// list (Axolotl's fsdp: [full_shard, auto_wrap], shard_grad_op) is read; the activations stay whole.
+TEST(DiagnoseOffload, TheMemoryCheckCountsTheStatesPerGpuAsTheConfigShards) {
+  using namespace offload_test;
+  TempDir dir("shard");
+  batch::DecoderConfig d;
+  d.micro_batch = 1, d.seq = 2048, d.d_model = 4096, d.d_ff = 16512, d.heads = 32, d.kv_heads = 32, d.layers = 32;
+  d.dtype = DType::bf16;
+  const ModelDims m;
+  const FullDepthFootprint whole = full_depth_footprint(m, d);
+  auto part = [](const FullDepthFootprint& f, const char* k) { return f.parts[k].get<std::uint64_t>(); };
+  const auto z3 = config(dir, std::string(kBase) + "deepspeed: deepspeed_configs/zero3_bf16.json\n", 8);
+  const Sharding s3 = sharding_of(z3);
+  EXPECT_EQ(s3.stage, 3);
+  EXPECT_EQ(s3.world, 8);
+  const FullDepthFootprint f3 = full_depth_footprint(m, d, {}, s3);
+  EXPECT_EQ(part(f3, "weights"), part(whole, "weights") / 8);
+  EXPECT_EQ(part(f3, "gradients"), part(whole, "gradients") / 8);
+  EXPECT_EQ(part(f3, "optimizer"), part(whole, "optimizer") / 8);
+  EXPECT_EQ(part(f3, "embedding_and_head"), part(whole, "embedding_and_head") / 8);
+  EXPECT_EQ(part(f3, "activations"), part(whole, "activations"));
+  EXPECT_EQ(f3.sharded, "DeepSpeed ZeRO-3 over 8 GPUs");
+  const auto z2 = config(dir, std::string(kBase) + "deepspeed: deepspeed_configs/zero2.json\n", 4);
+  const FullDepthFootprint f2 = full_depth_footprint(m, d, {}, sharding_of(z2));
+  EXPECT_EQ(part(f2, "weights"), part(whole, "weights"));
+  EXPECT_EQ(part(f2, "gradients"), part(whole, "gradients") / 4);
+  const auto off = config(dir, std::string(kBase) + "deepspeed: deepspeed_configs/zero3_bf16_cpuoffload_all.json\n", 8);
+  const FullDepthFootprint fo = full_depth_footprint(m, d, {}, sharding_of(off));
+  EXPECT_EQ(part(fo, "weights"), 0u);
+  EXPECT_EQ(part(fo, "optimizer"), 0u);
+  EXPECT_LT(fo.total, std::uint64_t(74.5 * (1ull << 30)));  // a 7B full fine-tune fits an H100 so
+  EXPECT_GT(whole.total, std::uint64_t(74.5 * (1ull << 30)));  // and not whole on one
+  const auto fsdp = config(dir, std::string(kBase) + "fsdp:\n  - shard_grad_op\n  - auto_wrap\n", 2);
+  EXPECT_EQ(fsdp.fsdp_shard, 2);
+  EXPECT_EQ(sharding_of(fsdp).what, "FSDP shard_grad_op over 2 GPUs");
+  const auto full_shard = config(dir, std::string(kBase) + "fsdp: [full_shard, auto_wrap, offload]\n", 8);
+  EXPECT_EQ(full_shard.fsdp_shard, 3);
+  EXPECT_TRUE(full_shard.fsdp_offload_params);
+  EXPECT_FALSE(sharding_of(config(dir, kBase, 8)).stage);  // nothing configured: nothing divided
 }
 
 }  // namespace
