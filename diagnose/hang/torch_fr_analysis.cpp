@@ -3,6 +3,7 @@
 // waits on whom. What it follows and what it does not model: readers/torch_fr.hpp's header and
 // diagnose/hang/torch_fr_analysis.hpp.
 #include "diagnose/hang/torch_fr_analysis.hpp"
+#include "diagnose/hang/wait_ring.hpp"  // WaitEdge, shortest_ring
 #include "harness/text.hpp"  // parse_whole
 
 
@@ -722,11 +723,8 @@ void find_wait_cycle(HangReport& r, const Pgs& pgs, const MembersOf& members_of,
     bool p2p;
     const std::string* pg;  // the group's key: its name, or name and ranks where one name has two rank sets
   };
-  struct Edge {
-    int to, label;  // label: index into labels (a rank's wait), -1 (a seq's chain)
-  };
   std::vector<Label> labels;
-  std::vector<std::vector<Edge>> out;  // by node: ranks with a dump, and per group one for each newest seq
+  std::vector<std::vector<WaitEdge>> out;  // by node: ranks with a dump, and per group one for each newest seq
   std::vector<int> rank_of;            // node -> global rank, -1 for a seq's node
   std::unordered_map<int, int> node_of;
   auto new_node = [&](int rank) {
@@ -790,46 +788,7 @@ void find_wait_cycle(HangReport& r, const Pgs& pgs, const MembersOf& members_of,
     out[std::size_t(from)].push_back({to, int(labels.size() - 1)});
   }
   // the shortest ring through a culprit: breadth first from it, back to it
-  std::vector<std::pair<int, int>> best;  // (rank node, its label) around the ring
-  std::vector<std::pair<int, int>> parent(out.size());
-  std::vector<char> seen(out.size());
-  std::vector<int> queue;
-  std::size_t tried = 0;
-  for (int c : r.culprits) {
-    if (!node_of.count(c)) continue;
-    if (tried++ == 16) break;
-    const int start = node_of.at(c);
-    std::fill(seen.begin(), seen.end(), 0);
-    queue.assign(1, start);
-    seen[std::size_t(start)] = 1;
-    int closing = -1, closing_label = -1;  // the edge back to the start
-    for (std::size_t q = 0; q < queue.size() && closing < 0; ++q) {
-      const int u = queue[q];
-      for (const Edge& e : out[std::size_t(u)]) {
-        if (e.to == start) {
-          closing = u;
-          closing_label = e.label;
-          break;
-        }
-        if (seen[std::size_t(e.to)]) continue;
-        seen[std::size_t(e.to)] = 1;
-        parent[std::size_t(e.to)] = {u, e.label};
-        queue.push_back(e.to);
-      }
-    }
-    if (closing < 0) continue;
-    // walk back from the closing edge; a rank's label is that of the edge leaving it
-    std::vector<std::pair<int, int>> ring;
-    int node = closing, label = closing_label;
-    for (;;) {
-      if (rank_of[std::size_t(node)] >= 0) ring.emplace_back(node, label);
-      if (node == start) break;
-      label = parent[std::size_t(node)].second;
-      node = parent[std::size_t(node)].first;
-    }
-    std::reverse(ring.begin(), ring.end());
-    if (ring.size() >= 2 && (best.empty() || ring.size() < best.size())) best = std::move(ring);
-  }
+  const std::vector<std::pair<int, int>> best = shortest_ring(out, rank_of, node_of, r.culprits);
   if (best.size() < 2) return;
   for (std::size_t i = 0; i < best.size(); ++i) {
     const Label& l = labels[std::size_t(best[i].second)];
