@@ -506,6 +506,16 @@ bool YamlReader::read_trainer_key(const std::string& key, int line, const YNode&
     }
   } else if (key == "fsdp_config") {
     if (v.IsMap() && cfg_.fsdp_shard == 0) cfg_.fsdp_shard = 3;  // FSDP's default sharding: full
+    // FSDP1's sharding_strategy (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, NO_SHARD), FSDP2's
+    // reshard_after_forward: false (the weights kept gathered after the forward: ZeRO-2's division)
+    for (std::size_t i = 0; v.IsMap() && i < v.keys.size(); ++i) {
+      if (!v.keys[i].IsScalar() || !v.values[i].IsScalar()) continue;
+      const std::string k = v.keys[i].Scalar(), val = v.values[i].Scalar();
+      if (k == "sharding_strategy" || k == "fsdp_sharding_strategy")
+        cfg_.fsdp_shard = val.find("SHARD_GRAD_OP") != std::string::npos ? 2 : val.find("NO_SHARD") != std::string::npos ? 0 : 3;
+      if ((k == "reshard_after_forward" || k == "fsdp_reshard_after_forward") && (val == "false" || val == "False"))
+        cfg_.fsdp_shard = 2;
+    }
     if (v.IsMap())
       for (std::size_t i = 0; i < v.keys.size(); ++i)
         if (v.keys[i].IsScalar() && (v.keys[i].Scalar() == "offload_params" || v.keys[i].Scalar() == "fsdp_offload_params"))

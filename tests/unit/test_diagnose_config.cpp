@@ -1290,6 +1290,11 @@ TEST(DiagnoseOffload, TheMemoryCheckCountsTheStatesPerGpuAsTheConfigShards) {
   EXPECT_EQ(full_shard.fsdp_shard, 3);
   EXPECT_TRUE(full_shard.fsdp_offload_params);
   EXPECT_FALSE(sharding_of(config(dir, kBase, 8)).stage);  // nothing configured: nothing divided
+  // fsdp_config alone: FSDP1's sharding_strategy, FSDP2's reshard_after_forward
+  EXPECT_EQ(config(dir, std::string(kBase) + "fsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n", 8).fsdp_shard, 2);
+  EXPECT_EQ(config(dir, std::string(kBase) + "fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n", 8).fsdp_shard, 3);
+  EXPECT_EQ(config(dir, std::string(kBase) + "fsdp_version: 2\nfsdp_config:\n  reshard_after_forward: false\n", 8).fsdp_shard, 2);
+  EXPECT_EQ(config(dir, std::string(kBase) + "fsdp_config:\n  sharding_strategy: NO_SHARD\n", 8).fsdp_shard, 0);
 }
 
 }  // namespace
