@@ -163,11 +163,28 @@ json adapter_of_run(const fs::path& dir, CurveContext& ctx) {
 // config.json's torch_dtype (dtype from transformers 5): the dtype save_pretrained saw the model in.
 // Anything else of the file is the config checks' (diagnose CONFIG --model-config); a file that is not
 // one is ignored, said in meta.
-SavedModel saved_model(const std::string& file, json& meta) {
+// The run's config.json, read once for saved_model and read_dims: its text, or why it could not be read.
+struct ConfigFile {
+  std::string file, text, error;
+};
+ConfigFile read_config_file(const std::string& file) {
+  ConfigFile c{file, {}, {}};
+  if (file.empty()) return c;
+  try {
+    c.text = read_regular_file(file, "config.json", 4 << 20);
+  } catch (const std::exception& e) {
+    c.error = e.what();
+  }
+  return c;
+}
+
+SavedModel saved_model(const ConfigFile& cf, json& meta) {
   SavedModel m;
+  const std::string& file = cf.file;
   if (file.empty()) return m;
   try {
-    const json j = parse_json_text(read_regular_file(file, "config.json", 4 << 20), file);
+    if (!cf.error.empty()) throw UsageError(cf.error);
+    const json j = parse_json_text(cf.text, file);
     for (const char* key : {"torch_dtype", "dtype"})
       if (j.is_object() && j.contains(key) && j[key].is_string()) {
         m.file = file;
@@ -246,8 +263,8 @@ void read_axolotl_card(const fs::path& dir, RunRead& rr) {
 
 // The model's dims, as diagnose --model-config reads them (a family it cannot read is said, not
 // replaced by a default): the run's config.json, else the HF cache's for a PEFT adapter's base model.
-void read_dims(const std::string& config_json, RunRead& rr) {
-  std::string file = config_json;
+void read_dims(const ConfigFile& cf, RunRead& rr) {
+  std::string file = cf.file;
   std::string from = "the run's config.json";
   std::string base, base_from;
   if (rr.adapter.is_object() && !rr.adapter.value("base_model", std::string()).empty()) {
@@ -268,7 +285,8 @@ void read_dims(const std::string& config_json, RunRead& rr) {
   if (file.empty()) return;
   try {
     TrainConfig cfg = default_config();
-    apply_model_config_text(cfg, read_regular_file(file, "config.json", 4 << 20), file);
+    if (file == cf.file && !cf.error.empty()) throw UsageError(cf.error);
+    apply_model_config_text(cfg, file == cf.file ? cf.text : read_regular_file(file, "config.json", 4 << 20), file);
     rr.dims = cfg.model;
     rr.dims_meta = json{{"file", file},
                         {"source", from},
@@ -318,9 +336,10 @@ RunRead read_run(const std::string& path) {
   }
   const fs::path dir = state.empty() ? run_dir(path) : fs::path(state).parent_path();
   rr.adapter = adapter_of_run(dir, rr.ctx);
-  rr.model = saved_model(beside(path, state, "config.json"), rr.model_meta);
+  const ConfigFile config_json = read_config_file(beside(path, state, "config.json"));
+  rr.model = saved_model(config_json, rr.model_meta);
   read_axolotl_card(dir, rr);
-  read_dims(beside(path, state, "config.json"), rr);
+  read_dims(config_json, rr);
   return rr;
 }
 

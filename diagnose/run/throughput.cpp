@@ -41,22 +41,21 @@ std::pair<DType, std::string> run_dtype(const TrainingArgs* a, const std::string
 }
 
 // The largest dense peak of any GPU file, any dtype but fp8 (what no count of model FLOPs can pass).
-double best_peak_tflops() {
+double best_peak_tflops(const std::vector<ExpectedFile>& files) {
   double best = 0;
-  for (const auto& f : load_expected_files())
+  for (const auto& f : files)
     if (gpu_file(f))
       for (DType t : {DType::bf16, DType::fp16, DType::tf32, DType::fp32})
         if (const auto p = f.peak_tflops(t)) best = std::max(best, p->first);
   return best;
 }
 
-}  // namespace
-
-std::string find_gpu_file(const std::string& name) {
+// find_gpu_file over files already loaded
+std::string gpu_file_in(const std::string& name, const std::vector<ExpectedFile>& files) {
   const std::string want = lower(name);
   if (want.empty()) return {};
   std::vector<std::string> hits;
-  for (const auto& f : load_expected_files()) {
+  for (const auto& f : files) {
     if (!gpu_file(f)) continue;
     const std::string id = lower(f.id());
     bool hit = id.rfind(want, 0) == 0 || lower(f.doc.value("/hardware/name"_json_pointer, std::string())).find(want) !=
@@ -74,6 +73,10 @@ std::string find_gpu_file(const std::string& name) {
   return hits.empty() ? std::string() : hits.front();
 }
 
+}  // namespace
+
+std::string find_gpu_file(const std::string& name) { return gpu_file_in(name, load_expected_files()); }
+
 double hf_counted_params(const ModelDims& d) {
   const double h = double(d.hidden_size);
   const double kvw = double(d.kv_heads()) * h / double(std::max<std::int64_t>(1, d.num_attention_heads));
@@ -88,6 +91,7 @@ ThroughputReading read_throughput(const TrainerState& s, const TrainingArgs* arg
                                   const TrainConfig* axolotl) {
   ThroughputReading t;
   if (!s.train_runtime_s || !(*s.train_runtime_s > 0) || !std::isfinite(*s.train_runtime_s)) return t;
+  const std::vector<ExpectedFile> files = load_expected_files();  // read once: the peaks and the GPU named
   t.present = true;
   t.runtime_s = *s.train_runtime_s;
   t.logged_samples_per_s = s.train_samples_per_second.value_or(0);
@@ -167,7 +171,7 @@ ThroughputReading read_throughput(const TrainerState& s, const TrainingArgs* arg
     t.flops_note = "not used: total_flos counts the steps before the resume, train_runtime does not";
   } else {
     const double rate = *s.total_flos / t.runtime_s / 1e12;
-    const double best = best_peak_tflops();
+    const double best = best_peak_tflops(files);
     const std::int64_t most = t.world ? *t.world : t.world_max;
     if (most > 0 && best > 0 && rate / double(most) > best) {
       t.flops_note = fmt::format(
@@ -198,16 +202,16 @@ ThroughputReading read_throughput(const TrainerState& s, const TrainingArgs* arg
 
   // The GPU and its peak for the run's dtype
   if (!o.gpu.empty()) {
-    const std::string id = find_gpu_file(o.gpu);
+    const std::string id = gpu_file_in(o.gpu, files);
     if (id.empty()) {
       std::vector<std::string> ids;
-      for (const auto& f : load_expected_files())
+      for (const auto& f : files)
         if (gpu_file(f)) ids.push_back(f.id());
       t.caveats.push_back(fmt::format("{} {}: no expected numbers for that GPU (known: {})", o.gpu_from, o.gpu,
                                       fmt::join(ids, ", ")));
     } else {
       const auto [dt, dt_src] = run_dtype(args, saved_dtype, axolotl);
-      for (const auto& f : load_expected_files()) {
+      for (const auto& f : files) {
         if (f.id() != id) continue;
         const auto p = f.peak_tflops(dt);
         if (!p) {

@@ -281,13 +281,19 @@ TEST(SimDevice, AnEnqueuedOpTakesItsModelledTimeWithoutCpu) {
   EXPECT_EQ(probe->source(), "simulated: modelled busy time of the stream");
 }
 
+// A fused attention forward over a 1M-token sequence (8 heads of 128): seconds of modelled time.
+AttnShape million_token_forward() {
+  AttnShape s;
+  s.batch = 1, s.heads = 8, s.seq = 1'000'000, s.head_dim = 128, s.backward = false;
+  return s;
+}
+
 // Modelled time is not wall time: a fused attention forward modelled at seconds (a 1M-token sequence) is
 // waited out for 100 ms only; its events still measure the modelled time, and the next op starts after it
 // on the modelled clock.
 TEST(SimDevice, ALongModelledOpIsNotWaitedOutInRealTime) {
   auto dev = open("sim:h100");
-  AttnShape s;
-  s.batch = 1, s.heads = 8, s.seq = 1'000'000, s.head_dim = 128, s.backward = false;
+  const AttnShape s = million_token_forward();
   auto op = dev->make_attention(s, AttnImpl::flash, DType::bf16, 1);
   dev->synchronize(10s);
   const auto t0 = std::chrono::steady_clock::now();
@@ -311,8 +317,7 @@ TEST(SimDevice, ALongModelledOpIsNotWaitedOutInRealTime) {
 // deadline on the device, so the wait is a hang naming the operation, though it ends in real time at once.
 TEST(SimDevice, AWaitIsAHangWhenTheModelledOpOutlastsItsDeadline) {
   auto dev = open("sim:h100");
-  AttnShape s;
-  s.batch = 1, s.heads = 8, s.seq = 1'000'000, s.head_dim = 128, s.backward = false;
+  const AttnShape s = million_token_forward();
   auto op = dev->make_attention(s, AttnImpl::flash, DType::bf16, 1);
   dev->synchronize(10s);
   const auto t0 = std::chrono::steady_clock::now();
