@@ -21,6 +21,7 @@
 #include "harness/printer.hpp"       // format_result_table
 #include "harness/runner.hpp"        // run_scenario
 #include "kernels/backends.hpp"      // open_device, open_process_group
+#include "readers/gzip.hpp"          // gzip_compress: a --trace *.gz
 #include "scenarios/registry.hpp"    // find_scenario
 
 namespace sb::app {
@@ -90,7 +91,10 @@ int write_outputs(const Result& r, const Scenario& sc, const std::string& path, 
       std::cerr << fmt::format("stallbench: {} on {} recorded no trace events (cuda kernels need CUPTI; a "
                                "torch.profiler trace of the real job is what diagnose --trace reads)\n",
                                sc.name, r.meta.value("/device/id"_json_pointer, std::string()));
-    write_file_atomic(trace_path, t.dump(-1, ' ', false, json::error_handler_t::replace) + "\n");
+    std::string text = t.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    // a .gz name is a gzip file (HTA's and TensorBoard's loaders open *.json.gz with gzip)
+    if (trace_path.size() > 3 && trace_path.ends_with(".gz")) text = readers::gzip_compress(text);
+    write_file_atomic(trace_path, text);
     std::cerr << fmt::format("stallbench: trace (PyTorch profiler / Kineto format) written to {}; "
                              "stallbench diagnose --trace {} reads it back\n",
                              trace_path, trace_path);

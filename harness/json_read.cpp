@@ -55,7 +55,14 @@ json parse_json_text(std::string_view text, const std::string& file) {
   try {
     return json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {  // parse_error; out_of_range for a number such as 1e400
-    throw UsageError(fmt::format("{} is not valid JSON: {}", file, quoted_text(e.what())));
+    // nlohmann's text without its "[json.exception.parse_error.101] parse error at " prefix:
+    // "line 2, column 7: syntax error while parsing array - unexpected number literal; expected ']'"
+    std::string_view what = e.what();
+    if (const auto close = what.find("] "); what.starts_with("[json.exception.") && close != std::string_view::npos)
+      what.remove_prefix(close + 2);
+    for (std::string_view prefix : {"parse error at ", "parse error: "})
+      if (what.starts_with(prefix)) what.remove_prefix(prefix.size());
+    throw UsageError(fmt::format("{} is not valid JSON: {}", file, quoted_text(std::string(what))));
   }
 }
 

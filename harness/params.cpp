@@ -1,7 +1,10 @@
 #include "harness/params.hpp"
 
-#include <algorithm>  // std::find, std::find_if
-#include <cerrno>     // errno
+#include <algorithm>    // std::find, std::find_if
+#include <array>        // std::array: the size suffixes
+#include <cerrno>       // errno
+#include <limits>       // std::numeric_limits
+#include <string_view>  // std::string_view
 #include <cmath>      // std::isfinite
 #include <cstdlib>    // std::strtoll, std::strtod
 #include <stdexcept>  // std::out_of_range
@@ -101,8 +104,20 @@ ParamValue parse_value(const ParamSpec& s, const std::string& text) {
     case ParamType::integer: {
       errno = 0;
       char* end = nullptr;
-      const long long v = std::strtoll(text.c_str(), &end, 10);
-      if (end == text.c_str() || *end != '\0' || errno == ERANGE) throw bad("is not an integer");
+      long long v = std::strtoll(text.c_str(), &end, 10);
+      if (end == text.c_str() || errno == ERANGE) throw bad("is not an integer");
+      // A byte count takes a binary suffix, as nccl-tests' -b/-e do: 1G = 2^30 (K, M, G, T, or KiB ... TiB)
+      if (*end != '\0' && s.unit == "bytes") {
+        const std::string_view suffix = end;
+        static constexpr std::array<std::pair<std::string_view, int>, 8> kSuffixes{
+            {{"K", 10}, {"KiB", 10}, {"M", 20}, {"MiB", 20}, {"G", 30}, {"GiB", 30}, {"T", 40}, {"TiB", 40}}};
+        const auto it = std::find_if(kSuffixes.begin(), kSuffixes.end(), [&](const auto& k) { return k.first == suffix; });
+        if (it == kSuffixes.end()) throw bad("has an unknown size suffix (K, M, G, T: powers of 1024)");
+        if (v < 0 || v > (std::numeric_limits<long long>::max() >> it->second)) throw bad("is out of range");
+        v <<= it->second;
+      } else if (*end != '\0') {
+        throw bad("is not an integer");
+      }
       if (double(v) < s.min || double(v) > s.max) throw bad("is out of range");
       return std::int64_t(v);
     }
@@ -171,6 +186,22 @@ Sweep expand_sweep(const std::vector<ParamSpec>& specs, const std::vector<std::s
     if (seen[idx]) throw UsageError(fmt::format("parameter {} given twice; put all its values in one comma list", key));
     seen[idx] = true;
     given[idx] = a.substr(eq + 1);
+  }
+
+  // A parameter given that acts only with another's value it will not have (ParamSpec::only_with)
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const auto& [other, value] = specs[i].only_with;
+    if (!seen[i] || other.empty()) continue;
+    const auto it = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& o) { return o.name == other; });
+    if (it == specs.end()) continue;
+    const auto j = std::size_t(it - specs.begin());
+    std::string values = seen[j] ? given[j] : it->default_value;
+    if (!seen[j] && profile.gpu && !it->gpu_default.empty()) values = it->gpu_default;
+    if (!seen[j] && profile.quick && !it->quick_default.empty()) values = it->quick_default;
+    const auto parts = split_list(values, it->type == ParamType::text ? ';' : ',');
+    if (std::find(parts.begin(), parts.end(), value) == parts.end())
+      throw UsageError(fmt::format("-p {}={} does nothing unless {}={} (now {}={}): add -p {}={}", specs[i].name,
+                                   given[i], other, value, other, values, other, value));
   }
 
   Sweep sweep;

@@ -45,6 +45,10 @@ struct ParamSpec {
   // default sweep then collapses to its first value, so the same point is not
   // measured once per default value. A value the user gives is kept.
   std::vector<std::string> moot_when_given;
+  // A parameter that acts only when another has a value (numerics' model parameters: only with
+  // case=custom). Given while none of that one's values is it, it would do nothing: expand_sweep
+  // refuses it (UsageError, exit 2) and says what to add. Empty: always acts.
+  std::pair<std::string, std::string> only_with;
 };
 
 using ParamValue = std::variant<std::int64_t, double, bool, std::string>;

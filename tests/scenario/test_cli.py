@@ -175,7 +175,9 @@ with tempfile.TemporaryDirectory() as tmp:
     bad = os.path.join(tmp, "bad.json")
     with open(bad, "w") as f:
         f.write("{not json")
-    expect(["compare", bad, bad], 2, ["is not valid JSON"])
+    p = expect(["compare", bad, bad], 2, ["is not valid JSON: line 1, column 3: syntax error"])
+    if "json.exception" in p.stderr:  # our message, not nlohmann's [json.exception.parse_error.101] tag
+        failures.append(f"compare on malformed JSON shows the library's tag: {p.stderr.strip()}")
     notres = os.path.join(tmp, "notres.json")
     with open(notres, "w") as f:
         json.dump({"hello": 1}, f)
@@ -297,6 +299,23 @@ with open("/dev/full", "w") as full:
 expect(["run", "batch", "--quick", "--json", "-", "--trace", "-"], 2, ["both name stdout"])
 expect(["diagnose", "--quick", "--json", "-"], 2, ["--json -: diagnose prints its report on stdout"])
 expect(["diagnose", "--quick", "--html", "-"], 2, ["--html -: diagnose prints its report on stdout"])
+# a parameter that would do nothing is an error, not ignored: numerics' inject acts only with case=custom
+expect(["run", "numerics", "--quick", "-p", "inject=nan@7:2"], 2,
+       ["-p inject=nan@7:2 does nothing unless case=custom", "add -p case=custom"])
+# run --trace NAME.json.gz writes gzip (HTA's and TensorBoard's loaders open *.json.gz with gzip),
+# and diagnose --trace reads it back
+with tempfile.TemporaryDirectory() as tmp:
+    gz = os.path.join(tmp, "t.pt.trace.json.gz")
+    expect(["run", "batch", "--quick", "--json", os.path.join(tmp, "r.json"), "--trace", gz], 0)
+    import gzip
+    try:
+        with gzip.open(gz, "rt") as f:
+            events = json.load(f).get("traceEvents", [])
+        if not events:
+            failures.append(f"run --trace {gz}: no traceEvents in the gzip'ed trace")
+    except (OSError, ValueError) as e:
+        failures.append(f"run --trace {gz}: not a gzip'ed JSON trace: {e}")
+    expect(["diagnose", "--trace", gz, "--json", os.path.join(tmp, "d.json")], 0)
 with tempfile.TemporaryDirectory() as tmp:
     # some other JSON given as a trace or as the config: refused, never a diagnosis of nothing
     # ("none of the trace rules fired") or of the built-in default

@@ -32,6 +32,16 @@ std::string usage_message(const std::vector<std::string>& args) {
   return "";
 }
 
+template <class F>
+std::string usage_error(F&& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "(no UsageError)";
+}
+
 TEST(Params, DefaultsMakeTheDefaultSweep) {
   const Sweep s = expand_sweep(specs(), {}, {});
   ASSERT_EQ(s.points.size(), 2u);
@@ -66,6 +76,35 @@ TEST(Params, AMootParameterKeepsOneDefaultValue) {
   EXPECT_FALSE(one.axes.contains("size"));  // not in the result's params: m and n ran, not size
   EXPECT_EQ(expand_sweep(sp, {"m=96,0", "n=32"}, {}).points.size(), 4u);  // m=0 is size: the sweep stays
   EXPECT_EQ(expand_sweep(sp, {"m=96", "n=32", "size=16,32"}, {}).points.size(), 2u);  // given: kept
+}
+
+TEST(Params, AParameterThatWouldDoNothingIsRefused) {
+  std::vector<ParamSpec> sp{
+      ParamSpec{.name = "case", .type = ParamType::choice, .default_value = "nan,fp16",
+                .choices = {"nan", "fp16", "custom"}, .quick_default = "nan"},
+      ParamSpec{.name = "inject", .type = ParamType::text, .default_value = "none", .only_with = {"case", "custom"}}};
+  // numerics -p inject=nan@7:2 ran the preset cases and ignored it
+  const std::string msg = usage_error([&] { expand_sweep(sp, {"inject=nan@7:2"}, {}); });
+  EXPECT_NE(msg.find("-p inject=nan@7:2 does nothing unless case=custom (now case=nan,fp16): add -p case=custom"),
+            std::string::npos) << msg;
+  EXPECT_NE(usage_error([&] { expand_sweep(sp, {"inject=nan@7:2"}, {.quick = true}); }).find("now case=nan)"),
+            std::string::npos);
+  EXPECT_EQ(expand_sweep(sp, {"inject=nan@7:2", "case=custom"}, {}).points.size(), 1u);
+  EXPECT_EQ(expand_sweep(sp, {"inject=nan@7:2", "case=nan,custom"}, {}).points.size(), 2u);  // acts on custom's
+  EXPECT_EQ(expand_sweep(sp, {}, {}).points.size(), 2u);  // its default is never refused
+}
+
+TEST(Params, AByteCountTakesABinarySuffixAsNcclTestsDoes) {
+  const ParamSpec bytes{.name = "max_bytes", .unit = "bytes", .min = 8, .max = 1e12};
+  EXPECT_EQ(std::get<std::int64_t>(parse_value(bytes, "1G")), std::int64_t(1) << 30);
+  EXPECT_EQ(std::get<std::int64_t>(parse_value(bytes, "128M")), std::int64_t(128) << 20);
+  EXPECT_EQ(std::get<std::int64_t>(parse_value(bytes, "64KiB")), std::int64_t(64) << 10);
+  EXPECT_EQ(std::get<std::int64_t>(parse_value(bytes, "4096")), 4096);
+  EXPECT_NE(usage_error([&] { parse_value(bytes, "1X"); }).find("unknown size suffix"), std::string::npos);
+  EXPECT_NE(usage_error([&] { parse_value(bytes, "2T"); }).find("out of range"), std::string::npos);  // over 1e12
+  EXPECT_NE(usage_error([&] { parse_value(bytes, "9000000000000T"); }).find("out of range"), std::string::npos);
+  const ParamSpec count{.name = "steps", .unit = "steps", .min = 0, .max = 1e9};  // not bytes: no suffix
+  EXPECT_NE(usage_error([&] { parse_value(count, "1K"); }).find("is not an integer"), std::string::npos);
 }
 
 TEST(Params, CartesianProductLastAxisFastest) {
