@@ -34,6 +34,12 @@ Command add_compare(CLI::App& app);
 Command add_analyze_hang(CLI::App& app);
 Command add_clean(CLI::App& app);
 
+// --help wrapped to the terminal's width ($COLUMNS, else the terminal's, else 80): before the
+// commands are added, which take the app's formatter (help_format.cpp).
+void use_wrapping_help(CLI::App& app);
+// Text after the help (run's scenario list) wrapped alike; each line ends with a newline.
+std::string wrap_help_text(const std::string& text, std::size_t indent = 2);
+
 // What the commands share.
 std::string utc_now();
 std::string scenario_names();               // "precision, dataloader, ..."

@@ -5,6 +5,7 @@
 
 #include <unistd.h>    // getpid, STDOUT_FILENO
 
+#include <chrono>      // std::chrono::steady_clock: [k/N] and the time left
 #include <filesystem>  // std::filesystem::temp_directory_path
 #include <iostream>    // std::cout, std::cerr
 #include <memory>      // std::make_shared: what the watchdog saves
@@ -35,6 +36,7 @@ struct Live {
   std::mutex mu;
   std::vector<Point> done;
   std::optional<nlohmann::ordered_json> running;
+  std::size_t index = 0, total = 0;  // the running point's place in the sweep
   // Held by whichever writes the result (the main thread, the harness
   // watchdog, the collective's own watchdog); once the main thread has the
   // whole result it writes it, and a late watchdog writes nothing.
@@ -190,14 +192,24 @@ int cmd_run(const RunArgs& a, int* argc, char*** argv) {
       save_partial(*live, r, m, axes, *sc, path);
     });
   RunOptions opts{a.params, a.quick};
-  opts.on_point_start = [live](const ParamSet& ps) {
+  opts.on_point_start = [live](const ParamSet& ps, std::size_t index, std::size_t total) {
     std::lock_guard lk(live->mu);
     live->running = ps.to_json();
+    live->index = index;
+    live->total = total;
   };
   Result r;
+  const auto t0 = std::chrono::steady_clock::now();
   try {
-    r = run_scenario(*sc, ctx, opts, meta, [lead, live](const Point& p, const Result& so_far) {
-      if (lead) std::cerr << "  " << format_point_line(p, so_far.params) << "\n";
+    r = run_scenario(*sc, ctx, opts, meta, [lead, live, t0](const Point& p, const Result& so_far) {
+      // [k/N] and the time left, as diagnose shows: the points so far took about as long as each
+      // of the rest will
+      if (lead) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const std::size_t k = live->index + 1, n = live->total;
+        const std::string left = k < n ? fmt::format(", about {:.0f} s left", s / double(k) * double(n - k)) : "";
+        std::cerr << fmt::format("  [{}/{}] {} ({:.0f} s{})\n", k, n, format_point_line(p, so_far.params), s, left);
+      }
       std::lock_guard lk(live->mu);
       live->done.push_back(p);
       live->running.reset();
@@ -263,7 +275,8 @@ Command add_run(CLI::App& app, int& argc, char**& argv) {
       std::cout << "\nparameters of " << ra->scenario << " (-p key=value[,value...]):\n\n";
       list_scenarios(false, false, ra->scenario);
     } else {
-      std::cout << "\nrun SCENARIO --help lists that scenario's parameters; scenarios: " << scenario_names() << "\n";
+      std::cout << "\n" << wrap_help_text("run SCENARIO --help lists that scenario's parameters; scenarios: " +
+                                          scenario_names());
     }
   };
   return c;

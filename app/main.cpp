@@ -29,6 +29,7 @@ namespace {
 int main_impl(int argc, char** argv) {
   CLI::App app{"stallbench: reproduce, one by one, the causes that make a fine-tuning job slow or stuck,\n"
                "measure them on this machine, and compare with expected numbers for the hardware."};
+  use_wrapping_help(app);
   app.require_subcommand(1);
   app.set_version_flag("--version", fmt::format("stallbench {} ({})", build_info().version, build_info().git_sha));
   app.footer("exit codes: 0 ok, 1 failure, 2 bad input, 3 compare regression, 4 hang caught,\n"

@@ -227,6 +227,13 @@ Sweep expand_sweep(const std::vector<ParamSpec>& specs, const std::vector<std::s
     std::string text = given[i];
     if (!seen[i]) {
       text = s.default_value;
+      if (s.default_from)
+        if (auto d = s.default_from([&](const std::string& name) -> std::optional<std::string> {
+              for (std::size_t j = 0; j < specs.size(); ++j)
+                if (specs[j].name == name && seen[j]) return given[j];
+              return std::nullopt;
+            }))
+          text = *d;
       if (profile.gpu && !s.gpu_default.empty()) text = s.gpu_default;
       if (profile.quick && !s.quick_default.empty()) text = s.quick_default;
       if (moot(s)) text = split_list(text, s.type == ParamType::text ? ';' : ',').front();

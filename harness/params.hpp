@@ -49,6 +49,12 @@ struct ParamSpec {
   // case=custom). Given while none of that one's values is it, it would do nothing: expand_sweep
   // refuses it (UsageError, exit 2) and says what to add. Empty: always acts.
   std::pair<std::string, std::string> only_with;
+  // A default that depends on what else was given (packing's strategies for a histogram file:
+  // pack-hist, not pack-ffd and pack-bfd, which expand its counts). Called with the text given for a
+  // parameter, or nullopt; returns the default to use, or nullopt for the usual one. Not called
+  // when this parameter is given.
+  std::function<std::optional<std::string>(const std::function<std::optional<std::string>(const std::string&)>&)>
+      default_from;
 };
 
 using ParamValue = std::variant<std::int64_t, double, bool, std::string>;

@@ -83,13 +83,14 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
     p.reason = std::move(reason);
     return p;
   };
-  for (const auto& ps : sweep.points) {
+  for (std::size_t index = 0; index < sweep.points.size(); ++index) {
+    const ParamSet& ps = sweep.points[index];
     std::vector<Point> got;
     if (hung) {
       got.push_back(failed_point(ps, Status::skipped, "not run: an earlier point hung"));
     } else {
       try {
-        if (opts.on_point_start) opts.on_point_start(ps);
+        if (opts.on_point_start) opts.on_point_start(ps, index, sweep.points.size());
         // What else ran on the machine meanwhile (a rank's peers are the job itself: not judged, not read).
         const CpuTicks before = sc.needs_ranks ? CpuTicks{} : read_cpu_ticks();
         got = run->run_points(ps);

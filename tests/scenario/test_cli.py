@@ -299,6 +299,33 @@ with open("/dev/full", "w") as full:
 expect(["run", "batch", "--quick", "--json", "-", "--trace", "-"], 2, ["both name stdout"])
 expect(["diagnose", "--quick", "--json", "-"], 2, ["--json -: diagnose prints its report on stdout"])
 expect(["diagnose", "--quick", "--html", "-"], 2, ["--html -: diagnose prints its report on stdout"])
+# --help wrapped to the terminal's width: no line of any command's help past $COLUMNS (80: a pipe's)
+for cmd in ([], ["run"], ["diagnose"], ["watch"], ["compare"], ["analyze-hang"], ["list"], ["devices"], ["clean"]):
+    for cols in ("80", "100"):
+        p = subprocess.run([EXE, *cmd, "--help"], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "COLUMNS": cols})
+        long_lines = [l for l in p.stdout.splitlines() if len(l) > int(cols)]
+        if p.returncode != 0 or long_lines:
+            failures.append(f"{' '.join(cmd) or 'stallbench'} --help at COLUMNS={cols}: exit {p.returncode}, "
+                            f"{len(long_lines)} lines longer, e.g. {long_lines[:1]}")
+# run shows each point's place in the sweep and the time left, as diagnose does
+with tempfile.TemporaryDirectory() as tmp:
+    p = expect(["run", "precision", "--device", "cpu", "-p", "size=64,128,256", "-p", "dtype=fp32", "-p", "trials=1",
+                "--json", os.path.join(tmp, "k.json")], 0, ["[1/3] size=64", "[3/3] size=256", "s left)"])
+# a histogram file of lengths is packed by pack-hist by default (pack-ffd and pack-bfd expand its counts)
+with tempfile.TemporaryDirectory() as tmp:
+    hist = os.path.join(tmp, "hist.csv")
+    with open(hist, "w") as f:
+        f.write("length,count\n" + "".join(f"{n},{1000 + n}\n" for n in range(16, 512, 16)))
+    out = os.path.join(tmp, "h.json")
+    expect(["run", "packing", "--quick", "--device", "cpu", "-p", f"lengths=@{hist}", "--json", out], 0)
+    try:
+        with open(out) as f:
+            strategies = json.load(f)["params"]["strategy"]
+        if "pack-hist" not in strategies or "pack-bfd" in strategies or "pad-max" not in strategies:
+            failures.append(f"packing on a histogram file ran {strategies}: want pack-hist (and pad-max), not pack-bfd")
+    except (OSError, ValueError, KeyError) as e:
+        failures.append(f"packing on a histogram file: no result's params.strategy: {e}")
 # a parameter that would do nothing is an error, not ignored: numerics' inject acts only with case=custom
 expect(["run", "numerics", "--quick", "-p", "inject=nan@7:2"], 2,
        ["-p inject=nan@7:2 does nothing unless case=custom", "add -p case=custom"])

@@ -107,6 +107,21 @@ TEST(Params, AByteCountTakesABinarySuffixAsNcclTestsDoes) {
   EXPECT_NE(usage_error([&] { parse_value(count, "1K"); }).find("is not an integer"), std::string::npos);
 }
 
+TEST(Params, ADefaultMayFollowWhatElseWasGiven) {
+  std::vector<ParamSpec> sp{
+      ParamSpec{.name = "strategy", .type = ParamType::choice, .default_value = "pad,bfd",
+                .choices = {"pad", "bfd", "hist"},
+                .default_from = [](const auto& given) -> std::optional<std::string> {
+                  const auto l = given("lengths");
+                  return l && l->starts_with("@") ? std::optional<std::string>("pad,hist") : std::nullopt;
+                }},
+      ParamSpec{.name = "lengths", .type = ParamType::text, .default_value = "fixed:8"}};
+  EXPECT_EQ(expand_sweep(sp, {}, {}).axes["strategy"], nlohmann::ordered_json({"pad", "bfd"}));
+  EXPECT_EQ(expand_sweep(sp, {"lengths=@h.csv"}, {}).axes["strategy"], nlohmann::ordered_json({"pad", "hist"}));
+  // given, it is the user's
+  EXPECT_EQ(expand_sweep(sp, {"lengths=@h.csv", "strategy=bfd"}, {}).axes["strategy"], nlohmann::ordered_json({"bfd"}));
+}
+
 TEST(Params, CartesianProductLastAxisFastest) {
   const Sweep s = expand_sweep(specs(), {"size=16,32,64", "dtype=fp32,bf16"}, {});
   ASSERT_EQ(s.points.size(), 6u);
