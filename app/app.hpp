@@ -46,7 +46,11 @@ std::string scenario_names();               // "precision, dataloader, ..."
 CLI::Validator non_empty_path();            // an empty path would silently become the default name
 CLI::Validator finite_range(double lo, double hi);  // CLI::Range lets NaN through
 // Every scenario with its parameters, or only `only` (run SCENARIO --help).
-int list_scenarios(bool names_only, bool as_json, const std::string& only = "");
+// json_path: "" the table, "-" JSON on stdout, else a JSON file.
+int list_scenarios(bool names_only, const std::string& json_path, const std::string& only = "");
+// --json [FILE|-] for a command whose output is the document (list, devices): a bare --json is "-".
+CLI::Option* add_json_output(CLI::App* cmd, std::string& path, const std::string& what);
+std::string json_output(const CLI::Option* opt, const std::string& path);
 
 // How a run measures, from run's flags (diagnose and watch fill the ones they have).
 struct RunArgs {

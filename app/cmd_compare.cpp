@@ -69,10 +69,17 @@ int cmd_compare(const std::string& a, const std::string& b, double tolerance, bo
   return kExitOk;
 }
 
-int cmd_analyze_hang(const std::string& dir, bool as_json) {
+// --json FILE: the JSON written there, the report on stdout; --json or --json -: the JSON on stdout,
+// the report on stderr; neither: the report alone (an analyzer writes no file unless asked).
+int cmd_analyze_hang(const std::string& dir, const std::string& json_path) {
+  const bool json_stdout = json_path == "-";
+  if (!json_path.empty() && !json_stdout) {
+    check_writable_target(json_path, "--json");
+    refuse_clobbering({{json_path, "--json"}}, {{dir, "the dump folder"}});
+  }
   const HangReport rep = analyze_hang_dir(dir);
-  if (as_json) std::cout << to_json(rep).dump(2) << "\n";
-  else std::cout << format_hang_report(rep);
+  (json_stdout ? std::cerr : std::cout) << format_hang_report(rep);
+  if (!json_path.empty()) write_file_atomic(json_path, to_json(rep).dump(2) + "\n");
   return kExitOk;
 }
 
@@ -93,14 +100,14 @@ Command add_compare(CLI::App& app) {
   cmp->add_option("--json", x->json_path, "also write the comparison as JSON: every row with its parameters, the "
                                           "per-metric summary and the notes (written atomically; - is stdout, the "
                                           "table then goes to stderr)")
+      ->type_name("FILE|-")
       ->check(non_empty_path());
   return {cmp, [x, tol_opt] { return cmd_compare(x->a, x->b, x->tolerance, tol_opt->count() > 0, x->json_path); }};
 }
 
 Command add_analyze_hang(CLI::App& app) {
   struct Args {
-    std::string dir;
-    bool as_json = false;
+    std::string dir, json_path;
   };
   auto x = std::make_shared<Args>();
   auto* hang = app.add_subcommand("analyze-hang",
@@ -117,8 +124,9 @@ Command add_analyze_hang(CLI::App& app) {
                "Exit codes: 0 the report (a divergence found, none, or incomplete: a rank without a dump); 2 a "
                "folder that cannot be read or holds no readable dump. A dump that cannot be read is named in a "
                "warning (with the byte offset for a pickle) and its rank counts as one without a dump.");
-  hang->add_flag("--json", x->as_json, "the report as JSON");
-  return {hang, [x] { return cmd_analyze_hang(x->dir, x->as_json); }};
+  // a bare --json is stdout ("-"), as it always was; the report then goes to stderr
+  auto* json_opt = add_json_output(hang, x->json_path, "the analysis as JSON (the report then goes to stderr)");
+  return {hang, [x, json_opt] { return cmd_analyze_hang(x->dir, json_output(json_opt, x->json_path)); }};
 }
 
 }  // namespace sb::app

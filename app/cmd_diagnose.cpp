@@ -36,7 +36,7 @@ struct DiagnoseArgs {
   std::vector<std::string> trace;  // --trace: files, or a directory of one job's rank traces
   std::string baseline;            // --baseline OLD: the trace NEW is compared with
   std::string device = "auto";
-  std::string json_path = "stallbench-diagnose.json";
+  std::string json_path;  // "": no file (an analyzer writes none unless asked); "-": stdout
   bool quick = false;
   double timeout_s = 1800;
   double observed = -1;
@@ -55,21 +55,24 @@ struct DiagnoseArgs {
 // `diagnose --trace FILE`: a real job's PyTorch profiler trace read and
 // diagnosed (nothing measured; the reproduce commands name this machine's
 // device).
-// diagnose prints its report on stdout: a document there too would make neither readable.
+// --json - or --html -: that document on stdout, the report on stderr; both there would run together.
 void refuse_stdout_targets(const DiagnoseArgs& a) {
-  for (const auto& [path, flag] : {std::pair{a.json_path, "--json"}, std::pair{a.html_path, "--html"}})
-    if (path == "-")
-      throw UsageError(fmt::format("{} -: diagnose prints its report on stdout; give {} a file", flag, flag));
+  if (a.json_path == "-" && a.html_path == "-")
+    throw UsageError("--json - and --html - both name stdout, where the two documents would run together: give one a file");
+}
+
+void check_targets(const DiagnoseArgs& a, const std::vector<NamedPath>& inputs) {
+  refuse_stdout_targets(a);
+  if (!a.json_path.empty()) check_writable_target(a.json_path, "--json");
+  if (!a.html_path.empty()) check_writable_target(a.html_path, "--html");
+  refuse_clobbering({{a.json_path, "--json"}, {a.html_path, "--html"}}, inputs);
 }
 
 // What --trace and a run directory share: the meta of a read (nothing measured; the reproduce
 // commands name this machine's device), and the result written and the report printed.
 json read_meta(const DiagnoseArgs& a, const std::vector<NamedPath>& inputs, int argc, char** argv,
                std::string* device_id) {
-  refuse_stdout_targets(a);
-  check_writable_target(a.json_path, "--json");
-  if (!a.html_path.empty()) check_writable_target(a.html_path, "--html");
-  refuse_clobbering({{a.json_path, "--json"}, {a.html_path, "--html"}}, inputs);
+  check_targets(a, inputs);
   auto dev = open_device(parse_device_spec(a.device));
   RunArgs ra;
   ra.device = a.device;
@@ -80,10 +83,15 @@ json read_meta(const DiagnoseArgs& a, const std::vector<NamedPath>& inputs, int 
 int write_report(const DiagnoseArgs& a, const Result& r) {
   const std::string report = report::format_text(r);
   // a path or config value that is not UTF-8 is written with U+FFFD, not thrown on at the end
-  write_file_atomic(a.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+  if (!a.json_path.empty())
+    write_file_atomic(a.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
   if (!a.html_path.empty()) write_file_atomic(a.html_path, report::format_html(r));
-  std::cout << "\n" << report << fmt::format("\nresult: {}{}\n", a.json_path,
-                                             a.html_path.empty() ? "" : ", report: " + a.html_path);
+  // A document on stdout (--json -, --html -): the report goes to stderr
+  std::ostream& out = a.json_path == "-" || a.html_path == "-" ? std::cerr : std::cout;
+  std::vector<std::string> written;
+  if (!a.json_path.empty() && a.json_path != "-") written.push_back("result: " + a.json_path);
+  if (!a.html_path.empty() && a.html_path != "-") written.push_back("report: " + a.html_path);
+  out << "\n" << report << (written.empty() ? "" : fmt::format("\n{}\n", fmt::join(written, ", ")));
   return kExitOk;
 }
 
@@ -189,11 +197,7 @@ int cmd_diagnose(const DiagnoseArgs& a, int argc, char** argv) {
   if (a.observed > 0) opt.observed_tokens_per_s = a.observed;
   opt.say = [](const std::string& line) { std::cerr << line << "\n"; };
   const DeviceSpec spec = parse_device_spec(a.device);
-  refuse_stdout_targets(a);
-  check_writable_target(a.json_path, "--json");
-  if (!a.html_path.empty()) check_writable_target(a.html_path, "--html");
-  refuse_clobbering({{a.json_path, "--json"}, {a.html_path, "--html"}},
-                    {{a.config, "the config"}, {a.model_config, "the model config"}, {a.lengths, "the lengths file"}});
+  check_targets(a, {{a.config, "the config"}, {a.model_config, "the model config"}, {a.lengths, "the lengths file"}});
   if (!opt.cfg.unknown_keys.empty())
     std::cerr << fmt::format("diagnose: {} key(s) of the config not used here: {}\n", opt.cfg.unknown_keys.size(),
                              fmt::join(opt.cfg.unknown_keys, ", "));
@@ -236,8 +240,12 @@ Command add_diagnose(CLI::App& app, int& argc, char**& argv) {
                         ->expected(1, -1)
                         ->check(non_empty_path());
   diag->add_option("--device", da->device, "auto | cpu | cuda:N | sim:<gpu>")->capture_default_str();
-  diag->add_option("--json", da->json_path, "result JSON path")->capture_default_str()->check(non_empty_path());
-  diag->add_option("--html", da->html_path, "also write the report as one self-contained HTML file")
+  diag->add_option("--json", da->json_path, "write the result JSON to FILE, or to stdout with - (the report then goes "
+                   "to stderr); none unless asked")
+      ->type_name("FILE|-")
+      ->check(non_empty_path());
+  diag->add_option("--html", da->html_path, "also write the report as one self-contained HTML file (- for stdout)")
+      ->type_name("FILE|-")
       ->check(non_empty_path());
   auto* observed_opt = diag->add_option("--observed-tokens-per-s", da->observed, "what your training logs report, to compare")
                            ->check(finite_range(1e-9, 1e15));

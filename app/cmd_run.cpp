@@ -249,7 +249,9 @@ Command add_run(CLI::App& app, int& argc, char**& argv) {
                   "auto | cpu | cuda:N | sim:<gpu> (auto: cuda:0 if a GPU answers, else cpu; sim: a simulated GPU "
                   "from results/expected, e.g. sim:h100)")
       ->capture_default_str();
-  run->add_option("--json", ra->json_path, "result JSON path, or - for stdout (default: stallbench-<scenario>.json)")
+  run->add_option("--json", ra->json_path, "result JSON path, or - for stdout (the table then goes to stderr; default: "
+                                          "stallbench-<scenario>.json: a measurement is kept)")
+      ->type_name("FILE|-")
       ->check(non_empty_path());
   run->add_option("--trace", ra->trace_path,
                   "write the run as a PyTorch profiler (Kineto) trace: Perfetto, TensorBoard and HTA open it, "
@@ -273,7 +275,7 @@ Command add_run(CLI::App& app, int& argc, char**& argv) {
     if (!run->parsed()) return;
     if (find_scenario(ra->scenario)) {
       std::cout << "\nparameters of " << ra->scenario << " (-p key=value[,value...]):\n\n";
-      list_scenarios(false, false, ra->scenario);
+      list_scenarios(false, "", ra->scenario);
     } else {
       std::cout << "\n" << wrap_help_text("run SCENARIO --help lists that scenario's parameters; scenarios: " +
                                           scenario_names());

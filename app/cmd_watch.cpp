@@ -6,8 +6,10 @@
 #include <iostream>     // std::cout, std::cerr
 #include <memory>       // std::make_shared
 #include <string_view>  // std::string_view
+#include <vector>       // std::vector
 
 #include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"      // UsageError
 #include "harness/exit_codes.hpp"  // kExit*
@@ -22,7 +24,7 @@ using json = nlohmann::ordered_json;
 
 struct WatchCli {
   watch::Args a;
-  std::string json_path = "stallbench-watch.json";
+  std::string json_path;  // "": no file (a monitor writes none unless asked); "-": the final JSON on stdout
   std::string html_path;
 };
 
@@ -42,20 +44,24 @@ int cmd_watch(const WatchCli& w, int argc, char** argv) {
                                                  : "read from a recorded log";
     return meta;
   };
-  auto write = [&](const Result& r) {
-    if (!w.json_path.empty())
+  const bool json_stdout = w.json_path == "-";
+  auto write = [&](const Result& r) {  // at each alarm, every 60 s: a file only (stdout gets the final one)
+    if (!w.json_path.empty() && !json_stdout)
       write_file_atomic(w.json_path, to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
   };
   watch::Outcome o = watch::run(w.a, meta_for, write);
   write(o.result);
   if (!w.html_path.empty()) write_file_atomic(w.html_path, report::format_html(o.result));
-  // with --exec the command's output owns stdout: the summary goes to stderr.
-  // A reader that went away (watch | head) loses the summary, not the exit code.
+  // with --exec the command's output owns stdout, and with --json - the JSON does: the summary goes
+  // to stderr. A reader that went away (watch | head) loses the summary, not the exit code.
   std::signal(SIGPIPE, SIG_IGN);
-  std::ostream& out = w.a.exec.empty() ? std::cout : std::cerr;
+  std::ostream& out = w.a.exec.empty() && !json_stdout ? std::cout : std::cerr;
   out << o.summary;
-  if (!w.json_path.empty() || !w.html_path.empty())
-    out << fmt::format("result: {}{}\n", w.json_path, w.html_path.empty() ? "" : ", report: " + w.html_path);
+  std::vector<std::string> written;
+  if (!w.json_path.empty() && !json_stdout) written.push_back("result: " + w.json_path);
+  if (!w.html_path.empty()) written.push_back("report: " + w.html_path);
+  if (!written.empty()) out << fmt::format("{}\n", fmt::join(written, ", "));
+  if (json_stdout) write_file_atomic("-", to_json(o.result).dump(2, ' ', false, json::error_handler_t::replace) + "\n");
   return o.exit_code;
 }
 
@@ -91,8 +97,10 @@ Command add_watch(CLI::App& app, int& argc, char** argv, int* early_exit) {
                         "--exec: SIGKILL the job this many seconds after a forwarded INT/TERM/HUP/QUIT")
       ->capture_default_str()
       ->check(finite_range(0.1, 86400.0));
-  watch_cmd->add_option("--json", wc->json_path, "result JSON (written at each alarm, every 60 s and at the end)")
-      ->capture_default_str()
+  watch_cmd->add_option("--json", wc->json_path,
+                        "write the result JSON to FILE at each alarm, every 60 s and at the end; - : once, at the "
+                        "end, on stdout (the summary then goes to stderr); none unless asked")
+      ->type_name("FILE|-")
       ->check(non_empty_path());
   watch_cmd->add_option("--html", wc->html_path, "also write the report as one self-contained HTML file")
       ->check(non_empty_path());

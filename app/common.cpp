@@ -62,7 +62,8 @@ CLI::Validator finite_range(double lo, double hi) {
 }
 
 // Every scenario, or only `only` (run SCENARIO --help prints its parameters).
-int list_scenarios(bool names_only, bool as_json, const std::string& only) {
+int list_scenarios(bool names_only, const std::string& json_path, const std::string& only) {
+  const bool as_json = !json_path.empty();
   if (names_only) {
     for (const Scenario* s : all_scenarios()) std::cout << s->name << "\n";
     return kExitOk;
@@ -85,7 +86,7 @@ int list_scenarios(bool names_only, bool as_json, const std::string& only) {
                        {"needs_ranks", s->needs_ranks}, {"params", ps}});
   }
   if (as_json) {
-    std::cout << out.dump(2) << "\n";
+    write_file_atomic(json_path, out.dump(2) + "\n");  // "-": stdout
     return kExitOk;
   }
   for (const auto& s : out) {
@@ -154,15 +155,15 @@ RunContext run_context(Device& dev, const RunArgs& a, Watchdog& wd) {
 
 namespace {
 
-int cmd_devices(bool as_json) {
+int cmd_devices(const std::string& json_path) {
   json fp = machine_fingerprint(all_backends());
-  if (as_json) {
+  if (!json_path.empty()) {
     // What this binary was built with (features found at configure): a script can tell
     // whether it may launch a multi-rank scenario under mpirun, or expect cuDNN.
     const BuildInfo b = build_info();
     fp["build"] = json{{"version", b.version}, {"git_sha", b.git_sha}, {"compiler", b.compiler},
                        {"build_type", b.build_type}, {"features", b.features}};
-    std::cout << fp.dump(2) << "\n";
+    write_file_atomic(json_path, fp.dump(2) + "\n");  // "-": stdout
     return kExitOk;
   }
   const json& cpu = fp["cpu"];
@@ -214,19 +215,30 @@ int cmd_clean(bool dry_run) {
 
 }  // namespace
 
+CLI::Option* add_json_output(CLI::App* cmd, std::string& path, const std::string& what) {
+  return cmd->add_option("--json", path, what + ": to FILE, or to stdout with - or no value")
+      ->type_name("[FILE|-]")
+      ->expected(0, 1);
+}
+
+std::string json_output(const CLI::Option* opt, const std::string& path) {
+  return opt->count() > 0 && path.empty() ? "-" : path;
+}
+
 Command add_list(CLI::App& app) {
   auto* list = app.add_subcommand("list", "scenarios, with their parameters");
-  auto names_only = std::make_shared<bool>(false), as_json = std::make_shared<bool>(false);
+  auto names_only = std::make_shared<bool>(false);
+  auto json_path = std::make_shared<std::string>();
   list->add_flag("--names", *names_only, "only the scenario names, one per line");
-  list->add_flag("--json", *as_json, "as JSON");
-  return {list, [=] { return list_scenarios(*names_only, *as_json); }};
+  auto* json_opt = add_json_output(list, *json_path, "as JSON");
+  return {list, [=] { return list_scenarios(*names_only, json_output(json_opt, *json_path)); }};
 }
 
 Command add_devices(CLI::App& app) {
   auto* devices = app.add_subcommand("devices", "the CPU and CUDA GPUs, with library versions");
-  auto as_json = std::make_shared<bool>(false);
-  devices->add_flag("--json", *as_json, "the machine fingerprint as JSON");
-  return {devices, [=] { return cmd_devices(*as_json); }};
+  auto json_path = std::make_shared<std::string>();
+  auto* json_opt = add_json_output(devices, *json_path, "the machine fingerprint as JSON");
+  return {devices, [=] { return cmd_devices(json_output(json_opt, *json_path)); }};
 }
 
 Command add_clean(CLI::App& app) {

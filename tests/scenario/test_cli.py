@@ -12,7 +12,8 @@ import subprocess
 import sys
 import tempfile
 
-EXE = sys.argv[1]
+EXE = os.path.abspath(sys.argv[1])
+HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMA = sys.argv[2] if len(sys.argv) > 2 else None
 failures = []
 
@@ -295,10 +296,33 @@ with open("/dev/full", "w") as full:
     p = subprocess.run([EXE, "list"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
     if p.returncode != 1 or "cannot write to stdout" not in p.stderr:
         failures.append(f"list > /dev/full: exit {p.returncode}, stderr {p.stderr[-200:]!r}")
-# two documents on stdout would run together; diagnose's report owns its stdout
+# two documents on stdout would run together
 expect(["run", "batch", "--quick", "--json", "-", "--trace", "-"], 2, ["both name stdout"])
-expect(["diagnose", "--quick", "--json", "-"], 2, ["--json -: diagnose prints its report on stdout"])
-expect(["diagnose", "--quick", "--html", "-"], 2, ["--html -: diagnose prints its report on stdout"])
+expect(["diagnose", "--quick", "--json", "-", "--html", "-"], 2, ["--json - and --html - both name stdout"])
+# One --json rule: FILE, or - for stdout with the human text on stderr; an analyzer or a monitor
+# writes no file unless asked (diagnose wrote stallbench-diagnose.json, watch stallbench-watch.json)
+with tempfile.TemporaryDirectory() as tmp:
+    trace = os.path.join(HERE, "..", "data", "traces", "diff", "base.pt.trace.json.gz")
+    p = subprocess.run([EXE, "diagnose", "--trace", trace], capture_output=True, text=True, timeout=120, cwd=tmp)
+    if p.returncode != 0 or os.listdir(tmp):
+        failures.append(f"diagnose --trace without --json: exit {p.returncode}, wrote {os.listdir(tmp)}")
+    p = subprocess.run([EXE, "diagnose", "--trace", trace, "--json", "-"], capture_output=True, text=True, timeout=120)
+    try:
+        if json.loads(p.stdout).get("kind") != "result" or "figures read from the trace" not in p.stderr:
+            failures.append("diagnose --trace --json -: want the result on stdout and the report on stderr")
+    except ValueError as e:
+        failures.append(f"diagnose --trace --json -: stdout is not the JSON ({e}): {p.stdout[:200]!r}")
+    for cmd in (["list"], ["devices"]):
+        for form in (["--json"], ["--json", "-"]):
+            p = run(*cmd, *form)
+            try:
+                json.loads(p.stdout)
+            except ValueError:
+                failures.append(f"{' '.join(cmd + form)}: stdout is not JSON")
+        out = os.path.join(tmp, cmd[0] + ".json")
+        p = run(*cmd, "--json", out)
+        if p.returncode != 0 or not os.path.isfile(out):
+            failures.append(f"{cmd[0]} --json FILE: exit {p.returncode}, no {out}")
 # --help wrapped to the terminal's width: no line of any command's help past $COLUMNS (80: a pipe's)
 for cmd in ([], ["run"], ["diagnose"], ["watch"], ["compare"], ["analyze-hang"], ["list"], ["devices"], ["clean"]):
     for cols in ("80", "100"):
@@ -510,6 +534,16 @@ with tempfile.TemporaryDirectory() as tmp:
         json.loads(p.stdout)
     except ValueError as e:
         failures.append(f"analyze-hang --json beside a dump that is not UTF-8: not JSON ({e})")
+    # --json FILE: the JSON there, the report on stdout; bare --json and --json -: the report on stderr
+    out = os.path.join(tmp, "hang.json")
+    p = expect(["analyze-hang", dumps, "--json", out], 0, ["rank 1"], "stdout")
+    try:
+        json.load(open(out))
+    except (OSError, ValueError) as e:
+        failures.append(f"analyze-hang --json FILE: {e}")
+    p = run("analyze-hang", dumps, "--json", "-")
+    if p.returncode != 0 or not p.stdout.lstrip().startswith("{") or "rank 1" not in p.stderr:
+        failures.append(f"analyze-hang --json -: exit {p.returncode}; want JSON on stdout, the report on stderr")
 
 # Other work on the machine while a point runs is recorded and warned of (a compiler beside a run made
 # every GEMM read 7.95 ms, with 0.3% noise and no word): one busy process more than the machine has
