@@ -29,6 +29,7 @@ namespace {
 int main_impl(int argc, char** argv) {
   CLI::App app{"stallbench: reproduce, one by one, the causes that make a fine-tuning job slow or stuck,\n"
                "measure them on this machine, and compare with expected numbers for the hardware."};
+  app.name("stallbench");  // the usage line says stallbench, not argv[0]'s path (build/, a venv's _bin/)
   use_wrapping_help(app);
   app.require_subcommand(1);
   app.set_version_flag("--version", fmt::format("stallbench {} ({})", build_info().version, build_info().git_sha));
