@@ -28,7 +28,12 @@ struct WatchCli {
   std::string html_path;
 };
 
-int cmd_watch(const WatchCli& w, int argc, char** argv) {
+int cmd_watch(WatchCli w, int argc, char** argv) {
+  if (w.json_path == "-" && w.html_path == "-")
+    throw UsageError("--json - and --html - both name stdout, where the two documents would run together: give one a file");
+  if (w.json_path == "-" && !w.a.exec.empty())
+    throw UsageError("--json - with --exec: the command's output owns stdout; give --json a file");
+  w.a.stdout_taken = w.json_path == "-" || w.html_path == "-";
   if (!w.json_path.empty()) check_writable_target(w.json_path, "--json");
   if (!w.html_path.empty()) check_writable_target(w.html_path, "--html");
   refuse_clobbering({{w.json_path, "--json"}, {w.html_path, "--html"}}, {{w.a.from, "the log --from reads"}});
@@ -55,7 +60,7 @@ int cmd_watch(const WatchCli& w, int argc, char** argv) {
   // with --exec the command's output owns stdout, and with --json - the JSON does: the summary goes
   // to stderr. A reader that went away (watch | head) loses the summary, not the exit code.
   std::signal(SIGPIPE, SIG_IGN);
-  std::ostream& out = w.a.exec.empty() && !json_stdout ? std::cout : std::cerr;
+  std::ostream& out = w.a.exec.empty() && !w.a.stdout_taken ? std::cout : std::cerr;
   out << o.summary;
   std::vector<std::string> written;
   if (!w.json_path.empty() && !json_stdout) written.push_back("result: " + w.json_path);

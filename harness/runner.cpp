@@ -86,11 +86,12 @@ Result run_scenario(const Scenario& sc, RunContext& ctx, const RunOptions& opts,
   for (std::size_t index = 0; index < sweep.points.size(); ++index) {
     const ParamSet& ps = sweep.points[index];
     std::vector<Point> got;
+    // every point, a skipped one too: the CLI's [k/N] is the point's own
+    if (opts.on_point_start) opts.on_point_start(ps, index, sweep.points.size());
     if (hung) {
       got.push_back(failed_point(ps, Status::skipped, "not run: an earlier point hung"));
     } else {
       try {
-        if (opts.on_point_start) opts.on_point_start(ps, index, sweep.points.size());
         // What else ran on the machine meanwhile (a rank's peers are the job itself: not judged, not read).
         const CpuTicks before = sc.needs_ranks ? CpuTicks{} : read_cpu_ticks();
         got = run->run_points(ps);

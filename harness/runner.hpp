@@ -12,7 +12,7 @@ namespace sb {
 struct RunOptions {
   std::vector<std::string> assignments;  // "-p key=v1,v2" texts
   bool quick = false;
-  // Called before each point runs, with its parameters (the CLI keeps them,
+  // Called before each point runs (or is skipped after a hang), with its parameters (the CLI keeps them,
   // so a watchdog that fires mid-point can name the point that hung), its index in
   // the sweep and the sweep's size (the CLI's [k/N] and time left).
   std::function<void(const ParamSet&, std::size_t index, std::size_t total)> on_point_start;

@@ -581,7 +581,7 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
     if (child.pid < 0) throw UsageError(fmt::format("--exec: cannot run {}: {}", a.exec[0], err));
   }
   // where the view goes: stdout, or stderr while a command shares the terminal
-  FILE* view = exec ? stderr : stdout;
+  FILE* view = exec || a.stdout_taken ? stderr : stdout;
   const int view_fd = fileno(view);
   const bool tty = a.live && !exec && isatty(view_fd);
   const double print_every = a.print_every_s > 0 ? a.print_every_s : tty ? 0.25 : exec ? 10.0 : 1.0;

@@ -32,6 +32,7 @@ struct Args {
   double on_stuck_timeout_s = 60;
   double print_every_s = 0;       // plain lines: one per GPU every this many s (0: 1 s alone, 10 s with exec)
   bool live = true;               // false (--plain): plain lines even on a terminal
+  bool stdout_taken = false;      // --json -: the JSON owns stdout, the view goes to stderr
   Options opt;
 };
 

@@ -114,8 +114,11 @@ def _execute(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
         out, err = proc.communicate()
         raise StallbenchError(f"stallbench timed out after {timeout:g} s: {' '.join(argv)}\n{_tail(err)}",
                               exit_code=None, stderr=err, stdout=out, argv=argv)
-    except BaseException:
-        proc.kill()
+    except BaseException:  # KeyboardInterrupt: the binary's session is not the terminal's, so end it all
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
         proc.wait()
         raise
     return proc.returncode, out, err

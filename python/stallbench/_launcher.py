@@ -21,6 +21,9 @@ def binary() -> Path:
 
 def main() -> None:
     exe = binary()
+    if os.path.realpath(exe) == os.path.realpath(sys.argv[0]):  # STALLBENCH_BIN=$(which stallbench)
+        sys.stderr.write(f"stallbench: STALLBENCH_BIN names this launcher ({exe}), not the binary\n")
+        sys.exit(2)
     if not os.access(exe, os.X_OK):
         sys.stderr.write(f"stallbench: no binary at {exe}: this package was not installed by "
                          "`pip install` (set STALLBENCH_BIN to a built stallbench)\n")

@@ -312,6 +312,15 @@ with tempfile.TemporaryDirectory() as tmp:
             failures.append("diagnose --trace --json -: want the result on stdout and the report on stderr")
     except ValueError as e:
         failures.append(f"diagnose --trace --json -: stdout is not the JSON ({e}): {p.stdout[:200]!r}")
+    # watch --from LOG --json -: the JSON alone on stdout (the view and the summary on stderr)
+    smi = os.path.join(HERE, "..", "data", "telemetry", "nvsmi_8gpu_100ms.csv")
+    p = subprocess.run([EXE, "watch", "--from", smi, "--json", "-"], capture_output=True, text=True, timeout=120, cwd=tmp)
+    try:
+        if json.loads(p.stdout).get("kind") != "result" or os.listdir(tmp):
+            failures.append(f"watch --from --json -: want the result alone on stdout, no file ({os.listdir(tmp)})")
+    except ValueError as e:
+        failures.append(f"watch --from --json -: stdout is not the JSON alone ({e}): {p.stdout[:200]!r}")
+    expect(["watch", "--from", smi, "--json", "-", "--html", "-"], 2, ["both name stdout"])
     for cmd in (["list"], ["devices"]):
         for form in (["--json"], ["--json", "-"]):
             p = run(*cmd, *form)
