@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
+#include "tests/unit/usage_error.hpp"  // usage_error
 #include "harness/errors.hpp"  // sb::UsageError
 #include "workloads/decoder.hpp"     // DecoderConfig
 #include "diagnose/config.hpp"
@@ -57,20 +58,6 @@ int line_of(const std::string& path, const std::string& key) {
   return 0;
 }
 
-// The message of the UsageError that f throws ("" and a failure if none).
-template <class F>
-std::string usage_error(F&& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a UsageError: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "no UsageError thrown";
-  return {};
-}
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }

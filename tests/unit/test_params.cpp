@@ -7,6 +7,7 @@
 #include "harness/device.hpp"
 #include "harness/dtype.hpp"
 #include "harness/params.hpp"
+#include "tests/unit/usage_error.hpp"  // usage_error
 #include "harness/result.hpp"
 
 namespace sb {
@@ -32,15 +33,6 @@ std::string usage_message(const std::vector<std::string>& args) {
   return "";
 }
 
-template <class F>
-std::string usage_error(F&& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no UsageError)";
-}
 
 TEST(Params, DefaultsMakeTheDefaultSweep) {
   const Sweep s = expand_sweep(specs(), {}, {});
