@@ -24,7 +24,7 @@ struct Command {
 };
 
 Command add_list(CLI::App& app);
-Command add_devices(CLI::App& app);
+Command add_devices(CLI::App& app, int& argc, char**& argv);
 Command add_run(CLI::App& app, int& argc, char**& argv);
 Command add_diagnose(CLI::App& app, int& argc, char**& argv);
 // Takes everything after --exec off the line first (the command's own flags stay its own): argc

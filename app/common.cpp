@@ -1,4 +1,4 @@
-// What the commands share (app.hpp), and the small commands: list, devices, clean.
+// What the commands share (app.hpp), and the small commands: list, clean (devices: cmd_devices.cpp).
 #include "app/app.hpp"
 
 #include <cerrno>    // errno, ERANGE
@@ -155,49 +155,6 @@ RunContext run_context(Device& dev, const RunArgs& a, Watchdog& wd) {
 
 namespace {
 
-int cmd_devices(const std::string& json_path) {
-  json fp = machine_fingerprint(all_backends());
-  if (!json_path.empty()) {
-    // What this binary was built with (features found at configure): a script can tell
-    // whether it may launch a multi-rank scenario under mpirun, or expect cuDNN.
-    const BuildInfo b = build_info();
-    fp["build"] = json{{"version", b.version}, {"git_sha", b.git_sha}, {"compiler", b.compiler},
-                       {"build_type", b.build_type}, {"features", b.features}};
-    write_file_atomic(json_path, fp.dump(2) + "\n");  // "-": stdout
-    return kExitOk;
-  }
-  const json& cpu = fp["cpu"];
-  std::cout << fmt::format("cpu      {}\n         {} logical cores; ISA: {}\n", cpu["model"].get<std::string>(),
-                           cpu["logical_cores"].get<int>(),
-                           cpu["isa"].empty() ? std::string("none of interest")
-                                              : fmt::format("{}", fmt::join(cpu["isa"].get<std::vector<std::string>>(), " ")));
-  {
-    // which expected-numbers file a cpu run is compared with (matched on ISA, cores, vendor, family)
-    DeviceInfo host;
-    host.kind = DeviceKind::cpu;
-    const CpuInfo ci = read_cpu_info();
-    const auto ex = match_expected(host, ci);
-    std::cout << fmt::format("         {}{}; expected numbers: {}\n", ci.vendor.empty() ? "vendor unknown" : ci.vendor,
-                             ci.family >= 0 ? fmt::format(" family {}", ci.family) : std::string(),
-                             ex ? ex->id() : std::string("none for this CPU (results/expected)"));
-  }
-  for (const auto& [backend, v] : fp["versions"].items()) {
-    std::string line;
-    for (const auto& [k, x] : v.items())
-      if (k != "unavailable") line += fmt::format("{}={} ", k, x.is_string() ? x.get<std::string>() : x.dump());
-    std::cout << fmt::format("{:<8} {}\n", backend, line);
-  }
-  for (const auto& g : fp["gpus"]) {
-    std::cout << fmt::format("{:<8} {}\n", g["id"].get<std::string>(), g["name"].get<std::string>());
-    for (const auto& [k, x] : g["props"].items())
-      std::cout << fmt::format("         {}: {}\n", k, x.is_string() ? x.get<std::string>() : x.dump());
-  }
-  for (const auto& [backend, v] : fp["versions"].items())
-    if (v.contains("unavailable")) std::cout << fmt::format("{:<8} {}\n", backend, v["unavailable"].get<std::string>());
-  if (!fp["versions"].contains("cuda")) std::cout << "cuda     not built (configure with -Dcuda=enabled)\n";
-  return kExitOk;
-}
-
 // The dataset files that `run dataloader -p source=file` caches under
 // $TMPDIR/stallbench-<uid>, and the temporary files of runs that were killed.
 int cmd_clean(bool dry_run) {
@@ -232,13 +189,6 @@ Command add_list(CLI::App& app) {
   list->add_flag("--names", *names_only, "only the scenario names, one per line");
   auto* json_opt = add_json_output(list, *json_path, "as JSON");
   return {list, [=] { return list_scenarios(*names_only, json_output(json_opt, *json_path)); }};
-}
-
-Command add_devices(CLI::App& app) {
-  auto* devices = app.add_subcommand("devices", "the CPU and CUDA GPUs, with library versions");
-  auto json_path = std::make_shared<std::string>();
-  auto* json_opt = add_json_output(devices, *json_path, "the machine fingerprint as JSON");
-  return {devices, [=] { return cmd_devices(json_output(json_opt, *json_path)); }};
 }
 
 Command add_clean(CLI::App& app) {

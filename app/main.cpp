@@ -36,7 +36,7 @@ int main_impl(int argc, char** argv) {
   app.footer("exit codes: 0 ok, 1 failure, 2 bad input, 3 compare regression, 4 hang caught,\n"
              "            5 a collective failed in the library (collective scenario; dumps written)");
   int early_exit = -1;
-  const std::vector<Command> commands{add_list(app),    add_devices(app),
+  const std::vector<Command> commands{add_list(app),    add_devices(app, argc, argv),
                                       add_run(app, argc, argv),
                                       add_diagnose(app, argc, argv),
                                       add_watch(app, argc, argv, &early_exit),

@@ -67,7 +67,8 @@ std::int64_t round_count(CollOp op, std::int64_t count, int nranks);
 // One rank has no bus: 0 for n = 1.
 double bus_factor(CollOp op, int nranks);
 
-// The process group the job was launched with, over MPI. It is the control
+// The process group the job was launched with: over MPI (mpirun, srun), or over TCP for an env://
+// launch (torchrun: kernels/tcp/env_group.hpp). It is the control
 // plane: a communicator of its own, never the one the workload mismatches,
 // used to agree on a run id, gather per-rank figures and bootstrap NCCL.
 // Every wait in it has a deadline (HangError when passed).
@@ -80,7 +81,9 @@ class ProcessGroup {
   virtual int local_size() const = 0;
   virtual std::string launcher() const = 0;  // "mpirun", "srun", "single process"
   virtual std::string host() const = 0;
-  virtual std::string library() const = 0;  // "Open MPI v4.1.4, ..."
+  virtual std::string library() const = 0;  // "Open MPI v4.1.4, ...", "TCP rendezvous at host:port ..."
+  // True when MPI started the ranks (MPI_Init ran): backend=mpi needs it.
+  virtual bool is_mpi() const { return false; }
 
   using Deadline = std::chrono::steady_clock::time_point;
   virtual void barrier(Deadline) = 0;

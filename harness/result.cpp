@@ -11,7 +11,9 @@
 #include <unistd.h>  // fsync, close, getpid
 
 #include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
 
+#include "harness/device.hpp"  // kDeviceKindNames, parse_device_kind
 #include "harness/errors.hpp"  // UsageError, Error
 #include "harness/files.hpp"   // read_regular_file
 #include "harness/json_read.hpp"  // JsonRef, parse_json_text, reading_file
@@ -58,14 +60,27 @@ std::string optional_str(const JsonRef& j, const char* key) {
 }
 
 // The parts of meta that readers of a result use (compare's labels and its
-// point matching): typed when present.
+// point matching): the device (its kind or id names what compare matches expected numbers
+// for), the rest typed when present.
 void check_meta(const JsonRef& meta) {
   meta.object();
-  if (const auto dev = meta.find("device")) {
-    dev->object();
-    for (const char* key : {"id", "kind", "name"})
-      if (const auto v = dev->find(key)) v->str();
-    if (const auto v = dev->find("simulated")) v->boolean();
+  {
+    const JsonRef dev = meta.at("device");
+    dev.object();
+    if (!dev.find("kind") && !dev.find("id"))
+      dev.fail("expected a device with a kind (cpu|cuda|sim) or an id, got neither");
+    for (const char* key : {"id", "name"})
+      if (const auto v = dev.find(key)) v->str();
+    // The kind as run_meta writes it (cpu, cuda, sim), or, without it, the id's prefix
+    // (cuda:0, sim:h100): compare matches expected numbers by it.
+    if (const auto v = dev.find("kind")) v->choice(kDeviceKindNames);
+    else if (const auto id = dev.find("id")) {
+      const std::string s = id->str();
+      if (!parse_device_kind(s.substr(0, s.find(':'))))
+        id->fail(fmt::format("expected an id that starts with {} (as cpu, cuda:0, sim:h100), got {}",
+                             fmt::join(kDeviceKindNames.names(), "|"), id->describe()));
+    }
+    if (const auto v = dev.find("simulated")) v->boolean();
   }
   if (const auto mp = meta.find("measurement_params")) {
     mp->array();

@@ -1,11 +1,14 @@
 #include "kernels/backends.hpp"
 
+#include <cstdlib>  // std::getenv
+
 #include <fmt/format.h>  // fmt::format
 #include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"           // UsageError
 #include "kernels/cpu/cpu_backend.hpp"  // make_cpu_backend
 #include "kernels/sim/sim_backend.hpp"  // make_sim_backend
+#include "kernels/tcp/env_group.hpp"    // detect_env_launch, open_env_process_group
 #ifdef STALLBENCH_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"  // make_cuda_backend
 #endif
@@ -80,6 +83,11 @@ std::unique_ptr<Device> open_device(const DeviceSpec& spec) {
 }
 
 std::unique_ptr<ProcessGroup> open_process_group([[maybe_unused]] int* argc, [[maybe_unused]] char*** argv) {
+  // mpirun and srun with PMI start MPI ranks; torchrun, accelerate, a PyTorchJob (RANK, WORLD_SIZE,
+  // MASTER_ADDR, MASTER_PORT) or srun with a rendezvous address and no PMI are env:// launches
+  const bool mpi_launch = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+  if (!mpi_launch)
+    if (const auto launch = detect_env_launch()) return open_env_process_group(*launch);
 #ifdef STALLBENCH_HAVE_MPI
   return open_mpi_process_group(argc, argv);
 #else
@@ -89,6 +97,10 @@ std::unique_ptr<ProcessGroup> open_process_group([[maybe_unused]] int* argc, [[m
 
 std::unique_ptr<Communicator> open_communicator([[maybe_unused]] ProcessGroup& group, const std::string& backend) {
   if (backend == "mpi") {
+    if (!group.is_mpi() && group.size() > 1)
+      throw UnsupportedError(fmt::format("backend=mpi: the ranks were launched the env:// way ({}), not by mpirun or "
+                                         "srun with PMI: MPI is not running in them; use backend=nccl, or launch with mpirun",
+                                         group.launcher()));
 #ifdef STALLBENCH_HAVE_MPI
     return open_mpi_communicator(group);
 #else

@@ -97,6 +97,14 @@ struct HangReport {
   std::string last_all_completed;
   std::vector<std::string> culprit_frames;
 
+  // PyTorch dumps, pattern "no dump": the ranks without a dump are the suspects, not proven
+  // culprits. How sure (high: two or more dumps wait in the same call; medium: one dump only, or
+  // the suspects are most of the group), the evidence (each dump's wait: the call, since when),
+  // and what would settle it.
+  std::string confidence;
+  std::vector<std::string> evidence;
+  std::vector<std::string> decides;
+
   // PyTorch dumps, a `missing` finding: the ranks that wait on each other in a ring through the
   // culprit, across calls and process groups (a collective some member never reached, a send or recv
   // its peer never answered), each with the call it waits in and the rank it waits for (the next

@@ -282,7 +282,11 @@ std::string format_hang_report(const HangReport& r) {
     out += fmt::format("verdict: {}{} at seq {}", to_string(r.kind),
                        r.pattern.empty() ? "" : " (" + r.pattern + ")", r.seq);
     if (r.step >= 0) out += fmt::format(", step {} call {}", r.step, r.call_index);
-    out += fmt::format("; culprit{} {}\n", r.culprits.size() == 1 ? "" : "s", int_list(r.culprits));
+    if (!r.confidence.empty())  // no dump from them: suspects, by the others' waits
+      out += fmt::format("; suspect{} {} ({} confidence: no dump from {})\n", r.culprits.size() == 1 ? "" : "s",
+                         int_list(r.culprits), r.confidence, r.culprits.size() == 1 ? "it" : "them");
+    else
+      out += fmt::format("; culprit{} {}\n", r.culprits.size() == 1 ? "" : "s", int_list(r.culprits));
     if (!r.expected.empty()) out += fmt::format("expected: {}\n", r.expected);
   }
   if (!r.torch_match_state.empty()) {
@@ -299,6 +303,14 @@ std::string format_hang_report(const HangReport& r) {
                            ? fmt::format("seq {} ({})", r.last_all_completed_seq, r.last_all_completed)
                            : std::string("none in the dumps"));
   out += fmt::format("summary: {}\n", r.summary);
+  if (!r.evidence.empty()) {
+    out += "evidence:\n";
+    for (const auto& e : r.evidence) out += "  - " + e + "\n";
+  }
+  if (!r.decides.empty()) {
+    out += "what decides it:\n";
+    for (const auto& d : r.decides) out += "  - " + d + "\n";
+  }
   if (!r.wait_cycle.empty()) {
     out += "wait cycle:";
     for (const auto& w : r.wait_cycle) out += fmt::format(" rank {} in {} ->", w.rank, w.where);
@@ -410,6 +422,11 @@ json to_json(const HangReport& r) {
                        {"call", w.call},
                        {"waits_for", w.waits_for}});
     j["wait_cycle"] = std::move(cycle);
+    if (!r.confidence.empty())
+      j["suspect"] = {{"ranks", r.culprits},
+                      {"confidence", r.confidence},
+                      {"evidence", r.evidence},
+                      {"decides", r.decides}};
   }
   return j;
 }

@@ -3,6 +3,8 @@
 // waits on whom. What it follows and what it does not model: readers/torch_fr.hpp's header and
 // diagnose/hang/torch_fr_analysis.hpp.
 #include "diagnose/hang/torch_fr_analysis.hpp"
+#include "diagnose/hang/fr_calls.hpp"  // describe, size_rule, parse_p2p, total_bytes
+#include "diagnose/hang/missing_dump.hpp"  // DumpWait, explain_missing_dumps
 #include "diagnose/hang/wait_ring.hpp"  // WaitEdge, shortest_ring
 #include "harness/text.hpp"  // parse_whole
 
@@ -29,57 +31,7 @@
 
 namespace sb {
 
-namespace {
-
-std::int64_t numel(const std::vector<std::int64_t>& dims) {
-  std::int64_t n = 1;
-  for (auto d : dims)
-    if (__builtin_mul_overflow(n, d, &n)) return std::numeric_limits<std::int64_t>::max();
-  return n;
-}
-
-std::string_view op_name(std::string_view profiling_name) {
-  const auto colon = profiling_name.find(':');
-  return colon == std::string_view::npos ? profiling_name : profiling_name.substr(colon + 1);
-}
-
-std::string describe(const TorchFrEntry& e) {
-  std::vector<std::string> in, out;
-  for (const auto& d : e.input_sizes) in.push_back(fmt::format("{}", fmt::join(d, "x")));
-  for (const auto& d : e.output_sizes) out.push_back(fmt::format("{}", fmt::join(d, "x")));
-  return fmt::format("{} in [{}] {} out [{}] {}", e.profiling_name, fmt::join(in, ", "), fmt::join(e.input_dtypes, ","),
-                     fmt::join(out, ", "), fmt::join(e.output_dtypes, ","));
-}
-
-int state_rank(const TorchFrEntry& e) { return torch_fr_done(e) ? 2 : e.state == "started" ? 1 : 0; }
-
-// How an op's sizes relate across a group (fr_trace's Op.match and dtype_mismatch): all-gather's output
-// is n inputs, reduce-scatter's input n outputs; all-to-all's sizes are each rank's own (an uneven split,
-// a mixture of experts' token dispatch, is legal: only the totals must agree); gather's output and scatter's
-// input exist on the root alone; broadcast's input dtypes are not compared.
-enum class SizeRule : std::uint8_t { none, gather, scatter, all_to_all, rooted_gather, rooted_scatter, broadcast };
-SizeRule size_rule(std::string_view profiling_name) {
-  const std::string_view op = op_name(profiling_name);
-  if (op.find("all_gather") != std::string::npos || op == "_allgather_base") return SizeRule::gather;
-  if (op.find("reduce_scatter") != std::string::npos) return SizeRule::scatter;
-  if (op.find("all_to_all") != std::string::npos || op.find("alltoall") != std::string::npos) return SizeRule::all_to_all;
-  if (op == "gather") return SizeRule::rooted_gather;
-  if (op == "scatter") return SizeRule::rooted_scatter;
-  if (op == "broadcast" || op == "_broadcast_oop") return SizeRule::broadcast;
-  return SizeRule::none;
-}
-
-// false when an entry's own sizes contradict its group of n ranks.
-bool sizes_fit_group(SizeRule rule, const std::vector<std::vector<std::int64_t>>& in_sizes,
-                     const std::vector<std::vector<std::int64_t>>& out_sizes, std::size_t n) {
-  if ((rule != SizeRule::gather && rule != SizeRule::scatter) || in_sizes.empty() || out_sizes.empty()) return true;
-  __int128 in = 0, out = 0;
-  for (const auto& d : in_sizes) in += numel(d);
-  for (const auto& d : out_sizes) out += numel(d);
-  return rule == SizeRule::gather ? out == in * __int128(n) : in == out * __int128(n);
-}
-
-}  // namespace
+using namespace fr;  // the entry's op, sizes and bytes (fr_calls.hpp)
 
 namespace {
 
@@ -153,61 +105,6 @@ struct P2pCall {
 // A backend whose plain sends and recvs run in issue order on one queue per pair of ranks (ProcessGroupNCCL);
 // gloo's are not modelled so (and gloo records none: tests/data/fr/README.md).
 bool queued_per_pair(const TorchFrEntry& e) { return !e.profiling_name.starts_with("gloo:"); }
-
-// Reads "send A->B" / "recv A<-B" into (send, me, peer; peer -1 for "?"); false when it is neither.
-bool parse_p2p(std::string_view op, bool& send, int& me, int& peer) {
-  const bool is_send = op.starts_with("send "), is_recv = op.starts_with("recv ");
-  if (!is_send && !is_recv) return false;
-  op.remove_prefix(5);
-  const std::size_t arrow = op.find(is_send ? "->" : "<-");
-  if (arrow == std::string_view::npos) return false;
-  auto number = [](std::string_view t, int& out) {
-    const auto v = text::parse_whole<int>(t);
-    return v && *v >= 0 && *v <= kMaxRank && (out = *v, true);
-  };
-  const std::string_view other = op.substr(arrow + 2);
-  send = is_send;
-  if (!number(op.substr(0, arrow), me)) return false;
-  if (is_recv && other == "?") {
-    peer = -1;
-    return true;
-  }
-  return number(other, peer);
-}
-
-std::string sizes_text(const TorchFrSizes& s, const TorchFrDtypes& d) {
-  std::vector<std::string> t;
-  for (const auto& dims : s) t.push_back(fmt::format("[{}]", fmt::join(dims, "x")));
-  return fmt::format("{} {}", fmt::join(t, ", "), fmt::join(d, ","));
-}
-// Bytes per element of a dtype as FR names it (c10's ScalarType names); 0: unknown.
-std::int64_t dtype_bytes(std::string_view d) {
-  if (d == "Double" || d == "Long" || d == "ComplexFloat" || d == "UInt64") return 8;
-  if (d == "Float" || d == "Int" || d == "UInt32") return 4;
-  if (d == "Half" || d == "BFloat16" || d == "Short" || d == "UInt16") return 2;
-  if (d == "Byte" || d == "Char" || d == "Bool" || d.starts_with("Float8")) return 1;
-  if (d == "ComplexDouble") return 16;
-  return 0;
-}
-std::int64_t total_numel(const TorchFrSizes& s);
-// The bytes of a call's tensors (one dtype a tensor); -1 where a dtype is unknown or the shapes and dtypes differ
-// in number.
-std::int64_t total_bytes(const TorchFrSizes& s, const TorchFrDtypes& d) {
-  if (s.size() != d.size()) return -1;
-  std::int64_t n = 0;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const std::int64_t b = dtype_bytes(d[i]);
-    std::int64_t t = 0;
-    if (b == 0 || __builtin_mul_overflow(numel(s[i]), b, &t) || __builtin_add_overflow(n, t, &n)) return -1;
-  }
-  return n;
-}
-std::int64_t total_numel(const TorchFrSizes& s) {
-  std::int64_t n = 0;
-  for (const auto& dims : s)
-    if (__builtin_add_overflow(n, numel(dims), &n)) return std::numeric_limits<std::int64_t>::max();
-  return n;
-}
 
 // What the p2p matching found in one process group: the first call nobody answers (and who owes
 // the answer), or the first send and recv that were paired with different sizes or dtypes.
@@ -1361,38 +1258,16 @@ HangReport analyze_torch_fr(const std::vector<TorchFrDump>& dumps) {
   r.warnings.insert(r.warnings.end(), p2p_warnings.begin(), p2p_warnings.end());
 
   if (r.kind == DivergenceKind::none && !r.ranks_missing.empty()) {
-    // The dumps present agree, but every one of them still waits in its
-    // newest call: the ranks without a dump are the ones they wait for (a
-    // crashed or killed rank writes none).
+    // The dumps present agree: if every one still waits in its newest call of a group, the group's
+    // ranks without a dump are the ones they wait for (missing_dump.hpp)
+    std::int64_t newest_ns = 0;
+    for (const auto& [rank, d] : by_rank)
+      for (const TorchFrEntry& e : d->entries) newest_ns = std::max(newest_ns, e.time_created_ns);
     for (const auto& pg_views : pgs) {
-      std::int64_t newest = -1;
-      bool all_waiting = true, any = false;
-      for (const auto& [rank, v] : pg_views.second) {
-        if (v.coll.empty()) continue;
-        any = true;
-        const TorchFrEntry& e = *v.coll.back().e;
-        if (newest < 0) newest = e.collective_seq_id;
-        all_waiting = all_waiting && !torch_fr_done(e) && e.collective_seq_id == newest;
-      }
-      if (!any || !all_waiting) continue;
-      r.kind = DivergenceKind::missing;
-      r.pattern = "no dump";
-      r.seq = newest;
-      r.culprits = r.ranks_missing;
-      r.process_group = pg_views.first;
-      r.torch_match_state = "not all ranks joining the collective";
+      std::vector<DumpWait> waits;
       for (const auto& [rank, v] : pg_views.second)
-        if (!v.coll.empty()) {
-          r.expected = describe(*v.coll.back().e);
-          break;
-        }
-      for (const auto& [rank, v] : pg_views.second)
-        if (!v.coll.empty()) r.per_rank_call[std::size_t(rank)] = describe(*v.coll.back().e) + " waiting";
-      r.summary = fmt::format("process group {} collective seq {}: every rank with a dump waits in it ({}); "
-                              "rank{} {} left no dump and never completed it",
-                              pg_views.first, newest, r.expected, r.ranks_missing.size() == 1 ? "" : "s",
-                              rank_ranges(r.ranks_missing));
-      break;
+        if (!v.coll.empty()) waits.push_back(dump_wait(rank, *v.coll.back().e));
+      if (name_missing_dumps(r, pg_views.first, waits, members_of(pg_views.first, pg_views.second), newest_ns)) break;
     }
   }
   if (r.kind == DivergenceKind::missing && r.pattern != "p2p cycle" && !r.culprits.empty())

@@ -97,6 +97,7 @@ class MpiProcessGroup final : public ProcessGroup {
   std::string launcher() const override { return launcher_; }
   std::string host() const override { return host_; }
   std::string library() const override { return library_; }
+  bool is_mpi() const override { return true; }
 
   void barrier(Deadline d) override {
     MPI_Request req;

@@ -68,6 +68,17 @@ def main():
             if ring != (want.get("wait_cycle") or []):
                 failures.append(f"{form}: wait cycle {ring}, the manifest says {want.get('wait_cycle')}: "
                                 f"{rep['summary']}")
+            # the ranks without a dump named as suspects, with how sure (issue 56): where the manifest says
+            if "suspect" in want:
+                sus = rep.get("suspect", {})
+                if sus.get("ranks") != want["suspect"]["ranks"] or sus.get("confidence") != want["suspect"]["confidence"]:
+                    failures.append(f"{form}: suspect {sus.get('ranks')} ({sus.get('confidence')}), the manifest says "
+                                    f"{want['suspect']}: {rep['summary']}")
+                elif not sus.get("evidence") or not sus.get("decides"):
+                    failures.append(f"{form}: the suspect comes without evidence or what decides it: {sus}")
+            elif rep.get("suspect"):
+                failures.append(f"{form}: names suspects {rep['suspect'].get('ranks')} the manifest does not: "
+                                f"{rep['summary']}")
             if rep.get("format") != "pytorch-flight-recorder":
                 failures.append(f"{form}: format {rep.get('format')!r}")
             for rank in want.get("dump_missing", manifest.get("dump_missing", [])):

@@ -184,6 +184,25 @@ TEST(ResultReader, MissingAndUnknownValuesNameTheField) {
   EXPECT_EQ(read_error(json::array(), "array"), "<file> is not a stallbench result (it has no \"kind\": \"result\")");
 }
 
+// CI's fuzzer (stop 62) found "gpuscpu": compare threw it later, without the file's name.
+TEST(ResultReader, UnknownDeviceKindIsReadAsAnErrorNamingTheFile) {
+  json j = published("precision.json");
+  j["meta"]["device"]["kind"] = "gpuscpu";
+  EXPECT_EQ(read_error(j, "kindgpu"),
+            "<file>: meta.device.kind: expected one of cpu|cuda|sim, got string \"gpuscpu\"");
+  j["meta"]["device"].erase("kind");  // then the id's prefix names it, as compare reads it
+  j["meta"]["device"]["id"] = "tpu:0";
+  EXPECT_EQ(read_error(j, "idtpu"), "<file>: meta.device.id: expected an id that starts with cpu|cuda|sim (as cpu, "
+                                    "cuda:0, sim:h100), got string \"tpu:0\"");
+  j["meta"]["device"]["id"] = "cuda:1";
+  EXPECT_EQ(read_error(j, "idcuda"), "");
+  j["meta"]["device"].erase("id");
+  EXPECT_EQ(read_error(j, "nodev"),
+            "<file>: meta.device: expected a device with a kind (cpu|cuda|sim) or an id, got neither");
+  j["meta"].erase("device");
+  EXPECT_EQ(read_error(j, "nodevice"), "<file>: meta.device: expected object, got nothing (the field is missing)");
+}
+
 TEST(JsonText, NumbersOutOfRangeAndDeepNestingAreUsageErrors) {
   // nlohmann throws out_of_range (not parse_error) for 1e400: it once escaped read_json_file raw.
   try {

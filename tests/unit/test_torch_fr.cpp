@@ -358,6 +358,43 @@ TEST(TorchFrAnalysis, EachKindNamesSeqAndCulprit) {
     EXPECT_EQ(rep.pattern, "no dump");
     EXPECT_EQ(rep.seq, 3);
     EXPECT_EQ(rep.culprits, std::vector<int>{2});
+    // a suspect, not a proven culprit: two dumps agree (high), with the evidence and what settles it
+    EXPECT_EQ(rep.confidence, "high");
+    ASSERT_GE(rep.evidence.size(), 3u);
+    EXPECT_NE(rep.evidence[0].find("2 of the 3 ranks of process group 0 wrote a dump; each waits in collective seq 3"),
+              std::string::npos) << rep.evidence[0];
+    EXPECT_NE(rep.evidence[1].find("rank 0: seq 3 enqueued, not started, since 1970-01-01 00:00:00.003 UTC"),
+              std::string::npos) << rep.evidence[1];
+    ASSERT_FALSE(rep.decides.empty());
+    EXPECT_NE(rep.decides[0].find("rank 2's own log"), std::string::npos) << rep.decides[0];
+    const std::string text = format_hang_report(rep);
+    EXPECT_NE(text.find("; suspect 2 (high confidence: no dump from it)"), std::string::npos) << text;
+    EXPECT_NE(text.find("what decides it:"), std::string::npos) << text;
+    EXPECT_EQ(to_json(rep)["suspect"]["ranks"], nlohmann::ordered_json::array({2}));
+  }
+  {  // one dump only: nothing confirms its view (medium); the two missing ranks are the suspects
+    auto es = healthy(0);
+    es.push_back(entry(3, "all_reduce", 16, "Float", "started"));
+    const HangReport rep = analyze_torch_fr({dump(0, 3, es)});
+    EXPECT_EQ(rep.pattern, "no dump");
+    EXPECT_EQ(rep.culprits, (std::vector<int>{1, 2}));
+    EXPECT_EQ(rep.confidence, "medium");
+    EXPECT_NE(rep.evidence[1].find("started, in progress"), std::string::npos) << rep.evidence[1];
+  }
+  {  // the dumps wait in a group of ranks 0 and 1 only: rank 2's missing dump is not what they wait for
+    std::vector<TorchFrDump> ds;
+    for (int r = 0; r < 2; ++r) {
+      auto es = healthy(r);
+      es.push_back(entry(3, "all_reduce", 16, "Float", "scheduled"));
+      for (auto& e : es) e.pg_name = "1";
+      TorchFrDump d = dump(r, 3, es);
+      d.groups.push_back({"1", "pair", {0, 1}});
+      ds.push_back(std::move(d));
+    }
+    const HangReport rep = analyze_torch_fr(ds);
+    EXPECT_EQ(rep.ranks_missing, std::vector<int>{2});
+    EXPECT_TRUE(rep.culprits.empty()) << format_hang_report(rep);
+    EXPECT_TRUE(rep.confidence.empty());
   }
   {  // a dtype split evenly: the side using a dtype its own history never used
     std::vector<TorchFrDump> ds;

@@ -30,6 +30,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -65,7 +66,12 @@ CASES = {
     "allgather-count": dict(kind="size", culprit=lambda n: n - 1, at=(1, "all_gather")),
     "state":           dict(kind="state", culprit=lambda n: 1, at=(1, "all_reduce")),
     "dump-missing":    dict(kind="missing", culprit=lambda n: n - 1, at=(1, "all_reduce")),
+    # the others dump while they wait in seq 8 (as NCCL's dump on timeout or its debug pipe would),
+    # and the culprit's dump is lost: analyze-hang names it the suspect (issue 56)
+    "dump-missing-waiting": dict(kind="missing", culprit=lambda n: n - 1, at=(1, "all_reduce"),
+                                 suspect=lambda n: {"ranks": [n - 1], "confidence": "high" if n >= 3 else "medium"}),
 }
+DUMP_LOST = ("dump-missing", "dump-missing-waiting")
 WORLDS = [2, 3, 4]
 NOTES = {
     "state": "gloo records no CUDA events: `state` is 'scheduled' in every entry on every rank. "
@@ -76,6 +82,9 @@ NOTES = {
                        "all_gather_into_tensor of the wrong size) locally, before FR records it; "
                        "this case records a shard of 6 elements instead of 4 on the culprit.",
     "dump-missing": "The run is the `missing` case; the culprit's dump (pickle and JSON) is then deleted.",
+    "dump-missing-waiting": "The `missing` run, but each other rank dumps (pickle and JSON) from a timer thread "
+                            "1.5 s into its seq-8 all_reduce, while it waits (the group's time-out is 3 s); "
+                            "the culprit's dump is then deleted.",
     "size-abort": "gloo aborts (SIGABRT, gloo::EnforceNotMet 'op.preamble.length <= op.nbytes') "
                   "the process that receives the bigger message; that rank writes no dump.",
     "dtype-abort": "as size-abort: float64 doubles the bytes; the receiving rank aborts without a dump.",
@@ -138,7 +147,7 @@ def worker(case, world, rank, port, outdir, jsondir):
                     dist.reduce_scatter_tensor(out, torch.ones(2 * world))
                     did(step, op, f"reduce_scatter_tensor(in [{2 * world}], out [2])")
                 elif op == "all_reduce":
-                    if bad and case in ("missing", "dump-missing"):
+                    if bad and case in ("missing",) + DUMP_LOST:
                         did(step, op, "SKIPPED all_reduce  <-- culprit never joins")
                         # stay alive (and connected) until the others time out
                         time.sleep(PG_TIMEOUT_S + 3)
@@ -169,6 +178,17 @@ def worker(case, world, rank, port, outdir, jsondir):
                             time.sleep(1.5)
                             dist.all_reduce(grad)
                             did(step, op, "all_reduce([8] float32) after 1.5 s delay")
+                    elif case == "dump-missing-waiting" and step == spec["at"][0]:
+                        def dump_while_waiting():
+                            write_dumps(c10d, rank, outdir, jsondir)
+                            log["dumped"] = "1.5 s into its seq-8 all_reduce, while it waited"
+                        timer = threading.Timer(1.5, dump_while_waiting)
+                        timer.start()
+                        try:
+                            dist.all_reduce(grad)
+                            did(step, op, "all_reduce([8] float32)")
+                        finally:
+                            timer.join()
                     else:
                         dist.all_reduce(grad)
                         did(step, op, "all_reduce([8] float32)")
@@ -333,7 +353,7 @@ def make_case(case, world):
     ranks = run_ranks(["--worker", case, str(world)], world, outdir, jsondir, t0, what="did")
     culprit = spec["culprit"](world)
     removed = []
-    if case == "dump-missing":
+    if case in DUMP_LOST:
         for d in (outdir, jsondir):
             fn = os.path.join(d, f"rank_{culprit}")
             if os.path.exists(fn):
@@ -351,7 +371,8 @@ def make_case(case, world):
         "culprit": culprit,
         "kind": spec["kind"],
         "diverges_at": {"seq": seq, "step": spec["at"][0], "op": spec["at"][1]} if spec["at"] else None,
-        "expected": {"kind": spec["kind"], "seq": seq, "culprit": culprit},
+        "expected": dict({"kind": spec["kind"], "seq": seq, "culprit": culprit},
+                         **({"suspect": spec["suspect"](world)} if "suspect" in spec else {})),
         "removed_dump_files": removed,
         "note": NOTES.get(case),
         "ranks": {str(r): ranks[r] for r in ranks},
@@ -370,7 +391,7 @@ def main(argv):
             manifest["torch_version"] = torch.__version__
             rc, out = run_fr_trace(outdir)
             manifest["fr_trace_exit_code"] = rc
-            if case == "dump-missing":
+            if case in DUMP_LOST:
                 rc2, _ = run_fr_trace(outdir, ["--allow-incomplete-ranks"],
                                       "fr_trace_allow_incomplete.txt")
                 manifest["fr_trace_allow_incomplete_exit_code"] = rc2
