@@ -149,31 +149,7 @@ std::string hostname() {
   return h;
 }
 
-struct Member {
-  int rank = -1, world = 0, local_rank = -1;
-  long long pid = 0;
-  std::string job, host;
-};
-
-std::string hello_text(const Member& m) {
-  return fmt::format("{}\n{}\n{}\n{}\n{}\n{}", m.rank, m.world, m.local_rank, m.pid, m.job, m.host);
-}
-
-std::optional<Member> parse_hello(const std::string& payload) {
-  const auto f = text::split(payload, '\n');
-  if (f.size() != 6) return std::nullopt;
-  Member m;
-  const auto rank = text::parse_whole<int>(f[0]), world = text::parse_whole<int>(f[1]), local = text::parse_whole<int>(f[2]);
-  const auto pid = text::parse_whole<long long>(f[3]);
-  if (!rank || !world || !local || !pid) return std::nullopt;
-  m.rank = *rank;
-  m.world = *world;
-  m.local_rank = *local;
-  m.pid = *pid;
-  m.job = std::string(f[4]);
-  m.host = std::string(f[5]);
-  return m;
-}
+using Member = RdzvMember;
 
 class EnvProcessGroup final : public ProcessGroup {
  public:
@@ -230,22 +206,12 @@ class EnvProcessGroup final : public ProcessGroup {
     auto all = gather0(bytes, d, "gather");
     if (root == 0) return all;
     if (rank() == 0) {  // rank 0 holds them: it forwards them to root, as lengths and bytes
-      std::string packed;
-      for (const auto& b : all) packed += fmt::format("{}\n", b.size()) + b;
+      const std::string packed = pack_parts(all);
       guarded(root, "gather", [&] { send_frame(fds_[std::size_t(root)], Frame::data, packed, d, what("gather", root)); });
       return {};
     }
     if (rank() != root) return {};
-    const std::string packed = recv_data(0, d, "gather");
-    std::vector<std::string> out;
-    for (std::size_t at = 0; at < packed.size() && out.size() < std::size_t(size());) {
-      const auto nl = packed.find('\n', at);
-      const auto n = nl == std::string::npos ? std::nullopt : text::parse_whole<std::size_t>(std::string_view(packed).substr(at, nl - at));
-      if (!n || nl + 1 + *n > packed.size()) throw Error(ErrorKind::runtime, "gather: rank 0 sent a damaged frame");
-      out.push_back(packed.substr(nl + 1, *n));
-      at = nl + 1 + *n;
-    }
-    return out;
+    return unpack_parts(recv_data(0, d, "gather"), std::size_t(size()));
   }
 
   [[noreturn]] void abort(int code) noexcept override {
@@ -422,7 +388,7 @@ class EnvProcessGroup final : public ProcessGroup {
       std::optional<Member> m;
       try {
         const auto [type, bytes] = recv_frame(fd, std::min(d, clock_type::now() + std::chrono::seconds(10)), "hello");
-        if (type == Frame::hello) m = parse_hello(bytes);
+        if (type == Frame::hello) m = parse_rdzv_hello(bytes);
       } catch (const Error& e) {
         std::cerr << fmt::format("stallbench: rank 0: dropped a connection on port {}: {}\n", l_.port, e.what());
       } catch (const Closed&) {
@@ -465,8 +431,7 @@ class EnvProcessGroup final : public ProcessGroup {
     listen_fd_ = -1;
     members_[0] = me_;
     roster_ = members_;
-    std::string text;
-    for (const Member& m : members_) text += hello_text(m) + "\x1f";
+    const std::string text = rdzv_roster_text(members_);
     for (int r = 1; r < size(); ++r)
       guarded(r, "rendezvous", [&] { send_frame(fds_[std::size_t(r)], Frame::roster, text, d, what("rendezvous", r)); });
   }
@@ -508,7 +473,7 @@ class EnvProcessGroup final : public ProcessGroup {
     fds_[0] = fd;
     std::pair<Frame, std::string> f;
     try {
-      send_frame(fd, Frame::hello, hello_text(me_), d, what("rendezvous", 0));
+      send_frame(fd, Frame::hello, rdzv_hello_text(me_), d, what("rendezvous", 0));
       // rank 0 started its clock later, maybe: its verdict (a rank that never came) is waited for
       f = recv_frame(fd, d + std::chrono::seconds(10), what("rendezvous", 0));
     } catch (const Closed&) {
@@ -522,12 +487,7 @@ class EnvProcessGroup final : public ProcessGroup {
     }
     if (f.first == Frame::error) throw_peer_error(f.second, 0);
     if (f.first != Frame::roster) throw Error(ErrorKind::runtime, "env:// rendezvous: rank 0 sent no roster");
-    for (const auto part : text::split(f.second, '\x1f')) {
-      if (part.empty()) continue;
-      const auto m = parse_hello(std::string(part));
-      if (!m || m->rank < 0 || m->rank >= size()) throw Error(ErrorKind::runtime, "env:// rendezvous: a damaged roster");
-      roster_.push_back(*m);
-    }
+    roster_ = parse_rdzv_roster(f.second, size());
   }
 
   static int try_connect(addrinfo* a, Deadline d, std::string& last_error) {
@@ -566,6 +526,63 @@ class EnvProcessGroup final : public ProcessGroup {
 };
 
 }  // namespace
+
+std::string rdzv_hello_text(const RdzvMember& m) {
+  return fmt::format("{}\n{}\n{}\n{}\n{}\n{}", m.rank, m.world, m.local_rank, m.pid, m.job, m.host);
+}
+
+std::optional<RdzvMember> parse_rdzv_hello(std::string_view payload) {
+  const auto f = text::split(payload, '\n');
+  if (f.size() != 6) return std::nullopt;
+  const auto rank = text::parse_whole<int>(f[0]), world = text::parse_whole<int>(f[1]);
+  const auto local = text::parse_whole<int>(f[2]);
+  const auto pid = text::parse_whole<long long>(f[3]);
+  if (!rank || !world || !local || !pid) return std::nullopt;
+  RdzvMember m;
+  m.rank = *rank;
+  m.world = *world;
+  m.local_rank = *local;
+  m.pid = *pid;
+  m.job = std::string(f[4]);
+  m.host = std::string(f[5]);
+  return m;
+}
+
+std::string rdzv_roster_text(const std::vector<RdzvMember>& members) {
+  std::string text;
+  for (const RdzvMember& m : members) text += rdzv_hello_text(m) + "\x1f";
+  return text;
+}
+
+std::vector<RdzvMember> parse_rdzv_roster(std::string_view payload, int world) {
+  std::vector<RdzvMember> out;
+  for (const auto part : text::split(payload, '\x1f')) {
+    if (part.empty()) continue;
+    const auto m = parse_rdzv_hello(part);
+    if (!m || m->rank < 0 || m->rank >= world || out.size() >= std::size_t(world))
+      throw Error(ErrorKind::runtime, "env:// rendezvous: rank 0 sent a damaged roster");
+    out.push_back(*m);
+  }
+  return out;
+}
+
+std::string pack_parts(const std::vector<std::string>& parts) {
+  std::string packed;
+  for (const auto& b : parts) packed += fmt::format("{}\n", b.size()) + b;
+  return packed;
+}
+
+std::vector<std::string> unpack_parts(std::string_view packed, std::size_t max_parts) {
+  std::vector<std::string> out;
+  for (std::size_t at = 0; at < packed.size() && out.size() < max_parts;) {
+    const auto nl = packed.find('\n', at);
+    const auto n = nl == std::string_view::npos ? std::nullopt : text::parse_whole<std::size_t>(packed.substr(at, nl - at));
+    if (!n || *n > packed.size() - nl - 1) throw Error(ErrorKind::runtime, "gather: rank 0 sent a damaged frame");
+    out.emplace_back(packed.substr(nl + 1, *n));
+    at = nl + 1 + *n;
+  }
+  return out;
+}
 
 std::optional<EnvLaunch> detect_env_launch() {
   EnvLaunch l;

@@ -11,6 +11,8 @@
 #include <memory>    // std::unique_ptr
 #include <optional>  // std::optional
 #include <string>    // std::string
+#include <string_view>  // std::string_view
+#include <vector>   // std::vector
 
 #include "harness/comm.hpp"  // ProcessGroup
 
@@ -27,6 +29,26 @@ struct EnvLaunch {
   std::string job;        // TORCHELASTIC_RUN_ID or SLURM_JOB_ID.SLURM_STEP_ID: ranks of another job are refused
   std::chrono::seconds timeout{120};  // STALLBENCH_RDZV_TIMEOUT
 };
+
+// What travels in the rendezvous, as text: a rank's hello (rank 0's roster is the hellos of every
+// rank), and a gather's parts forwarded to a root other than 0. These are bytes from the network
+// (anyone can connect to the port): the parsers take any bytes (tests/fuzz/fuzz_rendezvous.cpp).
+struct RdzvMember {
+  int rank = -1, world = 0, local_rank = -1;
+  long long pid = 0;
+  std::string job, host;
+};
+std::string rdzv_hello_text(const RdzvMember& m);
+// nullopt for what is not a hello (six lines: rank, world, local rank, pid, job, host).
+std::optional<RdzvMember> parse_rdzv_hello(std::string_view payload);
+std::string rdzv_roster_text(const std::vector<RdzvMember>& members);
+// Each rank's hello, by rank; throws Error(runtime) for a damaged roster (a hello that does not
+// parse, a rank outside [0, world)).
+std::vector<RdzvMember> parse_rdzv_roster(std::string_view payload, int world);
+// Parts as "<length>\n<bytes>" one after another; at most max_parts read back. Throws
+// Error(runtime) for damaged bytes (a length that is not one, or runs past the end).
+std::string pack_parts(const std::vector<std::string>& parts);
+std::vector<std::string> unpack_parts(std::string_view packed, std::size_t max_parts);
 
 // The env:// launch the environment describes; nullopt when it describes none. Throws UsageError
 // (exit 2) for a launch that is half there or wrong: RANK without WORLD_SIZE, RANK >= WORLD_SIZE,

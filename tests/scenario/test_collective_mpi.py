@@ -368,6 +368,19 @@ def main():
                            capture_output=True, text=True)
         check(p.returncode == 2 and "blocking|nonblocking" in p.stderr,
               f"an unknown mode: exit {p.returncode} (want 2) naming the valid ones", p.stderr[-400:])
+        # devices under mpirun: every rank reported to rank 0, rank 0's id intact on each (as NCCL's travels)
+        if BACKEND == "mpi":
+            p, wall = mpirun(3, ["devices", "--json", "-"])
+            doc = {}
+            try:
+                doc = json.loads(p.stdout)
+            except ValueError:
+                pass
+            ranks = doc.get("ranks", {})
+            check(p.returncode == 0 and ranks.get("launcher") == "mpirun" and ranks.get("id_agreed") is True
+                  and [r.get("rank") for r in ranks.get("per_rank", [])] == [0, 1, 2],
+                  f"devices under mpirun -np 3: every rank in rank 0's table: exit {p.returncode}",
+                  (p.stdout + p.stderr)[-600:])
         for n in (2, 3):
             healthy(tmp, n)
         for mode in ("blocking", "nonblocking"):
