@@ -74,6 +74,21 @@ bool wait_fd(int fd, short events, Deadline d) {
   }
 }
 
+// "2, 5-9, 12" of sorted ranks; past 16 ranges, "... (N ranks)": a job of 10,000 ranks that did
+// not start gives one line, not 10,000 numbers.
+std::string ranges_text(const std::vector<int>& ranks) {
+  std::string out;
+  std::size_t shown = 0;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (shown++ == 16) return out + fmt::format(", ... ({} ranks in all)", ranks.size());
+    out += (out.empty() ? "" : ", ") + (j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
 struct Closed {};  // the peer closed its end
 
 void read_all(int fd, void* buf, std::size_t n, Deadline d, const std::string& what) {
@@ -285,7 +300,7 @@ class EnvProcessGroup final : public ProcessGroup {
       if (!pending.empty() && clock_type::now() >= d)
         throw HangError(fmt::format("{} of {} ranks: rank 0 waited {:.0f} s for rank{} {}, which never arrived",
                                     op, size(), std::chrono::duration<double>(clock_type::now() - t0).count(),
-                                    pending.size() == 1 ? "" : "s", fmt::join(pending, ", ")));
+                                    pending.size() == 1 ? "" : "s", ranges_text(pending)));
     }
     return all;
   }
@@ -375,7 +390,7 @@ class EnvProcessGroup final : public ProcessGroup {
         const std::string msg =
             fmt::format("env:// rendezvous at {}:{}: rank{} {} of {} did not join within {:.0f} s "
                         "(STALLBENCH_RDZV_TIMEOUT; not started, crashed, or cannot reach {})",
-                        l_.master_addr, l_.port, absent.size() == 1 ? "" : "s", fmt::join(absent, ", "), size(),
+                        l_.master_addr, l_.port, absent.size() == 1 ? "" : "s", ranges_text(absent), size(),
                         std::chrono::duration<double>(clock_type::now() - t0).count(), l_.master_addr);
         tell_all(Frame::error, "hang\n" + msg);
         throw HangError(msg);
