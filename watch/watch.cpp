@@ -30,9 +30,8 @@
 #include "harness/errors.hpp"      // UsageError, Error
 #include "harness/exit_codes.hpp"  // kExitHang
 #include "kernels/nvml/nvml_abi.hpp"      // kErrorNotSupported
+#include "watch/child.hpp"         // SignalScope, spawn, ChildGuard, reap_within, exit_code_of
 #include "watch/nvml_session.hpp"  // NvmlSession
-
-extern char** environ;
 
 namespace sb::watch {
 
@@ -40,167 +39,6 @@ using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// ---- signals ----
-// A handler only counts what arrived and where from. With the job in
-// stallbench's own process group (a terminal on stdin), a signal the
-// terminal generated (Ctrl-C: si_code SI_KERNEL) reached the job too and is
-// not sent again; one sent with kill(2) (SI_USER, SI_QUEUE: `kill PID`) reached
-// stallbench alone and is forwarded. Without a terminal the job gets a process
-// group of its own (as dumb-init does) and every signal is forwarded.
-constexpr std::array kForwarded = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
-std::atomic<int> g_pending[NSIG][2];  // [signal][0: from the terminal/kernel, 1: from a process]
-
-void on_signal(int sig, siginfo_t* info, void*) {
-  const bool from_process = info && (info->si_code == SI_USER || info->si_code == SI_QUEUE);
-  g_pending[sig][from_process ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
-}
-
-class SignalScope {
- public:
-  SignalScope() {
-    for (std::size_t i = 0; i < kForwarded.size(); ++i) {
-      const int sig = kForwarded[i];
-      for (auto& c : g_pending[sig]) c.store(0);
-      sigaction(sig, nullptr, &old_[i]);
-      // nohup, trap '' HUP: an ignored signal stays ignored, for the job too
-      if (old_[i].sa_handler == SIG_IGN && !(old_[i].sa_flags & SA_SIGINFO)) {
-        ignored_[i] = true;
-        continue;
-      }
-      struct sigaction sa {};
-      sa.sa_sigaction = on_signal;
-      sa.sa_flags = SA_SIGINFO;  // no SA_RESTART: the loop's waits wake at once
-      sigemptyset(&sa.sa_mask);
-      sigaction(sig, &sa, nullptr);
-    }
-    // A closed pipe on stdout (watch | head) must end the view, not the watch
-    // (and not leave a job unsupervised): EPIPE is handled where we write.
-    struct sigaction ign {};
-    ign.sa_handler = SIG_IGN;
-    sigemptyset(&ign.sa_mask);
-    sigaction(SIGPIPE, &ign, &old_pipe_);
-    pipe_was_ignored_ = old_pipe_.sa_handler == SIG_IGN;
-  }
-  ~SignalScope() {
-    for (std::size_t i = 0; i < kForwarded.size(); ++i)
-      if (!ignored_[i]) sigaction(kForwarded[i], &old_[i], nullptr);
-    sigaction(SIGPIPE, &old_pipe_, nullptr);
-  }
-  // (signal, from a process) pairs that arrived since the last call
-  std::vector<std::pair<int, bool>> take() {
-    std::vector<std::pair<int, bool>> out;
-    for (int sig : kForwarded)
-      for (int k = 0; k < 2; ++k)
-        for (int n = g_pending[sig][k].exchange(0); n > 0; --n) out.emplace_back(sig, k == 1);
-    return out;
-  }
-  bool pipe_was_ignored() const { return pipe_was_ignored_; }
-
- private:
-  std::array<struct sigaction, kForwarded.size()> old_{};
-  std::array<bool, kForwarded.size()> ignored_{};
-  struct sigaction old_pipe_ {};
-  bool pipe_was_ignored_ = false;
-};
-
-// ---- child processes ----
-// fork + exec, so the child can ask for a signal when stallbench dies
-// (PR_SET_PDEATHSIG: a watch killed with SIGKILL does not leave the job
-// running unsupervised). exec's failure comes back through a close-on-exec pipe.
-pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env, bool own_group,
-            int death_signal, bool restore_sigpipe, std::string& why) {
-  std::vector<char*> av;
-  for (const auto& s : argv) av.push_back(const_cast<char*>(s.c_str()));
-  av.push_back(nullptr);
-  std::vector<std::string> env_store(extra_env.begin(), extra_env.end());
-  std::vector<char*> envp;
-  for (char** e = environ; e && *e; ++e) envp.push_back(*e);
-  for (auto& e : env_store) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    why = std::strerror(errno);
-    return -1;
-  }
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) {
-    why = std::strerror(errno);
-    close(fds[0]);
-    close(fds[1]);
-    return -1;
-  }
-  if (pid == 0) {  // the child: async-signal-safe calls only
-    close(fds[0]);
-    if (own_group) setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, death_signal);
-    if (getppid() != parent) _exit(127);  // stallbench died before prctl
-    if (restore_sigpipe) signal(SIGPIPE, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execvpe(av[0], av.data(), envp.data());
-    const int e = errno;
-    (void)!write(fds[1], &e, sizeof e);
-    _exit(127);
-  }
-  close(fds[1]);
-  int e = 0;
-  ssize_t got;
-  do got = read(fds[0], &e, sizeof e);
-  while (got < 0 && errno == EINTR);
-  close(fds[0]);
-  if (got == ssize_t(sizeof e)) {  // exec failed
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    why = std::strerror(e);
-    return -1;
-  }
-  if (own_group) setpgid(pid, pid);  // both sides, so a signal sent at once finds the group
-  return pid;
-}
-
-int exit_code_of(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);  // as a shell reports it
-  return 1;
-}
-
-// Reaps pid within timeout_s (polling: waitpid has no deadline of its own).
-// Returns its exit code, or -1 when it was not reaped in time.
-int reap_within(pid_t pid, double timeout_s) {
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-  for (;;) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) return exit_code_of(status);
-    if (r < 0 && errno != EINTR) return -1;  // not our child any more
-    if (Clock::now() >= until) return -1;
-    struct timespec ts {0, 10'000'000};
-    nanosleep(&ts, nullptr);
-  }
-}
-
-// Ends a process (its group when it has one): SIGTERM, then SIGKILL after
-// grace_s; returns its exit code, or -1 when even that did not reap it.
-int end_process(pid_t pid, bool group, double grace_s) {
-  kill(group ? -pid : pid, SIGTERM);
-  int rc = reap_within(pid, grace_s);
-  if (rc >= 0) return rc;
-  kill(group ? -pid : pid, SIGKILL);
-  return reap_within(pid, 5);
-}
-
-// The job: ended (TERM, then KILL) if the watch unwinds while it runs.
-struct ChildGuard {
-  pid_t pid = -1;
-  bool group = false;
-  ~ChildGuard() {
-    if (pid > 0) end_process(pid, group, 10);
-  }
-};
 
 // --on-stuck: one shell command at a time, killed (its process group) at its deadline.
 struct OnStuck {
@@ -453,6 +291,77 @@ std::string summary_text(const std::vector<Watched>& ws, const Result& r, double
   return o;
 }
 
+// --from: a recorded nvidia-smi or dcgmi dmon log, classified as a live watch would have.
+Outcome run_from_log(const Args& a, const std::function<bool(int)>& wanted,
+                     const std::function<json(const std::string&, const std::string&, const json&)>& meta_for) {
+  std::vector<Watched> ws;
+  Outcome out;
+  Result& r = out.result;
+  r.scenario = "watch";
+  const telemetry::Recording rec = telemetry::read_telemetry(a.from, a.from_interval_ms);
+  std::map<int, std::size_t> slot;
+  for (const auto& s : rec.samples) {
+    if (!wanted(s.gpu)) continue;
+    auto it = slot.find(s.gpu);
+    if (it == slot.end()) {
+      it = slot.emplace(s.gpu, ws.size()).first;
+      GpuIdentity id;
+      id.index = s.gpu;
+      id.name = rec.format + " log";
+      ws.push_back({id, ws.size(), GpuTracker(s.gpu, a.opt)});
+    }
+    ws[it->second].tracker.add(s);
+  }
+  if (ws.empty())
+    throw UsageError(fmt::format("{}: no sample of the GPUs asked for (--gpu {})", a.from, a.gpus));
+  std::sort(ws.begin(), ws.end(), [](const Watched& x, const Watched& y) { return x.id.index < y.id.index; });
+  double wall = 0;
+  for (auto& w : ws) {
+    w.tracker.finish();
+    wall = std::max(wall, w.tracker.duration_s());
+  }
+  // Stuck is utilization 0 with memory held, and a log lists no processes: without a memory-used
+  // reading (dcgmi dmon -e without 252, FBUSD) it cannot be told, which the report says.
+  std::vector<std::string> notes = rec.notes;
+  std::map<int, std::string> no_memory;
+  for (const auto& w : ws)
+    if (w.tracker.mem_samples() == 0) {
+      no_memory[w.id.index] = fmt::format(
+          "GPU {}: no memory-used reading in the log ({}): stuck (utilization 0 with memory held) cannot be "
+          "detected, and the memory used is not known",
+          w.id.index, rec.format == "dcgmi" ? "add field 252, FBUSD, to dcgmi dmon -e" : "add memory.used to --query-gpu");
+      notes.push_back(no_memory[w.id.index]);
+    }
+  const json props{{"source", rec.format}, {"file", a.from}, {"columns", rec.columns}, {"ignored", rec.ignored},
+                   {"notes", notes}};
+  r.meta = meta_for(fmt::format("cuda:{}", ws.front().id.index), rec.format + " log", props);
+  r.params = json{{"source", json::array({rec.format})}, {"gpus", json::array({a.gpus})}};
+  bool stuck = false;
+  for (const auto& w : ws) {
+    const json sum = w.tracker.summary();
+    r.points.push_back(point_of(w, sum, 0, false));
+    if (no_memory.count(w.id.index)) {
+      Point& p = r.points.back();
+      p.info["stuck_undetectable"] = no_memory[w.id.index];
+      for (Metric& m : p.metrics)  // the table and the HTML report show the note beside "stuck 0 s"
+        if (m.name == "stuck") m.note = "not detectable: the log has no memory-used reading (" +
+                                        std::string(rec.format == "dcgmi" ? "FBUSD, field 252" : "memory.used") + ")";
+    }
+    if (w.tracker.util_samples() == 0) {  // "mean utilization 0%" would read as idle
+      r.points.back().status = Status::skipped;
+      r.points.back().reason = "no utilization reading in the log: every value empty (N/A, [Not Supported])";
+    }
+    add_findings(r, w, sum);
+    stuck = stuck || !w.tracker.stuck_episodes().empty();
+  }
+  out.summary = summary_text(ws, r, wall, 0, false, fmt::format("{} ({}, {} samples)", a.from, rec.format,
+                                                                rec.samples.size()));
+  for (const auto& n : notes) out.summary += "note: " + n + "\n";
+  // As live: a stuck alarm in the log is exit 4, so a post-mortem gate sees it.
+  out.exit_code = stuck ? kExitHang : 0;
+  return out;
+}
+
 }  // namespace
 
 std::string short_hint(Pattern p) {
@@ -492,71 +401,7 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
   Result& r = out.result;
   r.scenario = "watch";
 
-  // ---- recorded telemetry ----
-  if (!a.from.empty()) {
-    const telemetry::Recording rec = telemetry::read_telemetry(a.from, a.from_interval_ms);
-    std::map<int, std::size_t> slot;
-    for (const auto& s : rec.samples) {
-      if (!wanted(s.gpu)) continue;
-      auto it = slot.find(s.gpu);
-      if (it == slot.end()) {
-        it = slot.emplace(s.gpu, ws.size()).first;
-        GpuIdentity id;
-        id.index = s.gpu;
-        id.name = rec.format + " log";
-        ws.push_back({id, ws.size(), GpuTracker(s.gpu, a.opt)});
-      }
-      ws[it->second].tracker.add(s);
-    }
-    if (ws.empty())
-      throw UsageError(fmt::format("{}: no sample of the GPUs asked for (--gpu {})", a.from, a.gpus));
-    std::sort(ws.begin(), ws.end(), [](const Watched& x, const Watched& y) { return x.id.index < y.id.index; });
-    double wall = 0;
-    for (auto& w : ws) {
-      w.tracker.finish();
-      wall = std::max(wall, w.tracker.duration_s());
-    }
-    // Stuck is utilization 0 with memory held, and a log lists no processes: without a memory-used
-    // reading (dcgmi dmon -e without 252, FBUSD) it cannot be told, which the report says.
-    std::vector<std::string> notes = rec.notes;
-    std::map<int, std::string> no_memory;
-    for (const auto& w : ws)
-      if (w.tracker.mem_samples() == 0) {
-        no_memory[w.id.index] = fmt::format(
-            "GPU {}: no memory-used reading in the log ({}): stuck (utilization 0 with memory held) cannot be "
-            "detected, and the memory used is not known",
-            w.id.index, rec.format == "dcgmi" ? "add field 252, FBUSD, to dcgmi dmon -e" : "add memory.used to --query-gpu");
-        notes.push_back(no_memory[w.id.index]);
-      }
-    const json props{{"source", rec.format}, {"file", a.from}, {"columns", rec.columns}, {"ignored", rec.ignored},
-                     {"notes", notes}};
-    r.meta = meta_for(fmt::format("cuda:{}", ws.front().id.index), rec.format + " log", props);
-    r.params = json{{"source", json::array({rec.format})}, {"gpus", json::array({a.gpus})}};
-    bool stuck = false;
-    for (const auto& w : ws) {
-      const json sum = w.tracker.summary();
-      r.points.push_back(point_of(w, sum, 0, false));
-      if (no_memory.count(w.id.index)) {
-        Point& p = r.points.back();
-        p.info["stuck_undetectable"] = no_memory[w.id.index];
-        for (Metric& m : p.metrics)  // the table and the HTML report show the note beside "stuck 0 s"
-          if (m.name == "stuck") m.note = "not detectable: the log has no memory-used reading (" +
-                                          std::string(rec.format == "dcgmi" ? "FBUSD, field 252" : "memory.used") + ")";
-      }
-      if (w.tracker.util_samples() == 0) {  // "mean utilization 0%" would read as idle
-        r.points.back().status = Status::skipped;
-        r.points.back().reason = "no utilization reading in the log: every value empty (N/A, [Not Supported])";
-      }
-      add_findings(r, w, sum);
-      stuck = stuck || !w.tracker.stuck_episodes().empty();
-    }
-    out.summary = summary_text(ws, r, wall, 0, false, fmt::format("{} ({}, {} samples)", a.from, rec.format,
-                                                                  rec.samples.size()));
-    for (const auto& n : notes) out.summary += "note: " + n + "\n";
-    // As live: a stuck alarm in the log is exit 4, so a post-mortem gate sees it.
-    out.exit_code = stuck ? kExitHang : 0;
-    return out;
-  }
+  if (!a.from.empty()) return run_from_log(a, wanted, meta_for);
 
   // ---- live, through NVML ----
   std::string why;
