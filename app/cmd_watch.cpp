@@ -110,9 +110,21 @@ Command add_watch(CLI::App& app, int& argc, char** argv, int* early_exit) {
   watch_cmd->add_option("--html", wc->html_path, "also write the report as one self-contained HTML file")
       ->check(non_empty_path());
   watch_cmd->add_option("--stuck-after", wc->a.opt.stuck_after_s,
-                        "seconds of utilization 0 with memory held before the stuck alarm")
+                        "seconds of utilization 0 with memory held before the stuck alarm; with --exec also the "
+                        "least silence (no progress) before it, or 10x the job's median step gap when longer")
       ->capture_default_str()
       ->check(finite_range(0.0, 1e7));
+  watch_cmd->add_option("--progress-file", wc->a.progress_files,
+                        "--exec: a file whose growth is the job's progress, besides its output's step lines (the "
+                        "run's trainer_state.json, a log file); repeatable")
+      ->check(non_empty_path());
+  watch_cmd->add_option("--fr-dir", wc->a.fr_dir,
+                        "--exec: where the job's Flight Recorder dumps go; at a stuck alarm every rank is asked for "
+                        "one (its dump pipes there) and analyze-hang reads them")
+      ->capture_default_str()
+      ->check(non_empty_path());
+  watch_cmd->add_flag("--kill-on-stuck", wc->a.kill_on_stuck,
+                      "--exec: end the job at the stuck alarm, after its dumps (default: it keeps running)");
   watch_cmd->add_option("--held-mib", wc->a.opt.held_mib, "memory used that counts as held, MiB (a process listed also counts)")
       ->capture_default_str()
       ->check(finite_range(0.0, 1e9));
@@ -142,7 +154,10 @@ Command add_watch(CLI::App& app, int& argc, char** argv, int* early_exit) {
                         "the log's interval in ms when it has no timestamps (dcgmi dmon -d; default 1000)")
       ->check(finite_range(1.0, 3.6e6));
   watch_cmd->footer("--exec -- CMD ARGS...  run CMD under the watch (last on the line): signals sent to stallbench "
-                    "are forwarded to it, the watch ends when it does, and its exit code is returned.\n"
+                    "are forwarded to it, the watch ends when it does, and its exit code is returned. Its output "
+                    "passes through stallbench (PYTHONUNBUFFERED=1 is set): a step line (tqdm's it/s, 'step N', the "
+                    "Trainer's log dicts) is progress, and silence after steps is the stuck alarm, with or without "
+                    "GPUs.\n"
                     "Exit codes: 0; 1 every watched GPU stopped answering; 2 bad input or no NVML; 4 a stuck or "
                     "NVML-not-answering alarm was raised (without --exec), or --from's log holds a stuck episode; with "
                     "--exec, the command's.");

@@ -72,7 +72,7 @@ std::vector<std::pair<int, bool>> SignalScope::take() {
 // (PR_SET_PDEATHSIG: a watch killed with SIGKILL does not leave the job
 // running unsupervised). exec's failure comes back through a close-on-exec pipe.
 pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env, bool own_group,
-            int death_signal, bool restore_sigpipe, std::string& why) {
+            int death_signal, bool restore_sigpipe, std::string& why, int out_fd, int err_fd) {
   std::vector<char*> av;
   for (const auto& s : argv) av.push_back(const_cast<char*>(s.c_str()));
   av.push_back(nullptr);
@@ -100,6 +100,8 @@ pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>
     prctl(PR_SET_PDEATHSIG, death_signal);
     if (getppid() != parent) _exit(127);  // stallbench died before prctl
     if (restore_sigpipe) signal(SIGPIPE, SIG_DFL);
+    if (out_fd >= 0) dup2(out_fd, STDOUT_FILENO);  // the copies are not close-on-exec
+    if (err_fd >= 0) dup2(err_fd, STDERR_FILENO);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -42,8 +42,9 @@ class SignalScope {
 // fork + exec, so the child can ask for a signal when stallbench dies (PR_SET_PDEATHSIG: a watch
 // killed with SIGKILL does not leave the job running unsupervised). exec's failure comes back
 // through a close-on-exec pipe: -1 with why set.
+// out_fd, err_fd: the child's stdout and stderr (-1: stallbench's own).
 pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env, bool own_group,
-            int death_signal, bool restore_sigpipe, std::string& why);
+            int death_signal, bool restore_sigpipe, std::string& why, int out_fd = -1, int err_fd = -1);
 // As a shell reports it: the exit status, or 128 + the signal.
 int exit_code_of(int status);
 // Reaps pid within timeout_s (polling: waitpid has no deadline of its own). Returns its exit code,

@@ -31,7 +31,9 @@
 #include "harness/exit_codes.hpp"  // kExitHang
 #include "kernels/nvml/nvml_abi.hpp"      // kErrorNotSupported
 #include "watch/child.hpp"         // SignalScope, spawn, ChildGuard, reap_within, exit_code_of
+#include "watch/exec_only.hpp"     // run_exec_without_gpus, progress_options, progress_alarm
 #include "watch/nvml_session.hpp"  // NvmlSession
+#include "watch/progress.hpp"      // ProgressWatch
 
 namespace sb::watch {
 
@@ -291,6 +293,49 @@ std::string summary_text(const std::vector<Watched>& ws, const Result& r, double
   return o;
 }
 
+// Where the view goes (stdout, or stderr while a command shares the terminal or --json - has
+// stdout), and what it has drawn: a terminal is redrawn in place, else plain lines now and then.
+struct View {
+  FILE* f;
+  int fd;
+  bool tty;
+  double every;
+  bool dead = false;  // the reader of the view went away (EPIPE): the watch goes on
+  int drawn = 0;      // lines of the live view on screen
+  double next = 0;
+
+  View(const Args& a, bool exec)
+      : f(exec || a.stdout_taken ? stderr : stdout),
+        fd(fileno(f)),
+        tty(a.live && !exec && isatty(fd)),
+        every(a.print_every_s > 0 ? a.print_every_s : tty ? 0.25 : exec ? 10.0 : 1.0) {}
+
+  void draw(const std::vector<std::string>& alarms, double t, bool stop, const std::vector<Watched>& ws, bool exec,
+            int interval_ms, std::vector<std::string>& notes) {
+    if (dead) {
+      for (const auto& al : alarms) notes.push_back(al);
+      return;
+    }
+    if (alarms.empty() && t < next && !stop) return;
+    const int cols = terminal_width(fd);
+    std::string text;
+    if (tty && drawn > 0) text += fmt::format("\x1b[{}A", drawn);  // back to the top of the view
+    for (const auto& al : alarms) text += (tty ? "\r\x1b[2K" : "") + al + "\n";
+    if (tty) {
+      text += "\r\x1b[2K" + fit(fmt::format("stallbench watch  {:.0f} s  every {} ms  Ctrl-C ends", t, interval_ms), cols) + "\n";
+      for (const auto& w : ws) text += "\r\x1b[2K" + live_line(w, cols) + "\n";
+      drawn = int(ws.size()) + 1;
+    } else if (t >= next || stop) {
+      for (const auto& w : ws) text += (exec ? "watch: " : "") + plain_line(w, t) + "\n";
+    }
+    if (std::fputs(text.c_str(), f) < 0 || std::fflush(f) != 0) {
+      dead = true;  // EPIPE: nobody reads the view; the watch and its JSON go on
+      clearerr(f);
+    }
+    if (t >= next) next = t + every;
+  }
+};
+
 // --from: a recorded nvidia-smi or dcgmi dmon log, classified as a live watch would have.
 Outcome run_from_log(const Args& a, const std::function<bool(int)>& wanted,
                      const std::function<json(const std::string&, const std::string&, const json&)>& meta_for) {
@@ -406,6 +451,7 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
   // ---- live, through NVML ----
   std::string why;
   std::unique_ptr<NvmlSession> nvml = NvmlSession::open(why);
+  if (!nvml && !a.exec.empty()) return run_exec_without_gpus(a, meta_for, write_json, why);
   if (!nvml) throw UsageError("watch: cannot read the GPUs through NVML: " + why);
   for (std::size_t i = 0; i < nvml->gpus().size(); ++i)
     if (wanted(nvml->gpus()[i].index)) ws.push_back({nvml->gpus()[i], i, GpuTracker(nvml->gpus()[i].index, a.opt)});
@@ -419,18 +465,17 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
   const bool child_group = exec && !isatty(STDIN_FILENO);
   ChildGuard child;
   int child_rc = -1;
+  std::optional<ProgressWatch> pw;  // the job's own progress: its output's step lines, its files
   if (exec) {
     std::string err;
-    child.pid = spawn(a.exec, {}, child_group, SIGTERM, !signals.pipe_was_ignored(), err);
+    pw.emplace(progress_options(a));
+    child.pid = spawn(a.exec, pw->child_env(), child_group, SIGTERM, !signals.pipe_was_ignored(), err,
+                      pw->child_stdout(), pw->child_stderr());
     child.group = child_group;
     if (child.pid < 0) throw UsageError(fmt::format("--exec: cannot run {}: {}", a.exec[0], err));
+    pw->started();
   }
-  // where the view goes: stdout, or stderr while a command shares the terminal
-  FILE* view = exec || a.stdout_taken ? stderr : stdout;
-  const int view_fd = fileno(view);
-  const bool tty = a.live && !exec && isatty(view_fd);
-  const double print_every = a.print_every_s > 0 ? a.print_every_s : tty ? 0.25 : exec ? 10.0 : 1.0;
-  bool view_dead = false;  // the reader of the view went away (EPIPE): the watch goes on
+  View view(a, exec);
 
   const json props{{"source", "nvml"},
                    {"library", nvml->library()},
@@ -553,8 +598,7 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
 
   std::optional<OnStuck> on_stuck;
   std::deque<std::pair<std::size_t, std::size_t>> stuck_queue;  // (ws index, episode index) waiting for --on-stuck
-  int drawn = 0;                                                 // lines of the live view on screen
-  double next_print = 0, next_json = 60, last_round_t = 0, kill_at = -1;
+  double next_json = 60, last_round_t = 0, kill_at = -1;
   bool stop = false, any_alarm = false, nvml_stall_said = false, all_lost_said = false;
   const double stall_after = std::max(5.0, 20.0 * a.interval_ms / 1000.0);
   std::vector<std::string> notes;  // said once, kept for the summary
@@ -659,6 +703,7 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
     }
     poll_on_stuck(alarms);
     start_on_stuck(alarms);
+    if (pw) progress_alarm(*pw, t, child, alarms, any_alarm);
     // signals: forwarded to the job, or the end of the watch
     for (auto [sig, from_process] : signals.take()) {
       if (exec && child.pid > 0) {
@@ -691,27 +736,7 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
       if (!exec) stop = true;
     }
 
-    // the view
-    if (!view_dead && (!alarms.empty() || t >= next_print || stop)) {
-      const int cols = terminal_width(view_fd);
-      std::string text;
-      if (tty && drawn > 0) text += fmt::format("\x1b[{}A", drawn);  // back to the top of the view
-      for (const auto& al : alarms) text += (tty ? "\r\x1b[2K" : "") + al + "\n";
-      if (tty) {
-        text += "\r\x1b[2K" + fit(fmt::format("stallbench watch  {:.0f} s  every {} ms  Ctrl-C ends", t, a.interval_ms), cols) + "\n";
-        for (const auto& w : ws) text += "\r\x1b[2K" + live_line(w, cols) + "\n";
-        drawn = int(ws.size()) + 1;
-      } else if (t >= next_print || stop) {
-        for (const auto& w : ws) text += (exec ? "watch: " : "") + plain_line(w, t) + "\n";
-      }
-      if (std::fputs(text.c_str(), view) < 0 || std::fflush(view) != 0) {
-        view_dead = true;  // EPIPE: nobody reads the view; the watch and its JSON go on
-        clearerr(view);
-      }
-      if (t >= next_print) next_print = t + print_every;
-    } else if (view_dead) {
-      for (const auto& al : alarms) notes.push_back(al);
-    }
+    view.draw(alarms, t, stop, ws, exec, a.interval_ms, notes);
     if (!alarms.empty() || t >= next_json) {
       write_now(false);
       next_json = t + 60;
@@ -741,6 +766,7 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
   const double cpu = cpu_pct();
   r = build(true);
   r.meta["watch"]["rounds"] = rounds_taken;
+  if (pw) pw->finish(), r.meta["watch"]["progress"] = pw->summary();
   if (!notes.empty()) r.meta["watch"]["notes"] = notes;
   bool all_lost = true;
   for (const auto& w : ws) all_lost &= w.lost;

@@ -34,6 +34,11 @@ struct Args {
   bool live = true;               // false (--plain): plain lines even on a terminal
   bool stdout_taken = false;      // --json -: the JSON owns stdout, the view goes to stderr
   Options opt;
+  // --exec: the job's own progress (watch/progress.hpp): files whose growth is progress, where its
+  // Flight Recorder dumps and dump pipes go, whether the stuck alarm ends the job
+  std::vector<std::string> progress_files;
+  std::string fr_dir = "stallbench-fr";
+  bool kill_on_stuck = false;
 };
 
 struct Outcome {

@@ -214,16 +214,23 @@ def _torch_version() -> tuple[int, int] | None:
         return None
 
 
-def flight_recorder(directory: PathLike = "./stallbench-fr", buffer_size: int = 2000, *,
+def flight_recorder(directory: PathLike | None = None, buffer_size: int = 2000, *,
                     prefix: str = "rank_", legacy_names: bool | None = None,
-                    verbose: bool = True) -> dict[str, str]:
+                    verbose: bool = True, dump_pipe: bool = True) -> dict[str, str]:
     """Turn on PyTorch's Flight Recorder, dumping to DIRECTORY/rank_<N> when a collective times out.
 
     Call before init_process_group: torch reads these when the process group starts. Sets the buffer
     size (a value above 0 already set is kept), dump-on-timeout and the dump file prefix, under the
     TORCH_FR_ names and TORCH_NCCL_DUMP_ON_TIMEOUT; legacy_names adds the older TORCH_NCCL_ aliases
     (default: only for a torch before 2.15, which deprecates them). Returns what it set. At exit,
-    prints the `stallbench analyze-hang DIRECTORY` command."""
+    prints the `stallbench analyze-hang DIRECTORY` command.
+
+    DIRECTORY defaults to $STALLBENCH_FR_DIR (set by `stallbench watch --exec`), else ./stallbench-fr.
+    dump_pipe: a thread of this process waits on DIRECTORY/stallbench_pipe_<prefix><N>.pipe (a FIFO);
+    whatever writes to it (`stallbench watch` at its stuck alarm) gets this rank's dump written at
+    once, for any backend (gloo too), while the main thread is blocked in a collective."""
+    if directory is None:
+        directory = os.environ.get("STALLBENCH_FR_DIR") or "./stallbench-fr"
     d = os.path.abspath(os.fspath(directory))
     os.makedirs(d, exist_ok=True)
     if legacy_names is None:
@@ -255,10 +262,56 @@ def flight_recorder(directory: PathLike = "./stallbench-fr", buffer_size: int = 
     if d not in _fr_dirs:
         _fr_dirs.append(d)
         atexit.register(_fr_at_exit, d, prefix, verbose)
+        if dump_pipe:
+            _start_dump_pipe(d, prefix)
     if verbose:
         _cli._print(f"stallbench: Flight Recorder on ({size} entries); "
                     f"a collective timeout dumps to {os.path.join(d, prefix)}<rank>")
     return env
+
+
+def _start_dump_pipe(directory: str, prefix: str) -> None:
+    """A daemon thread: each write to the rank's FIFO dumps its Flight Recorder to directory/<prefix><rank>
+    (atomically: a temporary file renamed). The rank is RANK from the launcher (torchrun), else the
+    process group's once it exists, else the pid."""
+    import threading
+
+    def rank_now() -> str:
+        r = os.environ.get("RANK") or (str(_rank()) if _rank() is not None else "")
+        return r or f"pid{os.getpid()}"
+
+    rank = rank_now()
+    fifo = os.path.join(directory, f"stallbench_pipe_{prefix}{rank}.pipe")
+    try:
+        if os.path.exists(fifo):
+            os.remove(fifo)
+        os.mkfifo(fifo, 0o600)
+    except OSError as e:
+        warnings.warn(f"stallbench: no dump pipe ({fifo}: {e}); a dump comes only on a timeout", stacklevel=3)
+        return
+
+    def serve() -> None:
+        while True:
+            try:
+                with open(fifo, "rb") as f:  # blocks until a writer comes
+                    f.read(64)
+                c10d = importlib.import_module("torch._C._distributed_c10d")
+                data = c10d._dump_fr_trace()
+                target = os.path.join(directory, f"{prefix}{rank_now()}")
+                tmp = f"{target}.tmp.{os.getpid()}"
+                with open(tmp, "wb") as out:
+                    out.write(data)
+                os.replace(tmp, target)
+            except Exception as e:  # noqa: BLE001 - never take the job down; say why once per request
+                try:
+                    sys.stderr.write(f"stallbench: the Flight Recorder dump on request failed: {e}\n")
+                except Exception:  # noqa: BLE001
+                    pass
+                if not os.path.exists(fifo):
+                    return
+
+    threading.Thread(target=serve, name="stallbench-fr-dump-pipe", daemon=True).start()
+    atexit.register(lambda: os.path.exists(fifo) and os.remove(fifo))
 
 
 def _fr_at_exit(directory: str, prefix: str, verbose: bool) -> None:

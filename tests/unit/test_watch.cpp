@@ -19,6 +19,7 @@
 #include "watch/analysis.hpp"
 #include "kernels/nvml/nvml_abi.hpp"
 #include "watch/nvml_session.hpp"
+#include "watch/progress.hpp"
 #include "watch/watch.hpp"
 
 namespace sb::watch {
@@ -575,3 +576,27 @@ TEST(WatchNvml, FailuresAreReasonsNotCrashes) {
 
 }  // namespace
 }  // namespace sb::watch
+
+// A line of the job's output that says it made a step: real lines of tqdm, the Hugging Face
+// Trainer (its progress bar and its log dicts), Accelerate and Lightning; and lines that do not.
+TEST(WatchProgress, StepLinesOfRealTrainersAndNotOthers) {
+  using sb::watch::is_progress_line;
+  for (const char* yes : {
+           " 12%|#2        | 60/500 [00:31<03:49,  1.92it/s]",
+           " 3%|3         | 15/500 [01:02<33:20,  4.12s/it]",
+           "{'loss': 1.8342, 'grad_norm': 0.912, 'learning_rate': 1.9e-05, 'epoch': 0.04}",
+           "{\"loss\": 2.1, \"learning_rate\": 5e-05, \"epoch\": 0.5}",
+           "{'train_runtime': 312.4, 'train_samples_per_second': 51.2, 'train_loss': 1.52, 'epoch': 3.0}",
+           "Step 120/1000 | loss 2.31",
+           "step: 42 loss=1.0",
+           "global_step=1200 lr=3e-4",
+           "Epoch 0:  40%|####      | 40/100 [00:10<00:15,  3.98it/s, v_num=0, train_loss=0.693]"}) {
+    EXPECT_TRUE(is_progress_line(yes)) << yes;
+  }
+  for (const char* no : {"Loading checkpoint shards: done", "max_steps is given, it will override num_train_epochs",
+                         "NCCL INFO Channel 00/02 :    0   1", "steps_per_epoch = ", "it/s", "warmup_steps: 100",
+                         "", "Saving model checkpoint to output/checkpoint-500"}) {
+    EXPECT_FALSE(is_progress_line(no)) << no;
+  }
+}
+
