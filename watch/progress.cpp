@@ -167,8 +167,17 @@ std::vector<std::string> ProgressWatch::child_env() const {
     // stallbench.torch.flight_recorder() takes this as its directory (and opens a dump pipe per
     // rank there); PyTorch's NCCL watchdog opens <prefix><rank>.pipe and dumps when it is written
     env.push_back("STALLBENCH_FR_DIR=" + o_.fr_dir);
-    if (!std::getenv("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"))
-      env.push_back("TORCH_NCCL_DEBUG_INFO_PIPE_FILE=" + (fs::path(o_.fr_dir) / "nccl_pipe_rank_").string());
+    // PyTorch's own dump pipe opens only with the Flight Recorder on (a buffer above 0); each is set
+    // only where the job's environment has none (names as torch 2.15's libtorch_cuda spells them;
+    // TORCH_FR_DEBUG_INFO_PIPE_FILE for the newer backends)
+    const std::string dir = o_.fr_dir;
+    for (const auto& [var, value] :
+         {std::pair<const char*, std::string>{"TORCH_NCCL_DEBUG_INFO_PIPE_FILE", (fs::path(dir) / "torch_pipe_rank_").string()},
+          {"TORCH_FR_DEBUG_INFO_PIPE_FILE", (fs::path(dir) / "torch_pipe_rank_").string()},
+          {"TORCH_FR_BUFFER_SIZE", "2000"},
+          {"TORCH_FR_DUMP_TEMP_FILE", (fs::path(dir) / "rank_").string()},
+          {"TORCH_NCCL_DUMP_ON_TIMEOUT", "1"}})
+      if (!std::getenv(var)) env.push_back(std::string(var) + "=" + value);
   }
   return env;
 }
