@@ -20,19 +20,13 @@
 #include "harness/exit_codes.hpp"   // kExit*
 #include "harness/expected.hpp"     // match_expected
 #include "harness/fingerprint.hpp"  // machine_fingerprint, build_info, read_cpu_info
-#include "kernels/backends.hpp"     // all_backends, open_process_group
-#include "kernels/tcp/env_group.hpp"  // detect_env_launch
+#include "kernels/backends.hpp"     // all_backends, launched_with_ranks, open_process_group
 
 namespace sb::app {
 
 using json = nlohmann::ordered_json;
 
 namespace {
-
-bool launched_with_ranks() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK") ||
-         detect_env_launch().has_value();
-}
 
 std::int64_t fnv1a(const std::string& s) {
   std::uint64_t h = 1469598103934665603ull;

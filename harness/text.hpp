@@ -4,6 +4,7 @@
 
 #include <charconv>      // std::from_chars
 #include <optional>      // std::optional
+#include <string>        // std::string, std::to_string
 #include <string_view>   // std::string_view
 #include <system_error>  // std::errc
 #include <type_traits>   // std::is_floating_point_v
@@ -44,6 +45,21 @@ std::optional<T> parse_whole(std::string_view s, int base = 10) {
   else r = std::from_chars(s.data(), end, v, base);
   if (r.ec != std::errc() || r.ptr != end) return std::nullopt;
   return v;
+}
+
+// "0, 2-5, 9" of sorted ranks, "none" for none; past max_ranges ranges (0: no limit), the rest as
+// ", ... (N ranks in all)": a job of 10,000 ranks that did not start is one line, not 10,000 numbers.
+inline std::string rank_ranges(const std::vector<int>& ranks, std::size_t max_ranges = 0) {
+  std::string out;
+  std::size_t shown = 0;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (max_ranges > 0 && shown++ == max_ranges) return out + ", ... (" + std::to_string(ranks.size()) + " ranks in all)";
+    out += (out.empty() ? "" : ", ") + std::to_string(ranks[i]) + (j == i ? "" : "-" + std::to_string(ranks[j]));
+    i = j + 1;
+  }
+  return out.empty() ? "none" : out;
 }
 
 }  // namespace sb::text

@@ -82,11 +82,17 @@ std::unique_ptr<Device> open_device(const DeviceSpec& spec) {
   throw UsageError(fmt::format("device {} is not available in this build; valid: auto, cpu, cuda:N, sim:<gpu>", spec.str()));
 }
 
+namespace {
+// mpirun and srun with PMI start MPI ranks
+bool mpi_launch() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK"); }
+}  // namespace
+
+bool launched_with_ranks() { return mpi_launch() || detect_env_launch().has_value(); }
+
 std::unique_ptr<ProcessGroup> open_process_group([[maybe_unused]] int* argc, [[maybe_unused]] char*** argv) {
-  // mpirun and srun with PMI start MPI ranks; torchrun, accelerate, a PyTorchJob (RANK, WORLD_SIZE,
-  // MASTER_ADDR, MASTER_PORT) or srun with a rendezvous address and no PMI are env:// launches
-  const bool mpi_launch = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
-  if (!mpi_launch)
+  // torchrun, accelerate, a PyTorchJob (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or srun with a
+  // rendezvous address and no PMI are env:// launches
+  if (!mpi_launch())
     if (const auto launch = detect_env_launch()) return open_env_process_group(*launch);
 #ifdef STALLBENCH_HAVE_MPI
   return open_mpi_process_group(argc, argv);

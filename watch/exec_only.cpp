@@ -30,17 +30,19 @@ ProgressOptions progress_options(const Args& a) {
   return o;
 }
 
-void progress_alarm(ProgressWatch& pw, double t, ChildGuard& child, std::vector<std::string>& alarms, bool& any_alarm) {
+std::optional<std::string> progress_alarm(ProgressWatch& pw, double t, const ChildGuard& child, double kill_after_s,
+                                         double& kill_at, std::vector<std::string>& alarms) {
   const auto alarm = pw.poll(t);
-  if (!alarm) return;
-  any_alarm = true;
+  if (!alarm) return alarm;
   // said at once (the view is stderr with --exec): the dumps and stacks below take seconds
   std::fprintf(stderr, "%s\n", alarm->c_str());
   for (auto& line : pw.on_stuck(child.pid, t)) alarms.push_back(std::move(line));
   if (pw.kill_on_stuck() && child.pid > 0) {
-    alarms.push_back("watch: --kill-on-stuck: ending the job (TERM, then KILL after 10 s)");
+    alarms.push_back(fmt::format("watch: --kill-on-stuck: ending the job (TERM, then KILL after {:.0f} s)", kill_after_s));
     kill(child.group ? -child.pid : child.pid, SIGTERM);
+    if (kill_at < 0) kill_at = t + kill_after_s;
   }
+  return alarm;
 }
 
 Outcome run_exec_without_gpus(const Args& a,
@@ -97,16 +99,9 @@ Outcome run_exec_without_gpus(const Args& a,
       if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT) && kill_at < 0) kill_at = t + a.kill_after_s;
     }
     std::vector<std::string> alarms;
-    if (const auto alarm = pw.poll(t)) {
+    if (const auto alarm = progress_alarm(pw, t, child, a.kill_after_s, kill_at, alarms)) {
       stuck = true;
-      std::fprintf(stderr, "%s\n", alarm->c_str());  // at once: the dumps and stacks below take seconds
       said.push_back(*alarm);
-      for (auto& line : pw.on_stuck(child.pid, t)) alarms.push_back(std::move(line));
-      if (pw.kill_on_stuck()) {
-        alarms.push_back("watch: --kill-on-stuck: ending the job (TERM, then KILL after --kill-after)");
-        kill(child_group ? -child.pid : child.pid, SIGTERM);
-        if (kill_at < 0) kill_at = t + a.kill_after_s;
-      }
     }
     for (const auto& al : alarms) std::fprintf(stderr, "%s\n", al.c_str());
     said.insert(said.end(), alarms.begin(), alarms.end());

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>  // std::function
+#include <optional>    // std::optional
 #include <string>      // std::string
 
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
@@ -16,9 +17,11 @@ namespace sb::watch {
 
 // The watch's options for the job's progress.
 ProgressOptions progress_options(const Args& a);
-// The job's progress at t: the stuck alarm once it went silent (said on stderr at once), what its
-// dumps say (into alarms), and the job ended when asked (--kill-on-stuck).
-void progress_alarm(ProgressWatch& pw, double t, ChildGuard& child, std::vector<std::string>& alarms, bool& any_alarm);
+// The job's progress at t: the stuck alarm's text once it went silent (said on stderr at once),
+// and what its dumps say in alarms; with --kill-on-stuck the job gets SIGTERM and
+// kill_at is armed for SIGKILL kill_after_s later, as a forwarded signal arms it.
+std::optional<std::string> progress_alarm(ProgressWatch& pw, double t, const ChildGuard& child, double kill_after_s,
+                                         double& kill_at, std::vector<std::string>& alarms);
 
 // why_no_gpus: what NVML said, kept in the result and the summary.
 Outcome run_exec_without_gpus(

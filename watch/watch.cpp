@@ -703,7 +703,7 @@ Outcome run(const Args& a, const std::function<json(const std::string&, const st
     }
     poll_on_stuck(alarms);
     start_on_stuck(alarms);
-    if (pw) progress_alarm(*pw, t, child, alarms, any_alarm);
+    if (pw && progress_alarm(*pw, t, child, a.kill_after_s, kill_at, alarms)) any_alarm = true;
     // signals: forwarded to the job, or the end of the watch
     for (auto [sig, from_process] : signals.take()) {
       if (exec && child.pid > 0) {

@@ -18,6 +18,8 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
 
+#include "harness/text.hpp"  // text::rank_ranges
+
 #include "readers/flight_recorder.hpp"  // FlightEntry, DumpHeader
 #include "harness/names.hpp"  // NameTable: to_string, parse and choices from one table
 
@@ -135,8 +137,8 @@ HangReport analyze_hang_files(const std::string& dir, const std::vector<std::str
 HangReport analyze_dumps(const std::vector<RankDump>& dumps);
 
 std::string format_hang_report(const HangReport& r);  // readable, several lines
-// "0, 2-5, 9" of sorted ranks ("none" for none).
-std::string rank_ranges(const std::vector<int>& ranks);
+// "0, 2-5, 9" of sorted ranks ("none" for none): harness/text.hpp's.
+using text::rank_ranges;
 nlohmann::ordered_json to_json(const HangReport& r);
 
 }  // namespace sb

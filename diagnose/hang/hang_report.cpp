@@ -251,18 +251,6 @@ HangReport analyze_hang_files(const std::string& dir, const std::vector<std::str
   return r;
 }
 
-std::string rank_ranges(const std::vector<int>& ranks) {
-  std::string out;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    out += (out.empty() ? "" : ", ") +
-           (j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
-    i = j + 1;
-  }
-  return out.empty() ? "none" : out;
-}
-
 std::string format_hang_report(const HangReport& r) {
   auto ranks = [&](const std::vector<int>& v) {
     return r.format == kFlightRecorderFormat ? int_list(v) : rank_ranges(v);

@@ -23,7 +23,7 @@
 #include <fmt/ranges.h>  // fmt::join
 
 #include "harness/errors.hpp"  // UsageError, HangError, Error
-#include "harness/text.hpp"    // parse_whole, split
+#include "harness/text.hpp"    // parse_whole, split, rank_ranges
 
 namespace sb {
 
@@ -72,21 +72,6 @@ bool wait_fd(int fd, short events, Deadline d) {
     if (n < 0 && errno != EINTR) throw Error(ErrorKind::runtime, fmt::format("poll failed: {}", std::strerror(errno)));
     if (clock_type::now() >= d) return false;
   }
-}
-
-// "2, 5-9, 12" of sorted ranks; past 16 ranges, "... (N ranks)": a job of 10,000 ranks that did
-// not start gives one line, not 10,000 numbers.
-std::string ranges_text(const std::vector<int>& ranks) {
-  std::string out;
-  std::size_t shown = 0;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (shown++ == 16) return out + fmt::format(", ... ({} ranks in all)", ranks.size());
-    out += (out.empty() ? "" : ", ") + (j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
-    i = j + 1;
-  }
-  return out;
 }
 
 struct Closed {};  // the peer closed its end
@@ -181,13 +166,14 @@ class EnvProcessGroup final : public ProcessGroup {
       if (l.rank == 0) accept_all(d);
       else join(d);
     }
-    hosts_.assign(std::size_t(l.world_size), me_.host);
-    for (const Member& m : roster_) hosts_[std::size_t(m.rank)] = m.host;
+    // every rank's host: from the roster (rank 0's own list when it made it), this one's where none came
+    std::vector<std::string> hosts(std::size_t(l.world_size), me_.host);
+    for (const Member& m : members_) hosts[std::size_t(m.rank)] = m.host;
     // LOCAL_RANK and LOCAL_WORLD_SIZE when the launcher gave them; else counted by host name
     local_size_ = l.local_world_size > 0 ? l.local_world_size
-                                         : static_cast<int>(std::count(hosts_.begin(), hosts_.end(), me_.host));
+                                         : static_cast<int>(std::count(hosts.begin(), hosts.end(), me_.host));
     local_rank_ = l.local_rank >= 0 ? l.local_rank
-                                    : static_cast<int>(std::count(hosts_.begin(), hosts_.begin() + l.rank, me_.host));
+                                    : static_cast<int>(std::count(hosts.begin(), hosts.begin() + l.rank, me_.host));
   }
   ~EnvProcessGroup() override {
     for (int fd : fds_)
@@ -300,7 +286,7 @@ class EnvProcessGroup final : public ProcessGroup {
       if (!pending.empty() && clock_type::now() >= d)
         throw HangError(fmt::format("{} of {} ranks: rank 0 waited {:.0f} s for rank{} {}, which never arrived",
                                     op, size(), std::chrono::duration<double>(clock_type::now() - t0).count(),
-                                    pending.size() == 1 ? "" : "s", ranges_text(pending)));
+                                    pending.size() == 1 ? "" : "s", text::rank_ranges(pending, 16)));
     }
     return all;
   }
@@ -390,7 +376,7 @@ class EnvProcessGroup final : public ProcessGroup {
         const std::string msg =
             fmt::format("env:// rendezvous at {}:{}: rank{} {} of {} did not join within {:.0f} s "
                         "(STALLBENCH_RDZV_TIMEOUT; not started, crashed, or cannot reach {})",
-                        l_.master_addr, l_.port, absent.size() == 1 ? "" : "s", ranges_text(absent), size(),
+                        l_.master_addr, l_.port, absent.size() == 1 ? "" : "s", text::rank_ranges(absent, 16), size(),
                         std::chrono::duration<double>(clock_type::now() - t0).count(), l_.master_addr);
         tell_all(Frame::error, "hang\n" + msg);
         throw HangError(msg);
@@ -445,7 +431,6 @@ class EnvProcessGroup final : public ProcessGroup {
     ::close(listen_fd_);
     listen_fd_ = -1;
     members_[0] = me_;
-    roster_ = members_;
     const std::string text = rdzv_roster_text(members_);
     for (int r = 1; r < size(); ++r)
       guarded(r, "rendezvous", [&] { send_frame(fds_[std::size_t(r)], Frame::roster, text, d, what("rendezvous", r)); });
@@ -502,7 +487,7 @@ class EnvProcessGroup final : public ProcessGroup {
     }
     if (f.first == Frame::error) throw_peer_error(f.second, 0);
     if (f.first != Frame::roster) throw Error(ErrorKind::runtime, "env:// rendezvous: rank 0 sent no roster");
-    roster_ = parse_rdzv_roster(f.second, size());
+    members_ = parse_rdzv_roster(f.second, size());
   }
 
   static int try_connect(addrinfo* a, Deadline d, std::string& last_error) {
@@ -534,8 +519,7 @@ class EnvProcessGroup final : public ProcessGroup {
   EnvLaunch l_;
   Member me_;
   std::vector<int> fds_;  // rank 0: one per peer; others: fds_[0], to rank 0
-  std::vector<Member> members_, roster_;
-  std::vector<std::string> hosts_;
+  std::vector<Member> members_;  // rank 0: by rank, as they joined; others: rank 0's roster
   int listen_fd_ = -1;
   int local_rank_ = 0, local_size_ = 1;
 };
